@@ -1,0 +1,133 @@
+// The fp4q kernels backend: one interface, two implementations (CPU reference, CUDA).
+//
+// Contract
+// - Every public entry point validates its arguments first (validate.h, shared by both
+//   backends) and returns INVALID_ARGUMENT naming the field and the value on bad input, before
+//   any byte is read or written. Then it calls the backend's Do* implementation.
+// - Pointers in views belong to the backend's memory space (host for CPU, device for CUDA) and
+//   are not owned. Outputs must not alias inputs unless a method says so.
+// - `stream` is a cudaStream_t for the CUDA backend (nullptr = the backend's own stream) and is
+//   ignored by the CPU backend. CUDA work is asynchronous: results are ready after
+//   Synchronize(stream). The CPU backend completes before returning.
+// - Bit-exactness: for the same inputs and options, both backends write the same bytes
+//   (codes, scales, global record, residuals, dequantized values). Matmul is exact on the CPU
+//   (NUMERICS 9) and within the documented tolerance on the GPU.
+// - Thread safety: a backend object may be used from several threads at once, each with its
+//   own stream.
+#ifndef FP4Q_KERNELS_BACKEND_H_
+#define FP4Q_KERNELS_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fp4q/kernels/types.h"
+
+namespace fp4q::kernels {
+
+using Stream = void*;
+
+// Identity of the device a backend runs on.
+struct DeviceInfo {
+  std::string backend;  // "cpu" or "cuda"
+  int ordinal = -1;     // CUDA ordinal in this process (-1 for cpu).
+  std::string uuid;     // "GPU-xxxxxxxx-..." for CUDA, "cpu" for cpu.
+  std::string name;     // device name.
+  int cc_major = 0;     // compute capability (0 for cpu).
+  int cc_minor = 0;
+  size_t total_memory = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual DeviceInfo Info() const = 0;
+
+  // ---- Memory (in this backend's space). ----
+  virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
+  virtual void Free(void* ptr) = 0;
+  virtual absl::Status CopyFromHost(void* dst, const void* src, size_t bytes, Stream stream) = 0;
+  virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes, Stream stream) = 0;
+  virtual absl::Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes,
+                                          Stream stream) = 0;
+  virtual absl::Status Memset(void* dst, int value, size_t bytes, Stream stream) = 0;
+  virtual absl::Status Synchronize(Stream stream) = 0;
+
+  // A sticky device error (illegal address and kin) poisons the backend: every later call fails
+  // and Healthy() returns the error. Always OK for the CPU backend.
+  virtual absl::Status Healthy() const = 0;
+
+  // ---- CUDA IPC (FAILED_PRECONDITION on the CPU backend). ----
+  // Opens a cudaIpcMemHandle_t (64 bytes) exported by another process; returns the mapped base.
+  virtual absl::StatusOr<void*> OpenIpcHandle(const std::string& handle_bytes) = 0;
+  virtual absl::Status CloseIpcHandle(void* base) = 0;
+
+  // ---- Numerics. ----
+
+  // Global amax of `x` (NaN ignored), written to *amax (backend memory, one float).
+  absl::Status Amax(const ConstTensor& x, float* amax, Stream stream);
+
+  // Quantizes x. Writes the requested outputs: `rowwise` (x along cols, shape [rows, cols]) and
+  // `columnwise` (x^T along rows, shape [cols, rows]); each may be null when not requested by
+  // `options`. With `residual` (f32 [rows, cols], may be null) runs one error-feedback step
+  // (NUMERICS 5): v = x + r is quantized and r <- v - DQ(q) in place (row-wise output needed).
+  absl::Status Quantize(const ConstTensor& x, const QuantizeOptions& options, float* residual,
+                        const QuantizedTensor* rowwise, const QuantizedTensor* columnwise,
+                        Stream stream);
+
+  // out = DQ(q) in out.dtype (NUMERICS 2 "Dequantize"); out has q's shape.
+  absl::Status Dequantize(const ConstQuantizedTensor& q, const MutTensor& out, Stream stream);
+
+  // out = DQ(Q(x)) (row-wise), with optional error feedback as in Quantize. out has x's shape
+  // and may alias x when the dtypes match.
+  absl::Status Qdq(const ConstTensor& x, const QuantizeOptions& options, float* residual,
+                   const MutTensor& out, Stream stream);
+
+  // c = A * B^T; a is [M, K], b is [N, K], c is [M, N] (f32 or bf16). Formats must match.
+  absl::Status Matmul(const ConstQuantizedTensor& a, const ConstQuantizedTensor& b,
+                      const MutTensor& c, Stream stream);
+
+  // Stored-weight update in place (NUMERICS 5):
+  //   d = DQ(W);  x = RN(d - RN(lr * u)) (kGradient) or RN(d + u) (kDelta)
+  //   v = residual ? RN(x + r) : x;  W <- Q(v) with `options` (amax from v);  r <- RN(v - DQ(W))
+  // `weight` is read and rewritten in place (row-wise, NVFP4). `update` has W's shape. When
+  // `dequantized_out` is non-null the new DQ(W) is written there.
+  absl::Status UpdateWeight(const QuantizedTensor& weight, float* residual,
+                            const ConstTensor& update, float lr, UpdateKind kind,
+                            const QuantizeOptions& options, const MutTensor* dequantized_out,
+                            Stream stream);
+
+  // 16-point random Hadamard transform along cols (inverse = false) or its inverse, NUMERICS 6.
+  // out.dtype == in.dtype; out may alias in.
+  absl::Status Rht(const ConstTensor& in, RhtMode mode, uint64_t rht_seed, bool inverse,
+                   const MutTensor& out, Stream stream);
+
+ protected:
+  virtual absl::Status DoAmax(const ConstTensor& x, float* amax, Stream stream) = 0;
+  virtual absl::Status DoQuantize(const ConstTensor& x, const QuantizeOptions& options,
+                                  float* residual, const QuantizedTensor* rowwise,
+                                  const QuantizedTensor* columnwise, Stream stream) = 0;
+  virtual absl::Status DoDequantize(const ConstQuantizedTensor& q, const MutTensor& out,
+                                    Stream stream) = 0;
+  virtual absl::Status DoQdq(const ConstTensor& x, const QuantizeOptions& options,
+                             float* residual, const MutTensor& out, Stream stream) = 0;
+  virtual absl::Status DoMatmul(const ConstQuantizedTensor& a, const ConstQuantizedTensor& b,
+                                const MutTensor& c, Stream stream) = 0;
+  virtual absl::Status DoUpdateWeight(const QuantizedTensor& weight, float* residual,
+                                      const ConstTensor& update, float lr, UpdateKind kind,
+                                      const QuantizeOptions& options,
+                                      const MutTensor* dequantized_out, Stream stream) = 0;
+  virtual absl::Status DoRht(const ConstTensor& in, RhtMode mode, uint64_t rht_seed,
+                             bool inverse, const MutTensor& out, Stream stream) = 0;
+};
+
+// The exact CPU reference backend. Never fails for lack of a GPU.
+std::unique_ptr<Backend> CreateCpuBackend();
+
+}  // namespace fp4q::kernels
+
+#endif  // FP4Q_KERNELS_BACKEND_H_

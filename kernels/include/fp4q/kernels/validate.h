@@ -1,0 +1,53 @@
+// Argument validation shared by every backend (the Backend's public entry points call these
+// before any memory is touched). Each returns INVALID_ARGUMENT with a message naming the field
+// and the offending value, e.g. "x.cols: 40 is not a multiple of the block size 16".
+// Field names used in messages: x, out, residual, rowwise, columnwise, a, b, c, weight, update,
+// options.<field>.
+#ifndef FP4Q_KERNELS_VALIDATE_H_
+#define FP4Q_KERNELS_VALIDATE_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "fp4q/kernels/types.h"
+
+namespace fp4q::kernels {
+
+// Enum values in range, option combinations NUMERICS.md defines (e.g. four-over-six is NVFP4
+// only, RTN only and not combined with RHT; MXFP4 uses 1x32 blocks; at least one output;
+// caller amax finite and >= 0; emax 256 or 448).
+absl::Status ValidateQuantizeOptions(const QuantizeOptions& options);
+
+// A dense input: non-null, known dtype, rows >= 1, cols >= 1, byte size without overflow.
+absl::Status ValidateConstTensor(const ConstTensor& t, const std::string& field);
+// A dense output: as above plus capacity >= rows * cols * dtype size.
+absl::Status ValidateMutTensor(const MutTensor& t, const std::string& field);
+
+// Quantize/QDQ shape rules for x under `options` (cols multiple of the block; rows multiple of
+// 16 for 16x16 blocks and for column-wise output).
+absl::Status ValidateQuantizeInput(const ConstTensor& x, const QuantizeOptions& options);
+
+// An output quantized tensor of shape [rows, cols] in `options`' format/block/layout, with
+// capacities large enough.
+absl::Status ValidateQuantizedOutput(const QuantizedTensor& q, int64_t rows, int64_t cols,
+                                     const QuantizeOptions& options, const std::string& field);
+// A quantized operand: known enums, shape rules for its format and block, non-null buffers of
+// the needed sizes.
+absl::Status ValidateQuantizedInput(const ConstQuantizedTensor& q, const std::string& field);
+
+// The full argument sets of the Backend entry points.
+absl::Status ValidateQuantizeArgs(const ConstTensor& x, const QuantizeOptions& options,
+                                  const float* residual, const QuantizedTensor* rowwise,
+                                  const QuantizedTensor* columnwise);
+absl::Status ValidateQdqArgs(const ConstTensor& x, const QuantizeOptions& options,
+                             const float* residual, const MutTensor& out);
+absl::Status ValidateMatmulArgs(const ConstQuantizedTensor& a, const ConstQuantizedTensor& b,
+                                const MutTensor& c);
+absl::Status ValidateUpdateWeightArgs(const QuantizedTensor& weight, const ConstTensor& update,
+                                      float lr, UpdateKind kind, const QuantizeOptions& options,
+                                      const MutTensor* dequantized_out);
+absl::Status ValidateRhtArgs(const ConstTensor& in, RhtMode mode, const MutTensor& out);
+
+}  // namespace fp4q::kernels
+
+#endif  // FP4Q_KERNELS_VALIDATE_H_
