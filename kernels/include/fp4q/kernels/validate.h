@@ -6,6 +6,7 @@
 #ifndef FP4Q_KERNELS_VALIDATE_H_
 #define FP4Q_KERNELS_VALIDATE_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -47,6 +48,13 @@ absl::Status ValidateUpdateWeightArgs(const QuantizedTensor& weight, const Const
                                       float lr, UpdateKind kind, const QuantizeOptions& options,
                                       const MutTensor* dequantized_out);
 absl::Status ValidateRhtArgs(const ConstTensor& in, RhtMode mode, const MutTensor& out);
+
+// A residual held with shape [residual_rows, residual_cols] (e.g. a named server state tensor)
+// used for error feedback on x: the shapes must be equal ("residual.rows: 8 does not match x.rows
+// 16"). The Backend's `float* residual` is x-shaped by contract, so callers holding residuals
+// check them with this before calling Quantize/Qdq.
+absl::Status ValidateResidualShape(int64_t residual_rows, int64_t residual_cols,
+                                   const ConstTensor& x);
 
 }  // namespace fp4q::kernels
 
