@@ -1,0 +1,62 @@
+// Element and scale formats of the CPU reference backend (shared/NUMERICS.md sections 1, 2, 8):
+// E2M1 codes, E4M3 and E8M0 scale bytes, bf16, and the f32 constants of the recipe.
+// Everything here is written for clarity over speed: it is the oracle the CUDA backend is
+// tested against. All functions are pure and thread-safe.
+#ifndef FP4Q_KERNELS_CPU_FORMATS_H_
+#define FP4Q_KERNELS_CPU_FORMATS_H_
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+namespace fp4q::kernels::cpu {
+
+inline uint32_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+inline float FloatFromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// c6 = RN(1/6) = 0x3E2AAAAB.
+inline float C6() { return FloatFromBits(0x3E2AAAABu); }
+inline constexpr float kFltMax = std::numeric_limits<float>::max();
+inline constexpr float kE4m3Max = 448.0f;
+inline constexpr float kE2m1Max = 6.0f;
+
+// ---- bf16 ----
+// Exact widening.
+float Bf16ToFloat(uint16_t bits);
+// Round-to-nearest-even narrowing; NaN gives a quiet NaN with the input's sign.
+uint16_t FloatToBf16(float f);
+// Round-to-nearest-even from f64 directly (no intermediate f32 rounding); overflow gives Inf.
+uint16_t DoubleToBf16(double d);
+
+// ---- E2M1 (NUMERICS 1) ----
+// Magnitude of codes 0..7: 0, 0.5, 1, 1.5, 2, 3, 4, 6; codes 8..15 are negative.
+float E2m1ToFloat(uint8_t code);
+// Round-to-nearest-even on the grid with the table's exact thresholds; saturates to +-6;
+// NaN gives 0x7; the sign bit of y gives bit 3 (so -0.0 and tiny negatives give 0x8).
+uint8_t E2m1FromFloat(float y);
+// Stochastic rounding (NUMERICS 4) with the element's 16 random bits `r`.
+uint8_t E2m1FromFloatStochastic(float y, uint16_t r);
+
+// ---- E4M3 (OCP FP8 E4M3FN: bias 7, max 448, 0x7F/0xFF NaN, subnormals m * 2^-9) ----
+float E4m3ToFloat(uint8_t byte);
+// Round-to-nearest-even, saturating at +-448 (also for +-Inf); NaN gives 0x7F.
+uint8_t E4m3FromFloat(float u);
+
+// ---- E8M0: byte b means 2^(b - 127); 255 is NaN. ----
+float E8m0ToFloat(uint8_t byte);
+
+// floor(log2 |x|) from the f32 bits for finite nonzero x (subnormals included); 128 for Inf.
+int FloorLog2(float x);
+
+}  // namespace fp4q::kernels::cpu
+
+#endif  // FP4Q_KERNELS_CPU_FORMATS_H_

@@ -1,0 +1,46 @@
+// The quantization pipeline; see quantize.h.
+#include "cpu/quantize.h"
+
+#include "cpu/formats.h"
+#include "cpu/mxfp4.h"
+#include "cpu/nvfp4.h"
+#include "cpu/rht.h"
+
+namespace fp4q::kernels::cpu {
+
+HostQuantized QuantizeMatrix(const Matrix& x, DType input_dtype, const QuantizeOptions& options,
+                             bool columnwise) {
+  Matrix m = columnwise ? Transpose(x) : x;
+  if (options.rht != RhtMode::kOff) {
+    RhtRows(&m.values, m.rows, m.cols, RhtSignMask(options.rht, options.rht_seed),
+            /*inverse=*/false, input_dtype);
+  }
+  const float amax = options.has_amax ? options.amax : AbsMax(m.values.data(), m.values.size());
+  const ElementRounding rounding{options.rounding, options.seed, options.step};
+  if (options.format == Format::kMxfp4) {
+    return QuantizeMxfp4(m, amax, options.mx_rule, rounding);
+  }
+  return QuantizeNvfp4(m, options.block, amax, options.scale_selection, options.four_over_six_emax,
+                       rounding);
+}
+
+Matrix DequantizeHost(const HostQuantized& q) {
+  Matrix out(q.rows, q.cols);
+  const int64_t block = BlockElems(q.format);
+  const float s_dec = GlobalDecodeScale(q.s_enc);
+  for (int64_t r = 0; r < q.rows; ++r) {
+    for (int64_t c = 0; c < q.cols; ++c) {
+      const uint8_t scale = q.scales[static_cast<size_t>(r * q.scale_cols() + c / block)];
+      const float v = E2m1ToFloat(q.code(r, c));
+      if (q.format == Format::kMxfp4) {
+        out.at(r, c) = v * E8m0ToFloat(scale);
+      } else {
+        const float scaled = v * E4m3ToFloat(scale);  // exact
+        out.at(r, c) = scaled * s_dec;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace fp4q::kernels::cpu
