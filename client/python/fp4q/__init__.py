@@ -1,0 +1,31 @@
+"""fp4q: the Python client of fp4qd, the NVFP4 training numerics server.
+
+    import fp4q
+    client = fp4q.Client("127.0.0.1:50051")          # every RPC, torch tensors in and out
+    q = client.quantize(x).rowwise                     # fp4q.QuantizedTensor
+    fp4q.set_default_client(client)                    # for the fp4-train style functions:
+    packed, scale = fp4q.quantize(x, stochastic=True, seed=1, step=7)
+    layer = fp4q.nn.Linear(1024, 4096)                 # drop-in nn.Linear, NVFP4 recipe
+
+Failures raise fp4q.Fp4qError (gRPC code + server message). See client.py for the transport
+contract (inline vs CUDA IPC) and functional.py / nn.py for the numerics API.
+"""
+
+from fp4q import nn
+from fp4q.client import Client
+from fp4q.errors import Fp4qError
+from fp4q.functional import (ErrorFeedback, Fp4Operands, Fp4Pair, default_client, dequantize,
+                             fp4_linear, fp4_matmul, qdq, quantize, set_default_client,
+                             to_fp4_operands)
+from fp4q.options import QuantOptions
+from fp4q.results import QuantizedTensor, QuantizeResult, UpdateResult, WeightState
+from fp4q.tensors import ClientArgumentError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client", "ClientArgumentError", "ErrorFeedback", "Fp4Operands", "Fp4Pair", "Fp4qError",
+    "QuantOptions", "QuantizeResult", "QuantizedTensor", "UpdateResult", "WeightState",
+    "default_client", "dequantize", "fp4_linear", "fp4_matmul", "nn", "qdq", "quantize",
+    "set_default_client", "to_fp4_operands",
+]

@@ -1,0 +1,86 @@
+"""The few CUDA driver calls the IPC path needs, through ctypes on libcuda.so.1.
+
+Why the driver and not torch's `_share_cuda_()`: both give the same cudaIpcMemHandle (of the
+base of the cudaMalloc allocation holding the tensor) and the same byte offset from that base,
+but `_share_cuda_()` also rewraps the storage for torch's own consumer protocol (a reference
+count in shared memory and an interprocess event per call) which fp4qd never releases, so every
+shared storage would linger after it is freed. The driver calls have no side effect.
+
+Every function raises DriverError (with the driver's error name) on failure; none of them is
+used unless a CUDA tensor is about to travel by IPC.
+"""
+
+import ctypes
+import threading
+
+IPC_HANDLE_BYTES = 64
+
+
+class DriverError(RuntimeError):
+    pass
+
+
+class _IpcMemHandle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_char * IPC_HANDLE_BYTES)]
+
+
+class _Uuid(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_ubyte * 16)]
+
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def _driver():
+    global _lib
+    with _lib_lock:
+        if _lib is None:
+            try:
+                lib = ctypes.CDLL("libcuda.so.1")
+            except OSError as e:
+                raise DriverError("libcuda.so.1 cannot be loaded: %s" % e) from e
+            lib.cuMemGetAddressRange_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64),
+                                                    ctypes.POINTER(ctypes.c_size_t),
+                                                    ctypes.c_uint64]
+            lib.cuIpcGetMemHandle.argtypes = [ctypes.POINTER(_IpcMemHandle), ctypes.c_uint64]
+            lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+            lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+            lib.cuDeviceGetUuid.argtypes = [ctypes.POINTER(_Uuid), ctypes.c_int]
+            _lib = lib
+        return _lib
+
+
+def _check(result, what):
+    if result != 0:
+        name = ctypes.c_char_p()
+        _driver().cuGetErrorName(result, ctypes.byref(name))
+        label = name.value.decode() if name.value else "CUresult %d" % result
+        raise DriverError("%s failed: %s" % (what, label))
+
+
+def address_range(ptr):
+    """(base, size) of the allocation containing device pointer `ptr` (current context)."""
+    base = ctypes.c_uint64()
+    size = ctypes.c_size_t()
+    _check(_driver().cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ptr),
+           "cuMemGetAddressRange(0x%x)" % ptr)
+    return base.value, size.value
+
+
+def ipc_handle(base):
+    """The 64-byte cudaIpcMemHandle of the allocation whose base is `base`."""
+    handle = _IpcMemHandle()
+    _check(_driver().cuIpcGetMemHandle(ctypes.byref(handle), base),
+           "cuIpcGetMemHandle(0x%x)" % base)
+    return ctypes.string_at(ctypes.addressof(handle), IPC_HANDLE_BYTES)
+
+
+def device_uuid_bytes(ordinal):
+    """The 16 UUID bytes of the device with this (visible) ordinal."""
+    dev = ctypes.c_int()
+    _check(_driver().cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet(%d)" % ordinal)
+    uuid = _Uuid()
+    _check(_driver().cuDeviceGetUuid(ctypes.byref(uuid), dev.value),
+           "cuDeviceGetUuid(%d)" % ordinal)
+    return bytes(uuid.bytes)

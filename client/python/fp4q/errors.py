@@ -1,0 +1,41 @@
+"""The exception every failed fp4q call raises."""
+
+import grpc
+
+
+class Fp4qError(Exception):
+    """A failed RPC, or a request that could not be sent.
+
+    Attributes:
+      code: a grpc.StatusCode (INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED, ...), exactly the
+        code the server answered with; client-side refusals use the code the server would give.
+      message: the server's message (it names the offending field and value).
+      rpc: the RPC name ("Quantize"), or None when the error did not come from an RPC.
+    str(error) is "CODE_NAME: message" (with "[Rpc] " in front when rpc is known).
+    """
+
+    def __init__(self, code, message, rpc=None):
+        self.code = code
+        self.message = message
+        self.rpc = rpc
+        super().__init__(self._text())
+
+    @property
+    def code_name(self):
+        """The code's canonical name, e.g. "INVALID_ARGUMENT"."""
+        return self.code.name if isinstance(self.code, grpc.StatusCode) else str(self.code)
+
+    def _text(self):
+        prefix = "[%s] " % self.rpc if self.rpc else ""
+        return "%s%s: %s" % (prefix, self.code_name, self.message)
+
+
+def from_rpc_error(error, rpc):
+    """Turns a grpc.RpcError raised by a call into an Fp4qError (code and details kept)."""
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    details = error.details() if hasattr(error, "details") else str(error)
+    return Fp4qError(code, details or "", rpc)
+
+
+def invalid_argument(message):
+    return Fp4qError(grpc.StatusCode.INVALID_ARGUMENT, message)

@@ -1,0 +1,105 @@
+"""Result types of the client's RPC methods."""
+
+import dataclasses
+import math
+import typing
+
+import numpy as np
+import torch
+
+from fp4q import options as opts
+from fp4q._messages import pb
+from fp4q.tensors import ClientArgumentError, as_float8_e4m3
+
+
+@dataclasses.dataclass
+class QuantizedTensor:
+    """A quantized [rows, cols] matrix (quantized along cols), as fp4q.v1.QuantizedTensor.
+
+    codes: uint8 [rows, cols / 2], element 2j in the low nibble of byte j.
+    scales: uint8 scale bytes (E4M3 for NVFP4, E8M0 for MXFP4): [rows, cols / block] in the
+      plain layout, 1-D (the padded 128x4 tile order) in the swizzled layout.
+    global_amax, s_enc: the f32 global record; S_dec = RN(1 / s_enc).
+    format / block / scale_layout: short names ('nvfp4', '1x16', 'plain').
+    Tensors live on the device of the tensor that was quantized (CPU or CUDA).
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    rows: int
+    cols: int
+    global_amax: float
+    s_enc: float
+    format: str = "nvfp4"
+    block: str = "1x16"
+    scale_layout: str = "plain"
+
+    @property
+    def shape(self):
+        return (self.rows, self.cols)
+
+    @property
+    def s_dec(self):
+        """RN(1 / s_enc) in f32, as the server computes it."""
+        return float(np.float32(1.0) / np.float32(self.s_enc))
+
+    def scales_e4m3(self):
+        """scales viewed as torch.float8_e4m3fn (torch >= 2.1; NVFP4 only)."""
+        return as_float8_e4m3(self.scales)
+
+    def fill(self, msg, transfer, field):
+        """Writes this tensor into a fp4q.v1.QuantizedTensor (CUDA tensors by IPC)."""
+        msg.format = opts.enum_value("format", self.format)
+        msg.block = opts.enum_value("block", self.block)
+        msg.scale_layout = opts.enum_value("scale_layout", self.scale_layout)
+        del msg.shape[:]
+        msg.shape.extend([int(self.rows), int(self.cols)])
+        msg.global_amax = float(self.global_amax)
+        msg.s_enc = float(self.s_enc)
+        for name, tensor in (("codes", self.codes), ("scales", self.scales)):
+            if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8:
+                raise ClientArgumentError("%s.%s: expected a torch.uint8 tensor, got %s" %
+                                          (field, name, getattr(tensor, "dtype", type(tensor))))
+            slot = transfer.input_region(tensor.detach())
+            if slot is None:
+                setattr(msg, name, tensor.detach().cpu().contiguous().numpy().tobytes())
+            else:
+                region = getattr(msg, name + "_region")
+                region.region_id, region.offset = slot
+
+
+def scale_bytes(fmt, block, layout, rows, cols):
+    """Bytes of the scales of a [rows, cols] quantization, or None if the shape is invalid."""
+    per = 32 if opts.enum_value("format", fmt) == pb.Format.FORMAT_MXFP4 else 16
+    if rows <= 0 or cols <= 0 or cols % per:
+        return None
+    c = cols // per
+    if opts.enum_value("scale_layout", layout) == pb.ScaleLayout.SCALE_LAYOUT_SWIZZLED:
+        return int(math.ceil(rows / 128) * 128 * math.ceil(c / 4) * 4)
+    return rows * c
+
+
+@dataclasses.dataclass
+class QuantizeResult:
+    """Quantize's outputs: rowwise quantizes x along its last axis, columnwise x^T."""
+
+    rowwise: typing.Optional[QuantizedTensor]
+    columnwise: typing.Optional[QuantizedTensor]
+
+
+@dataclasses.dataclass
+class UpdateResult:
+    applied: bool            # False: the step had been applied already (a safe retry)
+    last_step: int
+    dequantized: typing.Optional[torch.Tensor]
+    global_amax: float
+
+
+@dataclasses.dataclass
+class WeightState:
+    """GetWeight's answer. info is the fp4q.v1.WeightInfo message."""
+
+    info: object
+    dequantized: typing.Optional[torch.Tensor]
+    quantized: typing.Optional[QuantizedTensor]
+    residual: typing.Optional[torch.Tensor]

@@ -1,0 +1,126 @@
+"""torch <-> fp4q.v1 tensor conversion for inline transfer.
+
+Inline bytes are little-endian row-major, exactly prod(shape) * element size (fp4q.proto).
+Dtypes: float32 <-> DTYPE_F32, bfloat16 <-> DTYPE_BF16, uint8 <-> DTYPE_U8 (packed E2M1 codes),
+E4M3 / E8M0 scale bytes travel as DTYPE_F8_E4M3 / DTYPE_F8_E8M0 and are handed to the caller as
+uint8 tensors (torch before 2.1 has no float8 dtypes; `as_float8_e4m3` views them when it can).
+"""
+
+import math
+import sys
+
+import grpc
+import torch
+
+from fp4q._messages import pb
+from fp4q.errors import Fp4qError
+
+if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
+    raise ImportError("fp4q: inline tensors are little-endian; this host is big-endian")
+
+_TORCH_TO_DTYPE = {
+    torch.float32: pb.DType.DTYPE_F32,
+    torch.bfloat16: pb.DType.DTYPE_BF16,
+    torch.uint8: pb.DType.DTYPE_U8,
+}
+_DTYPE_TO_TORCH = {
+    pb.DType.DTYPE_F32: torch.float32,
+    pb.DType.DTYPE_BF16: torch.bfloat16,
+    pb.DType.DTYPE_U8: torch.uint8,
+    pb.DType.DTYPE_F8_E4M3: torch.uint8,
+    pb.DType.DTYPE_F8_E8M0: torch.uint8,
+}
+_ELEMENT_BYTES = {
+    pb.DType.DTYPE_F32: 4,
+    pb.DType.DTYPE_BF16: 2,
+    pb.DType.DTYPE_U8: 1,
+    pb.DType.DTYPE_F8_E4M3: 1,
+    pb.DType.DTYPE_F8_E8M0: 1,
+}
+
+
+class ClientArgumentError(Fp4qError, ValueError):
+    """An argument the client refuses before sending (code INVALID_ARGUMENT)."""
+
+    def __init__(self, message):
+        super().__init__(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def proto_dtype(tensor, field):
+    """The DType of a float32 / bfloat16 / uint8 tensor; ClientArgumentError otherwise."""
+    dtype = _TORCH_TO_DTYPE.get(tensor.dtype)
+    if dtype is None:
+        raise ClientArgumentError("%s.dtype: %s is not supported (float32, bfloat16)" %
+                                  (field, tensor.dtype))
+    return dtype
+
+
+def torch_dtype(dtype, field="out_dtype"):
+    """Maps a torch dtype or None to a DType number for out_dtype fields (0 = server default)."""
+    if dtype is None:
+        return pb.DType.DTYPE_UNSPECIFIED
+    if dtype == torch.float32:
+        return pb.DType.DTYPE_F32
+    if dtype == torch.bfloat16:
+        return pb.DType.DTYPE_BF16
+    raise ClientArgumentError("%s: %s is not supported (torch.float32, torch.bfloat16)" %
+                              (field, dtype))
+
+
+def tensor_bytes(tensor):
+    """The tensor's elements as little-endian bytes (copied to host when needed)."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous().reshape(-1)
+    if t.dtype != torch.uint8:
+        t = t.view(torch.uint8)
+    return t.numpy().tobytes()
+
+
+def fill_inline(msg, tensor, field):
+    """Sets msg (a fp4q.v1.Tensor) to tensor's dtype, shape and inline bytes."""
+    msg.dtype = proto_dtype(tensor, field)
+    del msg.shape[:]
+    msg.shape.extend(int(d) for d in tensor.shape)
+    msg.inline_data = tensor_bytes(tensor)
+
+
+def from_bytes(data, dtype, shape, field):
+    """A new CPU tensor holding `data` (proto dtype number, shape); INTERNAL on a size mismatch."""
+    torch_type = _DTYPE_TO_TORCH.get(dtype)
+    if torch_type is None:
+        raise Fp4qError(grpc.StatusCode.INTERNAL,
+                        "reply %s.dtype: %s is not a dtype this client knows" %
+                        (field, pb.DType.Name(dtype)))
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise Fp4qError(grpc.StatusCode.INTERNAL, "reply %s.shape: %s" % (field, list(shape)))
+    expected = math.prod(shape) * _ELEMENT_BYTES[dtype]
+    if len(data) != expected:
+        raise Fp4qError(grpc.StatusCode.INTERNAL,
+                        "reply %s: %d inline bytes for %s %s (expected %d)" %
+                        (field, len(data), pb.DType.Name(dtype), list(shape), expected))
+    if expected == 0:
+        return torch.empty(shape, dtype=torch_type)
+    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    if torch_type != torch.uint8:
+        raw = raw.view(torch_type)
+    return raw.reshape(shape)
+
+
+def element_bytes(dtype):
+    return _ELEMENT_BYTES[dtype]
+
+
+def has_float8():
+    return hasattr(torch, "float8_e4m3fn")
+
+
+def as_float8_e4m3(scales):
+    """The E4M3 scale bytes viewed as torch.float8_e4m3fn (torch >= 2.1)."""
+    if not has_float8():
+        raise Fp4qError(grpc.StatusCode.FAILED_PRECONDITION,
+                        "torch %s has no float8_e4m3fn dtype (needs torch >= 2.1)" %
+                        torch.__version__)
+    return scales.view(torch.float8_e4m3fn)

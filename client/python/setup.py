@@ -1,0 +1,41 @@
+"""Build hook: compiles proto/ into the package's service descriptor (see fp4q/_protogen.py).
+
+Everything else is declared in pyproject.toml. From a checkout:
+    pip install --no-build-isolation ./client/python     (Debian: inside a venv with
+                                                          --system-site-packages)
+protoc comes from $FP4Q_PROTOC, PATH or grpcio-tools. Without any, an already generated
+fp4q/_proto/fp4q_v1.binpb is packaged as it is; without that either, the build fails.
+"""
+
+import importlib.util
+import os
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _protogen():
+    spec = importlib.util.spec_from_file_location(
+        "fp4q_protogen", os.path.join(HERE, "fp4q", "_protogen.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class BuildPyWithDescriptor(build_py):
+    def run(self):
+        gen = _protogen()
+        target = os.path.join(HERE, "fp4q", "_proto", gen.DESCRIPTOR_NAME)
+        proto_root = os.path.normpath(os.path.join(HERE, "..", "..", "proto"))
+        try:
+            gen.generate(target, proto_root)
+        except RuntimeError as e:
+            if not os.path.isfile(target):
+                raise
+            self.announce("fp4q: using the existing %s (%s)" % (target, e), level=2)
+        super().run()
+
+
+setup(cmdclass={"build_py": BuildPyWithDescriptor})
