@@ -9,7 +9,7 @@ build_pkgs=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev
-  python3 python3-grpcio python3-protobuf python3-numpy python3-yaml
+  python3 python3-grpcio python3-protobuf python3-numpy python3-yaml python3-torch
   curl yamllint
   prometheus  # only for promtool: tests/deploy checks and unit-tests the alert rules
 )
