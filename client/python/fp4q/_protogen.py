@@ -16,6 +16,7 @@ This module has no dependency on the rest of the package (setup.py imports it by
 """
 
 import argparse
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -45,9 +46,7 @@ def _protoc_command():
     found = shutil.which("protoc")
     if found:
         return [found]
-    try:
-        import grpc_tools  # noqa: F401  (only probing that it is installed)
-    except ImportError:
+    if importlib.util.find_spec("grpc_tools") is None:
         return None
     return [sys.executable, "-m", "grpc_tools.protoc"]
 
@@ -80,6 +79,7 @@ def generate(output=None, proto_root=None):
         if done.returncode != 0:
             raise RuntimeError("fp4q: %s failed (exit %d): %s" %
                                (" ".join(cmd), done.returncode, done.stderr.strip()))
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the descriptor is package data
         os.replace(tmp, output)
     finally:
         if os.path.exists(tmp):
