@@ -4,6 +4,7 @@ Environment (set by tests/python/CMakeLists.txt; settable by hand):
   FP4Q_FP4QD             the fp4qd binary (default: <repo>/build/bin/fp4qd)
   FP4Q_SHARED_DIR        the shared/ folder holding golden/ (default: <repo>/../shared)
   FP4Q_PROTO_DESCRIPTOR  the generated service descriptor (see fp4q/_protogen.py)
+  FP4Q_KEEP_SERVER_LOGS  set: keep each server's stderr log (its path is Server.log_path)
 """
 
 import os
@@ -54,9 +55,10 @@ class Server:
             except queue.Empty:
                 line = None
             if line is None:
+                tail = self._tail()
                 self.stop()
                 raise RuntimeError("fp4qd did not print its addresses (exit %s); log: %s" %
-                                   (self.proc.poll(), self._tail()))
+                                   (self.proc.poll(), tail))
             m = _LISTEN_RE.match(line.strip())
             if m:
                 self.target = m.group(1)
@@ -100,4 +102,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self._log.close()
+        if not self._log.closed:
+            self._log.close()
+            if not os.environ.get("FP4Q_KEEP_SERVER_LOGS"):
+                os.unlink(self.log_path)
