@@ -1,0 +1,299 @@
+// The CUDA backend: creation, device info, memory, streams, health and IPC; the elementwise
+// numerics entry points. Quantization bodies are in cuda_ops.cc, the GEMM in cuda_matmul.cc.
+#include "cuda/cuda_backend.h"
+
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cuda/cuda_status.h"
+#include "cuda/launch.h"
+#include "cuda/staging.h"
+#include "fp4q/common/status_macros.h"
+
+namespace fp4q::kernels::cuda {
+namespace {
+
+std::string FormatUuid(const cudaUUID_t& u) {
+  const auto* b = reinterpret_cast<const unsigned char*>(u.bytes);
+  return absl::StrFormat(
+      "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+      b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
+
+absl::Status CheckCopyArgs(const void* dst, const void* src, size_t bytes) {
+  if (bytes > 0 && dst == nullptr) return absl::InvalidArgumentError(absl::StrCat("dst: null with bytes ", bytes));
+  if (bytes > 0 && src == nullptr) return absl::InvalidArgumentError(absl::StrCat("src: null with bytes ", bytes));
+  return absl::OkStatus();
+}
+
+int DtypeCode(DType d) { return d == DType::kF32 ? kF32 : kBF16; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int ordinal) {
+  int count = 0;
+  FP4Q_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  if (ordinal < 0 || ordinal >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ordinal: ", ordinal, " is not a CUDA device (", count, " visible)"));
+  }
+  FP4Q_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+  cudaDeviceProp prop;
+  FP4Q_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal));
+  DeviceInfo info;
+  info.backend = "cuda";
+  info.ordinal = ordinal;
+  info.uuid = FormatUuid(prop.uuid);
+  info.name = prop.name;
+  info.cc_major = prop.major;
+  info.cc_minor = prop.minor;
+  info.total_memory = prop.totalGlobalMem;
+
+  // Keep freed pool memory cached: temporaries are reused call after call.
+  cudaMemPool_t pool;
+  FP4Q_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, ordinal));
+  uint64_t threshold = UINT64_MAX;
+  FP4Q_CUDA_RETURN_IF_ERROR(
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+
+  FP4Q_ASSIGN_OR_RETURN(std::unique_ptr<BlasLt> blas, BlasLt::Create());
+  cudaStream_t stream = nullptr;
+  FP4Q_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return std::unique_ptr<CudaBackend>(
+      new CudaBackend(ordinal, stream, std::move(info), std::move(blas)));
+}
+
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(ordinal_);
+  {
+    absl::MutexLock lock(&mu_);
+    for (void* base : ipc_bases_) cudaIpcCloseMemHandle(base);
+    ipc_bases_.clear();
+  }
+  cudaStreamSynchronize(stream_);
+  cudaStreamDestroy(stream_);
+}
+
+absl::Status CudaBackend::Enter() const {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!poison_.ok()) return poison_;
+  }
+  return Track(FP4Q_CUDA_STATUS(cudaSetDevice(ordinal_)));
+}
+
+absl::Status CudaBackend::Track(absl::Status s) const {
+  if (IsStickyStatus(s)) {
+    absl::MutexLock lock(&mu_);
+    if (poison_.ok()) {
+      poison_ = absl::InternalError(
+          absl::StrCat("CUDA backend on ", info_.uuid, " is poisoned: ", s.message()));
+    }
+  }
+  return s;
+}
+
+absl::Status CudaBackend::AfterLaunches(cudaStream_t stream) const {
+  // Each launcher already checked cudaGetLastError() after its launches; a fault of an earlier
+  // asynchronous kernel shows up here as a sticky error.
+  (void)stream;
+  const cudaError_t e = cudaPeekAtLastError();
+  if (IsStickyCudaError(e)) return Track(FP4Q_CUDA_STATUS(e));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Healthy() const {
+  absl::MutexLock lock(&mu_);
+  return poison_;
+}
+
+// ---------------------------------------------------------------- memory
+
+absl::StatusOr<void*> CudaBackend::Allocate(size_t bytes) {
+  FP4Q_RETURN_IF_ERROR(Enter());
+  void* p = nullptr;
+  FP4Q_RETURN_IF_ERROR(Track(FP4Q_CUDA_STATUS(cudaMalloc(&p, bytes == 0 ? 1 : bytes))));
+  return p;
+}
+
+void CudaBackend::Free(void* ptr) {
+  if (ptr == nullptr || !Enter().ok()) return;
+  Track(FP4Q_CUDA_STATUS(cudaFree(ptr))).IgnoreError();
+}
+
+absl::Status CudaBackend::CopyFromHost(void* dst, const void* src, size_t bytes, Stream stream) {
+  FP4Q_RETURN_IF_ERROR(CheckCopyArgs(dst, src, bytes));
+  FP4Q_RETURN_IF_ERROR(Enter());
+  if (bytes == 0) return absl::OkStatus();
+  return Track(FP4Q_CUDA_STATUS(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, Resolve(stream))));
+}
+
+absl::Status CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes, Stream stream) {
+  FP4Q_RETURN_IF_ERROR(CheckCopyArgs(dst, src, bytes));
+  FP4Q_RETURN_IF_ERROR(Enter());
+  if (bytes == 0) return absl::OkStatus();
+  return Track(FP4Q_CUDA_STATUS(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, Resolve(stream))));
+}
+
+absl::Status CudaBackend::CopyDeviceToDevice(void* dst, const void* src, size_t bytes,
+                                             Stream stream) {
+  FP4Q_RETURN_IF_ERROR(CheckCopyArgs(dst, src, bytes));
+  FP4Q_RETURN_IF_ERROR(Enter());
+  if (bytes == 0) return absl::OkStatus();
+  return Track(FP4Q_CUDA_STATUS(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, Resolve(stream))));
+}
+
+absl::Status CudaBackend::Memset(void* dst, int value, size_t bytes, Stream stream) {
+  if (bytes > 0 && dst == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("dst: null with bytes ", bytes));
+  }
+  FP4Q_RETURN_IF_ERROR(Enter());
+  if (bytes == 0) return absl::OkStatus();
+  return Track(FP4Q_CUDA_STATUS(cudaMemsetAsync(dst, value, bytes, Resolve(stream))));
+}
+
+absl::Status CudaBackend::Synchronize(Stream stream) {
+  FP4Q_RETURN_IF_ERROR(Enter());
+  return Track(FP4Q_CUDA_STATUS(cudaStreamSynchronize(Resolve(stream))));
+}
+
+// ---------------------------------------------------------------- IPC
+
+absl::StatusOr<void*> CudaBackend::OpenIpcHandle(const std::string& handle_bytes) {
+  if (handle_bytes.size() != sizeof(cudaIpcMemHandle_t)) {
+    return absl::InvalidArgumentError(absl::StrCat("handle: ", handle_bytes.size(),
+                                                   " bytes, a cudaIpcMemHandle_t has ",
+                                                   sizeof(cudaIpcMemHandle_t)));
+  }
+  FP4Q_RETURN_IF_ERROR(Enter());
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, handle_bytes.data(), sizeof(h));
+  void* base = nullptr;
+  const cudaError_t e = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
+  if (e != cudaSuccess) {
+    const absl::Status s = Track(FP4Q_CUDA_STATUS(e));
+    if (IsStickyStatus(s)) return s;
+    cudaGetLastError();  // not sticky: clear it so later launch checks do not see it
+    return absl::InvalidArgumentError(
+        absl::StrCat("handle: cannot be opened on ", info_.uuid, ": ", s.message()));
+  }
+  absl::MutexLock lock(&mu_);
+  ipc_bases_.insert(base);
+  return base;
+}
+
+absl::Status CudaBackend::CloseIpcHandle(void* base) {
+  FP4Q_RETURN_IF_ERROR(Enter());
+  {
+    absl::MutexLock lock(&mu_);
+    if (ipc_bases_.erase(base) == 0) {
+      return absl::NotFoundError(
+          absl::StrCat("base: ", absl::StrFormat("%p", base), " is not an open IPC mapping"));
+    }
+  }
+  return Track(FP4Q_CUDA_STATUS(cudaIpcCloseMemHandle(base)));
+}
+
+// ---------------------------------------------------------------- elementwise numerics
+
+absl::Status CudaBackend::DoAmax(const ConstTensor& x, float* amax, Stream stream) {
+  FP4Q_RETURN_IF_ERROR(Enter());
+  const cudaStream_t s = Resolve(stream);
+  const size_t n = static_cast<size_t>(x.rows * x.cols);
+  Staging st(s);
+  FP4Q_ASSIGN_OR_RETURN(const void* xp, st.Use(x.data, n * DTypeSize(x.dtype), true, false));
+  FP4Q_ASSIGN_OR_RETURN(float* out, st.UseAs<float>(amax, sizeof(float), false, true));
+  FP4Q_RETURN_IF_ERROR(
+      Track(FP4Q_CUDA_STATUS(LaunchAmax(xp, DtypeCode(x.dtype), x.rows * x.cols, out, s))));
+  FP4Q_RETURN_IF_ERROR(Track(st.Finish()));
+  return AfterLaunches(s);
+}
+
+absl::Status CudaBackend::DoDequantize(const ConstQuantizedTensor& q, const MutTensor& out,
+                                       Stream stream) {
+  FP4Q_RETURN_IF_ERROR(Enter());
+  const cudaStream_t s = Resolve(stream);
+  FP4Q_ASSIGN_OR_RETURN(const size_t code_bytes, CodeBytes(q.rows, q.cols, "q"));
+  FP4Q_ASSIGN_OR_RETURN(const size_t scale_bytes,
+                        ScaleBytes(q.rows, q.cols, q.format, q.scale_layout, "q"));
+  FP4Q_ASSIGN_OR_RETURN(const size_t out_bytes, DenseBytes(out.rows, out.cols, out.dtype, "out"));
+  Staging st(s);
+  DequantParams p;
+  p.rows = q.rows;
+  p.cols = q.cols;
+  p.mx = q.format == Format::kMxfp4;
+  p.swizzled = q.scale_layout == ScaleLayout::kSwizzled;
+  FP4Q_ASSIGN_OR_RETURN(p.codes, st.UseAs<const uint8_t>(q.codes, code_bytes, true, false));
+  FP4Q_ASSIGN_OR_RETURN(p.scales, st.UseAs<const uint8_t>(q.scales, scale_bytes, true, false));
+  FP4Q_ASSIGN_OR_RETURN(p.global, st.UseAs<const float>(q.global, 8, true, false));
+  FP4Q_ASSIGN_OR_RETURN(p.out, st.Use(out.data, out_bytes, false, true));
+  p.out_dtype = DtypeCode(out.dtype);
+  FP4Q_RETURN_IF_ERROR(Track(FP4Q_CUDA_STATUS(LaunchDequantize(p, s))));
+  FP4Q_RETURN_IF_ERROR(Track(st.Finish()));
+  return AfterLaunches(s);
+}
+
+absl::Status CudaBackend::DoRht(const ConstTensor& in, RhtMode mode, uint64_t rht_seed,
+                                bool inverse, const MutTensor& out, Stream stream) {
+  FP4Q_RETURN_IF_ERROR(Enter());
+  const cudaStream_t s = Resolve(stream);
+  FP4Q_ASSIGN_OR_RETURN(const size_t bytes, DenseBytes(in.rows, in.cols, in.dtype, "in"));
+  Staging st(s);
+  RhtParams p;
+  FP4Q_ASSIGN_OR_RETURN(p.in, st.Use(in.data, bytes, true, false));
+  FP4Q_ASSIGN_OR_RETURN(p.out, st.Use(out.data, bytes, false, true));
+  p.dtype = DtypeCode(in.dtype);
+  p.rows = in.rows;
+  p.cols = in.cols;
+  p.signs = mode == RhtMode::kOff ? 0u : RhtSignMask(static_cast<int>(mode), rht_seed);
+  p.inverse = inverse;
+  FP4Q_RETURN_IF_ERROR(Track(FP4Q_CUDA_STATUS(LaunchRht(p, s))));
+  FP4Q_RETURN_IF_ERROR(Track(st.Finish()));
+  return AfterLaunches(s);
+}
+
+// ---------------------------------------------------------------- wrappers of the bodies
+
+absl::Status CudaBackend::DoQuantize(const ConstTensor& x, const QuantizeOptions& options,
+                                     float* residual, const QuantizedTensor* rowwise,
+                                     const QuantizedTensor* columnwise, Stream stream) {
+  FP4Q_RETURN_IF_ERROR(Enter());
+  const cudaStream_t s = Resolve(stream);
+  FP4Q_RETURN_IF_ERROR(Track(QuantizeImpl(x, options, residual, rowwise, columnwise, s)));
+  return AfterLaunches(s);
+}
+
+absl::Status CudaBackend::DoQdq(const ConstTensor& x, const QuantizeOptions& options,
+                                float* residual, const MutTensor& out, Stream stream) {
+  FP4Q_RETURN_IF_ERROR(Enter());
+  const cudaStream_t s = Resolve(stream);
+  FP4Q_RETURN_IF_ERROR(Track(QdqImpl(x, options, residual, out, s)));
+  return AfterLaunches(s);
+}
+
+absl::Status CudaBackend::DoUpdateWeight(const QuantizedTensor& weight, float* residual,
+                                         const ConstTensor& update, float lr, UpdateKind kind,
+                                         const QuantizeOptions& options,
+                                         const MutTensor* dequantized_out, Stream stream) {
+  FP4Q_RETURN_IF_ERROR(Enter());
+  const cudaStream_t s = Resolve(stream);
+  FP4Q_RETURN_IF_ERROR(Track(UpdateWeightImpl(weight, residual, update, lr, kind, options,
+                                              dequantized_out, s)));
+  return AfterLaunches(s);
+}
+
+absl::Status CudaBackend::DoMatmul(const ConstQuantizedTensor& a, const ConstQuantizedTensor& b,
+                                   const MutTensor& c, Stream stream) {
+  FP4Q_RETURN_IF_ERROR(Enter());
+  const cudaStream_t s = Resolve(stream);
+  FP4Q_RETURN_IF_ERROR(Track(MatmulImpl(a, b, c, s)));
+  return AfterLaunches(s);
+}
+
+}  // namespace fp4q::kernels::cuda

@@ -1,0 +1,108 @@
+// The CUDA backend: Backend (fp4q/kernels/backend.h) on one GPU. Built into libfp4q_cuda.so and
+// created through the module's C ABI (cuda_module.h).
+//
+// - Every method first makes the backend's device current on the calling thread, then fails with
+//   the poisoning error if the backend is poisoned (Healthy()).
+// - Streams: the `Stream` argument is a cudaStream_t; nullptr means the backend's own
+//   non-blocking stream. Work is asynchronous; Synchronize(stream) waits and reports errors.
+// - A sticky CUDA error (illegal address and kin) seen by any call poisons the backend for good.
+// - Temporaries (staging copies, GEMM workspaces, scratch) come from the device's stream-ordered
+//   memory pool (its release threshold is raised so they stay cached).
+// - Numerics are bit-identical to the CPU reference (Matmul: within its stated tolerance, see
+//   cuda_matmul.cc); the kernels live in *.cu files behind launch.h.
+#ifndef FP4Q_KERNELS_SRC_CUDA_CUDA_BACKEND_H_
+#define FP4Q_KERNELS_SRC_CUDA_CUDA_BACKEND_H_
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <set>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "cuda/blas_lt.h"
+#include "fp4q/kernels/backend.h"
+
+namespace fp4q::kernels::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  // A backend on device `ordinal` (creates its stream and cuBLASLt handle).
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int ordinal);
+  ~CudaBackend() override;
+
+  DeviceInfo Info() const override { return info_; }
+
+  absl::StatusOr<void*> Allocate(size_t bytes) override;
+  void Free(void* ptr) override;
+  absl::Status CopyFromHost(void* dst, const void* src, size_t bytes, Stream stream) override;
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes, Stream stream) override;
+  absl::Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes,
+                                  Stream stream) override;
+  absl::Status Memset(void* dst, int value, size_t bytes, Stream stream) override;
+  absl::Status Synchronize(Stream stream) override;
+  absl::Status Healthy() const override;
+
+  absl::StatusOr<void*> OpenIpcHandle(const std::string& handle_bytes) override;
+  absl::Status CloseIpcHandle(void* base) override;
+
+ protected:
+  absl::Status DoAmax(const ConstTensor& x, float* amax, Stream stream) override;
+  absl::Status DoQuantize(const ConstTensor& x, const QuantizeOptions& options, float* residual,
+                          const QuantizedTensor* rowwise, const QuantizedTensor* columnwise,
+                          Stream stream) override;
+  absl::Status DoDequantize(const ConstQuantizedTensor& q, const MutTensor& out,
+                            Stream stream) override;
+  absl::Status DoQdq(const ConstTensor& x, const QuantizeOptions& options, float* residual,
+                     const MutTensor& out, Stream stream) override;
+  absl::Status DoMatmul(const ConstQuantizedTensor& a, const ConstQuantizedTensor& b,
+                        const MutTensor& c, Stream stream) override;
+  absl::Status DoUpdateWeight(const QuantizedTensor& weight, float* residual,
+                              const ConstTensor& update, float lr, UpdateKind kind,
+                              const QuantizeOptions& options, const MutTensor* dequantized_out,
+                              Stream stream) override;
+  absl::Status DoRht(const ConstTensor& in, RhtMode mode, uint64_t rht_seed, bool inverse,
+                     const MutTensor& out, Stream stream) override;
+
+ private:
+  CudaBackend(int ordinal, cudaStream_t stream, DeviceInfo info, std::unique_ptr<BlasLt> blas)
+      : ordinal_(ordinal), stream_(stream), info_(std::move(info)), blas_(std::move(blas)) {}
+
+  // Makes the device current and checks the poison flag. Every entry point calls it first.
+  absl::Status Enter() const;
+  cudaStream_t Resolve(Stream s) const {
+    return s == nullptr ? stream_ : static_cast<cudaStream_t>(s);
+  }
+  // Records `s` as the poisoning error when it came from a sticky CUDA error; returns `s`.
+  absl::Status Track(absl::Status s) const;
+  // Checks the stream's pending launch errors after a sequence of launches.
+  absl::Status AfterLaunches(cudaStream_t stream) const;
+
+  // Numerics bodies (cuda_ops.cc, cuda_matmul.cc); wrapped by the Do* methods with Track().
+  absl::Status QuantizeImpl(const ConstTensor& x, const QuantizeOptions& options,
+                            float* residual, const QuantizedTensor* rowwise,
+                            const QuantizedTensor* columnwise, cudaStream_t stream);
+  absl::Status QdqImpl(const ConstTensor& x, const QuantizeOptions& options, float* residual,
+                       const MutTensor& out, cudaStream_t stream);
+  absl::Status UpdateWeightImpl(const QuantizedTensor& weight, float* residual,
+                                const ConstTensor& update, float lr, UpdateKind kind,
+                                const QuantizeOptions& options, const MutTensor* dequantized_out,
+                                cudaStream_t stream);
+  absl::Status MatmulImpl(const ConstQuantizedTensor& a, const ConstQuantizedTensor& b,
+                          const MutTensor& c, cudaStream_t stream);
+
+  const int ordinal_;
+  const cudaStream_t stream_;
+  const DeviceInfo info_;
+  const std::unique_ptr<BlasLt> blas_;
+
+  mutable absl::Mutex mu_;
+  mutable absl::Status poison_ ABSL_GUARDED_BY(mu_);
+  std::set<void*> ipc_bases_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace fp4q::kernels::cuda
+
+#endif  // FP4Q_KERNELS_SRC_CUDA_CUDA_BACKEND_H_

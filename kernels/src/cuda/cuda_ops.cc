@@ -1,0 +1,246 @@
+// The quantizing entry points of the CUDA backend: Quantize, QDQ (both with optional error
+// feedback) and UpdateWeight. Each plans its passes over the data:
+//   - amax given (or MXFP4, whose global amax is only recorded): one pass;
+//   - amax computed: an amax pass (the plain reduction, or the quantize kernel in amax-only mode
+//     when the amax is of a derived tensor: x + r, RHT(x), the updated weight), then one pass.
+// Row-wise-only requests run the row kernel (quantize_rows.cu); column-wise requests the tile
+// kernel (quantize_tile.cu), which reads x once for both outputs.
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_status.h"
+#include "cuda/launch.h"
+#include "cuda/staging.h"
+#include "fp4q/common/status_macros.h"
+
+namespace fp4q::kernels::cuda {
+namespace {
+
+int DtypeCode(DType d) { return d == DType::kF32 ? kF32 : kBF16; }
+
+int FmtCode(Format f, BlockShape b) {
+  if (f == Format::kMxfp4) return kFmtMx;
+  return b == BlockShape::k16x16 ? kFmtNv16x16 : kFmtNv1x16;
+}
+
+QuantOptions MakeQuantOptions(const QuantizeOptions& o) {
+  QuantOptions q;
+  q.fmt = FmtCode(o.format, o.block);
+  q.sr = o.rounding == Rounding::kStochastic;
+  q.seed = o.seed;
+  q.step = o.step;
+  q.rht = o.rht != RhtMode::kOff;
+  q.rht_signs = q.rht ? RhtSignMask(static_cast<int>(o.rht), o.rht_seed) : 0u;
+  q.scale_sel = o.scale_selection == ScaleSelection::kFourOverSixMae   ? kSelMae
+                : o.scale_selection == ScaleSelection::kFourOverSixMse ? kSelMse
+                                                                       : kSelMapTo6;
+  q.emax = o.four_over_six_emax;
+  q.mx_rule = o.mx_rule == MxScaleRule::kFloor ? kMxFloor : kMxRceil;
+  return q;
+}
+
+// An output quantized tensor of shape [rows, cols] staged for the kernels. The global record
+// is read too when `global_in` (UpdateWeight).
+absl::StatusOr<QOut> StageOut(Staging& st, const QuantizedTensor& t, int64_t rows, int64_t cols,
+                              bool read_back) {
+  FP4Q_ASSIGN_OR_RETURN(const size_t code_bytes, CodeBytes(rows, cols, "codes"));
+  FP4Q_ASSIGN_OR_RETURN(const size_t scale_bytes,
+                        ScaleBytes(rows, cols, t.format, t.scale_layout, "scales"));
+  QOut o;
+  FP4Q_ASSIGN_OR_RETURN(o.codes, st.UseAs<uint8_t>(t.codes, code_bytes, read_back, true));
+  FP4Q_ASSIGN_OR_RETURN(o.scales, st.UseAs<uint8_t>(t.scales, scale_bytes, read_back, true));
+  FP4Q_ASSIGN_OR_RETURN(o.global,
+                        st.UseAs<float>(t.global, kGlobalFloats * sizeof(float), read_back, true));
+  o.swizzled = t.scale_layout == ScaleLayout::kSwizzled;
+  return o;
+}
+
+absl::Status ZeroPadding(const QOut& o, int64_t rows, int64_t cols, int fmt, cudaStream_t s) {
+  if (!o.swizzled) return absl::OkStatus();
+  const int64_t scale_cols = fmt == kFmtMx ? cols / 32 : cols / 16;
+  return FP4Q_CUDA_STATUS(LaunchZeroSwizzlePadding(o.scales, rows, scale_cols, s));
+}
+
+absl::Status ZeroFloat(float* p, cudaStream_t s) {
+  return FP4Q_CUDA_STATUS(cudaMemsetAsync(p, 0, sizeof(float), s));
+}
+
+}  // namespace
+
+absl::Status CudaBackend::QuantizeImpl(const ConstTensor& x, const QuantizeOptions& options,
+                                       float* residual, const QuantizedTensor* rowwise,
+                                       const QuantizedTensor* columnwise, cudaStream_t s) {
+  const bool want_row = rowwise != nullptr;
+  const bool want_col = columnwise != nullptr;
+  if (residual != nullptr && (want_col || !want_row)) {
+    return absl::InvalidArgumentError("residual: error feedback needs the row-wise output only");
+  }
+  FP4Q_ASSIGN_OR_RETURN(const size_t x_bytes, DenseBytes(x.rows, x.cols, x.dtype, "x"));
+  Staging st(s);
+  FP4Q_ASSIGN_OR_RETURN(const void* xp, st.Use(x.data, x_bytes, true, false));
+  FP4Q_ASSIGN_OR_RETURN(float* res,
+                        st.UseAs<float>(residual, x_bytes / DTypeSize(x.dtype) * 4, true, true));
+  const QuantOptions q = MakeQuantOptions(options);
+  const bool mx = q.fmt == kFmtMx;
+  QOut row, col;
+  if (want_row) {
+    FP4Q_ASSIGN_OR_RETURN(row, StageOut(st, *rowwise, x.rows, x.cols, false));
+  }
+  if (want_col) {
+    FP4Q_ASSIGN_OR_RETURN(col, StageOut(st, *columnwise, x.cols, x.rows, false));
+  }
+
+  if (!want_col) {
+    RowParams p;
+    p.q = q;
+    p.rows = x.rows;
+    p.cols = x.cols;
+    p.x = xp;
+    p.x_dtype = DtypeCode(x.dtype);
+    p.residual = res;
+    if (mx) {
+      FP4Q_RETURN_IF_ERROR(ZeroFloat(row.global, s));  // atomicMax target
+    } else if (options.has_amax) {
+      row.amax_value = options.amax;
+      row.write_amax = true;
+    } else {
+      FP4Q_RETURN_IF_ERROR(ZeroFloat(row.global, s));
+      if (res != nullptr || q.rht) {
+        RowParams a = p;
+        a.amax_out = row.global;
+        FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchQuantizeRows(a, s)));
+      } else {
+        FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(
+            LaunchAmax(xp, p.x_dtype, x.rows * x.cols, row.global, s)));
+      }
+      row.amax_ptr = row.global;
+    }
+    p.out = row;
+    FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchQuantizeRows(p, s)));
+  } else {
+    TileParams p;
+    p.q = q;
+    p.rows = x.rows;
+    p.cols = x.cols;
+    p.x = xp;
+    p.x_dtype = DtypeCode(x.dtype);
+    if (mx) {
+      if (want_row) FP4Q_RETURN_IF_ERROR(ZeroFloat(row.global, s));
+      FP4Q_RETURN_IF_ERROR(ZeroFloat(col.global, s));
+    } else if (options.has_amax) {
+      row.amax_value = col.amax_value = options.amax;
+      row.write_amax = col.write_amax = true;
+    } else if (q.rht) {
+      // Each output has its own transform and its own amax.
+      if (want_row) FP4Q_RETURN_IF_ERROR(ZeroFloat(row.global, s));
+      FP4Q_RETURN_IF_ERROR(ZeroFloat(col.global, s));
+      TileParams a = p;
+      a.row = row;
+      a.col = col;
+      a.amax_only = true;
+      a.row_amax_out = want_row ? row.global : nullptr;
+      a.col_amax_out = col.global;
+      FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchQuantizeTile(a, s)));
+      row.amax_ptr = row.global;
+      col.amax_ptr = col.global;
+    } else {
+      float* target = want_row ? row.global : col.global;
+      FP4Q_RETURN_IF_ERROR(
+          FP4Q_CUDA_STATUS(LaunchAmax(xp, p.x_dtype, x.rows * x.cols, target, s)));
+      row.amax_ptr = col.amax_ptr = target;
+      row.write_amax = want_row && row.global != target;
+      col.write_amax = col.global != target;
+    }
+    p.row = row;
+    p.col = col;
+    FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchQuantizeTile(p, s)));
+  }
+  if (want_row) FP4Q_RETURN_IF_ERROR(ZeroPadding(row, x.rows, x.cols, q.fmt, s));
+  if (want_col) FP4Q_RETURN_IF_ERROR(ZeroPadding(col, x.cols, x.rows, q.fmt, s));
+  return st.Finish();
+}
+
+absl::Status CudaBackend::QdqImpl(const ConstTensor& x, const QuantizeOptions& options,
+                                  float* residual, const MutTensor& out, cudaStream_t s) {
+  FP4Q_ASSIGN_OR_RETURN(const size_t x_bytes, DenseBytes(x.rows, x.cols, x.dtype, "x"));
+  FP4Q_ASSIGN_OR_RETURN(const size_t out_bytes, DenseBytes(out.rows, out.cols, out.dtype, "out"));
+  Staging st(s);
+  RowParams p;
+  p.q = MakeQuantOptions(options);
+  p.rows = x.rows;
+  p.cols = x.cols;
+  FP4Q_ASSIGN_OR_RETURN(p.x, st.Use(x.data, x_bytes, true, false));
+  p.x_dtype = DtypeCode(x.dtype);
+  FP4Q_ASSIGN_OR_RETURN(p.residual, st.UseAs<float>(residual, x.rows * x.cols * 4, true, true));
+  FP4Q_ASSIGN_OR_RETURN(p.dq, st.Use(out.data, out_bytes, false, true));
+  p.dq_dtype = DtypeCode(out.dtype);
+  if (options.has_amax) {
+    p.out.amax_value = options.amax;
+  } else if (p.q.fmt != kFmtMx) {
+    FP4Q_ASSIGN_OR_RETURN(void* scratch, st.Scratch(sizeof(float)));
+    float* amax = static_cast<float*>(scratch);
+    FP4Q_RETURN_IF_ERROR(ZeroFloat(amax, s));
+    if (p.residual != nullptr || p.q.rht) {
+      RowParams a = p;
+      a.amax_out = amax;
+      FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchQuantizeRows(a, s)));
+    } else {
+      FP4Q_RETURN_IF_ERROR(
+          FP4Q_CUDA_STATUS(LaunchAmax(p.x, p.x_dtype, x.rows * x.cols, amax, s)));
+    }
+    p.out.amax_ptr = amax;
+  }
+  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchQuantizeRows(p, s)));
+  return st.Finish();
+}
+
+absl::Status CudaBackend::UpdateWeightImpl(const QuantizedTensor& weight, float* residual,
+                                           const ConstTensor& update, float lr, UpdateKind kind,
+                                           const QuantizeOptions& options,
+                                           const MutTensor* dequantized_out, cudaStream_t s) {
+  FP4Q_ASSIGN_OR_RETURN(const size_t upd_bytes,
+                        DenseBytes(update.rows, update.cols, update.dtype, "update"));
+  Staging st(s);
+  RowParams p;
+  p.q = MakeQuantOptions(options);
+  p.q.fmt = FmtCode(Format::kNvfp4, weight.block);
+  p.rows = weight.rows;
+  p.cols = weight.cols;
+  p.update = true;
+  FP4Q_ASSIGN_OR_RETURN(p.upd, st.Use(update.data, upd_bytes, true, false));
+  p.upd_dtype = DtypeCode(update.dtype);
+  p.lr = lr;
+  p.upd_gradient = kind == UpdateKind::kGradient;
+  FP4Q_ASSIGN_OR_RETURN(p.residual,
+                        st.UseAs<float>(residual, weight.rows * weight.cols * 4, true, true));
+  FP4Q_ASSIGN_OR_RETURN(p.out, StageOut(st, weight, weight.rows, weight.cols, true));
+  if (dequantized_out != nullptr) {
+    FP4Q_ASSIGN_OR_RETURN(const size_t dq_bytes,
+                          DenseBytes(dequantized_out->rows, dequantized_out->cols,
+                                     dequantized_out->dtype, "dequantized_out"));
+    FP4Q_ASSIGN_OR_RETURN(p.dq, st.Use(dequantized_out->data, dq_bytes, false, true));
+    p.dq_dtype = DtypeCode(dequantized_out->dtype);
+  }
+  // scratch[0]: the new amax; scratch[1]: the old S_enc (the weight's record is rewritten by
+  // the quantize pass while other blocks still dequantize the old values).
+  FP4Q_ASSIGN_OR_RETURN(void* scratch_v, st.Scratch(2 * sizeof(float)));
+  float* scratch = static_cast<float*>(scratch_v);
+  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(cudaMemcpyAsync(
+      scratch + 1, p.out.global + 1, sizeof(float), cudaMemcpyDeviceToDevice, s)));
+  FP4Q_RETURN_IF_ERROR(ZeroFloat(scratch, s));
+  p.w_old_senc = scratch + 1;
+  {
+    RowParams a = p;
+    a.amax_out = scratch;
+    FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchQuantizeRows(a, s)));
+  }
+  p.out.amax_ptr = scratch;
+  p.out.write_amax = true;
+  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchQuantizeRows(p, s)));
+  FP4Q_RETURN_IF_ERROR(ZeroPadding(p.out, weight.rows, weight.cols, p.q.fmt, s));
+  return st.Finish();
+}
+
+}  // namespace fp4q::kernels::cuda

@@ -1,0 +1,244 @@
+// Element-level numerics of shared/NUMERICS.md for the CUDA kernels: E2M1 rounding (nearest and
+// stochastic), E4M3/E8M0 scales, Philox4x32-10, the 16-point Hadamard butterfly and the
+// swizzled scale layout. Every f32 operation is written with an explicit _rn intrinsic (the
+// module is built with --fmad=false as well), so the CPU reference's operation order is kept.
+//
+// Cost notes (Hopper has no E2M1 convert): E2M1Rn is 8 ALU instructions per element,
+// E2M1Sr 13 plus an eighth of a Philox4x32-10 call (40 instructions per 8 elements).
+#ifndef FP4Q_KERNELS_SRC_CUDA_DEVICE_NUMERICS_CUH_
+#define FP4Q_KERNELS_SRC_CUDA_DEVICE_NUMERICS_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cstdint>
+
+namespace fp4q::kernels::cuda {
+
+#define FP4Q_HD __host__ __device__ __forceinline__
+#define FP4Q_D __device__ __forceinline__
+
+constexpr float kC6 = 0x1.555556p-3f;  // RN(1/6), bits 0x3E2AAAAB
+constexpr uint32_t kDefaultRhtSigns = 0xD7E8u;
+
+// ---------------------------------------------------------------- Philox4x32-10
+
+FP4Q_HD uint32_t MulHi32(uint32_t a, uint32_t b) {
+#ifdef __CUDA_ARCH__
+  return __umulhi(a, b);
+#else
+  return static_cast<uint32_t>((static_cast<uint64_t>(a) * b) >> 32);
+#endif
+}
+
+// Random123 / cuRAND Philox4x32 with 10 rounds. ctr = (c0, c1, c2, c3), key = (k0, k1).
+FP4Q_HD uint4 Philox4x32_10(uint4 c, uint32_t k0, uint32_t k1) {
+#pragma unroll
+  for (int i = 0; i < 10; ++i) {
+    if (i > 0) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const uint32_t hi0 = MulHi32(0xD2511F53u, c.x);
+    const uint32_t lo0 = 0xD2511F53u * c.x;
+    const uint32_t hi1 = MulHi32(0xCD9E8D57u, c.z);
+    const uint32_t lo1 = 0xCD9E8D57u * c.z;
+    c = make_uint4(hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0);
+  }
+  return c;
+}
+
+// The 8 x 16 random bits of elements 8j .. 8j+7 (NUMERICS 4): counter (lo j, hi j, lo step,
+// hi step), key (lo seed, hi seed).
+FP4Q_HD uint4 SrBits(uint64_t j, uint64_t seed, uint64_t step) {
+  return Philox4x32_10(make_uint4(static_cast<uint32_t>(j), static_cast<uint32_t>(j >> 32),
+                                  static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32)),
+                       static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+}
+
+// Element e (0..7) of a group: word e/2, low half for even e.
+FP4Q_HD uint32_t SrHalf(const uint4& w, int e) {
+  const uint32_t word = (e >> 1) == 0 ? w.x : (e >> 1) == 1 ? w.y : (e >> 1) == 2 ? w.z : w.w;
+  return (e & 1) ? (word >> 16) : (word & 0xFFFFu);
+}
+
+// ---------------------------------------------------------------- E2M1
+
+// Round-to-nearest-even to E2M1 with saturation; NaN -> 0x7, sign from y otherwise (NUMERICS 1).
+// Clamping with min-then-max maps NaN to +6. In the binade of max(|z|, 1), adding
+// C = 2^(e+22) rounds |z| to the E2M1 step 2^(e-1) (ties to even = even mantissa bit).
+FP4Q_D uint32_t E2M1Rn(float y) {
+  const float z = fmaxf(fminf(y, 6.0f), -6.0f);
+  const float a = fabsf(z);
+  const uint32_t ea = __float_as_uint(fmaxf(a, 1.0f)) & 0x7F800000u;
+  const uint32_t cb = ea + (22u << 23);
+  const float s = __fadd_rn(a, __uint_as_float(cb));
+  const uint32_t code = __float_as_uint(s) - cb + ((ea >> 22) - 254u);
+  return code | ((__float_as_uint(z) >> 28) & 8u);
+}
+
+// Stochastic rounding (NUMERICS 4) with the element's 16 random bits r16: round up iff
+// r16 < f * 65536, i.e. iff r16 * step / 65536 < |z| - lo (both sides exact in f32).
+FP4Q_D uint32_t E2M1Sr(float y, uint32_t r16) {
+  const float z = fmaxf(fminf(y, 6.0f), -6.0f);
+  const float a = fabsf(z);
+  const uint32_t ea = __float_as_uint(fmaxf(a, 1.0f)) & 0x7F800000u;
+  const uint32_t cb = ea + (22u << 23);
+  const float c = __uint_as_float(cb);
+  const float s = __fadd_rz(a, c);           // floor to the step
+  const float rem = __fsub_rn(a, __fsub_rn(s, c));  // exact, in [0, step)
+  const uint32_t cs = cb - (16u << 23);      // 2^(e+6): ulp 2^(e-17) = step / 65536
+  const float thr = __fsub_rn(__uint_as_float(cs | r16), __uint_as_float(cs));
+  const uint32_t up = rem > thr ? 1u : 0u;
+  const uint32_t code = __float_as_uint(s) - cb + ((ea >> 22) - 254u) + up;
+  return code | ((__float_as_uint(z) >> 28) & 8u);
+}
+
+// Value of an E2M1 code (0..15), exact: the 3 magnitude bits placed as an f32 with exponent
+// field e and mantissa bit m are the value times 2^-126.
+FP4Q_D float E2M1Value(uint32_t code) {
+  const uint32_t bits = ((code & 7u) << 22) | ((code & 8u) << 28);
+  return __fmul_rn(__uint_as_float(bits), 0x1p126f);
+}
+
+// ---------------------------------------------------------------- scales
+
+// E4M3 round-to-nearest-even, saturating at 448; u >= 0 (NUMERICS 2 B3).
+FP4Q_D uint32_t E4M3Rn(float u) {
+  return static_cast<uint32_t>(__nv_cvt_float_to_fp8(u, __NV_SATFINITE, __NV_E4M3));
+}
+
+// Value of an E4M3 byte; 0x7F/0xFF give NaN.
+FP4Q_D float E4M3Value(uint32_t b) {
+  const uint32_t bits = ((b & 0x80u) << 24) | ((b & 0x7Fu) << 20);
+  const float v = __fmul_rn(__uint_as_float(bits), 0x1p120f);
+  return (b & 0x7Fu) == 0x7Fu ? __uint_as_float(0x7FC00000u) : v;
+}
+
+// 2^(b-127) of an E8M0 byte; 255 gives NaN.
+FP4Q_D float E8M0Value(uint32_t b) {
+  if (b == 255u) return __uint_as_float(0x7FC00000u);
+  return __uint_as_float(b == 0u ? 0x00400000u : (b << 23));
+}
+
+// 2^(127-b) for b in 0..254 (the MXFP4 element multiplier).
+FP4Q_D float E8M0Inverse(uint32_t b) {
+  return __uint_as_float(b == 254u ? 0x00400000u : ((254u - b) << 23));
+}
+
+// floor(log2 |f|) from the bits of a finite nonzero or infinite f (subnormals included).
+FP4Q_D int FloorLog2Bits(float f) {
+  const uint32_t bits = __float_as_uint(f) & 0x7FFFFFFFu;
+  const int e = static_cast<int>(bits >> 23);
+  if (e != 0) return e - 127;
+  return (31 - __clz(static_cast<int>(bits))) - 149;
+}
+
+// MXFP4 scale byte of a block amax (DESIGN "MXFP4 RCEIL" / "FLOOR").
+FP4Q_D uint32_t MxScaleByte(float bamax, int rule) {
+  int e;
+  if (rule == 0) {  // RCEIL
+    const float p = __fmul_rn(bamax, kC6);
+    if (p == 0.0f) {
+      e = -127;
+    } else if (isinf(p)) {
+      e = 128;
+    } else {
+      e = FloorLog2Bits(p);
+      const uint32_t bits = __float_as_uint(p);
+      const bool pow2 = (bits >> 23) != 0 ? (bits & 0x7FFFFFu) == 0u : __popc(bits) == 1;
+      if (!pow2) e += 1;
+    }
+  } else {  // FLOOR
+    if (bamax == 0.0f) return 0u;
+    e = FloorLog2Bits(bamax) - 2;
+  }
+  e = e < -127 ? -127 : (e > 127 ? 127 : e);
+  return static_cast<uint32_t>(e + 127);
+}
+
+// NVFP4 global scale (NUMERICS 2 G2/G3, and 7 for four-over-six with emax6 = 6 * Emax).
+struct NvGlobal {
+  float s_enc;
+  float s_dec;
+  float t;  // RN(S_enc * c6)
+};
+
+FP4Q_D float SEncOf(float amax, float emax6) {
+  float s = fminf(__fdiv_rn(emax6, amax), FLT_MAX);
+  if (amax == 0.0f || s == 0.0f || isinf(amax)) s = 1.0f;
+  return s;
+}
+
+FP4Q_D NvGlobal MakeNvGlobal(float amax, float emax6) {
+  NvGlobal g;
+  g.s_enc = SEncOf(amax, emax6);
+  g.s_dec = __frcp_rn(g.s_enc);
+  g.t = __fmul_rn(g.s_enc, kC6);
+  return g;
+}
+
+// inv = min(RN(1 / RN(float(sf) * S_dec)), FLT_MAX) (B4).
+FP4Q_D float InvScale(float sf, float s_dec) {
+  return fminf(__frcp_rn(__fmul_rn(sf, s_dec)), FLT_MAX);
+}
+
+// Byte offset of scale (r, c) in the swizzled layout (NUMERICS 3); scale_cols4 = C' / 4.
+FP4Q_HD int64_t SwizzleOffset(int64_t r, int64_t c, int64_t scale_cols4) {
+  return ((r >> 7) * scale_cols4 + (c >> 2)) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4 + (c & 3);
+}
+
+FP4Q_HD int64_t ScaleOffset(int64_t r, int64_t c, int64_t scale_cols, bool swizzled) {
+  return swizzled ? SwizzleOffset(r, c, (scale_cols + 3) / 4) : r * scale_cols + c;
+}
+
+// ---------------------------------------------------------------- bf16 and RHT
+
+FP4Q_D float Bf16Lo(uint32_t w) { return __uint_as_float(w << 16); }
+FP4Q_D float Bf16Hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
+FP4Q_D float RoundBf16(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
+FP4Q_D uint32_t PackBf16x2(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// 16-point Hadamard butterfly (stages of width 1, 2, 4, 8), then * 0.25 (NUMERICS 6).
+FP4Q_D void Butterfly16(float* v) {
+#pragma unroll
+  for (int w = 1; w < 16; w <<= 1) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      if ((i & w) == 0) {
+        const float a = v[i];
+        const float b = v[i + w];
+        v[i] = __fadd_rn(a, b);
+        v[i + w] = __fsub_rn(a, b);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) v[i] = __fmul_rn(v[i], 0.25f);
+}
+
+FP4Q_D void ApplySigns16(float* v, uint32_t signs) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    v[i] = __uint_as_float(__float_as_uint(v[i]) ^ ((signs << (31 - i)) & 0x80000000u));
+  }
+}
+
+// Forward transform of 16 values in place; bf16 inputs are rounded back to bf16.
+FP4Q_D void Rht16(float* v, uint32_t signs, bool round_bf16) {
+  ApplySigns16(v, signs);
+  Butterfly16(v);
+  if (round_bf16) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = RoundBf16(v[i]);
+  }
+}
+
+}  // namespace fp4q::kernels::cuda
+
+#endif  // FP4Q_KERNELS_SRC_CUDA_DEVICE_NUMERICS_CUH_

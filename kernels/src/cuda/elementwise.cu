@@ -1,0 +1,232 @@
+// Memory-bound helpers: global amax (NUMERICS 2 G1), dequantization (NUMERICS 2 "Dequantize",
+// 8), the standalone RHT (NUMERICS 6), and the small GEMM helpers (alpha, scale swizzling).
+//
+// Budgets: amax reads 2 bytes per bf16 element (one max each); dequantize reads 0.5625 bytes and
+// writes 2 or 4 per element (3 instructions each); RHT reads and writes the tensor once
+// (a 16-point butterfly, 4 adds per element).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "device_numerics.cuh"
+#include "launch.h"
+#include "quantize_unit.cuh"
+
+namespace fp4q::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned BlocksFor(int64_t work, int64_t per_block, int64_t cap) {
+  int64_t b = (work + per_block - 1) / per_block;
+  if (b > cap) b = cap;
+  if (b < 1) b = 1;
+  return static_cast<unsigned>(b);
+}
+
+// ---------------------------------------------------------------- amax
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) AmaxKernel(const T* x, int64_t n, float* out) {
+  constexpr int kPer = 16 / sizeof(T);  // elements per 16-byte chunk
+  const int64_t chunks = n / kPer;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  float m = 0.0f;
+  const uint4* q = reinterpret_cast<const uint4*>(x);
+  int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  for (; i + 3 * stride < chunks; i += 4 * stride) {
+    uint4 w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = q[i + k * stride];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t a[4] = {w[k].x, w[k].y, w[k].z, w[k].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (sizeof(T) == 4) {
+          m = fmaxf(m, fabsf(__uint_as_float(a[j])));
+        } else {
+          m = fmaxf(m, fmaxf(fabsf(Bf16Lo(a[j])), fabsf(Bf16Hi(a[j]))));
+        }
+      }
+    }
+  }
+  for (; i < chunks; i += stride) {
+    const uint4 w = q[i];
+    const uint32_t a[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (sizeof(T) == 4) {
+        m = fmaxf(m, fabsf(__uint_as_float(a[j])));
+      } else {
+        m = fmaxf(m, fmaxf(fabsf(Bf16Lo(a[j])), fabsf(Bf16Hi(a[j]))));
+      }
+    }
+  }
+  // Tail elements (n not a multiple of a chunk).
+  const int64_t t = chunks * kPer + static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (t < n) {
+    if constexpr (sizeof(T) == 4) {
+      m = fmaxf(m, fabsf(x[t]));
+    } else {
+      m = fmaxf(m, fabsf(__bfloat162float(x[t])));
+    }
+  }
+  __shared__ float part[kThreads / 32];
+  m = WarpMax(m);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    m = threadIdx.x < kThreads / 32 ? part[threadIdx.x] : 0.0f;
+    m = WarpMax(m);
+    if (threadIdx.x == 0 && m > 0.0f) AtomicMaxNonNegative(out, m);
+  }
+}
+
+// ---------------------------------------------------------------- dequantize
+
+// One thread per 16 elements of a row.
+__global__ void __launch_bounds__(kThreads) DequantizeKernel(const DequantParams p) {
+  const int64_t groups_per_row = p.cols >> 4;
+  const int64_t gidx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (gidx >= p.rows * groups_per_row) return;
+  const int64_t row = gidx / groups_per_row;
+  const int64_t c0 = (gidx - row * groups_per_row) * 16;
+  const uint2 w = *reinterpret_cast<const uint2*>(p.codes + ((row * p.cols + c0) >> 1));
+  float sf;
+  float s_dec = 1.0f;
+  if (p.mx) {
+    sf = E8M0Value(p.scales[ScaleOffset(row, c0 >> 5, p.cols >> 5, p.swizzled)]);
+  } else {
+    sf = E4M3Value(p.scales[ScaleOffset(row, c0 >> 4, p.cols >> 4, p.swizzled)]);
+    if (!p.raw) s_dec = __frcp_rn(p.global[1]);
+  }
+  float v[32];
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    const uint32_t code = ((e < 8 ? w.x : w.y) >> (4 * (e & 7))) & 0xFu;
+    const float prod = __fmul_rn(E2M1Value(code), sf);
+    v[e] = (p.mx || p.raw) ? prod : __fmul_rn(prod, s_dec);
+  }
+  const size_t es = p.out_dtype == kF32 ? 4 : 2;
+  StoreElems(static_cast<char*>(p.out) + (row * p.cols + c0) * es, p.out_dtype, 16, v);
+}
+
+// ---------------------------------------------------------------- RHT
+
+// One thread per group of 16 consecutive elements of a row.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) RhtKernel(const RhtParams p) {
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (g >= (p.rows * p.cols) >> 4) return;
+  float v[32];
+  LoadElems<T>(reinterpret_cast<const T*>(p.in) + g * 16, 16, v);
+  if (!p.inverse) {
+    ApplySigns16(v, p.signs);
+    Butterfly16(v);
+  } else {
+    Butterfly16(v);
+    ApplySigns16(v, p.signs);
+  }
+  const bool bf16 = sizeof(T) == 2;
+  StoreElems(static_cast<char*>(p.out) + g * 16 * sizeof(T), bf16 ? kBF16 : kF32, 16, v);
+}
+
+// ---------------------------------------------------------------- GEMM helpers
+
+__global__ void GemmAlphaKernel(const float* ga, const float* gb, bool mx, float* alpha) {
+  alpha[0] = mx ? 1.0f : __fmul_rn(__frcp_rn(ga[1]), __frcp_rn(gb[1]));
+}
+
+__global__ void __launch_bounds__(kThreads)
+    SwizzleScalesKernel(const uint8_t* plain, int64_t rows, int64_t sc, uint8_t* out) {
+  const int64_t rp = (rows + 127) / 128 * 128;
+  const int64_t cp = (sc + 3) / 4 * 4;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= rp * cp) return;
+  const int64_t r = i / cp;
+  const int64_t c = i - r * cp;
+  out[SwizzleOffset(r, c, cp / 4)] = (r < rows && c < sc) ? plain[r * sc + c] : 0;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    ZeroPaddingKernel(uint8_t* out, int64_t rows, int64_t sc) {
+  const int64_t rp = (rows + 127) / 128 * 128;
+  const int64_t cp = (sc + 3) / 4 * 4;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= rp * cp) return;
+  const int64_t r = i / cp;
+  const int64_t c = i - r * cp;
+  if (r >= rows || c >= sc) out[SwizzleOffset(r, c, cp / 4)] = 0;
+}
+
+}  // namespace
+
+cudaError_t LaunchZeroSwizzlePadding(uint8_t* swizzled, int64_t rows, int64_t scale_cols,
+                                     cudaStream_t s) {
+  if (rows % 128 == 0 && scale_cols % 4 == 0) return cudaSuccess;  // no padding
+  const int64_t n = (rows + 127) / 128 * 128 * ((scale_cols + 3) / 4 * 4);
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  if (blocks > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
+  ZeroPaddingKernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(swizzled, rows,
+                                                                        scale_cols);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAmax(const void* x, int dtype, int64_t n, float* amax, cudaStream_t s) {
+  cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(float), s);
+  if (e != cudaSuccess) return e;
+  const int64_t per = dtype == kF32 ? 4 : 8;
+  const unsigned blocks = BlocksFor(n / per, kThreads * 4, 2048);
+  if (dtype == kF32) {
+    AmaxKernel<float><<<blocks, kThreads, 0, s>>>(static_cast<const float*>(x), n, amax);
+  } else {
+    AmaxKernel<__nv_bfloat16><<<blocks, kThreads, 0, s>>>(
+        static_cast<const __nv_bfloat16*>(x), n, amax);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDequantize(const DequantParams& p, cudaStream_t s) {
+  const int64_t groups = p.rows * (p.cols >> 4);
+  if (groups == 0) return cudaSuccess;
+  const int64_t blocks = (groups + kThreads - 1) / kThreads;
+  if (blocks > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
+  DequantizeKernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRht(const RhtParams& p, cudaStream_t s) {
+  const int64_t groups = (p.rows * p.cols) >> 4;
+  if (groups == 0) return cudaSuccess;
+  const int64_t blocks = (groups + kThreads - 1) / kThreads;
+  if (blocks > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
+  if (p.dtype == kF32) {
+    RhtKernel<float><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(p);
+  } else {
+    RhtKernel<__nv_bfloat16><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGemmAlpha(const float* global_a, const float* global_b, bool mx, float* alpha,
+                            cudaStream_t s) {
+  GemmAlphaKernel<<<1, 1, 0, s>>>(global_a, global_b, mx, alpha);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSwizzleScales(const uint8_t* plain, int64_t rows, int64_t scale_cols,
+                                uint8_t* swizzled, cudaStream_t s) {
+  const int64_t n = (rows + 127) / 128 * 128 * ((scale_cols + 3) / 4 * 4);
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  if (blocks > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
+  SwizzleScalesKernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(plain, rows, scale_cols,
+                                                                          swizzled);
+  return cudaGetLastError();
+}
+
+uint32_t RhtSignMask(int mode, uint64_t rht_seed) {
+  if (mode == 2) return SrBits(0, rht_seed, 0).x & 0xFFFFu;
+  return kDefaultRhtSigns;
+}
+
+}  // namespace fp4q::kernels::cuda

@@ -1,0 +1,168 @@
+// The CUDA backend's kernel launchers: plain parameter structs and functions returning
+// cudaError_t. This header is the seam between the .cc side (absl::Status, validation, staging)
+// and the .cu side (kernels), so nvcc never compiles Abseil: it includes only the CUDA runtime.
+//
+// Every launcher checks cudaGetLastError() after each of its launches and returns the first
+// error. Pointers are device pointers and must be 16-byte aligned (the caller stages misaligned
+// buffers, see staging.h); sizes are already validated by the Backend entry points.
+#ifndef FP4Q_KERNELS_SRC_CUDA_LAUNCH_H_
+#define FP4Q_KERNELS_SRC_CUDA_LAUNCH_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace fp4q::kernels::cuda {
+
+// Mirrors of the public enums as plain ints (types.h values).
+enum : int { kF32 = 1, kBF16 = 2 };                    // DType
+enum : int { kFmtNv1x16 = 0, kFmtNv16x16 = 1, kFmtMx = 2 };  // format + block
+enum : int { kSelMapTo6 = 0, kSelMae = 1, kSelMse = 2 };     // ScaleSelection
+enum : int { kMxRceil = 0, kMxFloor = 1 };                   // MxScaleRule
+
+// One quantized output (row-wise: [rows, cols]; column-wise: [cols, rows] of x^T).
+struct QOut {
+  uint8_t* codes = nullptr;   // null: not requested
+  uint8_t* scales = nullptr;
+  bool swizzled = false;
+  float* global = nullptr;    // kGlobalFloats floats
+  // What the kernel writes into global (block 0, thread 0): [0] = amax when write_amax,
+  // [1] = S_enc (NVFP4) or 1.0f (MXFP4) always. MXFP4 computes [0] with atomicMax (zeroed first).
+  bool write_amax = false;
+  // Global amax used for NVFP4 scaling: `amax_value` when amax_ptr is null, else *amax_ptr.
+  const float* amax_ptr = nullptr;
+  float amax_value = 0.0f;
+};
+
+// Options shared by every quantizing kernel.
+struct QuantOptions {
+  int fmt = kFmtNv1x16;
+  bool sr = false;
+  uint64_t seed = 0;
+  uint64_t step = 0;
+  bool rht = false;
+  uint32_t rht_signs = 0;  // bit i set: s_i = -1 (already resolved from the mode/seed)
+  int scale_sel = kSelMapTo6;
+  float emax = 256.0f;     // four-over-six
+  int mx_rule = kMxRceil;
+};
+
+// Row-wise quantization of a dense source, with the optional error-feedback residual, QDQ output
+// and the UpdateWeight source. One thread per 32 elements of a row (16x16: a warp per 16 rows x
+// 64 columns).
+struct RowParams {
+  QuantOptions q;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  // Source: x (dtype x_dtype), or with `update` set the UpdateWeight source below.
+  const void* x = nullptr;
+  int x_dtype = kBF16;
+  float* residual = nullptr;  // v = RN(x + r); r <- RN(v - DQ(q)) unless amax_only
+  // UpdateWeight source: d = DQ(W) with the old S_enc at *w_old_senc;
+  // x = RN(d - RN(lr * u)) (gradient) or RN(d + u) (delta). W is also the output `out`.
+  bool update = false;
+  const void* upd = nullptr;
+  int upd_dtype = kF32;
+  float lr = 0.0f;
+  bool upd_gradient = true;
+  const float* w_old_senc = nullptr;
+  // Outputs.
+  QOut out;                // codes may be null (QDQ)
+  void* dq = nullptr;      // DQ values (QDQ, UpdateWeight's dequantized_out)
+  int dq_dtype = kF32;
+  // Amax-only pass: compute v (and its transform), reduce max |v| into *amax_out (atomicMax on a
+  // zeroed float), write nothing else.
+  float* amax_out = nullptr;
+};
+
+// Row-wise and/or column-wise quantization from one read of x through shared memory (tiles of
+// 64 rows x 128 columns). No residual.
+struct TileParams {
+  QuantOptions q;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const void* x = nullptr;
+  int x_dtype = kBF16;
+  QOut row;  // codes null: no row-wise output
+  QOut col;  // codes null: no column-wise output
+  // Amax-only pass (RHT with both outputs): max |RHT_rows(x)| into *row_amax_out and
+  // max |RHT_cols(x)| into *col_amax_out (either may be null).
+  bool amax_only = false;
+  float* row_amax_out = nullptr;
+  float* col_amax_out = nullptr;
+};
+
+struct DequantParams {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  bool mx = false;
+  const uint8_t* codes = nullptr;
+  const uint8_t* scales = nullptr;
+  bool swizzled = false;
+  const float* global = nullptr;  // S_enc at global[1] (NVFP4); unused for MXFP4
+  void* out = nullptr;
+  int out_dtype = kF32;
+  // For the GEMM: write e2m1 * sf exactly as bf16, without S_dec (out_dtype must be kBF16).
+  bool raw = false;
+};
+
+struct RhtParams {
+  const void* in = nullptr;
+  void* out = nullptr;
+  int dtype = kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  uint32_t signs = 0;
+  bool inverse = false;
+};
+
+// An NVFP4/MXFP4 GEMM operand for the small-M kernel.
+struct GemmOperand {
+  int64_t rows = 0;
+  int64_t cols = 0;  // K
+  const uint8_t* codes = nullptr;
+  const uint8_t* scales = nullptr;
+  bool swizzled = false;
+  const float* global = nullptr;
+};
+
+struct SmallMParams {
+  bool mx = false;
+  GemmOperand a;  // [M, K]
+  GemmOperand b;  // [N, K]
+  void* c = nullptr;
+  int c_dtype = kF32;
+  // Workspace for A dequantized as bf16 [ceil(M/16)*16, ceil(K/128)*128] in the kernel's
+  // k order (SmallMWorkspaceBytes).
+  void* workspace = nullptr;
+};
+
+cudaError_t LaunchAmax(const void* x, int dtype, int64_t n, float* amax, cudaStream_t s);
+cudaError_t LaunchQuantizeRows(const RowParams& p, cudaStream_t s);
+cudaError_t LaunchQuantizeTile(const TileParams& p, cudaStream_t s);
+cudaError_t LaunchDequantize(const DequantParams& p, cudaStream_t s);
+cudaError_t LaunchRht(const RhtParams& p, cudaStream_t s);
+
+// alpha[0] = RN(S_dec_a * S_dec_b) (1.0f factors for MXFP4), for the cuBLASLt GEMM paths.
+cudaError_t LaunchGemmAlpha(const float* global_a, const float* global_b, bool mx, float* alpha,
+                            cudaStream_t s);
+// Rewrites plain [rows, scale_cols] scales into the swizzled layout (padding zeroed).
+cudaError_t LaunchSwizzleScales(const uint8_t* plain, int64_t rows, int64_t scale_cols,
+                                uint8_t* swizzled, cudaStream_t s);
+
+// Zeroes the padding bytes (rows >= `rows` or columns >= `scale_cols`) of a swizzled scale
+// buffer, leaving the real scales alone.
+cudaError_t LaunchZeroSwizzlePadding(uint8_t* swizzled, int64_t rows, int64_t scale_cols,
+                                     cudaStream_t s);
+
+size_t SmallMWorkspaceBytes(int64_t m, int64_t k);
+// The largest M the small-M kernel takes.
+inline constexpr int64_t kSmallMMax = 128;
+cudaError_t LaunchSmallMMatmul(const SmallMParams& p, cudaStream_t s);
+
+// Host helpers shared with the .cc side (defined in device_numerics, usable on the host).
+uint32_t RhtSignMask(int mode /*1 default, 2 seeded*/, uint64_t rht_seed);
+
+}  // namespace fp4q::kernels::cuda
+
+#endif  // FP4Q_KERNELS_SRC_CUDA_LAUNCH_H_
