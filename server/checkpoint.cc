@@ -1,0 +1,380 @@
+#include "server/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "fp4q/common/status_macros.h"
+#include "server/crc32c.h"
+
+namespace fp4q::server {
+namespace {
+
+constexpr char kMagic[8] = {'F', 'P', '4', 'Q', 'C', 'K', 'P', '1'};
+constexpr char kEndMagic[8] = {'F', 'P', '4', 'Q', 'E', 'N', 'D', '1'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderBytes = 32;
+constexpr size_t kRecordFixedBytes = 80;
+constexpr size_t kEndBytes = 13;
+constexpr size_t kTrailerBytes = 12;
+constexpr uint8_t kEndKind = 0xFF;
+constexpr uint32_t kMaxNameLen = 4096;
+
+std::string ErrnoText(int err) { return std::strerror(err); }
+
+// Little-endian encoding into a byte string.
+class Encoder {
+ public:
+  void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
+  void U16(uint16_t v) { Raw(v, 2); }
+  void U32(uint32_t v) { Raw(v, 4); }
+  void U64(uint64_t v) { Raw(v, 8); }
+  void I64(int64_t v) { Raw(static_cast<uint64_t>(v), 8); }
+  void F32(float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    U32(u);
+  }
+  void Bytes(const void* p, size_t n) { out_.append(static_cast<const char*>(p), n); }
+  const std::string& str() const { return out_; }
+
+ private:
+  void Raw(uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+  }
+  std::string out_;
+};
+
+// Little-endian decoding from a byte range.
+class Decoder {
+ public:
+  Decoder(const uint8_t* p, size_t n) : p_(p), n_(n) {}
+  uint8_t U8() { return static_cast<uint8_t>(Raw(1)); }
+  uint16_t U16() { return static_cast<uint16_t>(Raw(2)); }
+  uint32_t U32() { return static_cast<uint32_t>(Raw(4)); }
+  uint64_t U64() { return Raw(8); }
+  int64_t I64() { return static_cast<int64_t>(Raw(8)); }
+  float F32() {
+    uint32_t u = U32();
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+
+ private:
+  uint64_t Raw(int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n && pos_ < n_; ++i) v |= static_cast<uint64_t>(p_[pos_++]) << (8 * i);
+    return v;
+  }
+  const uint8_t* p_;
+  size_t n_;
+  size_t pos_ = 0;
+};
+
+struct RecordHeader {
+  CheckpointRecord r;  // fixed fields only
+  uint32_t name_len = 0;
+  uint32_t device_len = 0;
+  uint64_t codes_len = 0;
+  uint64_t scales_len = 0;
+  uint64_t residual_len = 0;
+};
+
+RecordHeader DecodeRecordHeader(const uint8_t* p) {
+  Decoder d(p, kRecordFixedBytes);
+  RecordHeader h;
+  h.r.kind = d.U8();
+  h.r.has_step = d.U8() != 0;
+  h.r.block = d.U8();
+  h.r.rounding = d.U8();
+  h.r.error_feedback = d.U8() != 0;
+  h.r.dtype = d.U8();
+  d.U16();
+  h.r.seed = d.U64();
+  h.r.rows = d.I64();
+  h.r.cols = d.I64();
+  h.r.last_step = d.I64();
+  h.r.global_amax = d.F32();
+  h.r.s_enc = d.F32();
+  h.name_len = d.U32();
+  h.device_len = d.U32();
+  h.codes_len = d.U64();
+  h.scales_len = d.U64();
+  h.residual_len = d.U64();
+  return h;
+}
+
+absl::Status DataLoss(absl::string_view what) {
+  return absl::DataLossError(absl::StrCat("checkpoint ", what));
+}
+
+// A read-only file with positioned reads.
+class File {
+ public:
+  ~File() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  absl::Status Open(const std::string& path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) {
+      if (errno == ENOENT) return absl::NotFoundError("no checkpoint file");
+      return absl::UnavailableError(absl::StrCat("checkpoint: open: ", ErrnoText(errno)));
+    }
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) {
+      return absl::UnavailableError(absl::StrCat("checkpoint: stat: ", ErrnoText(errno)));
+    }
+    size_ = static_cast<uint64_t>(st.st_size);
+    return absl::OkStatus();
+  }
+  uint64_t size() const { return size_; }
+  absl::Status ReadAt(uint64_t offset, void* dst, size_t n) const {
+    auto* p = static_cast<uint8_t*>(dst);
+    while (n > 0) {
+      ssize_t got = ::pread(fd_, p, n, static_cast<off_t>(offset));
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        return absl::UnavailableError(absl::StrCat("checkpoint: read: ", ErrnoText(errno)));
+      }
+      if (got == 0) return DataLoss("is truncated (file shrank while reading)");
+      p += got;
+      offset += static_cast<uint64_t>(got);
+      n -= static_cast<size_t>(got);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+// Walks the records of a verified body; calls `visit` with each header and its payload offset.
+absl::Status WalkRecords(const File& f, uint64_t body_bytes,
+                         const std::function<absl::Status(const RecordHeader&, uint64_t)>& visit) {
+  uint64_t pos = kHeaderBytes;
+  uint32_t count = 0;
+  for (;;) {
+    if (body_bytes - pos < 1) return DataLoss("is corrupt: no end record");
+    uint8_t kind = 0;
+    FP4Q_RETURN_IF_ERROR(f.ReadAt(pos, &kind, 1));
+    if (kind == kEndKind) {
+      if (body_bytes - pos != kEndBytes) {
+        return DataLoss(absl::StrCat("is corrupt: end record at byte ", pos, " of ", body_bytes));
+      }
+      uint8_t end[kEndBytes];
+      FP4Q_RETURN_IF_ERROR(f.ReadAt(pos, end, kEndBytes));
+      Decoder d(end + 1, kEndBytes - 1);
+      const uint32_t want_count = d.U32();
+      const uint64_t want_pos = d.U64();
+      if (want_count != count || want_pos != pos) {
+        return DataLoss(absl::StrCat("is corrupt: end record says ", want_count,
+                                     " records ending at byte ", want_pos, ", found ", count,
+                                     " ending at byte ", pos));
+      }
+      return absl::OkStatus();
+    }
+    if (body_bytes - pos < kRecordFixedBytes) {
+      return DataLoss(absl::StrCat("is corrupt: record ", count, " header past the end"));
+    }
+    uint8_t fixed[kRecordFixedBytes];
+    FP4Q_RETURN_IF_ERROR(f.ReadAt(pos, fixed, kRecordFixedBytes));
+    RecordHeader h = DecodeRecordHeader(fixed);
+    if (h.r.kind != 1 && h.r.kind != 2) {
+      return DataLoss(absl::StrCat("is corrupt: record ", count, " has kind ", h.r.kind));
+    }
+    if (h.name_len == 0 || h.name_len > kMaxNameLen || h.device_len > kMaxNameLen) {
+      return DataLoss(absl::StrCat("is corrupt: record ", count, " has bad name/device length"));
+    }
+    uint64_t left = body_bytes - pos - kRecordFixedBytes;
+    uint64_t need = 0;
+    for (uint64_t part : {static_cast<uint64_t>(h.name_len), static_cast<uint64_t>(h.device_len),
+                          h.codes_len, h.scales_len, h.residual_len}) {
+      if (part > left - need) {
+        return DataLoss(absl::StrCat("is corrupt: record ", count, " is longer than the file"));
+      }
+      need += part;
+    }
+    FP4Q_RETURN_IF_ERROR(visit(h, pos + kRecordFixedBytes));
+    pos += kRecordFixedBytes + need;
+    ++count;
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- writer
+
+absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(const std::string& dir,
+                                                                          uint64_t server_epoch) {
+  std::unique_ptr<CheckpointWriter> w(new CheckpointWriter());
+  w->dir_ = dir;
+  w->tmp_path_ = absl::StrCat(dir, "/", kCheckpointFileName, kCheckpointTempSuffix);
+  w->file_ = std::fopen(w->tmp_path_.c_str(), "wbe");
+  if (w->file_ == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("checkpoint: cannot create the temporary file: ", ErrnoText(errno)));
+  }
+  Encoder e;
+  e.Bytes(kMagic, sizeof(kMagic));
+  e.U32(kVersion);
+  e.U32(0);
+  e.U64(server_epoch);
+  e.U64(static_cast<uint64_t>(absl::ToUnixMicros(absl::Now())));
+  FP4Q_RETURN_IF_ERROR(w->Write(e.str().data(), e.str().size()));
+  return w;
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (file_ != nullptr) std::fclose(file_);
+  if (!committed_ && !tmp_path_.empty()) ::unlink(tmp_path_.c_str());
+}
+
+absl::Status CheckpointWriter::Write(const void* data, size_t n) {
+  if (n == 0) return absl::OkStatus();
+  if (std::fwrite(data, 1, n, file_) != n) {
+    return absl::UnavailableError(absl::StrCat("checkpoint: write: ", ErrnoText(errno)));
+  }
+  crc_ = Crc32cExtend(crc_, data, n);
+  body_bytes_ += n;
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointWriter::Add(const CheckpointRecord& r) {
+  Encoder e;
+  e.U8(r.kind);
+  e.U8(r.has_step ? 1 : 0);
+  e.U8(r.block);
+  e.U8(r.rounding);
+  e.U8(r.error_feedback ? 1 : 0);
+  e.U8(r.dtype);
+  e.U16(0);
+  e.U64(r.seed);
+  e.I64(r.rows);
+  e.I64(r.cols);
+  e.I64(r.last_step);
+  e.F32(r.global_amax);
+  e.F32(r.s_enc);
+  e.U32(static_cast<uint32_t>(r.name.size()));
+  e.U32(static_cast<uint32_t>(r.device.size()));
+  e.U64(r.codes.size());
+  e.U64(r.scales.size());
+  e.U64(r.residual.size());
+  FP4Q_RETURN_IF_ERROR(Write(e.str().data(), e.str().size()));
+  for (const std::string* part : {&r.name, &r.device, &r.codes, &r.scales, &r.residual}) {
+    FP4Q_RETURN_IF_ERROR(Write(part->data(), part->size()));
+  }
+  ++records_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointStats> CheckpointWriter::Commit() {
+  Encoder end;
+  const uint64_t end_pos = body_bytes_;
+  end.U8(kEndKind);
+  end.U32(records_);
+  end.U64(end_pos);
+  FP4Q_RETURN_IF_ERROR(Write(end.str().data(), end.str().size()));
+  Encoder trailer;
+  trailer.U32(crc_);
+  trailer.Bytes(kEndMagic, sizeof(kEndMagic));
+  if (std::fwrite(trailer.str().data(), 1, trailer.str().size(), file_) != trailer.str().size() ||
+      std::fflush(file_) != 0) {
+    return absl::UnavailableError(absl::StrCat("checkpoint: write: ", ErrnoText(errno)));
+  }
+  if (::fsync(fileno(file_)) != 0) {
+    return absl::UnavailableError(absl::StrCat("checkpoint: fsync: ", ErrnoText(errno)));
+  }
+  if (std::fclose(file_) != 0) {
+    file_ = nullptr;
+    return absl::UnavailableError(absl::StrCat("checkpoint: close: ", ErrnoText(errno)));
+  }
+  file_ = nullptr;
+  const std::string final_path = absl::StrCat(dir_, "/", kCheckpointFileName);
+  if (::rename(tmp_path_.c_str(), final_path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("checkpoint: rename: ", ErrnoText(errno)));
+  }
+  committed_ = true;
+  int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) {
+    return absl::UnavailableError(absl::StrCat("checkpoint: open dir: ", ErrnoText(errno)));
+  }
+  const int rc = ::fsync(dfd);
+  const int err = errno;
+  ::close(dfd);
+  if (rc != 0)
+    return absl::UnavailableError(absl::StrCat("checkpoint: fsync dir: ", ErrnoText(err)));
+  CheckpointStats stats;
+  stats.file_name = kCheckpointFileName;
+  stats.bytes = body_bytes_ + kTrailerBytes;
+  stats.records = records_;
+  return stats;
+}
+
+// ---------------------------------------------------------------- reader
+
+absl::Status ReadCheckpoint(const std::string& path,
+                            const std::function<absl::Status(CheckpointRecord)>& sink) {
+  File f;
+  FP4Q_RETURN_IF_ERROR(f.Open(path));
+  const uint64_t size = f.size();
+  if (size < kHeaderBytes + kEndBytes + kTrailerBytes) {
+    return DataLoss(absl::StrCat("is truncated: ", size, " bytes"));
+  }
+  const uint64_t body_bytes = size - kTrailerBytes;
+  uint8_t trailer[kTrailerBytes];
+  FP4Q_RETURN_IF_ERROR(f.ReadAt(body_bytes, trailer, kTrailerBytes));
+  if (std::memcmp(trailer + 4, kEndMagic, sizeof(kEndMagic)) != 0) {
+    return DataLoss(absl::StrCat("is truncated: no trailer at byte ", body_bytes));
+  }
+  const uint32_t want_crc = Decoder(trailer, 4).U32();
+  // Pass 1: checksum.
+  uint32_t crc = 0;
+  std::vector<uint8_t> chunk(1 << 20);
+  for (uint64_t pos = 0; pos < body_bytes;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), body_bytes - pos));
+    FP4Q_RETURN_IF_ERROR(f.ReadAt(pos, chunk.data(), n));
+    crc = Crc32cExtend(crc, chunk.data(), n);
+    pos += n;
+  }
+  if (crc != want_crc) {
+    return DataLoss(
+        absl::StrCat("is corrupt: CRC-32C ", absl::Hex(crc), " != stored ", absl::Hex(want_crc)));
+  }
+  uint8_t header[kHeaderBytes];
+  FP4Q_RETURN_IF_ERROR(f.ReadAt(0, header, kHeaderBytes));
+  if (std::memcmp(header, kMagic, sizeof(kMagic)) != 0) {
+    return DataLoss("is corrupt: bad magic (not an fp4q checkpoint)");
+  }
+  const uint32_t version = Decoder(header + 8, 4).U32();
+  if (version != kVersion) {
+    return DataLoss(absl::StrCat("has unsupported version ", version));
+  }
+  // Pass 2: structure, without payloads.
+  FP4Q_RETURN_IF_ERROR(
+      WalkRecords(f, body_bytes, [](const RecordHeader&, uint64_t) { return absl::OkStatus(); }));
+  // Pass 3: records.
+  return WalkRecords(f, body_bytes, [&](const RecordHeader& h, uint64_t pos) -> absl::Status {
+    CheckpointRecord r = h.r;
+    for (auto [dst, len] : {std::pair<std::string*, uint64_t>{&r.name, h.name_len},
+                            {&r.device, h.device_len},
+                            {&r.codes, h.codes_len},
+                            {&r.scales, h.scales_len},
+                            {&r.residual, h.residual_len}}) {
+      dst->resize(static_cast<size_t>(len));
+      FP4Q_RETURN_IF_ERROR(f.ReadAt(pos, dst->data(), dst->size()));
+      pos += len;
+    }
+    return sink(std::move(r));
+  });
+}
+
+}  // namespace fp4q::server

@@ -1,0 +1,537 @@
+#include "server/engine.h"
+
+#include <algorithm>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "fp4q/common/status_macros.h"
+#include "server/op_env.h"
+#include "server/request_checks.h"
+
+namespace fp4q::server {
+
+// What a request touches, collected before it is queued.
+struct Engine::Route {
+  struct RegionUse {
+    std::string region_id;
+    std::string field;
+  };
+  std::vector<RegionUse> regions;
+  std::vector<std::pair<std::string, std::string>> names;  // (state name, field)
+  std::string device_uuid;                                 // explicit placement (CreateWeight)
+  bool place_by_state = false;  // new state: the device holding the fewest state bytes
+
+  // `field` names the region field ("input.region").
+  void Region(const BytesIn& b, const std::string& field) {
+    if (b.source == Source::kRegion) regions.push_back({b.region.region_id, field});
+  }
+  void Target(const OutputTarget& t, const std::string& field) {
+    if (t.has_region) regions.push_back({t.region.region_id, absl::StrCat(field, ".region")});
+  }
+  void Operand(const QuantizedOperandIn& op, const std::string& field) {
+    if (op.is_weight) {
+      names.emplace_back(op.weight_name, absl::StrCat(field, ".weight_name"));
+    } else {
+      Region(op.tensor.codes, absl::StrCat(field, ".tensor.codes_region"));
+      Region(op.tensor.scales, absl::StrCat(field, ".tensor.scales_region"));
+    }
+  }
+};
+
+template <typename Req, typename Res>
+struct Engine::Call {
+  RequestContext ctx;
+  Req req;
+  Done<Res> done;
+  RequestScope scope;
+  Res result;
+};
+
+namespace {
+
+absl::Status Draining() {
+  return absl::UnavailableError("the server is draining (shutting down); retry elsewhere or later");
+}
+
+}  // namespace
+
+Engine::Engine(std::unique_ptr<DeviceSet> devices, EngineOptions options, EngineObserver* observer,
+               Logger* logger)
+    : options_(std::move(options)),
+      observer_(observer),
+      logger_(logger != nullptr ? logger : Logger::Null()),
+      epoch_(static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))),
+      devices_(std::move(devices)) {}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<DeviceSet> devices,
+                                                       EngineOptions options,
+                                                       EngineObserver* observer, Logger* logger) {
+  if (devices == nullptr || devices->size() == 0) {
+    return absl::InvalidArgumentError("engine: no devices to serve");
+  }
+  if (options.max_queue_depth < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_queue_depth: ", options.max_queue_depth, " must be >= 1"));
+  }
+  if (options.max_open_handles < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_open_handles: ", options.max_open_handles, " must be >= 1"));
+  }
+  if (options.session_lease <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("session_lease_s: must be > 0");
+  }
+  std::unique_ptr<Engine> e(new Engine(std::move(devices), std::move(options), observer, logger));
+  std::vector<std::string> labels;
+  for (int i = 0; i < e->devices_->size(); ++i) labels.push_back(e->devices_->device(i).label);
+  e->store_ = std::make_unique<StateStore>(e->options_.state_budget_bytes, observer, labels);
+  RegionsOptions ro;
+  ro.allow_cuda_ipc = e->options_.allow_cuda_ipc;
+  ro.max_open_handles = e->options_.max_open_handles;
+  ro.lease = e->options_.session_lease;
+  ro.now = e->options_.clock;
+  e->regions_ = std::make_unique<RegionManager>(e->devices_.get(), ro, observer);
+  for (int i = 0; i < e->devices_->size(); ++i) {
+    const Device& d = e->devices_->device(i);
+    Executor::Options xo;
+    xo.device = d.label;
+    xo.max_queue_depth = e->options_.max_queue_depth;
+    if (d.host_memory) {
+      const int hw = static_cast<int>(std::thread::hardware_concurrency());
+      xo.threads = e->options_.cpu_workers > 0 ? e->options_.cpu_workers : std::max(1, hw);
+    } else {
+      xo.threads = 1;  // see executor.h: one stream per device
+    }
+    e->executors_.push_back(std::make_unique<Executor>(xo, observer));
+  }
+  Executor::Options co;
+  co.device = "control";
+  co.threads = 2;
+  co.max_queue_depth = e->options_.max_queue_depth;
+  e->control_ = std::make_unique<Executor>(co, /*observer=*/nullptr);
+  return e;
+}
+
+Engine::~Engine() { Shutdown(); }
+
+void Engine::StartMaintenance() {
+  std::lock_guard<std::mutex> lock(maintenance_mu_);
+  if (maintenance_.joinable() || stop_maintenance_) return;
+  maintenance_ = std::thread([this] { MaintenanceLoop(); });
+}
+
+void Engine::MaintenanceLoop() {
+  absl::Time last_checkpoint = absl::Now();
+  std::unique_lock<std::mutex> lock(maintenance_mu_);
+  while (!stop_maintenance_) {
+    maintenance_cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.maintenance_period));
+    if (stop_maintenance_) break;
+    lock.unlock();
+    const int ended = regions_->ExpireSessions();
+    if (ended > 0) {
+      logger_->Info("sessions expired", {{"count", absl::StrCat(ended)}});
+    }
+    if (options_.checkpoint_interval > absl::ZeroDuration() && !options_.state_dir.empty() &&
+        !draining_.load() && absl::Now() - last_checkpoint >= options_.checkpoint_interval) {
+      last_checkpoint = absl::Now();
+      absl::StatusOr<CheckpointStats> s = CheckpointNow();
+      if (!s.ok()) logger_->Error("periodic checkpoint failed", {{"error", s.status().ToString()}});
+    }
+    lock.lock();
+  }
+}
+
+void Engine::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(maintenance_mu_);
+    stop_maintenance_ = true;
+  }
+  maintenance_cv_.notify_all();
+  if (maintenance_.joinable()) maintenance_.join();
+  if (control_ != nullptr) control_->Shutdown();
+  for (auto& x : executors_) x->Shutdown();
+}
+
+bool Engine::Admit() {
+  if (draining_.load()) return false;
+  in_flight_.fetch_add(1);
+  if (draining_.load()) {
+    Release();
+    return false;
+  }
+  return true;
+}
+
+void Engine::Release() {
+  if (in_flight_.fetch_sub(1) == 1) {
+    std::lock_guard<std::mutex> lock(idle_mu_);
+    idle_cv_.notify_all();
+  }
+}
+
+void Engine::BeginDrain() { draining_.store(true); }
+
+bool Engine::WaitIdle(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(idle_mu_);
+  return idle_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                           [this] { return in_flight_.load() == 0; });
+}
+
+int Engine::RejectQueued() {
+  int n = 0;
+  for (auto& x : executors_) {
+    n += x->RejectQueued(absl::UnavailableError("the server shut down before this request ran"));
+  }
+  return n;
+}
+
+absl::Status Engine::poisoned() const {
+  std::lock_guard<std::mutex> lock(poison_mu_);
+  return poisoned_;
+}
+
+void Engine::SetPoisonHandler(std::function<void(const absl::Status&)> handler) {
+  std::lock_guard<std::mutex> lock(poison_mu_);
+  poison_handler_ = std::move(handler);
+}
+
+void Engine::CheckHealth(Device& d) {
+  absl::Status h = d.backend->Healthy();
+  if (h.ok()) return;
+  std::function<void(const absl::Status&)> handler;
+  {
+    std::lock_guard<std::mutex> lock(poison_mu_);
+    if (!poisoned_.ok()) return;
+    poisoned_ = h;
+    handler = poison_handler_;
+  }
+  logger_->Error("device poisoned by a sticky error",
+                 {{"device", d.label}, {"error", h.ToString()}});
+  if (handler) handler(h);
+}
+
+Device* Engine::LeastStateDevice() {
+  Device* best = &devices_->device(0);
+  uint64_t best_bytes = store_->device_bytes(best->label);
+  for (int i = 1; i < devices_->size(); ++i) {
+    const uint64_t b = store_->device_bytes(devices_->device(i).label);
+    if (b < best_bytes) {
+      best = &devices_->device(i);
+      best_bytes = b;
+    }
+  }
+  return best;
+}
+
+namespace {
+
+struct Placement {
+  Device* device = nullptr;
+  std::string field;
+  absl::Status Agree(Device* d, const std::string& f) {
+    if (device == nullptr) {
+      device = d;
+      field = f;
+      return absl::OkStatus();
+    }
+    if (device != d) {
+      return absl::InvalidArgumentError(absl::StrCat(f, ": on device ", d->label, ", but ", field,
+                                                     " is on device ", device->label));
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+template <typename Req, typename Res>
+void Engine::Dispatch(const RequestContext& ctx, Req req, Done<Res> done,
+                      void (*route_fn)(const Req&, Route*),
+                      absl::Status (Engine::*body)(OpEnv&, const Req&, Res*)) {
+  if (!Admit()) {
+    done(Draining());
+    return;
+  }
+  auto call = std::make_shared<Call<Req, Res>>();
+  call->ctx = ctx;
+  call->req = std::move(req);
+  call->done = std::move(done);
+  auto finish = [this, call](absl::StatusOr<Res> r) {
+    Done<Res> d = std::move(call->done);
+    d(std::move(r));
+    Release();
+  };
+
+  Route route;
+  route_fn(call->req, &route);
+  Placement where;
+  for (const auto& use : route.regions) {
+    auto it = call->scope.pins.find(use.region_id);
+    if (it == call->scope.pins.end()) {
+      absl::StatusOr<RegionPin> pin = regions_->Acquire(ctx.session_id, use.region_id, use.field);
+      if (!pin.ok()) return finish(pin.status());
+      it = call->scope.pins.emplace(use.region_id, std::move(*pin)).first;
+    }
+    absl::Status s = where.Agree(it->second.device(), use.field);
+    if (!s.ok()) return finish(s);
+  }
+  for (const auto& [name, field] : route.names) {
+    if (name.empty()) continue;
+    std::shared_ptr<StateEntry> e = store_->Find(name);
+    if (e == nullptr) continue;  // the body answers NOT_FOUND or creates it
+    absl::Status s = where.Agree(e->device, field);
+    if (!s.ok()) return finish(s);
+  }
+  if (!route.device_uuid.empty()) {
+    Device* d = devices_->FindByUuid(route.device_uuid);
+    if (d == nullptr) {
+      return finish(
+          absl::InvalidArgumentError(absl::StrCat("device_uuid: '", route.device_uuid.substr(0, 64),
+                                                  "' is not a device this server serves")));
+    }
+    absl::Status s = where.Agree(d, "device_uuid");
+    if (!s.ok()) return finish(s);
+  }
+  Device* device = where.device;
+  if (device == nullptr && route.place_by_state) device = LeastStateDevice();
+  if (device == nullptr) {
+    device = &devices_->device(0);
+    for (int i = 1; i < devices_->size(); ++i) {
+      if (executors_[i]->queued() < ExecutorFor(*device).queued()) device = &devices_->device(i);
+    }
+  }
+
+  absl::Status queued = ExecutorFor(*device).Submit(
+      ctx,
+      [this, call, device, body, finish](kernels::Stream stream) {
+        absl::Status s;
+        call->result.meta.device_uuid = device->label;
+        {
+          OpEnv env(device, stream, &call->scope, observer_, &call->result.meta);
+          s = (this->*body)(env, call->req, &call->result);
+        }
+        CheckHealth(*device);
+        call->scope.pins.clear();  // the reply means client memory is no longer touched
+        if (s.ok()) {
+          finish(std::move(call->result));
+        } else {
+          finish(s);
+        }
+      },
+      [finish](absl::Status s) { finish(s); });
+  if (!queued.ok()) finish(queued);
+}
+
+template <typename Res>
+void Engine::Control(const RequestContext& ctx, Done<Res> done,
+                     std::function<absl::StatusOr<Res>()> fn) {
+  // Control work (cleanup, checkpoints) is admitted while draining too.
+  in_flight_.fetch_add(1);
+  auto shared = std::make_shared<Done<Res>>(std::move(done));
+  absl::Status s = control_->Submit(
+      ctx,
+      [this, shared, fn](kernels::Stream) {
+        (*shared)(fn());
+        Release();
+      },
+      [this, shared](absl::Status st) {
+        (*shared)(st);
+        Release();
+      });
+  if (!s.ok()) {
+    (*shared)(s);
+    Release();
+  }
+}
+
+// ---------------------------------------------------------------- operations
+
+void Engine::Quantize(const RequestContext& ctx, QuantizeRequest req, Done<QuantizeResult> done) {
+  Dispatch<QuantizeRequest, QuantizeResult>(
+      ctx, std::move(req), std::move(done),
+      [](const QuantizeRequest& r, Route* route) {
+        route->Region(r.input.data, "input.region");
+        route->Target(r.rowwise_codes, "rowwise_codes");
+        route->Target(r.rowwise_scales, "rowwise_scales");
+        route->Target(r.columnwise_codes, "columnwise_codes");
+        route->Target(r.columnwise_scales, "columnwise_scales");
+        route->names.emplace_back(r.options.residual_key, "options.residual_key");
+      },
+      &Engine::RunQuantize);
+}
+
+void Engine::Dequantize(const RequestContext& ctx, DequantizeRequest req,
+                        Done<DequantizeResult> done) {
+  Dispatch<DequantizeRequest, DequantizeResult>(
+      ctx, std::move(req), std::move(done),
+      [](const DequantizeRequest& r, Route* route) {
+        route->Operand(r.input, "input");
+        route->Target(r.out, "out");
+      },
+      &Engine::RunDequantize);
+}
+
+void Engine::Qdq(const RequestContext& ctx, QdqRequest req, Done<QdqResult> done) {
+  Dispatch<QdqRequest, QdqResult>(
+      ctx, std::move(req), std::move(done),
+      [](const QdqRequest& r, Route* route) {
+        route->Region(r.input.data, "input.region");
+        route->Target(r.out, "out");
+        route->names.emplace_back(r.options.residual_key, "options.residual_key");
+      },
+      &Engine::RunQdq);
+}
+
+void Engine::Matmul(const RequestContext& ctx, MatmulRequest req, Done<MatmulResult> done) {
+  Dispatch<MatmulRequest, MatmulResult>(
+      ctx, std::move(req), std::move(done),
+      [](const MatmulRequest& r, Route* route) {
+        route->Operand(r.a, "a");
+        route->Operand(r.b, "b");
+        route->Target(r.out, "out");
+      },
+      &Engine::RunMatmul);
+}
+
+void Engine::UpdateWeight(const RequestContext& ctx, UpdateWeightRequest req,
+                          Done<UpdateWeightResult> done) {
+  Dispatch<UpdateWeightRequest, UpdateWeightResult>(
+      ctx, std::move(req), std::move(done),
+      [](const UpdateWeightRequest& r, Route* route) {
+        route->names.emplace_back(r.name, "name");
+        route->Region(r.update.data, "update.region");
+        route->Target(r.dequantized_out, "dequantized_out");
+      },
+      &Engine::RunUpdateWeight);
+}
+
+void Engine::CreateWeight(const RequestContext& ctx, CreateWeightRequest req,
+                          Done<CreateWeightResult> done) {
+  Dispatch<CreateWeightRequest, CreateWeightResult>(
+      ctx, std::move(req), std::move(done),
+      [](const CreateWeightRequest& r, Route* route) {
+        route->Region(r.initial.data, "initial.region");
+        route->device_uuid = r.device_uuid;
+        route->place_by_state = true;
+      },
+      &Engine::RunCreateWeight);
+}
+
+void Engine::GetWeight(const RequestContext& ctx, GetWeightRequest req,
+                       Done<GetWeightResult> done) {
+  Dispatch<GetWeightRequest, GetWeightResult>(
+      ctx, std::move(req), std::move(done),
+      [](const GetWeightRequest& r, Route* route) {
+        route->names.emplace_back(r.name, "name");
+        route->Target(r.out, "out");
+      },
+      &Engine::RunGetWeight);
+}
+
+void Engine::DeleteWeight(const RequestContext& ctx, NameRequest req, Done<EmptyResult> done) {
+  Dispatch<NameRequest, EmptyResult>(
+      ctx, std::move(req), std::move(done),
+      [](const NameRequest& r, Route* route) { route->names.emplace_back(r.name, "name"); },
+      &Engine::RunDeleteWeight);
+}
+
+void Engine::ResetResidual(const RequestContext& ctx, NameRequest req, Done<EmptyResult> done) {
+  Dispatch<NameRequest, EmptyResult>(
+      ctx, std::move(req), std::move(done),
+      [](const NameRequest& r, Route* route) { route->names.emplace_back(r.name, "name"); },
+      &Engine::RunResetResidual);
+}
+
+void Engine::Checkpoint(const RequestContext& ctx, Done<CheckpointResult> done) {
+  Control<CheckpointResult>(ctx, std::move(done), [this]() -> absl::StatusOr<CheckpointResult> {
+    FP4Q_ASSIGN_OR_RETURN(CheckpointStats stats, CheckpointNow());
+    CheckpointResult r;
+    r.file_name = stats.file_name;
+    r.bytes = stats.bytes;
+    r.tensors = stats.records;
+    return r;
+  });
+}
+
+// ---------------------------------------------------------------- sessions and regions
+
+absl::StatusOr<OpenSessionResult> Engine::OpenSession(const std::string& client_name) {
+  if (draining_.load()) return Draining();
+  return regions_->OpenSession(client_name);
+}
+
+absl::StatusOr<uint32_t> Engine::KeepAlive(const RequestContext& ctx) {
+  FP4Q_RETURN_IF_ERROR(regions_->KeepAlive(ctx.session_id));
+  return static_cast<uint32_t>(absl::ToInt64Seconds(regions_->lease()));
+}
+
+void Engine::CloseSession(const RequestContext& ctx, Done<uint32_t> done) {
+  const std::string id = ctx.session_id;
+  Control<uint32_t>(ctx, std::move(done), [this, id] { return regions_->CloseSession(id); });
+}
+
+void Engine::RegisterRegion(const RequestContext& ctx, RegisterRegionRequest req,
+                            Done<std::string> done) {
+  if (draining_.load()) {
+    done(Draining());
+    return;
+  }
+  const std::string id = ctx.session_id;
+  auto shared = std::make_shared<RegisterRegionRequest>(std::move(req));
+  Control<std::string>(ctx, std::move(done),
+                       [this, id, shared] { return regions_->Register(id, *shared); });
+}
+
+void Engine::UnregisterRegion(const RequestContext& ctx, std::string region_id,
+                              Done<EmptyResult> done) {
+  const std::string id = ctx.session_id;
+  Control<EmptyResult>(ctx, std::move(done),
+                       [this, id, region_id]() -> absl::StatusOr<EmptyResult> {
+                         FP4Q_RETURN_IF_ERROR(regions_->Unregister(id, region_id));
+                         return EmptyResult{};
+                       });
+}
+
+// ---------------------------------------------------------------- inspection
+
+absl::StatusOr<std::vector<TensorListing>> Engine::ListTensors() { return store_->List(); }
+
+ServerInfoResult Engine::ServerInfo() const {
+  ServerInfoResult r;
+  r.version = options_.version;
+  r.backend = devices_->kind();
+  for (int i = 0; i < devices_->size(); ++i) {
+    const Device& d = devices_->device(i);
+    if (d.info.backend != "cuda") continue;
+    GpuListing g;
+    g.uuid = d.label;
+    g.name = d.info.name;
+    g.cc_major = d.info.cc_major;
+    g.cc_minor = d.info.cc_minor;
+    g.total_memory = d.info.total_memory;
+    g.state_bytes = store_->device_bytes(d.label);
+    r.gpus.push_back(std::move(g));
+  }
+  r.supported_modes = {"nvfp4",
+                       "mxfp4",
+                       "block_1x16",
+                       "block_16x16",
+                       "rtn",
+                       "sr",
+                       "rht",
+                       "four_over_six",
+                       "swizzled_scales",
+                       "columnwise",
+                       "error_feedback",
+                       "stored_weights"};
+  if (options_.allow_cuda_ipc && devices_->kind() == "cuda")
+    r.supported_modes.push_back("cuda_ipc");
+  r.state_budget_bytes = options_.state_budget_bytes;
+  r.max_queue_depth = static_cast<uint32_t>(options_.max_queue_depth);
+  r.max_open_handles = static_cast<uint32_t>(options_.max_open_handles);
+  r.session_lease_seconds = static_cast<uint32_t>(absl::ToInt64Seconds(options_.session_lease));
+  return r;
+}
+
+}  // namespace fp4q::server

@@ -1,0 +1,219 @@
+// The fp4q engine: everything fp4qd does, without any transport. The gRPC adapter
+// (grpc_service.h) is a thin layer over this class; tests drive it directly.
+//
+// Threading and completion
+// - Operations that touch tensors or state run on the executor of the device that holds what
+//   they use (the region's GPU, the weight's or residual's device, else the least busy
+//   device). The calling thread only routes: it pins regions and looks names up, never waits.
+//   `done` runs exactly once, on an executor thread, or on the calling thread when the request
+//   is refused up front (draining, queue full, unknown region, ...).
+// - Session/region bookkeeping that may wait (unregister, close, checkpoint) runs on a small
+//   control executor; ListTensors, ServerInfo, OpenSession and KeepAlive answer at once.
+// Errors
+// - Every input is validated before any state changes; INVALID_ARGUMENT names the request field
+//   as fp4q.v1 spells it (e.g. "input.shape[1]: 40 is not a multiple of 16").
+// - NOT_FOUND: unknown weight, residual, region (another session's region reads exactly like an
+//   unknown one) or session. RESOURCE_EXHAUSTED: state budget, queue bound, handle cap.
+//   FAILED_PRECONDITION: older step, mode unavailable. ALREADY_EXISTS: name taken, or a
+//   Quantize/QDQ residual step already applied. UNAVAILABLE: draining.
+// - Requests that change stored state (CreateWeight, UpdateWeight, residual_key) refuse
+//   non-finite input values (INVALID_ARGUMENT); stateless requests quantize NaN/Inf exactly as
+//   shared/NUMERICS.md defines.
+// Steps
+// - UpdateWeight steps strictly increase per weight: a repeated step is answered applied=false
+//   (and nothing changes), an older one FAILED_PRECONDITION. Residual keys likewise, with
+//   ALREADY_EXISTS for a repeated step (QdqReply has no applied flag).
+#ifndef FP4Q_SERVER_ENGINE_H_
+#define FP4Q_SERVER_ENGINE_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/checkpoint.h"
+#include "server/devices.h"
+#include "server/executor.h"
+#include "server/logging.h"
+#include "server/observer.h"
+#include "server/regions.h"
+#include "server/requests.h"
+#include "server/state_store.h"
+
+namespace fp4q::server {
+
+class OpEnv;
+struct Operand;
+
+struct EngineOptions {
+  uint64_t state_budget_bytes = uint64_t{4} << 30;
+  int max_queue_depth = 64;  // per device
+  int cpu_workers = 0;       // CPU backend worker threads; 0 = hardware threads
+  int max_open_handles = 1024;
+  absl::Duration session_lease = absl::Seconds(30);
+  bool allow_cuda_ipc = false;
+  std::string state_dir;                                      // empty: no persistence
+  absl::Duration checkpoint_interval = absl::ZeroDuration();  // zero: none periodic
+  int quality_sample_every = 16;  // sample 1 in N Quantize requests (the first one too); 0: off
+  std::string version = "0.1.0";
+  absl::Duration maintenance_period = absl::Seconds(1);
+  std::function<absl::Time()> clock;  // sessions' clock (tests); absl::Now when empty
+};
+
+template <typename T>
+using Done = std::function<void(absl::StatusOr<T>)>;
+
+class Engine {
+ public:
+  // `observer` and `logger` may be null; not owned; they outlive the engine.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(std::unique_ptr<DeviceSet> devices,
+                                                        EngineOptions options,
+                                                        EngineObserver* observer, Logger* logger);
+  ~Engine();  // Shutdown()
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Loads <state_dir>/fp4q-state.ckpt when state_dir is set and the file exists. DATA_LOSS when
+  // the file is truncated or corrupt: then nothing at all is loaded. Call before serving.
+  absl::Status Restore();
+  // Starts the maintenance thread: session lease expiry, periodic checkpoints.
+  void StartMaintenance();
+
+  // ---- Tensor operations (asynchronous; see the header comment).
+  void Quantize(const RequestContext& ctx, QuantizeRequest req, Done<QuantizeResult> done);
+  void Dequantize(const RequestContext& ctx, DequantizeRequest req, Done<DequantizeResult> done);
+  void Qdq(const RequestContext& ctx, QdqRequest req, Done<QdqResult> done);
+  void Matmul(const RequestContext& ctx, MatmulRequest req, Done<MatmulResult> done);
+  void UpdateWeight(const RequestContext& ctx, UpdateWeightRequest req,
+                    Done<UpdateWeightResult> done);
+  void CreateWeight(const RequestContext& ctx, CreateWeightRequest req,
+                    Done<CreateWeightResult> done);
+  void GetWeight(const RequestContext& ctx, GetWeightRequest req, Done<GetWeightResult> done);
+  // Deletes a weight or a residual key.
+  void DeleteWeight(const RequestContext& ctx, NameRequest req, Done<EmptyResult> done);
+  // Zeroes a weight's residual (error feedback on) or a residual key.
+  void ResetResidual(const RequestContext& ctx, NameRequest req, Done<EmptyResult> done);
+  // FAILED_PRECONDITION without a state directory.
+  void Checkpoint(const RequestContext& ctx, Done<CheckpointResult> done);
+
+  // ---- Sessions and regions.
+  absl::StatusOr<OpenSessionResult> OpenSession(const std::string& client_name);
+  absl::StatusOr<uint32_t> KeepAlive(const RequestContext& ctx);  // lease seconds
+  void CloseSession(const RequestContext& ctx, Done<uint32_t> done);
+  void RegisterRegion(const RequestContext& ctx, RegisterRegionRequest req, Done<std::string> done);
+  void UnregisterRegion(const RequestContext& ctx, std::string region_id, Done<EmptyResult> done);
+
+  // ---- Inspection.
+  absl::StatusOr<std::vector<TensorListing>> ListTensors();
+  ServerInfoResult ServerInfo() const;
+
+  // ---- Lifecycle.
+  // From now on new requests are refused with UNAVAILABLE.
+  void BeginDrain();
+  // Waits until no request is in flight; false on timeout.
+  bool WaitIdle(absl::Duration timeout);
+  // Answers queued, not yet started work with UNAVAILABLE (after a drain timeout); returns how
+  // many requests were refused.
+  int RejectQueued();
+  // Writes a checkpoint now (blocking; FAILED_PRECONDITION without a state directory).
+  absl::StatusOr<CheckpointStats> CheckpointNow();
+  // Stops maintenance and executors (queued work still runs).
+  void Shutdown();
+
+  uint64_t epoch() const { return epoch_; }
+  const std::string& backend_kind() const { return devices_->kind(); }
+  int64_t in_flight() const { return in_flight_.load(); }
+  // OK, or the sticky backend error that poisoned a device.
+  absl::Status poisoned() const;
+  // Called once, from an executor thread, when a device reports a sticky error.
+  void SetPoisonHandler(std::function<void(const absl::Status&)> handler);
+
+  // For tests.
+  RegionManager& regions() { return *regions_; }
+  StateStore& store() { return *store_; }
+  DeviceSet& devices() { return *devices_; }
+
+ private:
+  struct Route;
+  template <typename Req, typename Res>
+  struct Call;
+
+  Engine(std::unique_ptr<DeviceSet> devices, EngineOptions options, EngineObserver* observer,
+         Logger* logger);
+
+  // Routes and queues one tensor operation; `route` lists what it touches, `body` runs on
+  // the chosen device's executor.
+  template <typename Req, typename Res>
+  void Dispatch(const RequestContext& ctx, Req req, Done<Res> done,
+                void (*route)(const Req&, Route*),
+                absl::Status (Engine::*body)(OpEnv&, const Req&, Res*));
+  // Runs `fn` on the control executor.
+  template <typename Res>
+  void Control(const RequestContext& ctx, Done<Res> done, std::function<absl::StatusOr<Res>()> fn);
+  Executor& ExecutorFor(const Device& d) { return *executors_[d.index]; }
+  void CheckHealth(Device& d);
+  bool Admit();    // counts a request in flight unless draining
+  void Release();  // the request finished
+  Device* LeastStateDevice();
+
+  // Operation bodies (ops_quantize.cc, ops_weights.cc).
+  absl::Status RunQuantize(OpEnv& env, const QuantizeRequest& req, QuantizeResult* res);
+  absl::Status RunDequantize(OpEnv& env, const DequantizeRequest& req, DequantizeResult* res);
+  absl::Status RunQdq(OpEnv& env, const QdqRequest& req, QdqResult* res);
+  absl::Status RunMatmul(OpEnv& env, const MatmulRequest& req, MatmulResult* res);
+  absl::Status RunCreateWeight(OpEnv& env, const CreateWeightRequest& req, CreateWeightResult* res);
+  absl::Status RunUpdateWeight(OpEnv& env, const UpdateWeightRequest& req, UpdateWeightResult* res);
+  absl::Status RunGetWeight(OpEnv& env, const GetWeightRequest& req, GetWeightResult* res);
+  absl::Status RunDeleteWeight(OpEnv& env, const NameRequest& req, EmptyResult* res);
+  absl::Status RunResetResidual(OpEnv& env, const NameRequest& req, EmptyResult* res);
+
+  // A Quantize/QDQ residual key: found (checked against shape and step) or created; returned
+  // with its op_mu locked in *lock. `created` says whether it is new (not yet published).
+  absl::StatusOr<std::shared_ptr<StateEntry>> ResidualFor(OpEnv& env, const std::string& key,
+                                                          int64_t rows, int64_t cols, uint64_t step,
+                                                          std::unique_lock<std::mutex>* lock,
+                                                          bool* created);
+  void SampleQuality(OpEnv& env, const kernels::ConstTensor& x, const kernels::QuantizedTensor& q);
+  // Persistence (engine_persist.cc).
+  absl::Status RestoreRecord(CheckpointRecord record);
+  absl::StatusOr<CheckpointRecord> Snapshot(const std::shared_ptr<StateEntry>& entry);
+  void MaintenanceLoop();
+
+  const EngineOptions options_;
+  EngineObserver* const observer_;
+  Logger* const logger_;
+  const uint64_t epoch_;
+  std::unique_ptr<DeviceSet> devices_;
+  std::unique_ptr<StateStore> store_;
+  std::unique_ptr<RegionManager> regions_;
+  std::vector<std::unique_ptr<Executor>> executors_;  // one per device, same order
+  std::unique_ptr<Executor> control_;
+
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> in_flight_{0};
+  std::mutex idle_mu_;
+  std::condition_variable idle_cv_;
+
+  mutable std::mutex poison_mu_;
+  absl::Status poisoned_;
+  std::function<void(const absl::Status&)> poison_handler_;
+
+  std::atomic<uint64_t> quantize_count_{0};
+  std::mutex checkpoint_mu_;  // one checkpoint at a time
+
+  std::mutex maintenance_mu_;
+  std::condition_variable maintenance_cv_;
+  bool stop_maintenance_ = false;
+  std::thread maintenance_;
+};
+
+}  // namespace fp4q::server
+
+#endif  // FP4Q_SERVER_ENGINE_H_

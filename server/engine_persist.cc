@@ -1,0 +1,184 @@
+// Engine persistence: Checkpoint (snapshot every live entry under its lock, on its device's
+// executor, streamed into checkpoint.h's file) and Restore (verify, then load).
+#include <chrono>
+#include <future>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "fp4q/common/status_macros.h"
+#include "server/engine.h"
+#include "server/request_checks.h"
+
+namespace fp4q::server {
+namespace {
+
+absl::Status Corrupt(const CheckpointRecord& r, absl::string_view what) {
+  return absl::DataLossError(
+      absl::StrCat("checkpoint is corrupt: record '", r.name.substr(0, 64), "': ", what));
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointRecord> Engine::Snapshot(const std::shared_ptr<StateEntry>& e) {
+  auto promise = std::make_shared<std::promise<absl::StatusOr<CheckpointRecord>>>();
+  std::future<absl::StatusOr<CheckpointRecord>> future = promise->get_future();
+  auto copy = [e](kernels::Backend& backend,
+                  kernels::Stream stream) -> absl::StatusOr<CheckpointRecord> {
+    std::lock_guard<std::mutex> lock(e->op_mu);
+    CheckpointRecord r;
+    if (!e->live.load()) return r;  // deleted meanwhile: kind 0, skipped
+    r.kind = static_cast<uint8_t>(e->kind);
+    r.has_step = e->has_step.load();
+    r.last_step = e->last_step.load();
+    r.rows = e->rows;
+    r.cols = e->cols;
+    r.name = e->name;
+    r.device = e->device->label;
+    if (e->kind == EntryKind::kWeight) {
+      r.block = static_cast<uint8_t>(ToWireBlock(e->params.block));
+      r.rounding = e->params.rounding == kernels::Rounding::kStochastic ? 2 : 1;
+      r.error_feedback = e->params.error_feedback;
+      r.dtype = static_cast<uint8_t>(ToWireDType(e->params.dtype));
+      r.seed = e->params.seed;
+      r.codes.resize(e->sizes.codes);
+      r.scales.resize(e->sizes.scales);
+      float g[kernels::kGlobalFloats];
+      FP4Q_RETURN_IF_ERROR(
+          backend.CopyToHost(r.codes.data(), e->codes.data(), r.codes.size(), stream));
+      FP4Q_RETURN_IF_ERROR(
+          backend.CopyToHost(r.scales.data(), e->scales.data(), r.scales.size(), stream));
+      FP4Q_RETURN_IF_ERROR(backend.CopyToHost(g, e->global.data(), sizeof(g), stream));
+      FP4Q_RETURN_IF_ERROR(backend.Synchronize(stream));
+      r.global_amax = g[0];
+      r.s_enc = g[1];
+    }
+    if (!e->residual.empty()) {
+      r.residual.resize(e->sizes.residual);
+      FP4Q_RETURN_IF_ERROR(
+          backend.CopyToHost(r.residual.data(), e->residual.data(), r.residual.size(), stream));
+    }
+    FP4Q_RETURN_IF_ERROR(backend.Synchronize(stream));
+    return r;
+  };
+  Device* device = e->device;
+  absl::Status queued = ExecutorFor(*device).Submit(
+      RequestContext{},
+      [promise, copy, device](kernels::Stream stream) {
+        promise->set_value(copy(*device->backend, stream));
+      },
+      [promise](absl::Status s) { promise->set_value(s); }, /*bypass_bound=*/true);
+  if (!queued.ok()) return queued;
+  return future.get();
+}
+
+absl::StatusOr<CheckpointStats> Engine::CheckpointNow() {
+  if (options_.state_dir.empty()) {
+    return absl::FailedPreconditionError(
+        "Checkpoint: this server keeps no state directory (start fp4qd with --state_dir)");
+  }
+  std::lock_guard<std::mutex> lock(checkpoint_mu_);
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<CheckpointStats> result = [&]() -> absl::StatusOr<CheckpointStats> {
+    FP4Q_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
+                          CheckpointWriter::Begin(options_.state_dir, epoch_));
+    for (const auto& e : store_->Entries()) {
+      FP4Q_ASSIGN_OR_RETURN(CheckpointRecord r, Snapshot(e));
+      if (r.kind == 0) continue;
+      FP4Q_RETURN_IF_ERROR(writer->Add(r));
+    }
+    return writer->Commit();
+  }();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (observer_ != nullptr) observer_->CheckpointFinished(result.ok(), seconds, absl::Now());
+  if (result.ok()) {
+    logger_->Info("checkpoint written", {{"file", options_.state_dir + "/" + result->file_name},
+                                         {"bytes", absl::StrCat(result->bytes)},
+                                         {"tensors", absl::StrCat(result->records)},
+                                         {"seconds", absl::StrCat(seconds)}});
+  } else {
+    logger_->Error("checkpoint failed",
+                   {{"dir", options_.state_dir}, {"error", result.status().ToString()}});
+  }
+  return result;
+}
+
+absl::Status Engine::RestoreRecord(CheckpointRecord r) {
+  if (r.kind != 1 && r.kind != 2) return Corrupt(r, absl::StrCat("kind ", r.kind));
+  if (!CheckName(r.name, "name").ok()) return Corrupt(r, "bad name");
+  if (r.rows < 1 || r.cols < 1) return Corrupt(r, "bad shape");
+  const EntryKind kind = static_cast<EntryKind>(r.kind);
+  WeightParams params;
+  if (kind == EntryKind::kWeight) {
+    if (r.block != 1 && r.block != 2) return Corrupt(r, "bad block");
+    if (r.rounding != 1 && r.rounding != 2) return Corrupt(r, "bad rounding");
+    if (r.dtype != kWireF32 && r.dtype != kWireBF16) return Corrupt(r, "bad dtype");
+    params.block = r.block == 2 ? kernels::BlockShape::k16x16 : kernels::BlockShape::k1x16;
+    params.rounding =
+        r.rounding == 2 ? kernels::Rounding::kStochastic : kernels::Rounding::kNearest;
+    params.dtype = r.dtype == kWireBF16 ? kernels::DType::kBF16 : kernels::DType::kF32;
+    params.seed = r.seed;
+    params.error_feedback = r.error_feedback;
+  }
+  absl::StatusOr<EntrySizes> sizes = SizesFor(kind, r.rows, r.cols, params, "shape");
+  if (!sizes.ok()) return Corrupt(r, sizes.status().message());
+  if (r.codes.size() != sizes->codes || r.scales.size() != sizes->scales ||
+      r.residual.size() != sizes->residual) {
+    return Corrupt(r, "part sizes do not match its shape");
+  }
+  Device* device = devices_->FindByUuid(r.device);
+  if (device == nullptr) {
+    device = LeastStateDevice();
+    logger_->Warning("restored tensor moved to another device",
+                     {{"name", r.name}, {"from", r.device}, {"to", device->label}});
+  }
+  auto e = std::make_shared<StateEntry>(r.name, kind, device, r.rows, r.cols, params, *sizes);
+  std::unique_lock<std::mutex> lock;
+  absl::Status reserved = store_->Reserve(e, &lock, "checkpoint");
+  if (reserved.code() == absl::StatusCode::kAlreadyExists) return Corrupt(r, "duplicate name");
+  FP4Q_RETURN_IF_ERROR(reserved);
+  kernels::Backend& backend = *device->backend;
+  auto load = [&](DeviceBuffer* dst, const void* src, size_t n) -> absl::Status {
+    if (n == 0) return absl::OkStatus();
+    FP4Q_ASSIGN_OR_RETURN(*dst, DeviceBuffer::Allocate(&backend, n));
+    return backend.CopyFromHost(dst->data(), src, n, nullptr);
+  };
+  const float g[kernels::kGlobalFloats] = {r.global_amax, r.s_enc};
+  absl::Status s = load(&e->codes, r.codes.data(), r.codes.size());
+  if (s.ok()) s = load(&e->scales, r.scales.data(), r.scales.size());
+  if (s.ok() && kind == EntryKind::kWeight) s = load(&e->global, g, sizeof(g));
+  if (s.ok()) s = load(&e->residual, r.residual.data(), r.residual.size());
+  if (s.ok()) s = backend.Synchronize(nullptr);
+  if (!s.ok()) {
+    store_->Drop(e);
+    return s;
+  }
+  e->last_step.store(r.last_step);
+  e->has_step.store(r.has_step);
+  store_->Publish(e);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Restore() {
+  if (options_.state_dir.empty()) return absl::OkStatus();
+  const std::string path = absl::StrCat(options_.state_dir, "/", kCheckpointFileName);
+  absl::Status s =
+      ReadCheckpoint(path, [this](CheckpointRecord r) { return RestoreRecord(std::move(r)); });
+  if (absl::IsNotFound(s)) {
+    logger_->Info("no checkpoint to restore; starting empty", {{"file", path}});
+    return absl::OkStatus();
+  }
+  if (!s.ok()) {
+    for (const auto& e : store_->Entries()) {  // all or nothing
+      std::lock_guard<std::mutex> lock(e->op_mu);
+      store_->Drop(e);
+    }
+    logger_->Error("checkpoint not restored", {{"file", path}, {"error", s.ToString()}});
+    return s;
+  }
+  const auto entries = store_->Entries();
+  logger_->Info("checkpoint restored", {{"file", path}, {"tensors", absl::StrCat(entries.size())}});
+  return absl::OkStatus();
+}
+
+}  // namespace fp4q::server

@@ -1,0 +1,212 @@
+#include "server/metrics.h"
+
+#include <string>
+
+#include "absl/time/time.h"
+
+namespace fp4q::server {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Histogram;
+
+Histogram::BucketBoundaries LatencyBuckets() {
+  return {0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+          0.025,   0.05,     0.1,     0.25,   0.5,     1,      2.5,   5,      10,    30};
+}
+Histogram::BucketBoundaries RatioBuckets() {
+  return {0, 0.0001, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1};
+}
+Histogram::BucketBoundaries SqnrBuckets() {
+  return {0, 5, 10, 12, 14, 16, 18, 20, 22, 25, 30, 40, 60, 100};
+}
+Histogram::BucketBoundaries CheckpointBuckets() {
+  return {0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
+}
+
+std::string S(absl::string_view v) { return std::string(v); }
+
+}  // namespace
+
+Metrics::Metrics(prometheus::Registry& registry, const std::string& version,
+                 const std::string& backend)
+    : requests_total_(BuildCounter()
+                          .Name("fp4q_requests_total")
+                          .Help("RPCs finished, by method and gRPC status code")
+                          .Register(registry)),
+      request_duration_(BuildHistogram()
+                            .Name("fp4q_request_duration_seconds")
+                            .Help("RPC latency from arrival to reply, by method")
+                            .Register(registry)),
+      kernel_duration_(BuildHistogram()
+                           .Name("fp4q_kernel_duration_seconds")
+                           .Help("Kernel time (launch to stream synchronize), by op")
+                           .Register(registry)),
+      processed_bytes_(BuildCounter()
+                           .Name("fp4q_processed_bytes_total")
+                           .Help("Tensor bytes read and written, by method")
+                           .Register(registry)),
+      processed_elements_(BuildCounter()
+                              .Name("fp4q_processed_elements_total")
+                              .Help("Tensor elements processed, by method")
+                              .Register(registry)),
+      in_flight_(BuildGauge()
+                     .Name("fp4q_requests_in_flight")
+                     .Help("RPCs received and not yet answered")
+                     .Register(registry)
+                     .Add({})),
+      queue_depth_(BuildGauge()
+                       .Name("fp4q_queue_depth")
+                       .Help("Work queued on a device executor, not yet started")
+                       .Register(registry)),
+      queue_capacity_(BuildGauge()
+                          .Name("fp4q_queue_capacity")
+                          .Help("Bound of a device executor's queue (--max_queue_depth)")
+                          .Register(registry)),
+      queue_rejected_(BuildCounter()
+                          .Name("fp4q_queue_rejected_total")
+                          .Help("Requests refused with RESOURCE_EXHAUSTED: queue full")
+                          .Register(registry)),
+      sessions_(BuildGauge()
+                    .Name("fp4q_sessions")
+                    .Help("Open client sessions")
+                    .Register(registry)
+                    .Add({})),
+      cuda_regions_(BuildGauge()
+                        .Name("fp4q_cuda_regions")
+                        .Help("Registered CUDA IPC regions")
+                        .Register(registry)
+                        .Add({})),
+      cuda_open_handles_(BuildGauge()
+                             .Name("fp4q_cuda_open_handles")
+                             .Help("Open CUDA IPC mappings (distinct handles)")
+                             .Register(registry)
+                             .Add({})),
+      cuda_handle_opens_(BuildCounter()
+                             .Name("fp4q_cuda_handle_opens_total")
+                             .Help("cudaIpcOpenMemHandle calls")
+                             .Register(registry)
+                             .Add({})),
+      state_tensors_(BuildGauge()
+                         .Name("fp4q_state_tensors")
+                         .Help("Named state tensors, by device and kind")
+                         .Register(registry)),
+      state_bytes_(BuildGauge()
+                       .Name("fp4q_state_bytes")
+                       .Help("Bytes of named state, by device")
+                       .Register(registry)),
+      state_budget_(BuildGauge()
+                        .Name("fp4q_state_budget_bytes")
+                        .Help("Memory budget for state tensors, all devices")
+                        .Register(registry)
+                        .Add({})),
+      update_not_applied_(BuildCounter()
+                              .Name("fp4q_update_not_applied_total")
+                              .Help("UpdateWeight calls with an already applied step")
+                              .Register(registry)
+                              .Add({})),
+      quant_sqnr_(BuildHistogram()
+                      .Name("fp4q_quant_sqnr_db")
+                      .Help("SQNR of sampled Quantize requests, dB")
+                      .Register(registry)
+                      .Add({}, SqnrBuckets())),
+      quant_clipped_(BuildHistogram()
+                         .Name("fp4q_quant_clipped_ratio")
+                         .Help("Sampled requests: fraction of elements clipped to code +-6")
+                         .Register(registry)
+                         .Add({}, RatioBuckets())),
+      quant_underflow_(BuildHistogram()
+                           .Name("fp4q_quant_underflow_ratio")
+                           .Help("Sampled requests: fraction of nonzero elements that became 0")
+                           .Register(registry)
+                           .Add({}, RatioBuckets())),
+      checkpoint_duration_(BuildHistogram()
+                               .Name("fp4q_checkpoint_duration_seconds")
+                               .Help("Checkpoint write time")
+                               .Register(registry)
+                               .Add({}, CheckpointBuckets())),
+      checkpoint_last_success_(
+          BuildGauge()
+              .Name("fp4q_checkpoint_last_success_timestamp_seconds")
+              .Help("Unix time of the last successful checkpoint (absent before the first)")
+              .Register(registry)),
+      checkpoint_failures_(BuildCounter()
+                               .Name("fp4q_checkpoint_failures_total")
+                               .Help("Failed checkpoint attempts")
+                               .Register(registry)
+                               .Add({})),
+      ready_(BuildGauge()
+                 .Name("fp4q_ready")
+                 .Help("1 when the readiness health service is SERVING")
+                 .Register(registry)
+                 .Add({})) {
+  BuildGauge()
+      .Name("fp4q_build_info")
+      .Help("Build and backend of this server (value 1)")
+      .Register(registry)
+      .Add({{"version", version}, {"backend", backend}})
+      .Set(1);
+  for (const char* op : {"amax", "quantize", "dequantize", "qdq", "matmul", "update_weight"}) {
+    kernel_duration_.Add({{"op", op}}, LatencyBuckets());
+  }
+}
+
+void Metrics::RequestStarted() { in_flight_.Increment(); }
+
+void Metrics::RequestFinished(absl::string_view rpc, absl::StatusCode code, double seconds,
+                              uint64_t bytes, uint64_t elements) {
+  in_flight_.Decrement();
+  requests_total_.Add({{"rpc", S(rpc)}, {"code", absl::StatusCodeToString(code)}}).Increment();
+  request_duration_.Add({{"rpc", S(rpc)}}, LatencyBuckets()).Observe(seconds);
+  processed_bytes_.Add({{"rpc", S(rpc)}}).Increment(static_cast<double>(bytes));
+  processed_elements_.Add({{"rpc", S(rpc)}}).Increment(static_cast<double>(elements));
+}
+
+void Metrics::SetReady(bool ready) { ready_.Set(ready ? 1 : 0); }
+
+void Metrics::KernelDuration(absl::string_view op, double seconds) {
+  kernel_duration_.Add({{"op", S(op)}}, LatencyBuckets()).Observe(seconds);
+}
+
+void Metrics::QueueDepth(absl::string_view device, int64_t depth) {
+  queue_depth_.Add({{"device", S(device)}}).Set(static_cast<double>(depth));
+}
+void Metrics::QueueCapacity(absl::string_view device, int64_t capacity) {
+  queue_capacity_.Add({{"device", S(device)}}).Set(static_cast<double>(capacity));
+}
+void Metrics::QueueRejected(absl::string_view device) {
+  queue_rejected_.Add({{"device", S(device)}}).Increment();
+}
+void Metrics::Sessions(int64_t open) { sessions_.Set(static_cast<double>(open)); }
+void Metrics::CudaRegions(int64_t registered) {
+  cuda_regions_.Set(static_cast<double>(registered));
+}
+void Metrics::CudaOpenHandles(int64_t open) { cuda_open_handles_.Set(static_cast<double>(open)); }
+void Metrics::CudaHandleOpened() { cuda_handle_opens_.Increment(); }
+void Metrics::StateTensors(absl::string_view device, absl::string_view kind, int64_t count) {
+  state_tensors_.Add({{"device", S(device)}, {"kind", S(kind)}}).Set(static_cast<double>(count));
+}
+void Metrics::StateBytes(absl::string_view device, int64_t bytes) {
+  state_bytes_.Add({{"device", S(device)}}).Set(static_cast<double>(bytes));
+}
+void Metrics::StateBudget(uint64_t bytes) { state_budget_.Set(static_cast<double>(bytes)); }
+void Metrics::UpdateNotApplied() { update_not_applied_.Increment(); }
+
+void Metrics::Quality(double sqnr_db, double clipped_ratio, double underflow_ratio) {
+  quant_sqnr_.Observe(sqnr_db);
+  quant_clipped_.Observe(clipped_ratio);
+  quant_underflow_.Observe(underflow_ratio);
+}
+
+void Metrics::CheckpointFinished(bool ok, double seconds, absl::Time when) {
+  checkpoint_duration_.Observe(seconds);
+  if (ok) {
+    checkpoint_last_success_.Add({}).Set(absl::ToDoubleSeconds(when - absl::UnixEpoch()));
+  } else {
+    checkpoint_failures_.Increment();
+  }
+}
+
+}  // namespace fp4q::server

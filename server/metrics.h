@@ -1,0 +1,79 @@
+// Prometheus metrics of fp4qd (names and labels: docs/DESIGN.md "Metrics").
+//
+// Every family is built once, in the constructor, from a registry passed in; nothing is global.
+// Labels never carry tensor names, region ids or session ids. Thread-safe.
+#ifndef FP4Q_SERVER_METRICS_H_
+#define FP4Q_SERVER_METRICS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "server/observer.h"
+
+namespace fp4q::server {
+
+class Metrics final : public EngineObserver {
+ public:
+  // `registry` is not owned and outlives this object. `backend` is "cpu" or "cuda".
+  Metrics(prometheus::Registry& registry, const std::string& version, const std::string& backend);
+
+  // ---- Requests (the gRPC adapter).
+  void RequestStarted();
+  // `rpc` is the method name ("Quantize"); `code` the final status code.
+  void RequestFinished(absl::string_view rpc, absl::StatusCode code, double seconds, uint64_t bytes,
+                       uint64_t elements);
+  void SetReady(bool ready);
+
+  // ---- EngineObserver.
+  void KernelDuration(absl::string_view op, double seconds) override;
+  void QueueDepth(absl::string_view device, int64_t depth) override;
+  void QueueCapacity(absl::string_view device, int64_t capacity) override;
+  void QueueRejected(absl::string_view device) override;
+  void Sessions(int64_t open) override;
+  void CudaRegions(int64_t registered) override;
+  void CudaOpenHandles(int64_t open) override;
+  void CudaHandleOpened() override;
+  void StateTensors(absl::string_view device, absl::string_view kind, int64_t count) override;
+  void StateBytes(absl::string_view device, int64_t bytes) override;
+  void StateBudget(uint64_t bytes) override;
+  void UpdateNotApplied() override;
+  void Quality(double sqnr_db, double clipped_ratio, double underflow_ratio) override;
+  void CheckpointFinished(bool ok, double seconds, absl::Time when) override;
+
+ private:
+  prometheus::Family<prometheus::Counter>& requests_total_;
+  prometheus::Family<prometheus::Histogram>& request_duration_;
+  prometheus::Family<prometheus::Histogram>& kernel_duration_;
+  prometheus::Family<prometheus::Counter>& processed_bytes_;
+  prometheus::Family<prometheus::Counter>& processed_elements_;
+  prometheus::Gauge& in_flight_;
+  prometheus::Family<prometheus::Gauge>& queue_depth_;
+  prometheus::Family<prometheus::Gauge>& queue_capacity_;
+  prometheus::Family<prometheus::Counter>& queue_rejected_;
+  prometheus::Gauge& sessions_;
+  prometheus::Gauge& cuda_regions_;
+  prometheus::Gauge& cuda_open_handles_;
+  prometheus::Counter& cuda_handle_opens_;
+  prometheus::Family<prometheus::Gauge>& state_tensors_;
+  prometheus::Family<prometheus::Gauge>& state_bytes_;
+  prometheus::Gauge& state_budget_;
+  prometheus::Counter& update_not_applied_;
+  prometheus::Histogram& quant_sqnr_;
+  prometheus::Histogram& quant_clipped_;
+  prometheus::Histogram& quant_underflow_;
+  prometheus::Histogram& checkpoint_duration_;
+  prometheus::Family<prometheus::Gauge>& checkpoint_last_success_;
+  prometheus::Counter& checkpoint_failures_;
+  prometheus::Gauge& ready_;
+};
+
+}  // namespace fp4q::server
+
+#endif  // FP4Q_SERVER_METRICS_H_

@@ -1,0 +1,153 @@
+#include "server/op_env.h"
+
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "fp4q/common/status_macros.h"
+
+namespace fp4q::server {
+
+absl::StatusOr<uint8_t*> OpEnv::RegionSliceFor(const RegionSlice& slice, uint64_t bytes,
+                                               absl::string_view field, bool output) {
+  auto it = scope_->pins.find(slice.region_id);
+  if (it == scope_->pins.end()) {
+    // Routing pins every region a request names; reaching here is a bug.
+    return absl::InternalError(absl::StrCat(field, ": region was not pinned"));
+  }
+  if (it->second.device() != device_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".region_id: the region is on another device"));
+  }
+  FP4Q_ASSIGN_OR_RETURN(uint8_t * p, it->second.Slice(slice.offset, bytes, field));
+  slices_.push_back(Slice{reinterpret_cast<uintptr_t>(p), reinterpret_cast<uintptr_t>(p) + bytes,
+                          std::string(field), output});
+  return p;
+}
+
+absl::StatusOr<kernels::ConstTensor> OpEnv::Input(const TensorIn& t, const DenseShape& shape,
+                                                  absl::string_view field) {
+  FP4Q_ASSIGN_OR_RETURN(const uint8_t* p,
+                        InputBytes(t.data, shape.bytes, absl::StrCat(field, ".inline_data"),
+                                   absl::StrCat(field, ".region")));
+  return kernels::ConstTensor{p, shape.dtype, shape.rows, shape.cols};
+}
+
+absl::StatusOr<const uint8_t*> OpEnv::InputBytes(const BytesIn& b, size_t bytes,
+                                                 absl::string_view inline_field,
+                                                 absl::string_view region_field) {
+  AddProcessed(bytes);
+  switch (b.source) {
+    case Source::kNone:
+      return absl::InvalidArgumentError(
+          absl::StrCat(inline_field, ": no data (set the inline bytes or a region)"));
+    case Source::kRegion:
+      return RegionSliceFor(b.region, bytes, region_field, /*output=*/false);
+    case Source::kInline:
+      break;
+  }
+  if (b.inline_data.size() != bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(inline_field, ": ", b.inline_data.size(), " bytes, expected ", bytes));
+  }
+  const auto* src = reinterpret_cast<const uint8_t*>(b.inline_data.data());
+  if (device_->host_memory && reinterpret_cast<uintptr_t>(src) % 16 == 0) return src;
+  FP4Q_ASSIGN_OR_RETURN(void* dst, Scratch(bytes));
+  if (device_->host_memory) {
+    std::memcpy(dst, src, bytes);
+  } else {
+    FP4Q_RETURN_IF_ERROR(backend().CopyFromHost(dst, src, bytes, stream_));
+  }
+  return static_cast<const uint8_t*>(dst);
+}
+
+absl::StatusOr<uint8_t*> OpEnv::Output(const OutputTarget& target, size_t bytes,
+                                       absl::string_view field, std::string* inline_out,
+                                       bool* in_region, RegionSlice* region_out) {
+  AddProcessed(bytes);
+  if (target.has_region) {
+    FP4Q_ASSIGN_OR_RETURN(
+        uint8_t * p, RegionSliceFor(target.region, bytes, absl::StrCat(field, ".region"), true));
+    *in_region = true;
+    *region_out = target.region;
+    inline_out->clear();
+    return p;
+  }
+  FP4Q_ASSIGN_OR_RETURN(void* p, Scratch(bytes));
+  *in_region = false;
+  pending_.push_back(PendingCopy{p, inline_out, bytes});
+  return static_cast<uint8_t*>(p);
+}
+
+absl::StatusOr<void*> OpEnv::Scratch(size_t bytes) {
+  FP4Q_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(&backend(), bytes == 0 ? 1 : bytes));
+  void* p = b.data();
+  scratch_.push_back(std::move(b));
+  return p;
+}
+
+absl::Status OpEnv::CheckNoOverlap(
+    const std::vector<std::pair<std::string, std::string>>& allowed) const {
+  for (size_t i = 0; i < slices_.size(); ++i) {
+    for (size_t j = 0; j < slices_.size(); ++j) {
+      if (i == j) continue;
+      const Slice& o = slices_[i];
+      const Slice& s = slices_[j];
+      if (!o.output || (s.output && j < i)) continue;  // each output pair once
+      if (o.begin >= s.end || s.begin >= o.end) continue;
+      bool ok = false;
+      if (o.begin == s.begin && o.end == s.end) {
+        for (const auto& [out, in] : allowed) ok = ok || (o.field == out && s.field == in);
+      }
+      if (!ok) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(o.field, ": overlaps ", s.field, " in the same client memory"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OpEnv::Kernel(absl::string_view op, const std::function<absl::Status()>& launch) {
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status s = launch();
+  if (s.ok()) s = backend().Synchronize(stream_);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (observer_ != nullptr) observer_->KernelDuration(op, seconds);
+  meta_->kernel_micros += seconds * 1e6;
+  return s;
+}
+
+absl::Status OpEnv::FinishOutputs() {
+  for (const PendingCopy& c : pending_) {
+    c.dst->resize(c.bytes);
+    if (device_->host_memory) {
+      std::memcpy(c.dst->data(), c.src, c.bytes);
+    } else {
+      FP4Q_RETURN_IF_ERROR(backend().CopyToHost(c.dst->data(), c.src, c.bytes, stream_));
+    }
+  }
+  pending_.clear();
+  if (!device_->host_memory) return backend().Synchronize(stream_);
+  return absl::OkStatus();
+}
+
+absl::Status OpEnv::ToHost(void* dst, const void* src, size_t bytes) {
+  if (device_->host_memory) {
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  FP4Q_RETURN_IF_ERROR(backend().CopyToHost(dst, src, bytes, stream_));
+  return backend().Synchronize(stream_);
+}
+
+absl::StatusOr<const void*> OpEnv::HostView(const void* device_ptr, size_t bytes) {
+  if (device_->host_memory) return device_ptr;
+  host_copies_.push_back(std::make_unique<char[]>(bytes == 0 ? 1 : bytes));
+  FP4Q_RETURN_IF_ERROR(ToHost(host_copies_.back().get(), device_ptr, bytes));
+  return static_cast<const void*>(host_copies_.back().get());
+}
+
+}  // namespace fp4q::server

@@ -1,0 +1,119 @@
+// OpEnv: what one request's work sees on its executor thread: the device, its stream, the
+// regions the request pinned while being routed, and scratch memory. It turns request tensors
+// (inline bytes or region slices) into kernels views and collects outputs.
+//
+// - Inline inputs are used in place on host-memory devices when aligned, else copied to
+//   scratch. Region inputs/outputs are bounds-checked slices of pinned regions (RegionPin).
+// - Inline outputs are written to scratch and copied into the result's bytes by
+//   FinishOutputs(); region outputs are written in place (zero copy).
+// - Slices of client regions must not overlap an output (CheckNoOverlap), except an exact alias
+//   the operation allows.
+// Not thread-safe: one request, one thread.
+#ifndef FP4Q_SERVER_OP_ENV_H_
+#define FP4Q_SERVER_OP_ENV_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "fp4q/kernels/backend.h"
+#include "server/device_buffer.h"
+#include "server/devices.h"
+#include "server/observer.h"
+#include "server/regions.h"
+#include "server/request_checks.h"
+#include "server/requests.h"
+
+namespace fp4q::server {
+
+// Regions a request pinned while it was routed, by region id. Lives until the request is done.
+struct RequestScope {
+  std::map<std::string, RegionPin, std::less<>> pins;
+};
+
+class OpEnv {
+ public:
+  OpEnv(Device* device, kernels::Stream stream, RequestScope* scope, EngineObserver* observer,
+        ReplyMeta* meta)
+      : device_(device), stream_(stream), scope_(scope), observer_(observer), meta_(meta) {}
+
+  Device& device() { return *device_; }
+  kernels::Backend& backend() { return *device_->backend; }
+  kernels::Stream stream() const { return stream_; }
+  ReplyMeta& meta() { return *meta_; }
+
+  // A dense input checked by CheckDenseTensor.
+  absl::StatusOr<kernels::ConstTensor> Input(const TensorIn& t, const DenseShape& shape,
+                                             absl::string_view field);
+  // `bytes` bytes given inline (exactly that many; errors name `inline_field`) or by region
+  // (errors name `region_field`, e.g. "input.region.offset").
+  absl::StatusOr<const uint8_t*> InputBytes(const BytesIn& b, size_t bytes,
+                                            absl::string_view inline_field,
+                                            absl::string_view region_field);
+  // An output of `bytes` bytes: in the target's region (errors name "<field>.region"), or
+  // scratch landing in *inline_out.
+  absl::StatusOr<uint8_t*> Output(const OutputTarget& target, size_t bytes, absl::string_view field,
+                                  std::string* inline_out, bool* in_region,
+                                  RegionSlice* region_out);
+  absl::StatusOr<uint8_t*> Output(const OutputTarget& target, size_t bytes, absl::string_view field,
+                                  TensorResult* out) {
+    return Output(target, bytes, field, &out->inline_data, &out->in_region, &out->region);
+  }
+  absl::StatusOr<uint8_t*> Output(const OutputTarget& target, size_t bytes, absl::string_view field,
+                                  BytesResult* out) {
+    return Output(target, bytes, field, &out->inline_data, &out->in_region, &out->region);
+  }
+  // Device scratch freed when the request ends.
+  absl::StatusOr<void*> Scratch(size_t bytes);
+
+  // Outputs may not overlap any other slice of a region; `allowed` lists (output, input) field
+  // pairs that may alias exactly (same offset and size).
+  absl::Status CheckNoOverlap(
+      const std::vector<std::pair<std::string, std::string>>& allowed = {}) const;
+
+  // Runs `launch`, synchronizes the stream, and records the time under kernel op `op`.
+  absl::Status Kernel(absl::string_view op, const std::function<absl::Status()>& launch);
+  // Copies scratch outputs into their result bytes (synchronizes).
+  absl::Status FinishOutputs();
+  // Device -> host copy (synchronizes). On host-memory devices a plain copy.
+  absl::Status ToHost(void* dst, const void* src, size_t bytes);
+  // Host view of a device input (copied when the device is not host memory).
+  absl::StatusOr<const void*> HostView(const void* device_ptr, size_t bytes);
+
+  void AddProcessed(uint64_t bytes) { meta_->processed_bytes += bytes; }
+
+ private:
+  struct Slice {
+    uintptr_t begin = 0;
+    uintptr_t end = 0;
+    std::string field;
+    bool output = false;
+  };
+  struct PendingCopy {
+    const void* src = nullptr;
+    std::string* dst = nullptr;
+    size_t bytes = 0;
+  };
+  absl::StatusOr<uint8_t*> RegionSliceFor(const RegionSlice& slice, uint64_t bytes,
+                                          absl::string_view field, bool output);
+
+  Device* device_;
+  kernels::Stream stream_;
+  RequestScope* scope_;
+  EngineObserver* observer_;
+  ReplyMeta* meta_;
+  std::vector<DeviceBuffer> scratch_;
+  std::vector<PendingCopy> pending_;
+  std::vector<Slice> slices_;
+  std::vector<std::unique_ptr<char[]>> host_copies_;
+};
+
+}  // namespace fp4q::server
+
+#endif  // FP4Q_SERVER_OP_ENV_H_

@@ -1,0 +1,481 @@
+// Engine bodies of Quantize, Dequantize, QDQ and Matmul (run on the device's executor).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "fp4q/common/status_macros.h"
+#include "fp4q/kernels/validate.h"
+#include "server/engine.h"
+#include "server/op_env.h"
+#include "server/quality.h"
+#include "server/request_checks.h"
+
+namespace fp4q::server {
+
+// A quantized operand: a request tensor, or a stored weight (then `entry` is set and the view
+// is filled in once its lock is held).
+struct Operand {
+  kernels::ConstQuantizedTensor q;
+  std::shared_ptr<StateEntry> entry;
+  std::string field;  // "a", "b", "input"
+};
+
+namespace {
+
+// Non-null placeholder for shape-only validation; never read.
+alignas(16) const uint8_t kProbe[16] = {};
+float* ProbeFloat() { return reinterpret_cast<float*>(const_cast<uint8_t*>(kProbe)); }
+
+std::string Quote(absl::string_view name) { return absl::StrCat("'", name, "'"); }
+
+absl::Status CheckStep(uint64_t step, absl::string_view field) {
+  if (step > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", step, " is above 2^63 - 1"));
+  }
+  return absl::OkStatus();
+}
+
+// Sizes and views of a quantized output [rows, cols] in `options`' format and layout.
+absl::StatusOr<kernels::QuantizedTensor> OutputTensor(const kernels::QuantizeOptions& o,
+                                                      int64_t rows, int64_t cols) {
+  kernels::QuantizedTensor q;
+  q.format = o.format;
+  q.block = o.block;
+  q.scale_layout = o.scale_layout;
+  q.rows = rows;
+  q.cols = cols;
+  FP4Q_ASSIGN_OR_RETURN(q.codes_capacity, kernels::CodeBytes(rows, cols, "input.shape"));
+  FP4Q_ASSIGN_OR_RETURN(q.scales_capacity,
+                        kernels::ScaleBytes(rows, cols, o.format, o.scale_layout, "input.shape"));
+  return q;
+}
+
+absl::Status Unrequested(const OutputTarget& t, absl::string_view field, absl::string_view what) {
+  if (!t.has_region) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": set, but options.outputs has no ", what, " output"));
+}
+
+absl::Status ResolveOperand(OpEnv& env, StateStore& store, const QuantizedOperandIn& in,
+                            const std::string& field, Operand* out) {
+  out->field = field;
+  if (!in.is_set) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": set tensor or weight_name"));
+  }
+  if (in.is_weight) {
+    const std::string f = absl::StrCat(field, ".weight_name");
+    FP4Q_RETURN_IF_ERROR(CheckName(in.weight_name, f));
+    out->entry = store.Find(in.weight_name);
+    if (out->entry == nullptr) {
+      return absl::NotFoundError(absl::StrCat(f, ": no weight ", Quote(in.weight_name)));
+    }
+    if (out->entry->kind != EntryKind::kWeight) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f, ": ", Quote(in.weight_name), " is a residual, not a weight"));
+    }
+    return absl::OkStatus();
+  }
+  const QuantizedIn& t = in.tensor;
+  const std::string f = absl::StrCat(field, ".tensor");
+  kernels::ConstQuantizedTensor& q = out->q;
+  FP4Q_ASSIGN_OR_RETURN(q.format, ToFormat(t.format, f));
+  FP4Q_ASSIGN_OR_RETURN(q.block, ToBlock(t.block, q.format, f));
+  FP4Q_ASSIGN_OR_RETURN(q.scale_layout, ToLayout(t.scale_layout, f));
+  FP4Q_RETURN_IF_ERROR(CheckShape2D(t.shape, absl::StrCat(f, ".shape")));
+  q.rows = t.shape[0];
+  q.cols = t.shape[1];
+  float s_enc = t.s_enc;
+  if (q.format == kernels::Format::kMxfp4 && s_enc == 0.0f) s_enc = 1.0f;  // no global scale
+  if (!std::isfinite(s_enc) || !(s_enc > 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(f, ".s_enc: ", t.s_enc, " must be finite and > 0"));
+  }
+  absl::StatusOr<size_t> codes_bytes = kernels::CodeBytes(q.rows, q.cols, f);
+  if (!codes_bytes.ok()) return RenameField(codes_bytes.status(), f, f);
+  absl::StatusOr<size_t> scales_bytes =
+      kernels::ScaleBytes(q.rows, q.cols, q.format, q.scale_layout, f);
+  if (!scales_bytes.ok()) return RenameField(scales_bytes.status(), f, f);
+  q.codes_capacity = *codes_bytes;
+  q.scales_capacity = *scales_bytes;
+  // Shape rules before touching any bytes (placeholders stand in for the buffers).
+  kernels::ConstQuantizedTensor probe = q;
+  probe.codes = kProbe;
+  probe.scales = kProbe;
+  probe.global = ProbeFloat();
+  // Renaming f.rows / f.cols to f.shape[0] / f.shape[1].
+  FP4Q_RETURN_IF_ERROR(RenameField(kernels::ValidateQuantizedInput(probe, f), f, f));
+  FP4Q_ASSIGN_OR_RETURN(q.codes,
+                        env.InputBytes(t.codes, q.codes_capacity, absl::StrCat(f, ".codes"),
+                                       absl::StrCat(f, ".codes_region")));
+  FP4Q_ASSIGN_OR_RETURN(q.scales,
+                        env.InputBytes(t.scales, q.scales_capacity, absl::StrCat(f, ".scales"),
+                                       absl::StrCat(f, ".scales_region")));
+  const float global[kernels::kGlobalFloats] = {t.global_amax, s_enc};
+  FP4Q_ASSIGN_OR_RETURN(void* g, env.Scratch(sizeof(global)));
+  if (env.device().host_memory) {
+    std::memcpy(g, global, sizeof(global));
+  } else {
+    FP4Q_RETURN_IF_ERROR(env.backend().CopyFromHost(g, global, sizeof(global), env.stream()));
+  }
+  q.global = static_cast<const float*>(g);
+  return absl::OkStatus();
+}
+
+// Locks the distinct stored weights among `ops` in name order and fills in their views.
+absl::Status LockOperands(std::vector<Operand*> ops,
+                          std::vector<std::unique_lock<std::mutex>>* locks) {
+  std::vector<Operand*> weights;
+  for (Operand* op : ops) {
+    if (op->entry != nullptr) weights.push_back(op);
+  }
+  std::sort(weights.begin(), weights.end(),
+            [](Operand* x, Operand* y) { return x->entry->name < y->entry->name; });
+  StateEntry* last = nullptr;
+  for (Operand* op : weights) {
+    if (op->entry.get() != last) locks->emplace_back(op->entry->op_mu);
+    last = op->entry.get();
+    if (!op->entry->live.load()) {
+      return absl::NotFoundError(
+          absl::StrCat(op->field, ".weight_name: no weight ", Quote(op->entry->name)));
+    }
+    op->q = kernels::AsConst(op->entry->Weight());
+  }
+  return absl::OkStatus();
+}
+
+void FillQuantized(const kernels::QuantizedTensor& q, const float global[2], QuantizedResult* r) {
+  r->format = ToWireFormat(q.format);
+  r->block = ToWireBlock(q.block);
+  r->scale_layout = ToWireLayout(q.scale_layout);
+  r->shape = {q.rows, q.cols};
+  r->global_amax = global[0];
+  r->s_enc = global[1];
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<StateEntry>> Engine::ResidualFor(OpEnv& env, const std::string& key,
+                                                                int64_t rows, int64_t cols,
+                                                                uint64_t step,
+                                                                std::unique_lock<std::mutex>* lock,
+                                                                bool* created) {
+  const std::string field = "options.residual_key";
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    std::shared_ptr<StateEntry> e = store_->Find(key);
+    if (e != nullptr) {
+      std::unique_lock<std::mutex> l(e->op_mu);
+      if (!e->live.load()) continue;  // deleted (or its creation failed) meanwhile
+      if (e->kind != EntryKind::kResidual) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": ", Quote(key), " is a stored weight; update it with UpdateWeight"));
+      }
+      if (e->device != &env.device()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(field, ": ", Quote(key), " moved to another device; retry"));
+      }
+      if (e->rows != rows || e->cols != cols) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("input.shape: ", ShapeString({rows, cols}), " does not match residual ",
+                         Quote(key), " of shape ", ShapeString({e->rows, e->cols})));
+      }
+      const int64_t s = static_cast<int64_t>(step);
+      if (e->has_step.load()) {
+        const int64_t last = e->last_step.load();
+        if (s == last) {
+          return absl::AlreadyExistsError(
+              absl::StrCat("options.step: ", s, " was already applied to residual ", Quote(key)));
+        }
+        if (s < last) {
+          return absl::FailedPreconditionError(absl::StrCat("options.step: ", s,
+                                                            " is older than the last step ", last,
+                                                            " of residual ", Quote(key)));
+        }
+      }
+      *lock = std::move(l);
+      *created = false;
+      return e;
+    }
+    FP4Q_ASSIGN_OR_RETURN(EntrySizes sizes,
+                          SizesFor(EntryKind::kResidual, rows, cols, WeightParams{}, field));
+    auto fresh = std::make_shared<StateEntry>(key, EntryKind::kResidual, &env.device(), rows, cols,
+                                              WeightParams{}, sizes);
+    std::unique_lock<std::mutex> l;
+    absl::Status s = store_->Reserve(fresh, &l, field);
+    if (s.code() == absl::StatusCode::kAlreadyExists) continue;  // a concurrent creator won
+    FP4Q_RETURN_IF_ERROR(s);
+    absl::StatusOr<DeviceBuffer> buf = DeviceBuffer::Allocate(&env.backend(), sizes.residual);
+    absl::Status zeroed = buf.ok()
+                              ? env.backend().Memset(buf->data(), 0, sizes.residual, env.stream())
+                              : buf.status();
+    if (zeroed.ok()) zeroed = env.backend().Synchronize(env.stream());
+    if (!zeroed.ok()) {
+      store_->Drop(fresh);
+      return zeroed;
+    }
+    fresh->residual = std::move(*buf);
+    *lock = std::move(l);
+    *created = true;
+    return fresh;
+  }
+  return absl::AbortedError(absl::StrCat(field, ": ", Quote(key), " changed concurrently; retry"));
+}
+
+void Engine::SampleQuality(OpEnv& env, const kernels::ConstTensor& x,
+                           const kernels::QuantizedTensor& q) {
+  if (options_.quality_sample_every <= 0 || observer_ == nullptr) return;
+  if (quantize_count_.fetch_add(1) % static_cast<uint64_t>(options_.quality_sample_every) != 0) {
+    return;
+  }
+  const int64_t n = x.rows * x.cols;
+  const size_t dq_bytes = static_cast<size_t>(n) * sizeof(float);
+  absl::StatusOr<void*> dq = env.Scratch(dq_bytes);
+  if (!dq.ok()) return;
+  kernels::MutTensor out{*dq, kernels::DType::kF32, x.rows, x.cols, dq_bytes};
+  if (!env.backend().Dequantize(kernels::AsConst(q), out, env.stream()).ok()) return;
+  if (!env.backend().Synchronize(env.stream()).ok()) return;
+  const size_t x_bytes = static_cast<size_t>(n) * kernels::DTypeSize(x.dtype);
+  absl::StatusOr<const void*> hx = env.HostView(x.data, x_bytes);
+  absl::StatusOr<const void*> hdq = env.HostView(*dq, dq_bytes);
+  absl::StatusOr<const void*> hcodes = env.HostView(q.codes, q.codes_capacity);
+  if (!hx.ok() || !hdq.ok() || !hcodes.ok()) return;
+  const std::vector<float> xf = ToF32(*hx, x.dtype, n);
+  QualityStats s = ComputeQuality(xf.data(), static_cast<const float*>(*hdq),
+                                  static_cast<const uint8_t*>(*hcodes), x.rows, x.cols);
+  if (s.valid) observer_->Quality(s.sqnr_db, s.clipped_ratio, s.underflow_ratio);
+}
+
+absl::Status Engine::RunQuantize(OpEnv& env, const QuantizeRequest& req, QuantizeResult* res) {
+  FP4Q_ASSIGN_OR_RETURN(DenseShape shape, CheckDenseTensor(req.input, "input"));
+  FP4Q_ASSIGN_OR_RETURN(kernels::QuantizeOptions opts, ToQuantizeOptions(req.options));
+  const bool ef = !req.options.residual_key.empty();
+  if (ef) {
+    FP4Q_RETURN_IF_ERROR(CheckName(req.options.residual_key, "options.residual_key"));
+    FP4Q_RETURN_IF_ERROR(CheckStep(req.options.step, "options.step"));
+  }
+  FP4Q_RETURN_IF_ERROR(RenameField(
+      kernels::ValidateQuantizeInput({kProbe, shape.dtype, shape.rows, shape.cols}, opts), "x",
+      "input"));
+  if (!opts.rowwise) {
+    FP4Q_RETURN_IF_ERROR(Unrequested(req.rowwise_codes, "rowwise_codes", "row-wise"));
+    FP4Q_RETURN_IF_ERROR(Unrequested(req.rowwise_scales, "rowwise_scales", "row-wise"));
+  }
+  if (!opts.columnwise) {
+    FP4Q_RETURN_IF_ERROR(Unrequested(req.columnwise_codes, "columnwise_codes", "column-wise"));
+    FP4Q_RETURN_IF_ERROR(Unrequested(req.columnwise_scales, "columnwise_scales", "column-wise"));
+  }
+  FP4Q_ASSIGN_OR_RETURN(kernels::ConstTensor x, env.Input(req.input, shape, "input"));
+  kernels::QuantizedTensor rq, cq;
+  float* rglobal = nullptr;
+  float* cglobal = nullptr;
+  if (opts.rowwise) {
+    FP4Q_ASSIGN_OR_RETURN(rq, OutputTensor(opts, shape.rows, shape.cols));
+    FP4Q_ASSIGN_OR_RETURN(rq.codes, env.Output(req.rowwise_codes, rq.codes_capacity,
+                                               "rowwise_codes", &res->rowwise.codes));
+    FP4Q_ASSIGN_OR_RETURN(rq.scales, env.Output(req.rowwise_scales, rq.scales_capacity,
+                                                "rowwise_scales", &res->rowwise.scales));
+    FP4Q_ASSIGN_OR_RETURN(void* g, env.Scratch(kernels::kGlobalFloats * sizeof(float)));
+    rq.global = rglobal = static_cast<float*>(g);
+  }
+  if (opts.columnwise) {
+    FP4Q_ASSIGN_OR_RETURN(cq, OutputTensor(opts, shape.cols, shape.rows));
+    FP4Q_ASSIGN_OR_RETURN(cq.codes, env.Output(req.columnwise_codes, cq.codes_capacity,
+                                               "columnwise_codes", &res->columnwise.codes));
+    FP4Q_ASSIGN_OR_RETURN(cq.scales, env.Output(req.columnwise_scales, cq.scales_capacity,
+                                                "columnwise_scales", &res->columnwise.scales));
+    FP4Q_ASSIGN_OR_RETURN(void* g, env.Scratch(kernels::kGlobalFloats * sizeof(float)));
+    cq.global = cglobal = static_cast<float*>(g);
+  }
+  FP4Q_RETURN_IF_ERROR(env.CheckNoOverlap());
+  {
+    absl::Status s = kernels::ValidateQuantizeArgs(x, opts, ef ? ProbeFloat() : nullptr,
+                                                   opts.rowwise ? &rq : nullptr,
+                                                   opts.columnwise ? &cq : nullptr);
+    s = RenameField(s, "x", "input");
+    FP4Q_RETURN_IF_ERROR(RenameField(s, "residual", "options.residual_key"));
+  }
+
+  std::shared_ptr<StateEntry> residual;
+  std::unique_lock<std::mutex> residual_lock;
+  bool created = false;
+  if (ef) {
+    FP4Q_ASSIGN_OR_RETURN(const void* hx, env.HostView(x.data, shape.bytes));
+    FP4Q_RETURN_IF_ERROR(CheckFinite(hx, shape.dtype, shape.rows * shape.cols, "input"));
+    FP4Q_ASSIGN_OR_RETURN(residual,
+                          ResidualFor(env, req.options.residual_key, shape.rows, shape.cols,
+                                      req.options.step, &residual_lock, &created));
+    env.AddProcessed(2 * residual->sizes.residual);
+  }
+  absl::Status s = env.Kernel("quantize", [&] {
+    return env.backend().Quantize(x, opts, residual ? residual->residual_data() : nullptr,
+                                  opts.rowwise ? &rq : nullptr, opts.columnwise ? &cq : nullptr,
+                                  env.stream());
+  });
+  if (s.ok()) s = env.FinishOutputs();
+  float rg[2] = {0, 0};
+  float cg[2] = {0, 0};
+  if (s.ok() && rglobal != nullptr) s = env.ToHost(rg, rglobal, sizeof(rg));
+  if (s.ok() && cglobal != nullptr) s = env.ToHost(cg, cglobal, sizeof(cg));
+  if (!s.ok()) {
+    if (created) store_->Drop(residual);
+    return RenameField(s, "x", "input");
+  }
+  if (residual != nullptr) {
+    residual->last_step.store(static_cast<int64_t>(req.options.step));
+    residual->has_step.store(true);
+    if (created) store_->Publish(residual);
+    residual_lock.unlock();
+  }
+  res->meta.processed_elements = static_cast<uint64_t>(shape.rows * shape.cols);
+  if (opts.rowwise) {
+    res->has_rowwise = true;
+    FillQuantized(rq, rg, &res->rowwise);
+  }
+  if (opts.columnwise) {
+    res->has_columnwise = true;
+    FillQuantized(cq, cg, &res->columnwise);
+  }
+  if (!ef && opts.rowwise) SampleQuality(env, x, rq);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::RunDequantize(OpEnv& env, const DequantizeRequest& req,
+                                   DequantizeResult* res) {
+  Operand op;
+  FP4Q_RETURN_IF_ERROR(ResolveOperand(env, *store_, req.input, "input", &op));
+  FP4Q_ASSIGN_OR_RETURN(kernels::DType dt, DenseDType(req.out_dtype, "out_dtype", true));
+  std::vector<std::unique_lock<std::mutex>> locks;
+  FP4Q_RETURN_IF_ERROR(LockOperands({&op}, &locks));
+  FP4Q_ASSIGN_OR_RETURN(size_t bytes, kernels::DenseBytes(op.q.rows, op.q.cols, dt, "out"));
+  FP4Q_ASSIGN_OR_RETURN(uint8_t * out, env.Output(req.out, bytes, "out", &res->output));
+  FP4Q_RETURN_IF_ERROR(env.CheckNoOverlap());
+  if (op.entry != nullptr) env.AddProcessed(op.entry->sizes.codes + op.entry->sizes.scales);
+  kernels::MutTensor m{out, dt, op.q.rows, op.q.cols, bytes};
+  absl::Status s =
+      env.Kernel("dequantize", [&] { return env.backend().Dequantize(op.q, m, env.stream()); });
+  if (s.ok()) s = env.FinishOutputs();
+  FP4Q_RETURN_IF_ERROR(RenameField(s, "q", "input"));
+  res->output.dtype = ToWireDType(dt);
+  res->output.shape = {op.q.rows, op.q.cols};
+  res->meta.processed_elements = static_cast<uint64_t>(op.q.rows * op.q.cols);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::RunQdq(OpEnv& env, const QdqRequest& req, QdqResult* res) {
+  FP4Q_ASSIGN_OR_RETURN(DenseShape shape, CheckDenseTensor(req.input, "input"));
+  FP4Q_ASSIGN_OR_RETURN(kernels::QuantizeOptions opts, ToQuantizeOptions(req.options));
+  FP4Q_ASSIGN_OR_RETURN(kernels::DType out_dt,
+                        DenseDType(req.out_dtype, "out_dtype", true, shape.dtype));
+  const bool ef = !req.options.residual_key.empty();
+  if (ef) {
+    FP4Q_RETURN_IF_ERROR(CheckName(req.options.residual_key, "options.residual_key"));
+    FP4Q_RETURN_IF_ERROR(CheckStep(req.options.step, "options.step"));
+  }
+  FP4Q_RETURN_IF_ERROR(RenameField(
+      kernels::ValidateQuantizeInput({kProbe, shape.dtype, shape.rows, shape.cols}, opts), "x",
+      "input"));
+  FP4Q_ASSIGN_OR_RETURN(size_t out_bytes,
+                        kernels::DenseBytes(shape.rows, shape.cols, out_dt, "input.shape"));
+  FP4Q_ASSIGN_OR_RETURN(kernels::ConstTensor x, env.Input(req.input, shape, "input"));
+  FP4Q_ASSIGN_OR_RETURN(uint8_t * out, env.Output(req.out, out_bytes, "out", &res->output));
+  if (out_dt == shape.dtype) {
+    FP4Q_RETURN_IF_ERROR(env.CheckNoOverlap({{"out.region", "input.region"}}));
+  } else {
+    FP4Q_RETURN_IF_ERROR(env.CheckNoOverlap());
+  }
+  kernels::MutTensor m{out, out_dt, shape.rows, shape.cols, out_bytes};
+  {
+    absl::Status s = kernels::ValidateQdqArgs(x, opts, ef ? ProbeFloat() : nullptr, m);
+    s = RenameField(s, "x", "input");
+    FP4Q_RETURN_IF_ERROR(RenameField(s, "residual", "options.residual_key"));
+  }
+  res->meta.processed_elements = static_cast<uint64_t>(shape.rows * shape.cols);
+  res->output.dtype = ToWireDType(out_dt);
+  res->output.shape = {shape.rows, shape.cols};
+
+  if (!ef) {
+    // Global amax as the QDQ uses it: the caller's, else amax(x) (QDQ has no RHT).
+    if (opts.has_amax) {
+      res->global_amax = opts.amax;
+    } else {
+      FP4Q_ASSIGN_OR_RETURN(void* amax, env.Scratch(sizeof(float)));
+      FP4Q_RETURN_IF_ERROR(env.Kernel(
+          "amax", [&] { return env.backend().Amax(x, static_cast<float*>(amax), env.stream()); }));
+      FP4Q_RETURN_IF_ERROR(env.ToHost(&res->global_amax, amax, sizeof(float)));
+    }
+    absl::Status s =
+        env.Kernel("qdq", [&] { return env.backend().Qdq(x, opts, nullptr, m, env.stream()); });
+    if (s.ok()) s = env.FinishOutputs();
+    return RenameField(s, "x", "input");
+  }
+
+  // Error feedback: Q (with the residual step) then DQ, so the reply can carry the amax of
+  // v = x + r that Q used.
+  FP4Q_ASSIGN_OR_RETURN(const void* hx, env.HostView(x.data, shape.bytes));
+  FP4Q_RETURN_IF_ERROR(CheckFinite(hx, shape.dtype, shape.rows * shape.cols, "input"));
+  FP4Q_ASSIGN_OR_RETURN(kernels::QuantizedTensor q, OutputTensor(opts, shape.rows, shape.cols));
+  FP4Q_ASSIGN_OR_RETURN(void* codes, env.Scratch(q.codes_capacity));
+  FP4Q_ASSIGN_OR_RETURN(void* scales, env.Scratch(q.scales_capacity));
+  FP4Q_ASSIGN_OR_RETURN(void* global, env.Scratch(kernels::kGlobalFloats * sizeof(float)));
+  q.codes = static_cast<uint8_t*>(codes);
+  q.scales = static_cast<uint8_t*>(scales);
+  q.global = static_cast<float*>(global);
+  std::unique_lock<std::mutex> residual_lock;
+  bool created = false;
+  FP4Q_ASSIGN_OR_RETURN(std::shared_ptr<StateEntry> residual,
+                        ResidualFor(env, req.options.residual_key, shape.rows, shape.cols,
+                                    req.options.step, &residual_lock, &created));
+  env.AddProcessed(2 * residual->sizes.residual);
+  absl::Status s = env.Kernel("qdq", [&] {
+    FP4Q_RETURN_IF_ERROR(
+        env.backend().Quantize(x, opts, residual->residual_data(), &q, nullptr, env.stream()));
+    return env.backend().Dequantize(kernels::AsConst(q), m, env.stream());
+  });
+  if (s.ok()) s = env.FinishOutputs();
+  float g[2] = {0, 0};
+  if (s.ok()) s = env.ToHost(g, global, sizeof(g));
+  if (!s.ok()) {
+    if (created) store_->Drop(residual);
+    return RenameField(s, "x", "input");
+  }
+  residual->last_step.store(static_cast<int64_t>(req.options.step));
+  residual->has_step.store(true);
+  if (created) store_->Publish(residual);
+  res->global_amax = g[0];
+  return absl::OkStatus();
+}
+
+absl::Status Engine::RunMatmul(OpEnv& env, const MatmulRequest& req, MatmulResult* res) {
+  Operand a, b;
+  FP4Q_RETURN_IF_ERROR(ResolveOperand(env, *store_, req.a, "a", &a));
+  FP4Q_RETURN_IF_ERROR(ResolveOperand(env, *store_, req.b, "b", &b));
+  FP4Q_ASSIGN_OR_RETURN(kernels::DType dt, DenseDType(req.out_dtype, "out_dtype", true));
+  std::vector<std::unique_lock<std::mutex>> locks;
+  FP4Q_RETURN_IF_ERROR(LockOperands({&a, &b}, &locks));
+  for (const Operand* op : {&a, &b}) {
+    if (op->entry != nullptr) env.AddProcessed(op->entry->sizes.codes + op->entry->sizes.scales);
+  }
+  const int64_t m = a.q.rows;
+  const int64_t n = b.q.rows;
+  FP4Q_ASSIGN_OR_RETURN(size_t bytes, kernels::DenseBytes(m, n, dt, "out"));
+  FP4Q_ASSIGN_OR_RETURN(uint8_t * out, env.Output(req.out, bytes, "out", &res->output));
+  FP4Q_RETURN_IF_ERROR(env.CheckNoOverlap());
+  kernels::MutTensor c{out, dt, m, n, bytes};
+  {
+    absl::Status s = kernels::ValidateMatmulArgs(a.q, b.q, c);
+    s = RenameField(s, "a", a.entry ? "a.weight_name" : "a.tensor");
+    s = RenameField(s, "b", b.entry ? "b.weight_name" : "b.tensor");
+    FP4Q_RETURN_IF_ERROR(RenameField(s, "c", "out"));
+  }
+  absl::Status s =
+      env.Kernel("matmul", [&] { return env.backend().Matmul(a.q, b.q, c, env.stream()); });
+  if (s.ok()) s = env.FinishOutputs();
+  FP4Q_RETURN_IF_ERROR(s);
+  res->output.dtype = ToWireDType(dt);
+  res->output.shape = {m, n};
+  res->meta.processed_elements = static_cast<uint64_t>(m * n);
+  return absl::OkStatus();
+}
+
+}  // namespace fp4q::server

@@ -1,0 +1,317 @@
+// Requests and results of the fp4q engine: plain C++ structs, no protobuf.
+//
+// The gRPC adapter (grpc_service.cc) converts fp4q.v1 messages to and from these; the engine
+// validates every field itself, so enum fields carry the raw number received (the numbering is
+// the proto's, see the Wire* enums) and an unknown value is answered with INVALID_ARGUMENT
+// naming the field.
+//
+// Ownership: `absl::string_view` fields point at the caller's bytes (the received message). The
+// caller keeps them alive until the engine calls the completion callback.
+#ifndef FP4Q_SERVER_REQUESTS_H_
+#define FP4Q_SERVER_REQUESTS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace fp4q::server {
+
+// Enum numbers as in proto/fp4q/v1/fp4q.proto. 0 is "unspecified" (the field's default).
+enum WireDType : int {
+  kWireDTypeUnspecified = 0,
+  kWireF32 = 1,
+  kWireBF16 = 2,
+  kWireU8 = 3,
+  kWireF8E4M3 = 4,
+  kWireF8E8M0 = 5,
+};
+enum WireTensorKind : int { kWireKindWeight = 1, kWireKindResidual = 2 };
+
+// Where a tensor's bytes are.
+enum class Source { kNone, kInline, kRegion };
+
+// A slice of a registered CUDA IPC region.
+struct RegionSlice {
+  std::string region_id;
+  uint64_t offset = 0;
+};
+
+// Bytes given inline or by region (codes, scales).
+struct BytesIn {
+  Source source = Source::kNone;
+  absl::string_view inline_data;
+  RegionSlice region;
+};
+
+// A dense input tensor (fp4q.v1.Tensor).
+struct TensorIn {
+  int dtype = 0;  // WireDType number as received.
+  std::vector<int64_t> shape;
+  BytesIn data;
+};
+
+// Where an output goes: a region slice, or inline in the reply when unset.
+struct OutputTarget {
+  bool has_region = false;
+  RegionSlice region;
+};
+
+// An output tensor. Exactly one of inline_data (non-empty) or region (in_region) holds it.
+struct TensorResult {
+  int dtype = 0;
+  std::vector<int64_t> shape;
+  std::string inline_data;
+  bool in_region = false;
+  RegionSlice region;
+};
+
+// Output bytes (codes or scales) of a quantized result.
+struct BytesResult {
+  std::string inline_data;
+  bool in_region = false;
+  RegionSlice region;
+};
+
+// fp4q.v1.QuantOptions, raw.
+struct QuantOptionsIn {
+  int format = 0;
+  int block = 0;
+  int rounding = 0;
+  uint64_t seed = 0;
+  uint64_t step = 0;
+  int rht = 0;
+  uint64_t rht_seed = 0;
+  int scale_selection = 0;
+  float four_over_six_emax = 0.0f;
+  bool has_amax = false;
+  float amax = 0.0f;
+  int scale_layout = 0;
+  int mx_scale_rule = 0;
+  int outputs = 0;
+  std::string residual_key;
+};
+
+// fp4q.v1.QuantizedTensor in a request.
+struct QuantizedIn {
+  int format = 0;
+  int block = 0;
+  int scale_layout = 0;
+  std::vector<int64_t> shape;
+  float global_amax = 0.0f;
+  float s_enc = 0.0f;
+  BytesIn codes;
+  BytesIn scales;
+};
+
+// fp4q.v1.QuantizedOperand: a quantized tensor or a server-held weight.
+struct QuantizedOperandIn {
+  bool is_weight = false;
+  bool is_set = false;  // false: neither field was set
+  std::string weight_name;
+  QuantizedIn tensor;
+};
+
+// fp4q.v1.QuantizedTensor in a result.
+struct QuantizedResult {
+  int format = 0;
+  int block = 0;
+  int scale_layout = 0;
+  std::vector<int64_t> shape;
+  float global_amax = 0.0f;
+  float s_enc = 0.0f;
+  BytesResult codes;
+  BytesResult scales;
+};
+
+// What every result carries besides its payload (the adapter adds the epoch and backend).
+struct ReplyMeta {
+  std::string device_uuid;
+  double kernel_micros = 0.0;
+  uint64_t processed_bytes = 0;     // tensor bytes read + written
+  uint64_t processed_elements = 0;  // elements of the main tensor
+};
+
+// The context of one request, as the transport saw it.
+struct RequestContext {
+  absl::Time deadline = absl::InfiniteFuture();
+  // Polled before work starts; may be empty. Must be callable from any thread.
+  std::function<bool()> is_cancelled;
+  std::string session_id;  // metadata "fp4q-session"; empty when absent
+};
+
+// ---------------------------------------------------------------- operations
+
+struct QuantizeRequest {
+  TensorIn input;
+  QuantOptionsIn options;
+  OutputTarget rowwise_codes, rowwise_scales, columnwise_codes, columnwise_scales;
+};
+struct QuantizeResult {
+  ReplyMeta meta;
+  bool has_rowwise = false;
+  QuantizedResult rowwise;
+  bool has_columnwise = false;
+  QuantizedResult columnwise;
+};
+
+struct DequantizeRequest {
+  QuantizedOperandIn input;
+  int out_dtype = 0;  // F32 default
+  OutputTarget out;
+};
+struct DequantizeResult {
+  ReplyMeta meta;
+  TensorResult output;
+};
+
+struct QdqRequest {
+  TensorIn input;
+  QuantOptionsIn options;
+  int out_dtype = 0;  // default: input's dtype
+  OutputTarget out;
+};
+struct QdqResult {
+  ReplyMeta meta;
+  TensorResult output;
+  float global_amax = 0.0f;
+};
+
+struct MatmulRequest {
+  QuantizedOperandIn a, b;
+  int out_dtype = 0;  // F32 default
+  OutputTarget out;
+};
+struct MatmulResult {
+  ReplyMeta meta;
+  TensorResult output;
+};
+
+// fp4q.v1.WeightOptions. In results, normalized (defaults filled in).
+struct WeightOptionsIn {
+  int block = 0;
+  int rounding = 0;
+  uint64_t seed = 0;
+  bool error_feedback = false;
+  int dtype = 0;
+};
+
+struct WeightInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+  WeightOptionsIn options;
+  int64_t last_step = 0;
+  std::string device_uuid;
+  uint64_t bytes = 0;
+};
+
+struct CreateWeightRequest {
+  std::string name;
+  TensorIn initial;
+  WeightOptionsIn options;
+  int64_t step = 0;
+  std::string device_uuid;
+};
+struct CreateWeightResult {
+  ReplyMeta meta;
+  WeightInfo weight;
+};
+
+struct UpdateWeightRequest {
+  std::string name;
+  int64_t step = 0;
+  TensorIn update;
+  float lr = 0.0f;
+  int kind = 0;
+  OutputTarget dequantized_out;
+  bool return_dequantized = false;
+};
+struct UpdateWeightResult {
+  ReplyMeta meta;
+  bool applied = false;
+  int64_t last_step = 0;
+  bool has_dequantized = false;
+  TensorResult dequantized;
+  float global_amax = 0.0f;
+};
+
+struct GetWeightRequest {
+  std::string name;
+  bool dequantized = false;
+  int out_dtype = 0;
+  bool quantized = false;
+  bool residual = false;
+  OutputTarget out;
+};
+struct GetWeightResult {
+  ReplyMeta meta;
+  WeightInfo weight;
+  bool has_dequantized = false;
+  TensorResult dequantized;
+  bool has_quantized = false;
+  QuantizedResult quantized;
+  bool has_residual = false;
+  TensorResult residual;
+};
+
+struct NameRequest {
+  std::string name;
+};
+struct EmptyResult {
+  ReplyMeta meta;
+};
+
+struct TensorListing {
+  std::string name;
+  int kind = 0;  // WireTensorKind
+  std::vector<int64_t> shape;
+  int dtype = 0;  // WireDType: U8 for weights, F32 for residuals
+  uint64_t bytes = 0;
+  std::string device_uuid;
+  int64_t last_step = 0;
+};
+
+struct CheckpointResult {
+  ReplyMeta meta;
+  std::string file_name;  // inside the state directory; never a full path
+  uint64_t bytes = 0;
+  uint32_t tensors = 0;
+};
+
+struct OpenSessionResult {
+  std::string session_id;
+  uint32_t lease_seconds = 0;
+};
+
+struct RegisterRegionRequest {
+  std::string ipc_handle;
+  uint64_t size = 0;
+  std::string device_uuid;
+};
+
+struct GpuListing {
+  std::string uuid;
+  std::string name;
+  int cc_major = 0;
+  int cc_minor = 0;
+  uint64_t total_memory = 0;
+  uint64_t state_bytes = 0;
+};
+
+struct ServerInfoResult {
+  std::string version;
+  std::string backend;
+  std::vector<GpuListing> gpus;
+  std::vector<std::string> supported_modes;
+  uint64_t state_budget_bytes = 0;
+  uint32_t max_queue_depth = 0;
+  uint32_t max_open_handles = 0;
+  uint32_t session_lease_seconds = 0;
+};
+
+}  // namespace fp4q::server
+
+#endif  // FP4Q_SERVER_REQUESTS_H_

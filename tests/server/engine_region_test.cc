@@ -1,0 +1,181 @@
+// Engine: tensors in client regions (the CUDA IPC path), on a fake IPC backend over host memory.
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "engine_test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/engine.h"
+#include "testing/status_matchers.h"
+
+namespace fp4q::server {
+namespace {
+
+using ::fp4q::server::testing::Await;
+using ::fp4q::server::testing::FakeIpcBackend;
+using ::fp4q::server::testing::InlineF32;
+using ::fp4q::server::testing::RandomF32;
+using ::fp4q::server::testing::RefQuantize;
+using ::fp4q::server::testing::RegionF32;
+using ::fp4q::server::testing::RegionTarget;
+using ::fp4q::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr size_t kRegionBytes = 1 << 16;
+
+class EngineRegionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto backend = std::make_unique<FakeIpcBackend>("GPU-fake-0");
+    fake_ = backend.get();
+    std::vector<std::unique_ptr<kernels::Backend>> b;
+    b.push_back(std::move(backend));
+    EngineOptions o;
+    o.allow_cuda_ipc = true;
+    o.cpu_workers = 1;
+    auto e = Engine::Create(DeviceSet::FromBackends(std::move(b), true), o, nullptr, nullptr);
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine_ = std::move(*e);
+    memory_.assign(kRegionBytes, 0xEE);  // poison: outputs must overwrite it
+    auto s = engine_->OpenSession("test");
+    ASSERT_TRUE(s.ok());
+    ctx_.session_id = s->session_id;
+    auto id = Await<std::string>([&](auto done) {
+      engine_->RegisterRegion(ctx_, {fake_->Export(memory_.data()), kRegionBytes, "GPU-fake-0"},
+                              done);
+    });
+    ASSERT_TRUE(id.ok()) << id.status();
+    region_ = *id;
+  }
+  absl::StatusOr<QuantizeResult> Quantize(const QuantizeRequest& r,
+                                          const RequestContext* ctx = nullptr) {
+    return Await<QuantizeResult>([&](auto done) { engine_->Quantize(ctx ? *ctx : ctx_, r, done); });
+  }
+
+  FakeIpcBackend* fake_ = nullptr;
+  std::unique_ptr<Engine> engine_;
+  std::vector<uint8_t> memory_;
+  RequestContext ctx_;
+  std::string region_;
+};
+
+TEST_F(EngineRegionTest, QuantizeInPlaceMatchesTheInlinePath) {
+  const std::string x = RandomF32(32 * 64, 21);
+  std::memcpy(memory_.data(), x.data(), x.size());
+  QuantizeRequest r;
+  r.input = RegionF32(region_, 0, 32, 64);
+  r.rowwise_codes = RegionTarget(region_, 16384);
+  r.rowwise_scales = RegionTarget(region_, 32768);
+  auto q = Quantize(r);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_TRUE(q->rowwise.codes.in_region);
+  EXPECT_TRUE(q->rowwise.codes.inline_data.empty());
+  EXPECT_EQ(q->rowwise.codes.region.offset, 16384u);
+  const auto ref = RefQuantize(x, 32, 64);
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(memory_.data()) + 16384, ref.codes.size()),
+            ref.codes);
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(memory_.data()) + 32768, ref.scales.size()),
+            ref.scales);
+  EXPECT_EQ(memory_[16384 + ref.codes.size()], 0xEE) << "wrote past the codes";
+  EXPECT_EQ(q->rowwise.global_amax, ref.global[0]);
+  EXPECT_EQ(q->meta.device_uuid, "GPU-fake-0");
+  // Same input inline: same bytes.
+  QuantizeRequest inl;
+  inl.input = InlineF32(x, 32, 64);
+  auto qi = Quantize(inl);
+  ASSERT_TRUE(qi.ok());
+  EXPECT_EQ(qi->rowwise.codes.inline_data, ref.codes);
+  EXPECT_EQ(engine_->regions().regions(), 1);
+}
+
+TEST_F(EngineRegionTest, OffsetPastTheEndIncludingOverflowingSums) {
+  QuantizeRequest r;
+  r.input = RegionF32(region_, kRegionBytes - 16 * 4 * 2 + 16, 2, 16);  // 128 bytes, 16 over
+  EXPECT_THAT(Quantize(r), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    HasSubstr("input.region.offset: 65424 + 128 bytes is past the "
+                                              "end of the region (65536 bytes)")));
+  r.input = RegionF32(region_, std::numeric_limits<uint64_t>::max() - 15, 2, 16);
+  EXPECT_THAT(Quantize(r),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("input.region.offset: 18446744073709551600 + 128 bytes is past")));
+  r.input = RegionF32(region_, 0, 2, 16);
+  r.rowwise_codes = RegionTarget(region_, std::numeric_limits<uint64_t>::max() - 15);
+  EXPECT_THAT(Quantize(r),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rowwise_codes.region.offset: 18446744073709551600")));
+  // Dimensions whose byte size overflows 64 bits never reach the region check.
+  r.rowwise_codes = OutputTarget{};
+  r.input = RegionF32(region_, 0, int64_t{1} << 40, int64_t{1} << 40);
+  EXPECT_THAT(Quantize(r), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("input.shape")));
+}
+
+TEST_F(EngineRegionTest, OtherSessionsRegionIsNotFoundLikeAnUnknownOne) {
+  auto other = engine_->OpenSession("other");
+  ASSERT_TRUE(other.ok());
+  RequestContext octx;
+  octx.session_id = other->session_id;
+  QuantizeRequest r;
+  r.input = RegionF32(region_, 0, 2, 16);
+  absl::Status foreign = Quantize(r, &octx).status();
+  EXPECT_THAT(foreign, StatusIs(absl::StatusCode::kNotFound,
+                                HasSubstr("input.region.region_id: no region '")));
+  r.input = RegionF32("no-such-region", 0, 2, 16);
+  EXPECT_THAT(Quantize(r),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("input.region.region_id: no region "
+                                                              "'no-such-region' in this session")));
+  // Exactly the same answer once the id is unknown to everybody.
+  auto un = Await<EmptyResult>([&](auto done) { engine_->UnregisterRegion(ctx_, region_, done); });
+  ASSERT_TRUE(un.ok()) << un.status();
+  r.input = RegionF32(region_, 0, 2, 16);
+  EXPECT_EQ(Quantize(r, &octx).status(), foreign);
+  EXPECT_EQ(fake_->closes(), 1);
+}
+
+TEST_F(EngineRegionTest, OutputsMayNotOverlapOtherSlices) {
+  const std::string x = RandomF32(2 * 32, 22);
+  std::memcpy(memory_.data(), x.data(), x.size());
+  QuantizeRequest r;
+  r.input = RegionF32(region_, 0, 2, 32);
+  r.rowwise_codes = RegionTarget(region_, 256);   // 32 code bytes
+  r.rowwise_scales = RegionTarget(region_, 288);  // 4 scale bytes right after them
+  ASSERT_TRUE(Quantize(r).ok());
+  r.rowwise_scales = RegionTarget(region_, 272);  // inside the codes
+  EXPECT_THAT(Quantize(r), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    HasSubstr("rowwise_codes.region: overlaps "
+                                              "rowwise_scales.region")));
+  r.rowwise_scales = RegionTarget(region_, 288);
+  r.rowwise_codes = RegionTarget(region_, 0);  // over the input
+  EXPECT_THAT(Quantize(r), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    HasSubstr("rowwise_codes.region: overlaps input.region")));
+  // QDQ may write over its own input exactly (same dtype).
+  QdqRequest q;
+  q.input = RegionF32(region_, 0, 2, 32);
+  q.out = RegionTarget(region_, 0);
+  auto inplace = Await<QdqResult>([&](auto done) { engine_->Qdq(ctx_, q, done); });
+  ASSERT_TRUE(inplace.ok()) << inplace.status();
+  QdqRequest ref;
+  ref.input = InlineF32(x, 2, 32);
+  auto inl = Await<QdqResult>([&](auto done) { engine_->Qdq(ctx_, ref, done); });
+  ASSERT_TRUE(inl.ok());
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(memory_.data()), 2 * 32 * 4),
+            inl->output.inline_data);
+  q.out = RegionTarget(region_, 16);  // partial overlap
+  EXPECT_THAT(
+      Await<QdqResult>([&](auto done) { engine_->Qdq(ctx_, q, done); }),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("out.region: overlaps input.region")));
+}
+
+TEST_F(EngineRegionTest, CloseSessionReleasesRegionsAndHandles) {
+  auto n = Await<uint32_t>([&](auto done) { engine_->CloseSession(ctx_, done); });
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 1u);
+  EXPECT_EQ(engine_->regions().regions(), 0);
+  EXPECT_EQ(engine_->regions().open_handles(), 0);
+  QuantizeRequest r;
+  r.input = RegionF32(region_, 0, 2, 16);
+  EXPECT_THAT(Quantize(r), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no region")));
+}
+
+}  // namespace
+}  // namespace fp4q::server

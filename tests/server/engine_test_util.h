@@ -1,0 +1,205 @@
+// Helpers for the engine unit tests: a fake "IPC" backend over host memory, synchronous calls of
+// the engine's asynchronous API, and test tensors.
+#ifndef FP4Q_TESTS_SERVER_ENGINE_TEST_UTIL_H_
+#define FP4Q_TESTS_SERVER_ENGINE_TEST_UTIL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "fp4q/kernels/backend.h"
+#include "server/engine.h"
+
+namespace fp4q::server::testing {
+
+// The CPU backend, plus CUDA-IPC-like handles over host memory: Export(ptr) gives a 64-byte
+// handle that OpenIpcHandle maps back to ptr. Counts opens and closes. Reports itself as a GPU
+// with UUID `uuid` so that tests exercise the region paths of the engine on this machine.
+class FakeIpcBackend final : public kernels::Backend {
+ public:
+  explicit FakeIpcBackend(std::string uuid = "GPU-fake-0")
+      : cpu_(kernels::CreateCpuBackend()), uuid_(std::move(uuid)) {}
+
+  std::string Export(void* base) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string handle(64, '\0');
+    const uint64_t id = ++next_id_;
+    std::memcpy(handle.data(), "FAKEIPC:", 8);
+    std::memcpy(handle.data() + 8, &id, 8);
+    exported_[handle] = base;
+    return handle;
+  }
+  int opens() const { return opens_.load(); }
+  int closes() const { return closes_.load(); }
+
+  kernels::DeviceInfo Info() const override {
+    kernels::DeviceInfo i = cpu_->Info();
+    i.backend = "cuda";
+    i.ordinal = 0;
+    i.uuid = uuid_;
+    i.name = "fake IPC device over host memory";
+    return i;
+  }
+  absl::StatusOr<void*> Allocate(size_t bytes) override { return cpu_->Allocate(bytes); }
+  void Free(void* p) override { cpu_->Free(p); }
+  absl::Status CopyFromHost(void* d, const void* s, size_t n, kernels::Stream st) override {
+    return cpu_->CopyFromHost(d, s, n, st);
+  }
+  absl::Status CopyToHost(void* d, const void* s, size_t n, kernels::Stream st) override {
+    return cpu_->CopyToHost(d, s, n, st);
+  }
+  absl::Status CopyDeviceToDevice(void* d, const void* s, size_t n, kernels::Stream st) override {
+    return cpu_->CopyDeviceToDevice(d, s, n, st);
+  }
+  absl::Status Memset(void* d, int v, size_t n, kernels::Stream st) override {
+    return cpu_->Memset(d, v, n, st);
+  }
+  absl::Status Synchronize(kernels::Stream st) override { return cpu_->Synchronize(st); }
+  absl::Status Healthy() const override { return cpu_->Healthy(); }
+  absl::StatusOr<void*> OpenIpcHandle(const std::string& handle) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = exported_.find(handle);
+    if (it == exported_.end()) return absl::InvalidArgumentError("ipc_handle: not exported");
+    ++opens_;
+    return it->second;
+  }
+  absl::Status CloseIpcHandle(void*) override {
+    ++closes_;
+    return absl::OkStatus();
+  }
+
+ protected:
+  absl::Status DoAmax(const kernels::ConstTensor& x, float* amax, kernels::Stream s) override {
+    return cpu_->Amax(x, amax, s);
+  }
+  absl::Status DoQuantize(const kernels::ConstTensor& x, const kernels::QuantizeOptions& o,
+                          float* r, const kernels::QuantizedTensor* rw,
+                          const kernels::QuantizedTensor* cw, kernels::Stream s) override {
+    return cpu_->Quantize(x, o, r, rw, cw, s);
+  }
+  absl::Status DoDequantize(const kernels::ConstQuantizedTensor& q, const kernels::MutTensor& out,
+                            kernels::Stream s) override {
+    return cpu_->Dequantize(q, out, s);
+  }
+  absl::Status DoQdq(const kernels::ConstTensor& x, const kernels::QuantizeOptions& o, float* r,
+                     const kernels::MutTensor& out, kernels::Stream s) override {
+    return cpu_->Qdq(x, o, r, out, s);
+  }
+  absl::Status DoMatmul(const kernels::ConstQuantizedTensor& a,
+                        const kernels::ConstQuantizedTensor& b, const kernels::MutTensor& c,
+                        kernels::Stream s) override {
+    return cpu_->Matmul(a, b, c, s);
+  }
+  absl::Status DoUpdateWeight(const kernels::QuantizedTensor& w, float* r,
+                              const kernels::ConstTensor& u, float lr, kernels::UpdateKind k,
+                              const kernels::QuantizeOptions& o, const kernels::MutTensor* dq,
+                              kernels::Stream s) override {
+    return cpu_->UpdateWeight(w, r, u, lr, k, o, dq, s);
+  }
+  absl::Status DoRht(const kernels::ConstTensor& in, kernels::RhtMode m, uint64_t seed, bool inv,
+                     const kernels::MutTensor& out, kernels::Stream s) override {
+    return cpu_->Rht(in, m, seed, inv, out, s);
+  }
+
+ private:
+  std::unique_ptr<kernels::Backend> cpu_;
+  std::string uuid_;
+  std::mutex mu_;
+  uint64_t next_id_ = 0;
+  std::map<std::string, void*> exported_;
+  std::atomic<int> opens_{0};
+  std::atomic<int> closes_{0};
+};
+
+// Calls an asynchronous engine method and waits for its completion.
+template <typename T, typename F>
+absl::StatusOr<T> Await(F start) {
+  auto p = std::make_shared<std::promise<absl::StatusOr<T>>>();
+  auto f = p->get_future();
+  start([p](absl::StatusOr<T> r) { p->set_value(std::move(r)); });
+  return f.get();
+}
+
+// Deterministic f32 values, normal(0, scale), as little-endian bytes.
+inline std::string RandomF32(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::string out(static_cast<size_t>(n) * 4, '\0');
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = dist(gen);
+    std::memcpy(out.data() + 4 * i, &v, 4);
+  }
+  return out;
+}
+
+inline std::vector<float> AsFloats(const std::string& bytes) {
+  std::vector<float> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), v.size() * 4);
+  return v;
+}
+
+inline TensorIn InlineF32(const std::string& bytes, int64_t rows, int64_t cols) {
+  TensorIn t;
+  t.dtype = kWireF32;
+  t.shape = {rows, cols};
+  t.data.source = Source::kInline;
+  t.data.inline_data = bytes;
+  return t;
+}
+
+inline TensorIn RegionF32(const std::string& region, uint64_t offset, int64_t rows, int64_t cols) {
+  TensorIn t;
+  t.dtype = kWireF32;
+  t.shape = {rows, cols};
+  t.data.source = Source::kRegion;
+  t.data.region = RegionSlice{region, offset};
+  return t;
+}
+
+inline OutputTarget RegionTarget(const std::string& region, uint64_t offset) {
+  OutputTarget t;
+  t.has_region = true;
+  t.region = RegionSlice{region, offset};
+  return t;
+}
+
+// Reference: the CPU backend's row-wise NVFP4 1x16 RTN quantization of host f32 data.
+struct RefQuantized {
+  std::string codes, scales;
+  float global[2] = {0, 0};
+};
+inline RefQuantized RefQuantize(const std::string& x, int64_t rows, int64_t cols,
+                                kernels::QuantizeOptions o = {}) {
+  auto cpu = kernels::CreateCpuBackend();
+  RefQuantized r;
+  r.codes.assign(*kernels::CodeBytes(rows, cols, "x"), '\0');
+  r.scales.assign(*kernels::ScaleBytes(rows, cols, o.format, o.scale_layout, "x"), '\0');
+  kernels::QuantizedTensor q;
+  q.format = o.format;
+  q.block = o.block;
+  q.scale_layout = o.scale_layout;
+  q.rows = rows;
+  q.cols = cols;
+  q.codes = reinterpret_cast<uint8_t*>(r.codes.data());
+  q.codes_capacity = r.codes.size();
+  q.scales = reinterpret_cast<uint8_t*>(r.scales.data());
+  q.scales_capacity = r.scales.size();
+  q.global = r.global;
+  kernels::ConstTensor t{x.data(), kernels::DType::kF32, rows, cols};
+  absl::Status s = cpu->Quantize(t, o, nullptr, &q, nullptr, nullptr);
+  if (!s.ok()) r.codes = "ERROR: " + s.ToString();
+  return r;
+}
+
+}  // namespace fp4q::server::testing
+
+#endif  // FP4Q_TESTS_SERVER_ENGINE_TEST_UTIL_H_
