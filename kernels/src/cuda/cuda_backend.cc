@@ -82,7 +82,12 @@ absl::Status CudaBackend::Enter() const {
     absl::MutexLock lock(&mu_);
     if (!poison_.ok()) return poison_;
   }
-  return Track(FP4Q_CUDA_STATUS(cudaSetDevice(ordinal_)));
+  FP4Q_RETURN_IF_ERROR(Track(FP4Q_CUDA_STATUS(cudaSetDevice(ordinal_))));
+  // A stale non-sticky error of this thread (e.g. the caller's own failed call) must not be
+  // reported by our launch checks; a sticky one comes back at once and poisons.
+  const cudaError_t stale = cudaGetLastError();
+  if (IsStickyCudaError(stale)) return Track(FP4Q_CUDA_STATUS(stale));
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::Track(absl::Status s) const {

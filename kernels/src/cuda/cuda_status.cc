@@ -29,6 +29,9 @@ bool IsStickyCudaError(cudaError_t e) {
 
 absl::Status CudaErrorToStatus(cudaError_t e, const char* expr, const char* file, int line) {
   if (e == cudaSuccess) return absl::OkStatus();
+  // A failed runtime call also becomes the thread's "last error"; clear it (unless sticky, which
+  // cannot be cleared) so the next launch check does not report it again.
+  if (!IsStickyCudaError(e)) cudaGetLastError();
   const std::string msg = absl::StrCat(file, ":", line, ": ", expr, ": ", cudaGetErrorString(e),
                                        " (", cudaGetErrorName(e), ")");
   switch (e) {

@@ -85,7 +85,7 @@ TEST_F(CudaTest, DequantizeMatchesCpuOnArbitraryBytes) {
           const absl::Status s = gpu().Dequantize(
               AsConst(q.dev), MutTensor{got.get(), out_dtype, rows, cols, want.size()}, nullptr);
           ASSERT_TRUE(s.ok()) << s;
-          EXPECT_TRUE(SameBytes(got.Download(), want, "dequantized"));
+          EXPECT_TRUE(cuda_testing::SameDense(got.Download(), want, out_dtype, "dequantized"));
         }
       }
     }
@@ -120,8 +120,8 @@ TEST_F(CudaTest, RhtMatchesCpuForwardAndInverse) {
                 gpu().Rht(x.dev_view(), mode, seed, inverse,
                           MutTensor{out, dtype, rows, cols, bytes}, nullptr);
             ASSERT_TRUE(s.ok()) << s;
-            EXPECT_TRUE(SameBytes(in_place ? x.dev->Download() : separate.Download(), want,
-                                  "rht output"));
+            EXPECT_TRUE(cuda_testing::SameDense(
+                in_place ? x.dev->Download() : separate.Download(), want, dtype, "rht output"));
           }
         }
       }
@@ -203,7 +203,8 @@ TEST_F(CudaTest, QuantizeWithErrorFeedbackMatchesCpu) {
                              nullptr);
           ASSERT_TRUE(s.ok()) << s;
           EXPECT_TRUE(q.Matches(absl::StrCat("step ", step)));
-          EXPECT_TRUE(SameBytes(dr.DownloadAs<float>(), r, absl::StrCat("residual step ", step)));
+          EXPECT_TRUE(cuda_testing::SameDense(dr.DownloadAs<float>(), r,
+                                              absl::StrCat("residual step ", step)));
         }
       }
     }
@@ -241,8 +242,9 @@ TEST_F(CudaTest, QdqMatchesCpuWithAndWithoutFeedback) {
               gpu().Qdq(x.dev_view(), o, feedback ? static_cast<float*>(dr.get()) : nullptr,
                         MutTensor{out, out_dtype, rows, cols, out_bytes}, nullptr);
           ASSERT_TRUE(s.ok()) << s;
-          EXPECT_TRUE(SameBytes(alias ? x.dev->Download() : separate.Download(), want, "qdq"));
-          if (feedback) EXPECT_TRUE(SameBytes(dr.DownloadAs<float>(), r, "residual"));
+          EXPECT_TRUE(cuda_testing::SameDense(alias ? x.dev->Download() : separate.Download(), want,
+                                              out_dtype, "qdq"));
+          if (feedback) EXPECT_TRUE(cuda_testing::SameDense(dr.DownloadAs<float>(), r, "residual"));
         }
       }
     }
@@ -302,8 +304,10 @@ TEST_F(CudaTest, UpdateWeightMatchesCpuOverSeveralSteps) {
                                    u.dev_view(), lr, kind, o, &dev_dq, nullptr);
             ASSERT_TRUE(s.ok()) << s;
             EXPECT_TRUE(w.Matches(absl::StrCat("weight after step ", step)));
-            EXPECT_TRUE(SameBytes(got_dq.Download(), want_dq, "dequantized_out"));
-            if (with_residual) EXPECT_TRUE(SameBytes(dr.DownloadAs<float>(), r, "residual"));
+            EXPECT_TRUE(cuda_testing::SameDense(got_dq.Download(), want_dq, dq_dtype, "dequantized_out"));
+            if (with_residual) {
+              EXPECT_TRUE(cuda_testing::SameDense(dr.DownloadAs<float>(), r, "residual"));
+            }
           }
         }
       }

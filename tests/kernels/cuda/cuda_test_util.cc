@@ -265,6 +265,43 @@ DenseInput MakeInput(Backend& gpu, DType dtype, int64_t rows, int64_t cols, Dist
   return r;
 }
 
+::testing::AssertionResult SameDense(const std::vector<uint8_t>& gpu, const std::vector<uint8_t>& cpu,
+                                     DType dtype, const std::string& what) {
+  if (gpu.size() != cpu.size()) {
+    return ::testing::AssertionFailure() << what << ": sizes " << gpu.size() << " vs " << cpu.size();
+  }
+  const size_t es = dtype == DType::kF32 ? 4 : 2;
+  size_t diffs = 0, first = 0;
+  uint32_t g0 = 0, c0 = 0;
+  for (size_t i = 0; i + es <= gpu.size(); i += es) {
+    uint32_t g = 0, c = 0;
+    std::memcpy(&g, &gpu[i], es);
+    std::memcpy(&c, &cpu[i], es);
+    if (g == c) continue;
+    const bool g_nan = es == 4 ? (g & 0x7FFFFFFFu) > 0x7F800000u : (g & 0x7FFFu) > 0x7F80u;
+    const bool c_nan = es == 4 ? (c & 0x7FFFFFFFu) > 0x7F800000u : (c & 0x7FFFu) > 0x7F80u;
+    if (g_nan && c_nan) continue;
+    if (diffs++ == 0) {
+      first = i / es;
+      g0 = g;
+      c0 = c;
+    }
+  }
+  if (diffs == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << what << ": " << diffs << " of " << gpu.size() / es << " elements differ; first at "
+         << first << " (gpu 0x" << absl::StrFormat("%08x", g0) << ", cpu 0x"
+         << absl::StrFormat("%08x", c0) << ")";
+}
+
+::testing::AssertionResult SameDense(const std::vector<float>& gpu, const std::vector<float>& cpu,
+                                     const std::string& what) {
+  std::vector<uint8_t> g(gpu.size() * 4), c(cpu.size() * 4);
+  std::memcpy(g.data(), gpu.data(), g.size());
+  std::memcpy(c.data(), cpu.data(), c.size());
+  return SameDense(g, c, DType::kF32, what);
+}
+
 std::string OptionsName(const QuantizeOptions& o) {
   std::string s = o.format == Format::kMxfp4 ? "mxfp4" : "nvfp4";
   s += o.block == BlockShape::k16x16 ? "_16x16" : "";

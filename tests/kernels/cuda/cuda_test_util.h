@@ -141,6 +141,14 @@ template <typename T>
   return SameBytes(a.data(), b.data(), a.size() * sizeof(T), what);
 }
 
+// Dense f32/bf16 outputs (residuals, DQ, RHT output): bit-identical, except that a NaN matches
+// any NaN (payload and sign of NaNs are unspecified: x86 propagates an input's payload, the GPU
+// produces its canonical NaN; DESIGN "NaN payloads").
+::testing::AssertionResult SameDense(const std::vector<uint8_t>& gpu, const std::vector<uint8_t>& cpu,
+                                     DType dtype, const std::string& what);
+::testing::AssertionResult SameDense(const std::vector<float>& gpu, const std::vector<float>& cpu,
+                                     const std::string& what);
+
 std::string OptionsName(const QuantizeOptions& o);
 
 }  // namespace fp4q::kernels::cuda_testing

@@ -1,0 +1,365 @@
+// fp4q_bench: measures, in one run on one GPU, the device copy bandwidth (the ceiling), cuBLAS
+// bf16 GEMM on the GEMM rows' shapes, and the CUDA backend (loaded through CudaModule, called
+// through the public Backend API on a caller stream) for every row of issue 4's target table,
+// plus a few informative rows. Random non-zero data; CUDA events; warm-up; medians; rotating
+// buffer sets larger than the L2 cache.
+//
+//   fp4q_bench --out results.json [--commit SHA] [--iters N]
+//
+// Bytes counted per row are the fewest a kernel must move (each input read once, each output
+// written once); GB/s = bytes / median time; "vs copy" = GB/s over the measured copy GB/s
+// (counting read + write).
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench_util.h"
+#include "fp4q/kernels/backend.h"
+#include "fp4q/kernels/cuda_module.h"
+
+namespace fp4q::bench {
+namespace {
+
+using kernels::Backend;
+using kernels::BlockShape;
+using kernels::ConstQuantizedTensor;
+using kernels::ConstTensor;
+using kernels::DType;
+using kernels::Format;
+using kernels::MutTensor;
+using kernels::QuantizedTensor;
+using kernels::QuantizeOptions;
+using kernels::RhtMode;
+using kernels::Rounding;
+using kernels::ScaleLayout;
+
+void Ok(const absl::Status& s, const char* what) {
+  if (s.ok()) return;
+  std::fprintf(stderr, "fp4q_bench: %s: %s\n", what, s.ToString().c_str());
+  std::exit(1);
+}
+
+float AbsMaxBf16(const std::vector<uint16_t>& v) {
+  float m = 0;
+  for (uint16_t b : v) {
+    const uint32_t u = static_cast<uint32_t>(b & 0x7FFF) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    m = std::max(m, f);
+  }
+  return m;
+}
+
+// A quantized output on the device.
+struct QBuf {
+  std::unique_ptr<DevMem> codes, scales, global;
+  QuantizedTensor t;
+  QBuf(Format f, BlockShape b, int64_t rows, int64_t cols) {
+    const size_t cb = static_cast<size_t>(rows * cols / 2);
+    const size_t sb = kernels::ScaleBytes(rows, cols, f, ScaleLayout::kPlain, "q").value();
+    codes = std::make_unique<DevMem>(cb);
+    scales = std::make_unique<DevMem>(sb);
+    global = std::make_unique<DevMem>(8);
+    t = QuantizedTensor{f, b, ScaleLayout::kPlain, rows, cols,
+                        static_cast<uint8_t*>(codes->get()), cb,
+                        static_cast<uint8_t*>(scales->get()), sb,
+                        static_cast<float*>(global->get())};
+  }
+};
+
+struct Input {
+  std::unique_ptr<DevMem> x;
+  float amax = 0;
+  ConstTensor view;
+};
+
+Input MakeBf16Input(int64_t rows, int64_t cols, uint64_t seed) {
+  Input in;
+  const std::vector<uint16_t> h = RandomBf16(static_cast<size_t>(rows * cols), seed);
+  in.x = std::make_unique<DevMem>(h.size() * 2);
+  Check(cudaMemcpy(in.x->get(), h.data(), h.size() * 2, cudaMemcpyHostToDevice), "upload");
+  in.amax = AbsMaxBf16(h);
+  in.view = ConstTensor{in.x->get(), DType::kBF16, rows, cols};
+  return in;
+}
+
+int Run(int argc, char** argv) {
+  std::string out_path, commit = "unknown";
+  int iters = 30;
+  std::string command;
+  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--out" && i + 1 < argc) {
+      out_path = argv[++i];
+    } else if (a == "--commit" && i + 1 < argc) {
+      commit = argv[++i];
+    } else if (a == "--iters" && i + 1 < argc) {
+      iters = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: fp4q_bench --out results.json [--commit SHA] [--iters N]\n");
+      return 2;
+    }
+  }
+  if (out_path.empty()) {
+    std::fprintf(stderr, "fp4q_bench: --out is required\n");
+    return 2;
+  }
+
+  auto module = kernels::CudaModule::Load();
+  Ok(module.status(), "loading the CUDA module");
+  auto backend = (*module)->CreateBackend(0);
+  Ok(backend.status(), "creating the CUDA backend");
+  Backend& gpu = **backend;
+  const kernels::DeviceInfo info = gpu.Info();
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  cudaStream_t s;
+  Check(cudaSetDevice(0), "cudaSetDevice");
+  Check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  const kernels::Stream ks = s;
+  const std::string header = absl::StrCat(
+      "  \"gpu\": ", Json(info.name), ",\n  \"uuid\": ", Json(info.uuid),
+      ",\n  \"compute_capability\": ", Json(absl::StrCat(info.cc_major, ".", info.cc_minor)),
+      ",\n  \"cuda_driver_api\": ", driver, ",\n  \"cuda_runtime\": ", runtime,
+      ",\n  \"commit\": ", Json(commit), ",\n  \"command\": ", Json(command),
+      ",\n  \"iters\": ", iters, ",\n  \"timing\": ",
+      Json("CUDA events around each call on one stream; median of iters after 5 warm-ups; "
+           "rotating buffer sets"));
+  std::printf("GPU %s (%s, cc %d.%d), driver API %d, runtime %d, commit %s\n", info.name.c_str(),
+              info.uuid.c_str(), info.cc_major, info.cc_minor, driver, runtime, commit.c_str());
+
+  // ---- ceiling: device-to-device copy, 1 GiB, counting read + write.
+  double copy_gbps;
+  {
+    const size_t bytes = size_t{1} << 30;
+    DevMem a(bytes), b(bytes);
+    Check(cudaMemset(a.get(), 0x3C, bytes), "memset");
+    const Timing t = TimeEvents(s, 3, 20, [&](int) {
+      Check(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, s), "copy");
+    });
+    copy_gbps = 2.0 * bytes / t.median_us / 1e3;
+    std::printf("copy: %.1f us for 2 x 1 GiB: %.0f GB/s\n", t.median_us, copy_gbps);
+  }
+
+  std::vector<Row> rows;
+  const int64_t R = 8192, C = 8192;
+  const double n = static_cast<double>(R * C);
+  const std::string shape = "8192x8192 bf16";
+  constexpr int kSets = 3;
+  std::vector<Input> in;
+  std::vector<std::unique_ptr<QBuf>> row_out, col_out, row16;
+  for (int i = 0; i < kSets; ++i) {
+    in.push_back(MakeBf16Input(R, C, 100 + i));
+    row_out.push_back(std::make_unique<QBuf>(Format::kNvfp4, BlockShape::k1x16, R, C));
+    col_out.push_back(std::make_unique<QBuf>(Format::kNvfp4, BlockShape::k1x16, C, R));
+    row16.push_back(std::make_unique<QBuf>(Format::kNvfp4, BlockShape::k16x16, R, C));
+  }
+  const double q_bytes = n * 2 + n / 2 + n / 16 + 8;
+
+  auto quant_row = [&](const std::string& name, QuantizeOptions o, const std::string& target,
+                       double frac, const std::string& note = "") {
+    const Timing t = TimeEvents(s, 5, iters, [&](int i) {
+      const int k = i % kSets;
+      QuantizeOptions oo = o;
+      oo.amax = in[k].amax;
+      oo.step = static_cast<uint64_t>(i);
+      QuantizedTensor* dst = o.block == BlockShape::k16x16 ? &row16[k]->t : &row_out[k]->t;
+      Ok(gpu.Quantize(in[k].view, oo, nullptr, dst, nullptr, ks), name.c_str());
+    });
+    Row r{name, shape, t.median_us, q_bytes, 0, 0, target, frac,
+          frac > 0 ? "copy_fraction" : "", note};
+    rows.push_back(r);
+    std::printf("%-48s %9.2f us %7.0f GB/s\n", name.c_str(), t.median_us, q_bytes / t.median_us / 1e3);
+  };
+
+  QuantizeOptions rtn;
+  rtn.has_amax = true;
+  quant_row("quantize nvfp4 1x16 RTN, amax given", rtn, ">= 85% of copy", 0.85);
+  QuantizeOptions sr = rtn;
+  sr.rounding = Rounding::kStochastic;
+  sr.seed = 1234;
+  quant_row("quantize nvfp4 1x16 SR, amax given", sr, ">= 80% of copy", 0.80);
+  QuantizeOptions rht_sr = sr;
+  rht_sr.rht = RhtMode::kDefaultSigns;
+  quant_row("quantize nvfp4 1x16 RHT+SR, amax given", rht_sr, ">= 70% of copy", 0.70);
+
+  {  // row-wise + column-wise, RHT + SR
+    QuantizeOptions o = rht_sr;
+    o.columnwise = true;
+    const double bytes = n * 2 + 2 * (n / 2 + n / 16) + 16;
+    const Timing t = TimeEvents(s, 5, iters, [&](int i) {
+      const int k = i % kSets;
+      QuantizeOptions oo = o;
+      oo.amax = in[k].amax;
+      oo.step = static_cast<uint64_t>(i);
+      Ok(gpu.Quantize(in[k].view, oo, nullptr, &row_out[k]->t, &col_out[k]->t, ks), "rowcol");
+    });
+    rows.push_back(Row{"quantize nvfp4 row+col RHT+SR, amax given", shape, t.median_us, bytes, 0,
+                       0, ">= 65% of copy (both outputs counted)", 0.65, "copy_fraction", ""});
+    std::printf("%-48s %9.2f us\n", rows.back().name.c_str(), t.median_us);
+  }
+
+  {  // QDQ with error feedback: x bf16 in, residual f32 read + written, out bf16.
+    std::vector<std::unique_ptr<DevMem>> res, dq;
+    for (int i = 0; i < kSets; ++i) {
+      const std::vector<float> r = RandomF32(static_cast<size_t>(n), 900 + i, 0.01f);
+      res.push_back(std::make_unique<DevMem>(r.size() * 4));
+      Check(cudaMemcpy(res.back()->get(), r.data(), r.size() * 4, cudaMemcpyHostToDevice), "up");
+      dq.push_back(std::make_unique<DevMem>(static_cast<size_t>(n) * 2));
+    }
+    const double bytes = n * (2 + 4 + 4 + 2);
+    const Timing t = TimeEvents(s, 5, iters, [&](int i) {
+      const int k = i % kSets;
+      QuantizeOptions oo = rtn;
+      oo.amax = in[k].amax;
+      Ok(gpu.Qdq(in[k].view, oo, static_cast<float*>(res[k]->get()),
+                 MutTensor{dq[k]->get(), DType::kBF16, R, C, dq[k]->size()}, ks),
+         "qdq");
+    });
+    rows.push_back(Row{"QDQ nvfp4 + error feedback (f32 residual), amax given", shape + " -> bf16",
+                       t.median_us, bytes, 0, 0, ">= 80% of copy", 0.80, "copy_fraction", ""});
+    std::printf("%-48s %9.2f us\n", rows.back().name.c_str(), t.median_us);
+  }
+
+  // Informative rows (no target).
+  QuantizeOptions computed;
+  quant_row("quantize nvfp4 1x16 RTN, amax computed (2 reads)", computed, "", 0);
+  QuantizeOptions t16 = rtn;
+  t16.block = BlockShape::k16x16;
+  quant_row("quantize nvfp4 16x16 RTN, amax given", t16, "", 0);
+  {
+    QuantizeOptions mx;
+    mx.format = Format::kMxfp4;
+    mx.block = BlockShape::k1x32;
+    std::vector<std::unique_ptr<QBuf>> mo;
+    for (int i = 0; i < kSets; ++i) {
+      mo.push_back(std::make_unique<QBuf>(Format::kMxfp4, BlockShape::k1x32, R, C));
+    }
+    const double bytes = n * 2 + n / 2 + n / 32 + 8;
+    const Timing t = TimeEvents(s, 5, iters, [&](int i) {
+      Ok(gpu.Quantize(in[i % kSets].view, mx, nullptr, &mo[i % kSets]->t, nullptr, ks), "mx");
+    });
+    rows.push_back(Row{"quantize mxfp4 RTN", shape, t.median_us, bytes, 0, 0, "", 0, "", ""});
+  }
+  {
+    std::vector<std::unique_ptr<DevMem>> out;
+    for (int i = 0; i < kSets; ++i) out.push_back(std::make_unique<DevMem>(static_cast<size_t>(n) * 2));
+    const Timing t = TimeEvents(s, 5, iters, [&](int i) {
+      const int k = i % kSets;
+      Ok(gpu.Dequantize(kernels::AsConst(row_out[k]->t),
+                        MutTensor{out[k]->get(), DType::kBF16, R, C, out[k]->size()}, ks),
+         "dequantize");
+    });
+    rows.push_back(Row{"dequantize nvfp4 -> bf16", shape, t.median_us, n / 2 + n / 16 + n * 2, 0,
+                       0, "", 0, "", ""});
+    const Timing r = TimeEvents(s, 5, iters, [&](int i) {
+      const int k = i % kSets;
+      Ok(gpu.Rht(in[k].view, RhtMode::kDefaultSigns, 0, false,
+                 MutTensor{out[k]->get(), DType::kBF16, R, C, out[k]->size()}, ks),
+         "rht");
+    });
+    rows.push_back(Row{"RHT (16-point) bf16", shape, r.median_us, n * 4, 0, 0, "", 0, "", ""});
+    DevMem amax(4);
+    const Timing a = TimeEvents(s, 5, iters, [&](int i) {
+      Ok(gpu.Amax(in[i % kSets].view, static_cast<float*>(amax.get()), ks), "amax");
+    });
+    rows.push_back(Row{"amax", shape, a.median_us, n * 2, 0, 0, "", 0, "", ""});
+  }
+
+  // ---- small tensors: host wall-clock per call of back-to-back calls (and GPU time).
+  for (int64_t m : {1, 16, 128}) {
+    Input x = MakeBf16Input(m, 4096, 500 + m);
+    QBuf q(Format::kNvfp4, BlockShape::k1x16, m, 4096);
+    for (bool given : {true, false}) {
+      QuantizeOptions o;
+      o.has_amax = given;
+      o.amax = x.amax;
+      const double wall = WallPerCallUs(s, 2000, [&](int) {
+        Ok(gpu.Quantize(x.view, o, nullptr, &q.t, nullptr, ks), "small");
+      });
+      const Timing t = TimeEvents(s, 20, 200, [&](int) {
+        Ok(gpu.Quantize(x.view, o, nullptr, &q.t, nullptr, ks), "small");
+      });
+      rows.push_back(Row{absl::StrCat("quantize small, amax ", given ? "given" : "computed",
+                                      " (host wall per call)"),
+                         absl::StrCat(m, "x4096 bf16"), wall, 0, 0, 0, "<= 5 us per call", 5.0,
+                         "max_us",
+                         absl::StrFormat("GPU time per call (events) %.2f us", t.median_us)});
+      std::printf("%-48s %9.2f us wall, %.2f us events\n", rows.back().name.c_str(), wall,
+                  t.median_us);
+    }
+  }
+
+  // ---- GEMM, B pre-quantized: ours (bf16 out) vs cuBLAS bf16.
+  for (int64_t m : {1, 16, 128, 8192}) {
+    const int64_t nn = 8192, k = 8192;
+    const int bsets = m <= 128 ? 4 : 1;
+    std::vector<std::unique_ptr<QBuf>> qa, qb;
+    std::vector<Input> ha, hb;
+    for (int i = 0; i < bsets; ++i) {
+      ha.push_back(MakeBf16Input(m, k, 700 + i));
+      hb.push_back(MakeBf16Input(nn, k, 800 + i));
+      qa.push_back(std::make_unique<QBuf>(Format::kNvfp4, BlockShape::k1x16, m, k));
+      qb.push_back(std::make_unique<QBuf>(Format::kNvfp4, BlockShape::k1x16, nn, k));
+      Ok(gpu.Quantize(ha[i].view, QuantizeOptions{}, nullptr, &qa[i]->t, nullptr, ks), "qa");
+      Ok(gpu.Quantize(hb[i].view, QuantizeOptions{}, nullptr, &qb[i]->t, nullptr, ks), "qb");
+    }
+    DevMem c(static_cast<size_t>(m * nn) * 2);
+    const int it = m == 8192 ? 10 : iters;
+    const Timing ours = TimeEvents(s, 3, it, [&](int i) {
+      const int b = i % bsets;
+      Ok(gpu.Matmul(kernels::AsConst(qa[b]->t), kernels::AsConst(qb[b]->t),
+                    MutTensor{c.get(), DType::kBF16, m, nn, c.size()}, ks),
+         "matmul");
+    });
+    CublasBf16Gemm ref(m, nn, k);
+    const Timing base = TimeEvents(s, 3, it, [&](int i) {
+      const int b = i % bsets;
+      ref.Run(ha[b].x->get(), hb[b].x->get(), c.get(), s);
+    });
+    Row r;
+    r.name = m <= 16 ? "GEMM nvfp4, B pre-quantized (small-M kernel)"
+                     : (m == 8192 ? "GEMM nvfp4, dequantization included" : "GEMM nvfp4 (small-M kernel)");
+    r.shape = absl::StrCat("M=", m, " N=8192 K=8192 -> bf16");
+    r.us = ours.median_us;
+    r.flops = 2.0 * m * nn * k;
+    r.bytes = m <= 128 ? (nn * k * (0.5 + 1.0 / 16) + m * k * 0.5625 + m * nn * 2) : 0;
+    r.baseline_us = base.median_us;
+    if (m <= 16) {
+      r.target = ">= 2x faster than cuBLAS bf16";
+      r.target_value = 2.0;
+      r.target_kind = "speedup_vs_cublas";
+    } else if (m == 8192) {
+      r.target = ">= 0.85x cuBLAS bf16 throughput";
+      r.target_value = 0.85;
+      r.target_kind = "throughput_vs_cublas";
+    }
+    rows.push_back(r);
+    std::printf("GEMM M=%-5lld ours %9.2f us, cuBLAS bf16 %9.2f us (%.2fx)\n",
+                static_cast<long long>(m), ours.median_us, base.median_us,
+                base.median_us / ours.median_us);
+  }
+
+  if (!WriteJson(out_path, header, copy_gbps, rows)) {
+    std::fprintf(stderr, "fp4q_bench: cannot write %s\n", out_path.c_str());
+    return 1;
+  }
+  std::printf("\n%s", MarkdownTable(copy_gbps, rows).c_str());
+  Ok(gpu.Healthy(), "backend health after the run");
+  cudaStreamDestroy(s);
+  return 0;
+}
+
+}  // namespace
+}  // namespace fp4q::bench
+
+int main(int argc, char** argv) { return fp4q::bench::Run(argc, argv); }
