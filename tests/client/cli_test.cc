@@ -76,7 +76,7 @@ class CliLiveTest : public ::testing::Test {
   void SetUp() override { ASSERT_NE(server_, nullptr); }
 
   RunResult Cli(std::vector<std::string> args) {
-    args.insert(args.begin(), {FP4Q_CLI, "--server", server_->address()});
+    args.insert(args.begin(), {testing::CliPath(), "--server", server_->address()});
     absl::StatusOr<RunResult> r = testing::Run(args, {"FP4Q_TOKEN="});
     EXPECT_THAT(r, IsOk());
     return r.ok() ? *r : RunResult{};
@@ -119,9 +119,13 @@ TEST_F(CliLiveTest, HealthInfoListCheckpoint) {
 
   r = Cli({"info"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("backend          cpu\n"));
+  EXPECT_THAT(r.out, HasSubstr("backend          " + testing::TestBackend() + "\n"));
   EXPECT_THAT(r.out, HasSubstr("max message        512.0 MiB (536870912 bytes)"));
-  EXPECT_THAT(r.out, HasSubstr("gpus             (none)"));
+  if (testing::TestBackend() == "cpu") {
+    EXPECT_THAT(r.out, HasSubstr("gpus             (none)"));
+  } else {
+    EXPECT_THAT(r.out, ::testing::ContainsRegex("gpus             [1-9]\n  GPU-[0-9a-f-]{36}  "));
+  }
 
   auto client = ConnectTo(server_->address());
   v1::CreateWeightRequest create;
@@ -133,7 +137,7 @@ TEST_F(CliLiveTest, HealthInfoListCheckpoint) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("NAME"));
   EXPECT_THAT(r.out, ::testing::ContainsRegex("cli\\.list\\.w +weight +\\[16, 32\\] +U8 +[0-9]+ +"
-                                              "cpu +41\n"));
+                                              "(cpu|GPU-[0-9a-f-]{36}) +41\n"));
 
   r = Cli({"checkpoint"});
   EXPECT_EQ(r.exit_code, 0) << r.err;

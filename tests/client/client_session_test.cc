@@ -2,6 +2,10 @@
 // (fake_cudart.cc) standing in where no GPU exists, and against the real runtime where one
 // does (skipped, with CUDA's reason, otherwise).
 #include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 
 #include <cstring>
 #include <string>
@@ -14,12 +18,17 @@
 #include "fp4q/client/session.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "real_cuda.h"
+#include "subprocess.h"
 #include "testing/status_matchers.h"
 
 namespace fp4q::client {
 namespace {
 
 using ::fp4q::client::testing::FakeServer;
+using ::fp4q::client::testing::Hex;
+using ::fp4q::client::testing::RealCuda;
+using ::fp4q::client::testing::Unhex;
 using ::fp4q::testing::IsOk;
 using ::fp4q::testing::StatusIs;
 using ::testing::HasSubstr;
@@ -112,28 +121,29 @@ TEST(CudaIpc, ExportFindsBaseOffsetHandleAndUuidAndRestoresTheDevice) {
   fake.remove(memory.data());
 }
 
-// The real runtime: on a machine with a GPU, export a cudaMalloc'd pointer; without one, the
-// test is skipped with CUDA's own reason.
+// The real runtime: on a machine with a GPU, export a cudaMalloc'd pointer and have another
+// process open the handle and read the bytes at the exported offset; without one, the test is
+// skipped with CUDA's own reason.
 TEST(CudaIpc, RealRuntimeExportsADeviceAllocation) {
   absl::StatusOr<std::unique_ptr<CudaIpc>> ipc = CudaIpc::Load();
   if (!ipc.ok()) GTEST_SKIP() << "no CUDA runtime: " << ipc.status();
-  void* rt = dlopen((*ipc)->runtime_library().c_str(), RTLD_NOW | RTLD_LOCAL);
-  ASSERT_NE(rt, nullptr);
-  auto cuda_malloc = reinterpret_cast<int (*)(void**, size_t)>(dlsym(rt, "cudaMalloc"));
-  auto cuda_free = reinterpret_cast<int (*)(void*)>(dlsym(rt, "cudaFree"));
-  ASSERT_NE(cuda_malloc, nullptr);
+  RealCuda cuda((*ipc)->runtime_library());
+  ASSERT_NE(cuda.malloc, nullptr);
+  ASSERT_NE(cuda.memcpy, nullptr);
   void* dev = nullptr;
-  const int err = cuda_malloc(&dev, 1 << 20);
+  const int err = cuda.malloc(&dev, 1 << 20);
   if (err != 0) {
     int probe = 0;
     const absl::Status why = (*ipc)->Export(&probe).status();
-    dlclose(rt);
     GTEST_SKIP() << "no usable CUDA device (cudaMalloc error " << err << "; " << why << ")";
   }
+  std::string pattern(64, '\0');
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<char>(i * 7 + 3);
+  ASSERT_EQ(cuda.memcpy(static_cast<char*>(dev) + 4096, pattern.data(), pattern.size(),
+                        RealCuda::kHostToDevice),
+            0);
   absl::StatusOr<CudaIpcExport> a = (*ipc)->Export(static_cast<char*>(dev) + 4096);
   absl::StatusOr<CudaIpcExport> b = (*ipc)->Export(dev);
-  cuda_free(dev);
-  dlclose(rt);
   ASSERT_THAT(a, IsOk());
   ASSERT_THAT(b, IsOk());
   EXPECT_EQ(a->offset, 4096u);
@@ -143,6 +153,47 @@ TEST(CudaIpc, RealRuntimeExportsADeviceAllocation) {
   EXPECT_EQ(a->handle, b->handle);  // one allocation, one handle: what the session cache keys
   EXPECT_THAT(a->device_uuid, StartsWith("GPU-"));
   EXPECT_EQ(a->device_uuid.size(), 40u);
+  std::printf("exported %s offset %llu of %llu bytes on %s\n", Hex(a->handle).substr(0, 16).c_str(),
+              static_cast<unsigned long long>(a->offset),
+              static_cast<unsigned long long>(a->allocation_bytes), a->device_uuid.c_str());
+
+  // Another process opens the handle and reads the bytes at the offset.
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  ASSERT_GT(n, 0);
+  self[n] = '\0';
+  absl::StatusOr<testing::RunResult> child = testing::Run(
+      {self, "--gtest_filter=CudaIpcChild.OpensTheExportedHandle"},
+      {"FP4Q_IPC_HANDLE_HEX=" + Hex(a->handle), "FP4Q_IPC_OFFSET=" + std::to_string(a->offset),
+       "FP4Q_IPC_BYTES=64"});
+  cuda.free(dev);
+  ASSERT_THAT(child, IsOk());
+  EXPECT_EQ(child->exit_code, 0) << child->out << child->err;
+  EXPECT_THAT(child->out, HasSubstr("IPC_READ " + Hex(pattern) + "\n")) << child->err;
+}
+
+// Runs only as the child of RealRuntimeExportsADeviceAllocation.
+TEST(CudaIpcChild, OpensTheExportedHandle) {
+  const char* hex = std::getenv("FP4Q_IPC_HANDLE_HEX");
+  if (hex == nullptr) GTEST_SKIP() << "runs only as the child of RealRuntimeExportsADeviceAllocation";
+  const size_t offset = std::stoul(std::getenv("FP4Q_IPC_OFFSET"));
+  const size_t bytes = std::stoul(std::getenv("FP4Q_IPC_BYTES"));
+  absl::StatusOr<std::unique_ptr<CudaIpc>> ipc = CudaIpc::Load();
+  ASSERT_THAT(ipc, IsOk());
+  RealCuda cuda((*ipc)->runtime_library());
+  ASSERT_NE(cuda.ipc_open, nullptr);
+  RealCuda::Handle handle;
+  const std::string raw = Unhex(hex);
+  ASSERT_EQ(raw.size(), sizeof(handle.bytes));
+  std::memcpy(handle.bytes, raw.data(), raw.size());
+  void* base = nullptr;
+  ASSERT_EQ(cuda.ipc_open(&base, handle, 1), 0);
+  std::string got(bytes, '\0');
+  ASSERT_EQ(cuda.memcpy(got.data(), static_cast<char*>(base) + offset, bytes,
+                        RealCuda::kDeviceToHost),
+            0);
+  cuda.ipc_close(base);
+  std::printf("IPC_READ %s\n", Hex(got).c_str());
 }
 
 // ---- Sessions.

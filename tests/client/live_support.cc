@@ -29,13 +29,29 @@ TempDir::~TempDir() {
 }
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> StartFp4qd(const std::vector<std::string>& extra) {
-  std::vector<std::string> flags = {"--listen=127.0.0.1:0", "--backend=cpu", "--log_format=text"};
-  bool metrics = false;
-  for (const std::string& f : extra) metrics |= f.rfind("--metrics_listen", 0) == 0;
+  std::vector<std::string> flags = {"--listen=127.0.0.1:0", "--log_format=text"};
+  bool metrics = false, backend = false;
+  for (const std::string& f : extra) {
+    metrics |= f.rfind("--metrics_listen", 0) == 0;
+    backend |= f.rfind("--backend", 0) == 0;
+  }
   if (!metrics) flags.push_back("--metrics_listen=");
+  if (!backend) flags.push_back("--backend=" + TestBackend());
   flags.insert(flags.end(), extra.begin(), extra.end());
-  return ServerProcess::Start(FP4Q_FP4QD, flags);
+  return ServerProcess::Start(Fp4qdPath(), flags);
 }
+
+namespace {
+std::string FromEnv(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : fallback;
+}
+}  // namespace
+
+std::string Fp4qdPath() { return FromEnv("FP4Q_FP4QD", FP4Q_FP4QD); }
+std::string CliPath() { return FromEnv("FP4Q_CLI", FP4Q_CLI); }
+std::string SharedDir() { return FromEnv("FP4Q_SHARED_DIR", FP4Q_SHARED_DIR); }
+std::string TestBackend() { return FromEnv("FP4Q_TEST_BACKEND", "cpu"); }
 
 std::unique_ptr<Client> ConnectTo(const std::string& address) {
   ClientOptions options;
@@ -47,8 +63,7 @@ std::unique_ptr<Client> ConnectTo(const std::string& address) {
 absl::StatusOr<std::vector<GoldenCase>> LoadGolden() {
   FP4Q_ASSIGN_OR_RETURN(
       common::SafetensorsFile file,
-      common::SafetensorsFile::ReadFile(std::string(FP4Q_SHARED_DIR) +
-                                        "/golden/nvfp4_rtn_public.safetensors"));
+      common::SafetensorsFile::ReadFile(SharedDir() + "/golden/nvfp4_rtn_public.safetensors"));
   FP4Q_ASSIGN_OR_RETURN(std::string cases_text, file.Metadata("cases"));
   FP4Q_ASSIGN_OR_RETURN(common::JsonValue cases, common::ParseJson(cases_text));
   std::vector<GoldenCase> out;

@@ -28,7 +28,17 @@ class TempDir {
   std::string path_;
 };
 
-// fp4qd --backend cpu on 127.0.0.1:0 (metrics off unless given), plus `extra` flags.
+// Paths of fp4qd, the fp4q CLI and shared/: the environment variables FP4Q_FP4QD, FP4Q_CLI
+// and FP4Q_SHARED_DIR when set (e.g. on a GPU machine the build was copied to), else the paths
+// the build recorded.
+std::string Fp4qdPath();
+std::string CliPath();
+std::string SharedDir();
+// The backend the live tests run fp4qd with: $FP4Q_TEST_BACKEND ("cpu" or "cuda"), default cpu.
+std::string TestBackend();
+
+// fp4qd on 127.0.0.1:0 with --backend=TestBackend() and metrics off unless `extra` sets them, plus
+// `extra` flags.
 absl::StatusOr<std::unique_ptr<ServerProcess>> StartFp4qd(
     const std::vector<std::string>& extra = {});
 
