@@ -54,8 +54,12 @@ TEST(GoldenTest, ReproducesEveryCaseByteForByte) {
     SCOPED_TRACE("case " + key + " (" + Field(c, "dist") + ", " + block_name + ", " + dtype_name +
                  ")");
     ASSERT_FALSE(key.empty());
-    const int64_t rows = c.Find("rows")->AsInt64().value();
-    const int64_t cols = c.Find("cols")->AsInt64().value();
+    ASSERT_TRUE(c.Find("rows") != nullptr && c.Find("cols") != nullptr);
+    const auto rows_or = c.Find("rows")->AsInt64();
+    const auto cols_or = c.Find("cols")->AsInt64();
+    ASSERT_TRUE(rows_or.ok() && cols_or.ok());
+    const int64_t rows = *rows_or, cols = *cols_or;
+    ASSERT_TRUE(rows >= 1 && cols >= 16 && cols % 16 == 0) << rows << "x" << cols;
     ASSERT_TRUE(block_name == "1x16" || block_name == "16x16");
     const BlockShape block = block_name == "16x16" ? BlockShape::k16x16 : BlockShape::k1x16;
     (block == BlockShape::k16x16 ? seen_16x16 : seen_1x16)++;
