@@ -10,6 +10,7 @@ build_pkgs=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-yaml python3-torch
+  python3-matplotlib  # scripts/plot_curves.py (the training curves in docs/TRAINING.md)
   curl yamllint
   prometheus  # only for promtool: tests/deploy checks and unit-tests the alert rules
 )
