@@ -23,42 +23,41 @@ def runtime_packages():
     return m.group(1).split()
 
 
-def dpkg_query(fmt, *pkgs):
-    r = subprocess.run(["dpkg-query", "-W", "-f", fmt, *pkgs], capture_output=True, text=True,
-                       timeout=60)
-    return r.stdout
-
-
 def installed():
+    """{package: (priority, [dependency clauses], [provided names])} of installed packages,
+    from one dpkg-query call."""
+    r = subprocess.run(["dpkg-query", "-W", "-f",
+                        "${Package}\t${Priority}\t${db:Status-Abbrev}\t${Depends}, "
+                        "${Pre-Depends}\t${Provides}\n"],
+                       capture_output=True, text=True, timeout=120, check=True)
     out = {}
-    for line in dpkg_query("${Package}\t${Priority}\t${db:Status-Abbrev}\n").splitlines():
-        name, priority, status = line.split("\t")
-        if status.startswith("ii"):
-            out[name] = priority
+    for line in r.stdout.splitlines():
+        name, priority, status, depends, provides = line.split("\t")
+        if not status.startswith("ii"):
+            continue
+        clauses = [c.strip() for c in depends.split(",") if c.strip()]
+        provided = [p.strip().split(" ")[0] for p in provides.split(",") if p.strip()]
+        out[name] = (priority, clauses, provided)
     return out
 
 
 def closure(pkgs, present):
     """pkgs and everything they depend on (Depends, Pre-Depends), among installed packages.
-    An alternative 'a | b' is satisfied by the installed ones; virtual packages by providers."""
+    Each alternative of 'a | b' is followed; virtual packages lead to their providers."""
     providers = {}
-    for line in dpkg_query("${Package}\t${Provides}\n").splitlines():
-        name, provides = line.split("\t")
-        for p in filter(None, (x.strip().split(" ")[0] for x in provides.split(","))):
+    for name, (_, _, provided) in present.items():
+        for p in provided:
             providers.setdefault(p, set()).add(name)
     seen, todo = set(), list(pkgs)
     while todo:
         pkg = todo.pop().split(":")[0]
         if pkg in seen:
             continue
-        if pkg not in present:
-            for provider in providers.get(pkg, ()):
-                todo.append(provider)
-            seen.add(pkg)
-            continue
         seen.add(pkg)
-        deps = dpkg_query("${Depends}, ${Pre-Depends}", pkg)
-        for clause in filter(None, (c.strip() for c in deps.split(","))):
+        if pkg not in present:
+            todo.extend(providers.get(pkg, ()))
+            continue
+        for clause in present[pkg][1]:
             for alt in clause.split("|"):
                 name = alt.strip().split(" ")[0].split(":")[0]
                 if name:
@@ -71,26 +70,29 @@ def owners(binary):
     r = subprocess.run(["ldd", binary], capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         raise AssertionError(f"ldd {binary}: {r.stderr}")
-    out = {}
+    paths = []
     for line in r.stdout.splitlines():
         if "not found" in line:
             raise AssertionError(f"{binary}: {line.strip()}")
         m = re.search(r"=>\s+(/\S+)", line) or re.match(r"\s*(/\S+)", line)
-        if not m:
-            continue  # linux-vdso
-        path = m.group(1)
-        candidates = {path, os.path.realpath(path)}
-        candidates |= {p[4:] if p.startswith("/usr/") else "/usr" + p for p in list(candidates)}
-        owner = None
-        for candidate in sorted(candidates):
-            s = subprocess.run(["dpkg", "-S", candidate], capture_output=True, text=True,
-                               timeout=60)
-            if s.returncode == 0:
-                owner = s.stdout.split(":")[0].split(",")[0].strip()
-                break
-        if owner is None:
-            raise AssertionError(f"{binary}: no Debian package owns {path}")
-        out[path] = owner
+        if m:
+            paths.append(m.group(1))  # linux-vdso has no file
+    # Debian 12 merged /usr: a file may be registered under /lib or /usr/lib.
+    candidates = {}
+    for path in paths:
+        for c in {path, os.path.realpath(path)}:
+            for variant in (c, c[4:] if c.startswith("/usr/") else "/usr" + c):
+                candidates.setdefault(variant, path)
+    s = subprocess.run(["dpkg", "-S", *sorted(candidates)], capture_output=True, text=True,
+                       timeout=120)
+    out = {}
+    for line in s.stdout.splitlines():
+        pkgs, _, file = line.partition(": ")
+        if file in candidates:
+            out.setdefault(candidates[file], pkgs.split(",")[0].split(":")[0].strip())
+    missing = [p for p in paths if p not in out]
+    if missing:
+        raise AssertionError(f"{binary}: no Debian package owns {missing}")
     return out
 
 
@@ -104,7 +106,8 @@ class RuntimeDepsTest(unittest.TestCase):
         for pkg in runtime:
             self.assertIn(pkg, present, f"runtime package {pkg} is not a Debian 12 package "
                                         "installed here")
-        base = closure([p for p, prio in present.items() if prio == "required"], present)
+        base = closure([p for p, (prio, _, _) in present.items() if prio == "required"],
+                       present)
         covered = closure(runtime, present) | base
         needed = {}
         for binary in binaries:
