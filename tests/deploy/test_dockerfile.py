@@ -7,6 +7,7 @@ import fnmatch
 import json
 import os
 import re
+import subprocess
 import unittest
 
 import design_contract
@@ -159,6 +160,28 @@ class DockerfileTest(unittest.TestCase):
             path = os.path.join(REPO, rel)
             self.assertTrue(os.path.isfile(path), rel)
             self.assertTrue(os.access(path, os.X_OK), f"{rel} is not executable")
+
+    def shell_of(self, stage, variant):
+        """The SHELL in force in a stage: its own, else its base stage's (Docker inherits it)."""
+        while stage is not None:
+            shell = [json.loads(a) for _, i, a in stage.instructions if i == "SHELL"]
+            if shell:
+                return shell[-1]
+            base = expand(stage.base, dict(self.global_args, FP4Q_VARIANT=variant))
+            stage = self.by_name.get(base)
+        return ["/bin/sh", "-c"]
+
+    def test_run_steps_are_valid_bash(self):
+        for stage in self.stages:
+            for variant in VARIANTS:
+                self.assertEqual(self.shell_of(stage, variant),
+                                 ["/bin/bash", "-o", "pipefail", "-c"], (stage.name, variant))
+            for line, ins, args in stage.instructions:
+                if ins != "RUN" or args.startswith("["):
+                    continue
+                r = subprocess.run(["bash", "-n", "-c", args], capture_output=True, text=True,
+                                   timeout=30)
+                self.assertEqual(r.returncode, 0, f"line {line}: {r.stderr}")
 
     def test_builds_with_the_ci_scripts(self):
         build = "\n".join(self.by_name["build"].runs())
