@@ -1,12 +1,18 @@
 // Client behaviour against the in-process fake service (fake_server.h): status mapping over
 // the wire, metadata, deadlines, message limits, health, UpdateWeight's retries.
+#include <grpcpp/security/server_credentials.h>
+#include <unistd.h>
+
 #include <climits>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/time/clock.h"
 #include "fake_server.h"
+#include "subprocess.h"
 #include "fp4q/client/client.h"
 #include "fp4q/client/tensors.h"
 #include "gmock/gmock.h"
@@ -164,6 +170,61 @@ TEST(ClientHealth, LivenessReadinessAndUnknownService) {
             ServingStatus::kNotServing);
   EXPECT_THAT(client->CheckHealth("no-such-service"),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("service name unknown")));
+}
+
+// ---- TLS and bearer tokens (the options issue 8 builds on).
+
+struct Pem {
+  std::string cert, key;
+};
+
+// A self-signed certificate for "fp4q.test" made with the openssl tool (skip if absent).
+absl::StatusOr<Pem> SelfSigned(const testing::TempDir& dir, const std::string& stem) {
+  const std::string cert = dir.File(stem + ".crt"), key = dir.File(stem + ".key");
+  absl::StatusOr<testing::RunResult> r = testing::Run(
+      {"/usr/bin/openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+       "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
+       "-subj", "/CN=fp4q.test", "-addext", "subjectAltName=DNS:fp4q.test"});
+  if (!r.ok()) return r.status();
+  if (r->exit_code != 0) return absl::InternalError("openssl: " + r->err);
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  return Pem{read(cert), read(key)};
+}
+
+TEST(ClientTls, TlsChannelWithPrivateCaAndBearerToken) {
+  if (access("/usr/bin/openssl", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/openssl to make certificates";
+  testing::TempDir dir;
+  absl::StatusOr<Pem> server_pem = SelfSigned(dir, "server");
+  absl::StatusOr<Pem> other_pem = SelfSigned(dir, "other");
+  ASSERT_THAT(server_pem, IsOk());
+  ASSERT_THAT(other_pem, IsOk());
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({server_pem->key, server_pem->cert});
+  FakeServer::Options server_options;
+  server_options.credentials = grpc::SslServerCredentials(ssl);
+  FakeServer server(server_options);
+
+  ClientOptions options;
+  options.tls = TlsOptions();
+  options.tls->root_certs_pem = server_pem->cert;
+  options.tls->target_name_override = "fp4q.test";
+  options.bearer_token = "tls-token";
+  auto client = MustConnect(server.address(), options);
+  ASSERT_THAT(client->ServerInfo(), IsOk());
+  EXPECT_EQ(server.service().last_metadata("ServerInfo").authorization, "Bearer tls-token");
+
+  // Plaintext against a TLS server, and TLS trusting another CA: no connection.
+  auto plain = MustConnect(server.address());
+  EXPECT_THAT(plain->ServerInfo(), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  options.tls->root_certs_pem = other_pem->cert;
+  auto untrusting = MustConnect(server.address(), options);
+  EXPECT_THAT(untrusting->ServerInfo(), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  EXPECT_EQ(server.service().calls("ServerInfo"), 1);
 }
 
 // ---- UpdateWeight retries.

@@ -1,8 +1,5 @@
 #include "live_support.h"
 
-#include <ftw.h>
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -13,20 +10,6 @@
 #include "fp4q/common/status_macros.h"
 
 namespace fp4q::client::testing {
-
-TempDir::TempDir() {
-  const char* tmp = std::getenv("TMPDIR");
-  std::string t = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/fp4q-client-test-XXXXXX");
-  if (mkdtemp(t.data()) != nullptr) path_ = t;
-}
-
-TempDir::~TempDir() {
-  if (path_.empty()) return;
-  nftw(
-      path_.c_str(),
-      [](const char* p, const struct stat*, int, struct FTW*) { return std::remove(p); }, 16,
-      FTW_DEPTH | FTW_PHYS);
-}
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> StartFp4qd(const std::vector<std::string>& extra) {
   std::vector<std::string> flags = {"--listen=127.0.0.1:0", "--log_format=text"};

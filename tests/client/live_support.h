@@ -16,18 +16,6 @@
 
 namespace fp4q::client::testing {
 
-// A fresh directory under $TMPDIR, removed with its contents on destruction.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
 // Paths of fp4qd, the fp4q CLI and shared/: the environment variables FP4Q_FP4QD, FP4Q_CLI
 // and FP4Q_SHARED_DIR when set (e.g. on a GPU machine the build was copied to), else the paths
 // the build recorded.

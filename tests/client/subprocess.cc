@@ -1,12 +1,14 @@
 #include "subprocess.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -49,6 +51,20 @@ int Decode(int status, int* signal_out) {
 }
 
 }  // namespace
+
+TempDir::TempDir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string t = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/fp4q-client-test-XXXXXX");
+  if (mkdtemp(t.data()) != nullptr) path_ = t;
+}
+
+TempDir::~TempDir() {
+  if (path_.empty()) return;
+  nftw(
+      path_.c_str(),
+      [](const char* p, const struct stat*, int, struct FTW*) { return std::remove(p); }, 16,
+      FTW_DEPTH | FTW_PHYS);
+}
 
 absl::StatusOr<RunResult> Run(const std::vector<std::string>& argv,
                               const std::vector<std::string>& env, absl::Duration timeout) {

@@ -1,5 +1,6 @@
 // Child processes for the client tests: running the fp4q CLI to completion, and keeping an
-// fp4qd server alive for a test suite (it binds port 0 and prints its address).
+// fp4qd server alive for a test suite (it binds port 0 and prints its address). And temporary
+// directories.
 #ifndef FP4Q_TESTS_CLIENT_SUBPROCESS_H_
 #define FP4Q_TESTS_CLIENT_SUBPROCESS_H_
 
@@ -13,6 +14,20 @@
 #include "absl/time/time.h"
 
 namespace fp4q::client::testing {
+
+// A fresh directory under $TMPDIR, removed with its contents on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
 
 struct RunResult {
   int exit_code = -1;  // -1 when killed by a signal (then `signal` is set)
