@@ -383,6 +383,9 @@ TEST_F(LiveTest, SessionsAndRegionRegistration) {
   EXPECT_THAT(client_->Quantize(by_region, session.call_options()),
               StatusIs(absl::StatusCode::kNotFound,
                        "input.region.region_id: no region 'deadbeef' in this session"));
+  EXPECT_THAT(session.UnregisterCudaRegion("deadbeef"),
+              StatusIs(absl::StatusCode::kNotFound,
+                       "region_id: no region 'deadbeef' in this session"));
   EXPECT_EQ(session.Close().value_or(99), 0u);
   CallOptions stale;
   stale.session_id = session.id();
