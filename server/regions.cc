@@ -7,6 +7,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/request_checks.h"
 
 namespace fp4q::server {
 
@@ -260,7 +261,7 @@ absl::StatusOr<std::string> RegionManager::Register(absl::string_view session_id
   bool opened = false;
   if (mapping == nullptr) {
     absl::StatusOr<void*> base = device->backend->OpenIpcHandle(request.ipc_handle);
-    if (!base.ok()) return base.status();
+    if (!base.ok()) return RenameField(base.status(), "handle", "ipc_handle");
     if (observer_ != nullptr) observer_->CudaHandleOpened();
     mapping = std::make_shared<IpcMapping>();
     mapping->device = device;

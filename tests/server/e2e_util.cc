@@ -49,8 +49,14 @@ bool HasFlag(const std::vector<std::string>& flags, const std::string& name) {
   return false;
 }
 
+// The fp4qd under test: $FP4QD_BINARY (e.g. on another machine), else the one built here.
+std::string BinaryPath() {
+  const char* env = std::getenv("FP4QD_BINARY");
+  return env != nullptr && *env != '\0' ? env : FP4QD_PATH;
+}
+
 pid_t Spawn(const std::vector<std::string>& flags, int stdout_fd, const std::string& log_path) {
-  std::vector<std::string> args = {FP4QD_PATH};
+  std::vector<std::string> args = {BinaryPath()};
   args.insert(args.end(), flags.begin(), flags.end());
   const pid_t pid = fork();
   if (pid != 0) return pid;

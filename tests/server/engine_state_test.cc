@@ -271,6 +271,53 @@ TEST_F(EngineStateTest, ResidualKeysFollowStepsAndShape) {
   EXPECT_EQ(c->output.inline_data, a->output.inline_data);
 }
 
+TEST_F(EngineStateTest, ErrorFeedbackMatchesTheCpuBackendsResidualSteps) {
+  // QDQ and Quantize with a residual key against the CPU backend holding the residual itself.
+  auto cpu = kernels::CreateCpuBackend();
+  std::vector<float> qdq_r(8 * 32, 0.0f), q_r(8 * 32, 0.0f);
+  for (uint64_t step = 1; step <= 3; ++step) {
+    const std::string x = RandomF32(8 * 32, 40 + static_cast<uint32_t>(step));
+    kernels::QuantizeOptions o;
+    o.rounding = kernels::Rounding::kStochastic;
+    o.seed = 9;
+    o.step = step;
+    QdqRequest r;
+    r.input = InlineF32(x, 8, 32);
+    r.options.rounding = 2;
+    r.options.seed = 9;
+    r.options.step = step;
+    r.options.residual_key = "ef/qdq";
+    auto got = Await<QdqResult>([&](auto done) { engine_->Qdq({}, r, done); });
+    ASSERT_TRUE(got.ok()) << got.status();
+    std::string want(8 * 32 * 4, '\0');
+    ASSERT_TRUE(cpu->Qdq({x.data(), kernels::DType::kF32, 8, 32}, o, qdq_r.data(),
+                         {want.data(), kernels::DType::kF32, 8, 32, want.size()}, nullptr)
+                    .ok());
+    EXPECT_EQ(got->output.inline_data, want) << "step " << step;
+
+    QuantizeRequest q;
+    q.input = InlineF32(x, 8, 32);
+    q.options = r.options;
+    q.options.residual_key = "ef/quantize";
+    auto gq = Await<QuantizeResult>([&](auto done) { engine_->Quantize({}, q, done); });
+    ASSERT_TRUE(gq.ok()) << gq.status();
+    testing::RefQuantized ref;
+    ref.codes.assign(8 * 16, '\0');
+    ref.scales.assign(8 * 2, '\0');
+    kernels::QuantizedTensor qt{kernels::Format::kNvfp4, kernels::BlockShape::k1x16,
+                                kernels::ScaleLayout::kPlain, 8, 32,
+                                reinterpret_cast<uint8_t*>(ref.codes.data()), ref.codes.size(),
+                                reinterpret_cast<uint8_t*>(ref.scales.data()), ref.scales.size(),
+                                ref.global};
+    ASSERT_TRUE(cpu->Quantize({x.data(), kernels::DType::kF32, 8, 32}, o, q_r.data(), &qt,
+                              nullptr, nullptr)
+                    .ok());
+    EXPECT_EQ(gq->rowwise.codes.inline_data, ref.codes) << "step " << step;
+    EXPECT_EQ(gq->rowwise.scales.inline_data, ref.scales) << "step " << step;
+    EXPECT_EQ(gq->rowwise.global_amax, ref.global[0]) << "step " << step;
+  }
+}
+
 TEST_F(EngineStateTest, CheckpointRestoresStateAndSteps) {
   ASSERT_TRUE(Create("w", RandomF32(16 * 32, 1), 16, 32, true, 7).ok());
   ASSERT_TRUE(Update("w", 9, RandomF32(16 * 32, 2, 0.1f), 16, 32).ok());
