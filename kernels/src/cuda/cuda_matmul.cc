@@ -4,8 +4,8 @@
 //     VEC16_UE4M3 / VEC32_UE8M0 scales in the swizzled layout, S_dec_a * S_dec_b in alpha).
 //     NOT RUN: this repository has only been run on Hopper; when cuBLASLt offers no algorithm the
 //     call falls through to the emulation below.
-//   M <= kSmallMMax (decode): matmul_small_m.cu reads B's 4-bit codes and dequantizes them in
-//     registers (bf16 tensor-core MMAs, f32 accumulation).
+//   M <= kSmallMMax = 16 (decode): matmul_small_m.cu reads B's 4-bit codes and dequantizes them
+//     in registers (bf16 tensor-core MMAs, f32 accumulation, K slices summed in a fixed order).
 //   otherwise: A and B dequantized exactly to bf16 (e2m1 * sf fits in bf16), cuBLASLt bf16 GEMM
 //     with f32 accumulation and S_dec_a * S_dec_b in alpha.
 //
@@ -112,14 +112,17 @@ absl::Status CudaBackend::MatmulImpl(const ConstQuantizedTensor& a, const ConstQ
     if (!absl::IsUnimplemented(native)) return native;
   }
 
-  if (m <= kSmallMMax) {
+  if (m <= kSmallMMax && k <= (int64_t{1} << 26)) {
     SmallMParams p;
     p.mx = mx;
     p.a = sa.op;
     p.b = sb.op;
     p.c = cp;
     p.c_dtype = c.dtype == DType::kF32 ? kF32 : kBF16;
-    FP4Q_ASSIGN_OR_RETURN(p.workspace, st.Scratch(SmallMWorkspaceBytes(m, k)));
+    const size_t ws = SmallMWorkspaceBytes(m, n, k);
+    if (ws > 0) {
+      FP4Q_ASSIGN_OR_RETURN(p.workspace, st.Scratch(ws));
+    }
     FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchSmallMMatmul(p, s)));
     return st.Finish();
   }

@@ -106,12 +106,12 @@ absl::Status CudaBackend::QuantizeImpl(const ConstTensor& x, const QuantizeOptio
       row.amax_value = options.amax;
       row.write_amax = true;
     } else {
-      FP4Q_RETURN_IF_ERROR(ZeroFloat(row.global, s));
       if (res != nullptr || q.rht) {
+        FP4Q_RETURN_IF_ERROR(ZeroFloat(row.global, s));
         RowParams a = p;
         a.amax_out = row.global;
         FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchQuantizeRows(a, s)));
-      } else {
+      } else {  // LaunchAmax zeroes its output itself
         FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(
             LaunchAmax(xp, p.x_dtype, x.rows * x.cols, row.global, s)));
       }
@@ -181,8 +181,8 @@ absl::Status CudaBackend::QdqImpl(const ConstTensor& x, const QuantizeOptions& o
   } else if (p.q.fmt != kFmtMx) {
     FP4Q_ASSIGN_OR_RETURN(void* scratch, st.Scratch(sizeof(float)));
     float* amax = static_cast<float*>(scratch);
-    FP4Q_RETURN_IF_ERROR(ZeroFloat(amax, s));
     if (p.residual != nullptr || p.q.rht) {
+      FP4Q_RETURN_IF_ERROR(ZeroFloat(amax, s));
       RowParams a = p;
       a.amax_out = amax;
       FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchQuantizeRows(a, s)));

@@ -3,8 +3,9 @@
 // swizzled scale layout. Every f32 operation is written with an explicit _rn intrinsic (the
 // module is built with --fmad=false as well), so the CPU reference's operation order is kept.
 //
-// Cost notes (Hopper has no E2M1 convert): E2M1Rn is 8 ALU instructions per element,
-// E2M1Sr 13 plus an eighth of a Philox4x32-10 call (40 instructions per 8 elements).
+// Cost notes (Hopper has no E2M1 convert): the E2M1 magnitude takes 3 FMA-pipe operations and
+// 3 min/max per element (RTN), 10 and 3 with stochastic rounding, plus an eighth of a
+// Philox4x32-10 call (about 40 instructions per 8 elements).
 #ifndef FP4Q_KERNELS_SRC_CUDA_DEVICE_NUMERICS_CUH_
 #define FP4Q_KERNELS_SRC_CUDA_DEVICE_NUMERICS_CUH_
 
@@ -58,42 +59,54 @@ FP4Q_HD uint4 SrBits(uint64_t j, uint64_t seed, uint64_t step) {
                        static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
-// Element e (0..7) of a group: word e/2, low half for even e.
-FP4Q_HD uint32_t SrHalf(const uint4& w, int e) {
-  const uint32_t word = (e >> 1) == 0 ? w.x : (e >> 1) == 1 ? w.y : (e >> 1) == 2 ? w.z : w.w;
-  return (e & 1) ? (word >> 16) : (word & 0xFFFFu);
-}
-
 // ---------------------------------------------------------------- E2M1
-
-// Round-to-nearest-even to E2M1 with saturation; NaN -> 0x7, sign from y otherwise (NUMERICS 1).
-// Clamping with min-then-max maps NaN to +6. In the binade of max(|z|, 1), adding
-// C = 2^(e+22) rounds |z| to the E2M1 step 2^(e-1) (ties to even = even mantissa bit).
-FP4Q_D uint32_t E2M1Rn(float y) {
-  const float z = fmaxf(fminf(y, 6.0f), -6.0f);
-  const float a = fabsf(z);
-  const uint32_t ea = __float_as_uint(fmaxf(a, 1.0f)) & 0x7F800000u;
-  const uint32_t cb = ea + (22u << 23);
-  const float s = __fadd_rn(a, __uint_as_float(cb));
-  const uint32_t code = __float_as_uint(s) - cb + ((ea >> 22) - 254u);
-  return code | ((__float_as_uint(z) >> 28) & 8u);
+//
+// FMA-pipe formulations (the per-element hot path).
+//
+// Hopper issues FADD/FMUL/FFMA/IMAD at twice the rate of the integer/logic pipe (LOP3, IADD3,
+// SHF, FMNMX), so the hot path rounds with float adds instead of bit manipulation. For
+// a = min(|y|, 6) the three candidates
+//   RN(2a) (step 0.5 below 2), 2 + RN(a) (step 1 in [2, 4)), 4 + RN(a / 2) (step 2 from 4)
+// each computed as a magic add onto 2^23 (whose ulp is 1), have as their minimum exactly the
+// E2M1 magnitude code of NUMERICS 1 (the right binade's candidate is never larger than the
+// others; ties to even are preserved by the even offsets). The float returned has bits
+// kRnMagBase + code.
+inline constexpr uint32_t kRnMagBase = 0x4B000000u;  // bits of 2^23
+FP4Q_D float E2M1RnMagnitude(float y) {
+  const float a = fminf(fabsf(y), 6.0f);  // NaN -> 6
+  const float s1 = __fmaf_rn(a, 2.0f, 0x1p23f);
+  const float s2 = __fadd_rn(a, 0x1p23f + 2.0f);
+  const float s3 = __fmaf_rn(a, 0.5f, 0x1p23f + 4.0f);
+  return fminf(fminf(s1, s2), s3);
 }
 
-// Stochastic rounding (NUMERICS 4) with the element's 16 random bits r16: round up iff
-// r16 < f * 65536, i.e. iff r16 * step / 65536 < |z| - lo (both sides exact in f32).
-FP4Q_D uint32_t E2M1Sr(float y, uint32_t r16) {
-  const float z = fmaxf(fminf(y, 6.0f), -6.0f);
-  const float a = fabsf(z);
-  const uint32_t ea = __float_as_uint(fmaxf(a, 1.0f)) & 0x7F800000u;
-  const uint32_t cb = ea + (22u << 23);
-  const float c = __uint_as_float(cb);
-  const float s = __fadd_rz(a, c);           // floor to the step
-  const float rem = __fsub_rn(a, __fsub_rn(s, c));  // exact, in [0, step)
-  const uint32_t cs = cb - (16u << 23);      // 2^(e+6): ulp 2^(e-17) = step / 65536
-  const float thr = __fsub_rn(__uint_as_float(cs | r16), __uint_as_float(cs));
-  const uint32_t up = rem > thr ? 1u : 0u;
-  const uint32_t code = __float_as_uint(s) - cb + ((ea >> 22) - 254u) + up;
-  return code | ((__float_as_uint(z) >> 28) & 8u);
+// Stochastic rounding (NUMERICS 4) in the same form: in a binade of step h, round up iff
+// r16 < frac * 65536, i.e. the code is ceil(a / h - r16 / 65536) (exactly the floor when the
+// fraction does not exceed r16 / 65536). An FMA rounded up keeps that ceiling, and adding
+// 2^23 + 1 + offset rounded up yields it as an integer; the minimum over the three binade
+// candidates is again the right one. `rbits` holds r16 in its low 16 bits, ORed with 2^23's
+// bits (see SrOperand). The float returned has bits kSrMagBase + code.
+inline constexpr uint32_t kSrMagBase = 0x4B000001u;  // bits of 2^23 + 1
+FP4Q_D float E2M1SrMagnitude(float y, uint32_t rbits) {
+  const float a = fminf(fabsf(y), 6.0f);
+  const float rf = __fadd_rn(__uint_as_float(rbits), -0x1p23f);  // r16, exactly
+  const float d1 = __fmaf_ru(rf, -0x1p-16f, __fmul_rn(a, 2.0f));
+  const float d2 = __fmaf_ru(rf, -0x1p-16f, a);
+  const float d3 = __fmaf_ru(rf, -0x1p-16f, __fmul_rn(a, 0.5f));
+  const float c1 = __fadd_ru(d1, 0x1p23f + 1.0f);
+  const float c2 = __fadd_ru(d2, 0x1p23f + 3.0f);
+  const float c3 = __fadd_ru(d3, 0x1p23f + 5.0f);
+  return fminf(fminf(c1, c2), c3);
+}
+
+// Element e's 16 random bits of a Philox group, placed under 2^23's exponent bits (one PRMT).
+FP4Q_HD uint32_t SrOperand(const uint4& w, int e) {
+  const uint32_t word = (e >> 1) == 0 ? w.x : (e >> 1) == 1 ? w.y : (e >> 1) == 2 ? w.z : w.w;
+#ifdef __CUDA_ARCH__
+  return __byte_perm(word, 0x4B000000u, (e & 1) ? 0x7632 : 0x7610);
+#else
+  return 0x4B000000u | ((e & 1) ? (word >> 16) : (word & 0xFFFFu));
+#endif
 }
 
 // Value of an E2M1 code (0..15), exact: the 3 magnitude bits placed as an f32 with exponent
@@ -222,20 +235,26 @@ FP4Q_D void Butterfly16(float* v) {
   for (int i = 0; i < 16; ++i) v[i] = __fmul_rn(v[i], 0.25f);
 }
 
+// Multiplies by the signs (exact); a multiply by +-1 issues on the FMA pipe, an XOR would not.
 FP4Q_D void ApplySigns16(float* v, uint32_t signs) {
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    v[i] = __uint_as_float(__float_as_uint(v[i]) ^ ((signs << (31 - i)) & 0x80000000u));
+    v[i] = __fmul_rn(v[i], __uint_as_float(0x3F800000u | ((signs << (31 - i)) & 0x80000000u)));
   }
 }
 
-// Forward transform of 16 values in place; bf16 inputs are rounded back to bf16.
+// Forward transform of 16 values in place; bf16 inputs are rounded back to bf16 (RN, two
+// values per convert).
 FP4Q_D void Rht16(float* v, uint32_t signs, bool round_bf16) {
   ApplySigns16(v, signs);
   Butterfly16(v);
   if (round_bf16) {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) v[i] = RoundBf16(v[i]);
+    for (int i = 0; i < 16; i += 2) {
+      const uint32_t pair = PackBf16x2(v[i], v[i + 1]);
+      v[i] = Bf16Lo(pair);
+      v[i + 1] = Bf16Hi(pair);
+    }
   }
 }
 

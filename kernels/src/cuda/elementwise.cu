@@ -7,6 +7,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "device_numerics.cuh"
 #include "launch.h"
 #include "quantize_unit.cuh"
@@ -222,6 +224,20 @@ cudaError_t LaunchSwizzleScales(const uint8_t* plain, int64_t rows, int64_t scal
   SwizzleScalesKernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(plain, rows, scale_cols,
                                                                           swizzled);
   return cudaGetLastError();
+}
+
+int SmCount() {
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+  int v = cache[dev].load(std::memory_order_relaxed);
+  if (v > 0) return v;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) {
+    cudaGetLastError();
+    return 132;
+  }
+  cache[dev].store(v, std::memory_order_relaxed);
+  return v;
 }
 
 uint32_t RhtSignMask(int mode, uint64_t rht_seed) {

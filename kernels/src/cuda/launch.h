@@ -128,12 +128,11 @@ struct GemmOperand {
 
 struct SmallMParams {
   bool mx = false;
-  GemmOperand a;  // [M, K]
+  GemmOperand a;  // [M, K], M <= kSmallMMax
   GemmOperand b;  // [N, K]
   void* c = nullptr;
   int c_dtype = kF32;
-  // Workspace for A dequantized as bf16 [ceil(M/16)*16, ceil(K/128)*128] in the kernel's
-  // k order (SmallMWorkspaceBytes).
+  // Partial sums of the K slices (SmallMWorkspaceBytes; unused when that is 0).
   void* workspace = nullptr;
 };
 
@@ -155,10 +154,13 @@ cudaError_t LaunchSwizzleScales(const uint8_t* plain, int64_t rows, int64_t scal
 cudaError_t LaunchZeroSwizzlePadding(uint8_t* swizzled, int64_t rows, int64_t scale_cols,
                                      cudaStream_t s);
 
-size_t SmallMWorkspaceBytes(int64_t m, int64_t k);
-// The largest M the small-M kernel takes.
-inline constexpr int64_t kSmallMMax = 128;
+// The largest M the small-M kernel takes (one 16-row MMA tile).
+inline constexpr int64_t kSmallMMax = 16;
+size_t SmallMWorkspaceBytes(int64_t m, int64_t n, int64_t k);
 cudaError_t LaunchSmallMMatmul(const SmallMParams& p, cudaStream_t s);
+
+// Multiprocessors of the current device (cached per device).
+int SmCount();
 
 // Host helpers shared with the .cc side (defined in device_numerics, usable on the host).
 uint32_t RhtSignMask(int mode /*1 default, 2 seeded*/, uint64_t rht_seed);

@@ -70,19 +70,37 @@ FP4Q_D float BlockAmax16(const float* v) {
 }
 
 // Codes of 16 values with one multiplier. SR draws two Philox groups at sr_group0.
+// Packing: nibble e of a word is added as IMAD(bits(m), 16^e) (the magnitudes' float bits carry
+// a constant base, subtracted once per word as base * 0x11111111) plus the sign bit of y times
+// 8 * 16^e. A NaN element must get code 0x7 whatever its sign: the sum of |v| (NaN if any
+// element is) flags the rare block that needs the fix-up.
 template <bool kSr>
 FP4Q_D void Codes16(const float* v, float inv, const UnitCtx& c, uint64_t sr_group0,
                     uint32_t* w0, uint32_t* w1) {
-  uint32_t out[2] = {0u, 0u};
+  constexpr uint32_t kBase = kSr ? kSrMagBase : kRnMagBase;
+  constexpr uint32_t kBias = kBase * 0x11111111u;  // wraps: sum over e of base << 4e
+  uint32_t out[2];
+  float probe = 0.0f;
 #pragma unroll
   for (int g = 0; g < 2; ++g) {
     uint4 r = make_uint4(0u, 0u, 0u, 0u);
     if (kSr) r = SrBits(sr_group0 + g, c.seed, c.step);
+    uint32_t acc = 0u - kBias;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const float y = __fmul_rn(v[8 * g + e], inv);
-      const uint32_t code = kSr ? E2M1Sr(y, SrHalf(r, e)) : E2M1Rn(y);
-      out[g] |= code << (4 * e);
+      const float x = v[8 * g + e];
+      probe = __fadd_rn(probe, fabsf(x));
+      const float y = __fmul_rn(x, inv);
+      const float m = kSr ? E2M1SrMagnitude(y, SrOperand(r, e)) : E2M1RnMagnitude(y);
+      acc += __float_as_uint(m) * (1u << (4 * e));
+      acc += __umulhi(__float_as_uint(y), 2u) * (8u << (4 * e));  // sign bit
+    }
+    out[g] = acc;
+  }
+  if (isnan(probe)) {  // NaN elements: code 0x7, no sign
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      if (isnan(v[e])) out[e >> 3] &= ~(8u << (4 * (e & 7)));
     }
   }
   *w0 = out[0];
@@ -240,22 +258,33 @@ FP4Q_D void StoreElems(void* p, int dtype, int n, const float* v) {
 }
 
 // Writes the unit's codes and scales for row `row`, first element `c0`, of a quantized
-// [rows, cols] tensor (codes 8-byte aligned at the unit start).
+// [rows, cols] tensor. Codes go out as one 16-byte store when the row length keeps them aligned
+// (cols % 32 == 0), else as 8-byte stores; an NVFP4 unit's two scale bytes are adjacent in both
+// layouts and go out as one 2-byte store when aligned.
 template <int kFmt>
 FP4Q_D void StoreUnit(const QOut& o, int64_t rows, int64_t cols, int64_t row, int64_t c0,
                       int n_valid, const UnitResult& r) {
   (void)rows;
-  uint2* cp = reinterpret_cast<uint2*>(o.codes + ((row * cols + c0) >> 1));
-  cp[0] = make_uint2(r.codes[0], r.codes[1]);
-  if (n_valid > 16) cp[1] = make_uint2(r.codes[2], r.codes[3]);
+  uint8_t* cp = o.codes + ((row * cols + c0) >> 1);
+  if (n_valid > 16 && (cols & 31) == 0) {
+    *reinterpret_cast<uint4*>(cp) = make_uint4(r.codes[0], r.codes[1], r.codes[2], r.codes[3]);
+  } else {
+    reinterpret_cast<uint2*>(cp)[0] = make_uint2(r.codes[0], r.codes[1]);
+    if (n_valid > 16) reinterpret_cast<uint2*>(cp)[1] = make_uint2(r.codes[2], r.codes[3]);
+  }
   if (kFmt == kFmtMx) {
     const int64_t sc = cols >> 5;
     o.scales[ScaleOffset(row, c0 >> 5, sc, o.swizzled)] = static_cast<uint8_t>(r.sf[0]);
   } else {
     const int64_t sc = cols >> 4;
-    o.scales[ScaleOffset(row, c0 >> 4, sc, o.swizzled)] = static_cast<uint8_t>(r.sf[0]);
-    if (n_valid > 16) {
-      o.scales[ScaleOffset(row, (c0 >> 4) + 1, sc, o.swizzled)] = static_cast<uint8_t>(r.sf[1]);
+    const int64_t at = ScaleOffset(row, c0 >> 4, sc, o.swizzled);
+    if (n_valid > 16 && (at & 1) == 0) {
+      *reinterpret_cast<uint16_t*>(o.scales + at) = static_cast<uint16_t>(r.sf[0] | (r.sf[1] << 8));
+    } else {
+      o.scales[at] = static_cast<uint8_t>(r.sf[0]);
+      if (n_valid > 16) {
+        o.scales[ScaleOffset(row, (c0 >> 4) + 1, sc, o.swizzled)] = static_cast<uint8_t>(r.sf[1]);
+      }
     }
   }
 }
