@@ -130,7 +130,8 @@ class VariantRun {
         FP4Q_ASSIGN_OR_RETURN(grids[t], Grid(t, w[t]));
         const std::vector<uint8_t>& codes = grids[t].codes();
         for (size_t i = 0; i < codes.size(); ++i) {
-          if (codes[i] != start_codes[t][i]) moved[t][i] = 1;
+          if (CanonicalCode(codes[i]) != CanonicalCode(start_codes[t][i]))
+            moved[t][i] = 1;
         }
       }
     }

@@ -89,21 +89,22 @@ std::vector<ShapeCheck> ExpectedShapeChecks(const ExperimentResult& r) {
   const double rtn_ef = r.Get(Variant::kRtnEf).final_loss();
   const double sr_ef = r.Get(Variant::kSrEf).final_loss();
   const double fp32 = r.Get(Variant::kFp32).final_loss();
-  std::vector<ShapeCheck> checks = {
-      {"RTN final >= 0.9 x RTN start", rtn, 0.9 * rtn_start,
-       rtn >= 0.9 * rtn_start},
-      {"SR final <= 0.5 x RTN final", sr, 0.5 * rtn, sr <= 0.5 * rtn},
-      {"RTN+EF final <= 0.5 x RTN final", rtn_ef, 0.5 * rtn,
-       rtn_ef <= 0.5 * rtn},
-      {"SR+EF final <= 0.5 x RTN final", sr_ef, 0.5 * rtn, sr_ef <= 0.5 * rtn},
-      {"RTN+EF final <= 1.1 x SR final", rtn_ef, 1.1 * sr, rtn_ef <= 1.1 * sr},
-      {"SR+EF final <= 1.1 x SR final", sr_ef, 1.1 * sr, sr_ef <= 1.1 * sr},
-  };
   double others = rtn;
   for (double v : {sr, rtn_ef, sr_ef}) others = std::fmin(others, v);
-  checks.push_back(
-      {"fp32 final < every quantized final", fp32, others, fp32 < others});
-  return checks;
+  return {
+      {"RTN final >= 0.9 x RTN start", rtn, 0.9 * rtn_start,
+       rtn >= 0.9 * rtn_start, true},
+      {"SR final <= 0.5 x RTN final", sr, 0.5 * rtn, sr <= 0.5 * rtn, true},
+      {"RTN+EF final <= 0.5 x RTN final", rtn_ef, 0.5 * rtn,
+       rtn_ef <= 0.5 * rtn, true},
+      {"SR+EF final <= 0.5 x RTN final", sr_ef, 0.5 * rtn, sr_ef <= 0.5 * rtn,
+       true},
+      {"RTN+EF final <= 1.1 x SR final", rtn_ef, 1.1 * sr, rtn_ef <= 1.1 * sr,
+       true},
+      {"fp32 final < every quantized final", fp32, others, fp32 < others, true},
+      {"SR+EF final <= 1.1 x SR final", sr_ef, 1.1 * sr, sr_ef <= 1.1 * sr,
+       false},
+  };
 }
 
 void PrintTable(const ExperimentResult& r, std::ostream& out) {
@@ -134,10 +135,15 @@ void PrintTable(const ExperimentResult& r, std::ostream& out) {
         "%-8s %14.6g %14.6g %12.4f %14s\n", VariantLabel(v.variant),
         v.start_loss(), v.final_loss(), v.final_loss() / v.start_loss(), moved);
   }
-  out << "\nexpected shape (docs/TRAINING.md):\n";
-  for (const ShapeCheck& check : ExpectedShapeChecks(r)) {
-    out << absl::StrFormat("  %-36s %-4s (%.6g vs %.6g)\n", check.text,
-                           check.passed ? "yes" : "NO", check.lhs, check.rhs);
+  const std::vector<ShapeCheck> checks = ExpectedShapeChecks(r);
+  for (bool asserted : {true, false}) {
+    out << (asserted ? "\nexpected shape (asserted by CI on the short demo):\n"
+                     : "also measured (not asserted; docs/TRAINING.md):\n");
+    for (const ShapeCheck& check : checks) {
+      if (check.asserted != asserted) continue;
+      out << absl::StrFormat("  %-36s %-4s (%.6g vs %.6g)\n", check.text,
+                             check.passed ? "yes" : "NO", check.lhs, check.rhs);
+    }
   }
   out.flush();
 }
@@ -192,8 +198,9 @@ std::string JsonText(const ExperimentResult& r) {
   const std::vector<ShapeCheck> checks = ExpectedShapeChecks(r);
   for (size_t i = 0; i < checks.size(); ++i) {
     absl::StrAppend(&out, "    {\"check\": ", JsonString(checks[i].text),
-                    ", \"passed\": ", checks[i].passed ? "true" : "false", "}",
-                    i + 1 < checks.size() ? ",\n" : "\n");
+                    ", \"passed\": ", checks[i].passed ? "true" : "false",
+                    ", \"asserted\": ", checks[i].asserted ? "true" : "false",
+                    "}", i + 1 < checks.size() ? ",\n" : "\n");
   }
   out += "  ]\n}\n";
   return out;

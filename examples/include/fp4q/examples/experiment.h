@@ -21,8 +21,9 @@
 // Measured per variant: the loss after every step, and the fraction of weights
 // whose 4-bit code changed at least once (stored path: the stored codes,
 // GetWeight quantized=true; QDQ path: the codes of Quantize(W) with
-// round-to-nearest). Measured on the RTN run: the fraction of per-step updates
-// smaller than half the grid step around the weight (Nvfp4Grid).
+// round-to-nearest; -0 and +0 count as the same code). Measured on the RTN run:
+// the fraction of per-step updates smaller than half the grid step around the
+// weight (Nvfp4Grid).
 //
 // Contract
 // - Server state is named "fp4q-examples/<example>/<random run

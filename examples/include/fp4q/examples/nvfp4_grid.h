@@ -33,6 +33,12 @@ namespace fp4q::examples {
 float E4m3ToFloat(uint8_t byte);
 // The value of an E2M1 code 0..15 (bit 3 the sign).
 float E2m1ToFloat(uint8_t code);
+// The code with -0 (8) written as +0 (0): two codes are the same value iff
+// their canonical codes are equal. (A zero weight whose update is negative is
+// stored as -0.)
+inline uint8_t CanonicalCode(uint8_t code) {
+  return (code & 7) == 0 ? 0 : code;
+}
 
 class Nvfp4Grid {
  public:

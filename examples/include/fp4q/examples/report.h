@@ -24,14 +24,16 @@
 namespace fp4q::examples {
 
 // The shape the published experiment has (docs/TRAINING.md), as checks on one
-// result: RTN final >= 0.9 x RTN start; SR, RTN+EF and SR+EF final <= 0.5 x RTN
-// final; RTN+EF and SR+EF final <= 1.1 x SR final; fp32 final below every other
-// final.
+// result, in this order. Asserted by the CI test on the short demo: RTN final
+// >= 0.9 x RTN start; SR, RTN+EF and SR+EF final <= 0.5 x RTN final; EF
+// (RTN+EF, error feedback with round-to-nearest) final <= 1.1 x SR final; fp32
+// final below every other final. Reported only: SR+EF final <= 1.1 x SR final.
 struct ShapeCheck {
   std::string text;  // e.g. "SR final <= 0.5 x RTN final"
   double lhs = 0;    // the two sides compared
   double rhs = 0;
   bool passed = false;
+  bool asserted = true;  // part of what CI asserts
 };
 std::vector<ShapeCheck> ExpectedShapeChecks(const ExperimentResult& result);
 
