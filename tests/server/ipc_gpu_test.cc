@@ -26,15 +26,15 @@ using ::testing::HasSubstr;
 
 std::string Uuid(const cudaUUID_t& u) {
   const auto* b = reinterpret_cast<const unsigned char*>(u.bytes);
-  return absl::StrFormat(
-      "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
-      b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  return absl::StrFormat("GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                         b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
+                         b[12], b[13], b[14], b[15]);
 }
 
-#define CUDA_OK(expr)                                                              \
-  do {                                                                             \
-    const cudaError_t e_ = (expr);                                                 \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);         \
+#define CUDA_OK(expr)                                                      \
+  do {                                                                     \
+    const cudaError_t e_ = (expr);                                         \
+    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_); \
   } while (0)
 
 double Metric(const std::string& text, const std::string& name,
@@ -104,8 +104,10 @@ class IpcGpuTest : public ::testing::Test {
     v1::RegisterCudaRegionReply rep;
     auto ctx = Context(session);
     grpc::Status s = stub_->RegisterCudaRegion(ctx.get(), req, &rep);
-    if (status != nullptr) *status = s;
-    else EXPECT_TRUE(s.ok()) << s.error_message();
+    if (status != nullptr)
+      *status = s;
+    else
+      EXPECT_TRUE(s.ok()) << s.error_message();
     return rep.region_id();
   }
   void Put(uint64_t offset, const std::string& bytes) {
@@ -115,8 +117,7 @@ class IpcGpuTest : public ::testing::Test {
   }
   std::string Get(uint64_t offset, size_t n) {
     std::string out(n, '\0');
-    EXPECT_EQ(cudaMemcpy(out.data(), static_cast<char*>(base_) + offset, n,
-                         cudaMemcpyDeviceToHost),
+    EXPECT_EQ(cudaMemcpy(out.data(), static_cast<char*>(base_) + offset, n, cudaMemcpyDeviceToHost),
               cudaSuccess);
     return out;
   }
@@ -156,6 +157,7 @@ TEST_F(IpcGpuTest, QuantizeInPlaceIsBitIdenticalToInline) {
         sh.dtype == v1::DTYPE_BF16 ? RandomBF16(n, 1, 3.0f) : RandomF32(n, 1, 3.0f);
     const uint64_t codes_at = 16 << 20, scales_at = 24 << 20, ccodes_at = 32 << 20,
                    cscales_at = 40 << 20;
+    CUDA_OK(cudaMemset(base_, 0xEE, kRegionBytes));  // poison again for this shape
     Put(0, x);
     v1::QuantizeRequest ipc;
     *ipc.mutable_input() = RegionTensor(region_, 0, sh.rows, sh.cols, sh.dtype);
@@ -199,9 +201,9 @@ TEST_F(IpcGpuTest, QuantizeInPlaceIsBitIdenticalToInline) {
     // And both equal the CPU backend (the backends' bit-exactness contract for quantization).
     kernels::QuantizeOptions o;
     o.columnwise = sh.outputs == v1::OUTPUTS_BOTH;
-    const RefQuantize cpu = CpuQuantize(
-        x, sh.dtype == v1::DTYPE_BF16 ? kernels::DType::kBF16 : kernels::DType::kF32, sh.rows,
-        sh.cols, o);
+    const RefQuantize cpu =
+        CpuQuantize(x, sh.dtype == v1::DTYPE_BF16 ? kernels::DType::kBF16 : kernels::DType::kF32,
+                    sh.rows, sh.cols, o);
     ASSERT_TRUE(cpu.status.ok());
     EXPECT_TRUE(inline_rep.rowwise().codes() == cpu.rowwise.codes);
     EXPECT_TRUE(inline_rep.rowwise().scales() == cpu.rowwise.scales);
