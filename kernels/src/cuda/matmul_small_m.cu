@@ -6,9 +6,10 @@
 // 4.2 TB/s; the products go through bf16 tensor-core MMAs (m16n8k16, f32 accumulation), exact
 // for e2m1 x e4m3 values. Work split: a CTA owns 64 columns of C (8 warps x 8) and one slice of
 // K (at most 1024); the slices' partial sums go to a workspace and a second kernel adds them in
-// slice order (deterministic), times S_dec_a * S_dec_b. Each CTA dequantizes its slice of A into
-// shared memory (bf16, NVFP4 values times 2^62 so that B's values can carry 2^-62 and both stay
-// normal) and every lane issues all its B loads for the slice before the first MMA.
+// slice order (deterministic), times S_dec_a * S_dec_b. A is dequantized once (bf16, NVFP4 values
+// times 2^62 so that B's values can carry 2^-62 and both stay normal) into a workspace in the
+// lanes' order; each CTA copies its slice of A's M rows into shared memory, and every lane issues
+// all its B loads for the slice before the first MMA.
 //
 // k order: an MMA's logical k positions may be any permutation of actual k as long as A and B
 // agree. Lane (g, t) owns 32 consecutive k of B row n0 + g per 128-k chunk (one 16-byte load); for
@@ -62,31 +63,47 @@ FP4Q_D void Mma16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// A -> bf16 workspace [16][Kp] in the lanes' k order within each 128-k chunk ([i][t][s]),
+// NVFP4 values times 2^62; rows >= M are never read.
+__global__ void __launch_bounds__(256) PrepareAKernel(const SmallMParams p, int64_t kp) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  if (idx >= p.a.rows * kp) return;
+  const int64_t m = idx / kp;
+  const int64_t pos = idx - m * kp;
+  const int w = static_cast<int>(pos & 127);
+  const int i = w >> 4, t = (w >> 2) & 3, s = w & 3;
+  constexpr int kPerm[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+  const int64_t k = (pos & ~int64_t{127}) + t * 32 + 8 * (i >> 1) + kPerm[4 * (i & 1) + s];
+  const int64_t K = p.a.cols;
+  float v = 0.0f;
+  if (k < K) {
+    const uint32_t code = (p.a.codes[(m * K + k) >> 1] >> ((k & 1) * 4)) & 0xFu;
+    v = __fmul_rn(E2M1Value(code), OperandScale(p.a, p.mx, m, p.mx ? (k >> 5) : (k >> 4)));
+    if (!p.mx) v = __fmul_rn(v, 0x1p62f);
+  }
+  reinterpret_cast<__nv_bfloat16*>(p.workspace)[idx] = __float2bfloat16_rn(v);
+}
+
 // grid = (ceil(N / 64), splits); dynamic shared memory: 16 rows x (chunks * 128 + kPad) bf16.
 __global__ void __launch_bounds__(kThreads) SmallMKernel(const SmallMParams p, int chunks,
-                                                         float* partial) {
+                                                         int64_t kp, float* partial) {
   extern __shared__ __align__(16) __nv_bfloat16 a_s[];
   const int stride = chunks * kChunk + kPad;
   const int64_t K = p.b.cols;
   const int64_t k0 = static_cast<int64_t>(blockIdx.y) * chunks * kChunk;
   const int64_t m_rows = p.a.rows;
 
-  // ---- A slice -> shared memory, in the lanes' k order.
-  for (int idx = threadIdx.x; idx < 16 * chunks * kChunk; idx += kThreads) {
-    const int m = idx / (chunks * kChunk);
-    const int pos = idx - m * chunks * kChunk;
-    const int c = pos >> 7;
-    const int w = pos & 127;
-    const int i = w >> 4, t = (w >> 2) & 3, s = w & 3;
-    constexpr int kPerm[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-    const int64_t k = k0 + c * kChunk + t * 32 + 8 * (i >> 1) + kPerm[4 * (i & 1) + s];
-    float v = 0.0f;
-    if (m < m_rows && k < K) {
-      const uint32_t code = (p.a.codes[(m * K + k) >> 1] >> ((k & 1) * 4)) & 0xFu;
-      v = __fmul_rn(E2M1Value(code), OperandScale(p.a, p.mx, m, p.mx ? (k >> 5) : (k >> 4)));
-      if (!p.mx) v = __fmul_rn(v, 0x1p62f);
+  // ---- this K slice of A's prepared rows -> shared memory (16-byte copies).
+  {
+    const int per_row = chunks * kChunk / 8;  // uint4 per row
+    const uint4* src = reinterpret_cast<const uint4*>(p.workspace);
+    for (int idx = threadIdx.x; idx < m_rows * per_row; idx += kThreads) {
+      const int m = idx / per_row;
+      const int q = idx - m * per_row;
+      const int64_t from = (m * kp + k0) / 8 + q;
+      *reinterpret_cast<uint4*>(a_s + m * stride + q * 8) =
+          k0 + q * 8 < kp ? src[from] : make_uint4(0u, 0u, 0u, 0u);
     }
-    a_s[m * stride + pos] = __float2bfloat16_rn(v);
   }
   __syncthreads();
 
@@ -157,8 +174,9 @@ __global__ void __launch_bounds__(kThreads) SmallMKernel(const SmallMParams p, i
       b0 = MulBf16x2(b0, s2[i >> 2]);
       b1 = MulBf16x2(b1, s2[i >> 2]);
       const int off = c * kChunk + i * 16;
-      const uint2 la = *reinterpret_cast<const uint2*>(row_lo + off);
-      const uint2 lb = *reinterpret_cast<const uint2*>(row_hi + off);
+      uint2 la = make_uint2(0u, 0u), lb = make_uint2(0u, 0u);
+      if (g < m_rows) la = *reinterpret_cast<const uint2*>(row_lo + off);
+      if (g + 8 < m_rows) lb = *reinterpret_cast<const uint2*>(row_hi + off);
       const uint32_t a[4] = {la.x, lb.x, la.y, lb.y};
       Mma16816(acc, a, b0, b1);
     }
@@ -223,24 +241,39 @@ Plan MakePlan(int64_t n, int64_t k) {
   return Plan{static_cast<int>(chunks), static_cast<int>(splits)};
 }
 
+int64_t PaddedK(int64_t k) { return (k + kChunk - 1) / kChunk * kChunk; }
+
+size_t PartialOffset(int64_t m, int64_t k) {
+  return static_cast<size_t>((m * PaddedK(k) * 2 + 255) / 256 * 256);
+}
+
 }  // namespace
 
 size_t SmallMWorkspaceBytes(int64_t m, int64_t n, int64_t k) {
   const Plan plan = MakePlan(n, k);
-  return plan.splits > 1 ? static_cast<size_t>(plan.splits) * m * n * sizeof(float) : 0;
+  return PartialOffset(m, k) +
+         (plan.splits > 1 ? static_cast<size_t>(plan.splits) * m * n * sizeof(float) : 0);
 }
 
 cudaError_t LaunchSmallMMatmul(const SmallMParams& p, cudaStream_t s) {
-  if (p.a.rows < 1 || p.a.rows > kSmallMMax) return cudaErrorInvalidValue;
+  if (p.a.rows < 1 || p.a.rows > kSmallMMax || p.workspace == nullptr) {
+    return cudaErrorInvalidValue;
+  }
   const Plan plan = MakePlan(p.b.rows, p.b.cols);
   if (plan.splits > 65535) return cudaErrorInvalidConfiguration;
-  float* partial = plan.splits > 1 ? static_cast<float*>(p.workspace) : nullptr;
-  if (plan.splits > 1 && partial == nullptr) return cudaErrorInvalidValue;
+  const int64_t kp = PaddedK(p.a.cols);
+  PrepareAKernel<<<static_cast<unsigned>((p.a.rows * kp + 255) / 256), 256, 0, s>>>(p, kp);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  float* partial =
+      plan.splits > 1
+          ? reinterpret_cast<float*>(static_cast<char*>(p.workspace) + PartialOffset(p.a.rows, p.a.cols))
+          : nullptr;
   const dim3 grid(static_cast<unsigned>((p.b.rows + kNPerCta - 1) / kNPerCta),
                   static_cast<unsigned>(plan.splits));
   const size_t smem = 16 * (plan.chunks * kChunk + kPad) * sizeof(__nv_bfloat16);
-  SmallMKernel<<<grid, kThreads, smem, s>>>(p, plan.chunks, partial);
-  cudaError_t e = cudaGetLastError();
+  SmallMKernel<<<grid, kThreads, smem, s>>>(p, plan.chunks, kp, partial);
+  e = cudaGetLastError();
   if (e != cudaSuccess || partial == nullptr) return e;
   const int64_t mn = p.a.rows * p.b.rows;
   ReduceSlicesKernel<<<static_cast<unsigned>((mn + 255) / 256), 256, 0, s>>>(p, plan.splits,
