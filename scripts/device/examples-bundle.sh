@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Builds here what the GPU run of the training examples needs and collects it, with the
+# run script and the CPU results to compare against, into one folder that travels to the GPU
+# machine (docs/TRAINING.md, "H200"):
+#   bin/      fp4qd, fp4q, libfp4q_cuda.so, fp4q_example_{linear,mlp,linear_qdq} (no debug info)
+#   lib/      every shared library they need that the GPU machine may lack (ldd): gRPC,
+#             protobuf, Abseil, prometheus-cpp and friends; not glibc, libstdc++/libgcc, the
+#             CUDA driver, nor CUDA toolkit libraries (the GPU machine has /usr/local/cuda)
+#   cpu/      docs/results/cpu-*/ (the CPU backend's results, same seeds)
+#   run_examples_gpu.sh, COMMIT
+#
+#   scripts/device/examples-bundle.sh [--build-dir DIR] [--archs "90a-real"] [--out DIR]
+# Defaults: build dir build-examples-cuda, CUDA architectures 90a-real (H200), out
+# DIR/bundle. Then, on the GPU machine (the device tool):
+#   run(carry=["build-examples-cuda/bundle"],
+#       command="build-examples-cuda/bundle/run_examples_gpu.sh --out $OUT")
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+build_dir=build-examples-cuda
+archs="90a-real"
+out=""
+while (($#)); do
+  case "$1" in
+    --build-dir) build_dir="$2"; shift 2 ;;
+    --archs) archs="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "examples-bundle.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+out="${out:-$build_dir/bundle}"
+command -v nvcc > /dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] ||
+  { echo "examples-bundle.sh: no nvcc: the CUDA module cannot be built here" >&2; exit 1; }
+
+bins=(fp4qd fp4q fp4q_example_linear fp4q_example_mlp fp4q_example_linear_qdq)
+targets=(--target fp4q_cuda)
+for b in "${bins[@]}"; do targets+=(--target "$b"); done
+FP4Q_CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=$archs -DFP4Q_BUILD_TESTS=OFF" \
+  scripts/build.sh --no-deps --build-dir "$build_dir" "${targets[@]}"
+
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib" "$out/cpu"
+for f in "${bins[@]}" libfp4q_cuda.so; do
+  cp "$build_dir/bin/$f" "$out/bin/"
+  strip --strip-debug "$out/bin/$f"
+done
+
+system_re='^(linux-vdso|ld-linux|libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnvrtc|libnvJitLink)\.so'
+mapfile -t libs < <(for f in "$out"/bin/*; do ldd "$f"; done | awk '/=> \// {print $1 " " $3}' | sort -u)
+for entry in "${libs[@]}"; do
+  name=${entry%% *}
+  path=${entry#* }
+  if [[ "$name" =~ $system_re ]]; then continue; fi
+  cp -L "$path" "$out/lib/$name"
+done
+
+if compgen -G "docs/results/cpu-*" > /dev/null; then cp -r docs/results/cpu-* "$out/cpu/"; fi
+cp scripts/device/run_examples_gpu.sh "$out/"
+{
+  git rev-parse HEAD
+  if [[ -n "$(git status --porcelain -- examples client kernels server proto common)" ]]; then
+    echo "dirty"
+  fi
+} > "$out/COMMIT"
+
+missing=$(for f in "$out"/bin/*; do
+  LD_LIBRARY_PATH="$PWD/$out/lib:/usr/local/cuda/lib64" ldd "$f" | grep 'not found' || true
+done)
+if [[ -n "$missing" ]]; then
+  echo "examples-bundle.sh: unresolved libraries:" >&2
+  echo "$missing" >&2
+  exit 1
+fi
+size_kib=$(du -sk "$out" | cut -f1)
+echo "examples-bundle.sh: $out is $((size_kib / 1024)) MiB ($(ls "$out/lib" | wc -l) libraries)"
+if ((size_kib > 56 * 1024)); then
+  echo "examples-bundle.sh: over 56 MiB (the device tool carries 64 MiB, tree included)" >&2
+  exit 1
+fi
