@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "e2e_util.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 
 namespace fp4q::server::testing {
@@ -219,6 +220,50 @@ TEST(E2eLifecycleTest, TlsAndMutualTls) {
   auto plain = (*server)->Stub();
   auto plain_ctx = Context("", absl::Seconds(10));
   EXPECT_EQ(Info(*plain, plain_ctx.get()).error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST(E2eLifecycleTest, ServerReflectionListsTheService) {
+  auto server = ServerProcess::Start({});
+  ASSERT_TRUE(server.ok()) << server.status();
+  // grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo with a hand-encoded
+  // ServerReflectionRequest{list_services: ""} (field 7, length 0), through the generic stub.
+  grpc::GenericStub stub((*server)->Channel());
+  grpc::CompletionQueue cq;
+  auto ctx = Context();
+  auto call = stub.PrepareCall(
+      ctx.get(), "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  auto next = [&](intptr_t want) {
+    void* tag = nullptr;
+    bool ok = false;
+    return cq.Next(&tag, &ok) && reinterpret_cast<intptr_t>(tag) == want && ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(next(1));
+  const char request[] = {0x3a, 0x00};
+  grpc::Slice slice(request, sizeof(request));
+  grpc::ByteBuffer out(&slice, 1);
+  call->Write(out, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(next(2));
+  call->WritesDone(reinterpret_cast<void*>(3));
+  ASSERT_TRUE(next(3));
+  grpc::ByteBuffer in;
+  call->Read(&in, reinterpret_cast<void*>(4));
+  ASSERT_TRUE(next(4));
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(in.Dump(&slices).ok());
+  std::string reply;
+  for (const auto& s : slices) reply.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_THAT(reply, HasSubstr("fp4q.v1.Fp4q"));
+  EXPECT_THAT(reply, HasSubstr("grpc.health.v1.Health"));
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  ASSERT_TRUE(next(5));
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
+  }
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "e2e_util.h"
 #include "fp4q/kernels/backend.h"
 #include "gmock/gmock.h"
@@ -382,6 +383,33 @@ TEST(E2eStateTest, CheckpointRestartRestoresStateAndSteps) {
   EXPECT_EQ(killed.weight().last_step(), 6);
   EXPECT_EQ(killed.quantized().codes(), before.quantized().codes());
   EXPECT_EQ(killed.residual().inline_data(), before.residual().inline_data());
+}
+
+TEST(E2eStateTest, PeriodicCheckpointSurvivesKillNine) {
+  TempDir dir;
+  const std::vector<std::string> flags = {"--state_dir=" + dir.path(), "--checkpoint_interval_s=1"};
+  auto server = ServerProcess::Start(flags);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = (*server)->Stub();
+  ASSERT_TRUE(CreateW(*stub, "periodic", RandomF32(16 * 32, 21), 16, 32, false).ok());
+  const v1::GetWeightReply before = GetW(*stub, "periodic", false);
+  // Wait for a periodic checkpoint that holds the weight (the log says so), then kill -9.
+  bool written = false;
+  for (int i = 0; i < 60 && !written; ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    written = (*server)->Log().find("\"tensors\":\"1\"") != std::string::npos;
+  }
+  ASSERT_TRUE(written) << (*server)->Log();
+  (*server)->Signal(SIGKILL);
+  EXPECT_EQ((*server)->Wait(), 128 + SIGKILL);
+  auto again = ServerProcess::Start(flags);
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto stub2 = (*again)->Stub();
+  grpc::Status s;
+  const v1::GetWeightReply after = GetW(*stub2, "periodic", false, &s);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(after.quantized().codes(), before.quantized().codes());
+  EXPECT_EQ(after.quantized().scales(), before.quantized().scales());
 }
 
 }  // namespace

@@ -33,7 +33,8 @@ class TempDir {
   std::string path_;
 };
 
-// fp4qd as a child process ($FP4QD_BINARY, else the build's FP4QD_PATH). Start() passes --listen 127.0.0.1:0 and
+// fp4qd as a child process ($FP4QD_BINARY, else the build's FP4QD_PATH). Start() passes --listen
+// 127.0.0.1:0 and
 // --metrics_listen 127.0.0.1:0 unless `flags` set them, waits for the address lines on stdout,
 // and keeps stderr in a file. The destructor kills the process if it still runs.
 class ServerProcess {

@@ -1,4 +1,5 @@
 // Engine: tensors in client regions (the CUDA IPC path), on a fake IPC backend over host memory.
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -175,6 +176,27 @@ TEST_F(EngineRegionTest, CloseSessionReleasesRegionsAndHandles) {
   QuantizeRequest r;
   r.input = RegionF32(region_, 0, 2, 16);
   EXPECT_THAT(Quantize(r), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no region")));
+}
+
+TEST_F(EngineRegionTest, StickyDeviceErrorPoisonsTheEngineOnce) {
+  std::atomic<int> calls{0};
+  absl::Status seen;
+  engine_->SetPoisonHandler([&](const absl::Status& s) {
+    seen = s;
+    ++calls;
+  });
+  QuantizeRequest r;
+  const std::string x = RandomF32(2 * 16, 3);
+  r.input = InlineF32(x, 2, 16);
+  ASSERT_TRUE(Quantize(r).ok());
+  EXPECT_TRUE(engine_->poisoned().ok());
+  fake_->Poison();
+  Quantize(r).IgnoreError();
+  Quantize(r).IgnoreError();
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_THAT(seen, StatusIs(absl::StatusCode::kInternal, HasSubstr("illegal memory access")));
+  EXPECT_THAT(engine_->poisoned(),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("illegal memory access")));
 }
 
 }  // namespace

@@ -304,14 +304,19 @@ TEST_F(EngineStateTest, ErrorFeedbackMatchesTheCpuBackendsResidualSteps) {
     testing::RefQuantized ref;
     ref.codes.assign(8 * 16, '\0');
     ref.scales.assign(8 * 2, '\0');
-    kernels::QuantizedTensor qt{kernels::Format::kNvfp4, kernels::BlockShape::k1x16,
-                                kernels::ScaleLayout::kPlain, 8, 32,
-                                reinterpret_cast<uint8_t*>(ref.codes.data()), ref.codes.size(),
-                                reinterpret_cast<uint8_t*>(ref.scales.data()), ref.scales.size(),
+    kernels::QuantizedTensor qt{kernels::Format::kNvfp4,
+                                kernels::BlockShape::k1x16,
+                                kernels::ScaleLayout::kPlain,
+                                8,
+                                32,
+                                reinterpret_cast<uint8_t*>(ref.codes.data()),
+                                ref.codes.size(),
+                                reinterpret_cast<uint8_t*>(ref.scales.data()),
+                                ref.scales.size(),
                                 ref.global};
-    ASSERT_TRUE(cpu->Quantize({x.data(), kernels::DType::kF32, 8, 32}, o, q_r.data(), &qt,
-                              nullptr, nullptr)
-                    .ok());
+    ASSERT_TRUE(
+        cpu->Quantize({x.data(), kernels::DType::kF32, 8, 32}, o, q_r.data(), &qt, nullptr, nullptr)
+            .ok());
     EXPECT_EQ(gq->rowwise.codes.inline_data, ref.codes) << "step " << step;
     EXPECT_EQ(gq->rowwise.scales.inline_data, ref.scales) << "step " << step;
     EXPECT_EQ(gq->rowwise.global_amax, ref.global[0]) << "step " << step;

@@ -39,6 +39,8 @@ class FakeIpcBackend final : public kernels::Backend {
     return handle;
   }
   int opens() const { return opens_.load(); }
+  // From now on Healthy() reports a sticky device error.
+  void Poison() { poisoned_.store(true); }
   int closes() const { return closes_.load(); }
 
   kernels::DeviceInfo Info() const override {
@@ -64,7 +66,10 @@ class FakeIpcBackend final : public kernels::Backend {
     return cpu_->Memset(d, v, n, st);
   }
   absl::Status Synchronize(kernels::Stream st) override { return cpu_->Synchronize(st); }
-  absl::Status Healthy() const override { return cpu_->Healthy(); }
+  absl::Status Healthy() const override {
+    if (poisoned_.load()) return absl::InternalError("an illegal memory access was encountered");
+    return cpu_->Healthy();
+  }
   absl::StatusOr<void*> OpenIpcHandle(const std::string& handle) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = exported_.find(handle);
@@ -118,6 +123,7 @@ class FakeIpcBackend final : public kernels::Backend {
   std::map<std::string, void*> exported_;
   std::atomic<int> opens_{0};
   std::atomic<int> closes_{0};
+  std::atomic<bool> poisoned_{false};
 };
 
 // Calls an asynchronous engine method and waits for its completion.
