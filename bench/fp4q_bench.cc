@@ -4,7 +4,8 @@
 // plus a few informative rows. Random non-zero data; CUDA events; warm-up; medians; rotating
 // buffer sets larger than the L2 cache.
 //
-//   fp4q_bench --out results.json [--commit SHA] [--iters N]
+//   fp4q_bench --out results.json [--commit SHA] [--iters N] [--only SUBSTRING]
+// (--only: run just the rows whose name contains SUBSTRING, e.g. under a profiler.)
 //
 // Bytes counted per row are the fewest a kernel must move (each input read once, each output
 // written once); GB/s = bytes / median time; "vs copy" = GB/s over the measured copy GB/s
@@ -91,7 +92,7 @@ Input MakeBf16Input(int64_t rows, int64_t cols, uint64_t seed) {
 }
 
 int Run(int argc, char** argv) {
-  std::string out_path, commit = "unknown";
+  std::string out_path, commit = "unknown", only;
   int iters = 30;
   std::string command;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
@@ -103,8 +104,11 @@ int Run(int argc, char** argv) {
       commit = argv[++i];
     } else if (a == "--iters" && i + 1 < argc) {
       iters = std::atoi(argv[++i]);
+    } else if (a == "--only" && i + 1 < argc) {
+      only = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: fp4q_bench --out results.json [--commit SHA] [--iters N]\n");
+      std::fprintf(stderr,
+                   "usage: fp4q_bench --out results.json [--commit SHA] [--iters N] [--only S]\n");
       return 2;
     }
   }
@@ -165,8 +169,12 @@ int Run(int argc, char** argv) {
   }
   const double q_bytes = n * 2 + n / 2 + n / 16 + 8;
 
+  auto want = [&](const std::string& name) {
+    return only.empty() || name.find(only) != std::string::npos;
+  };
   auto quant_row = [&](const std::string& name, QuantizeOptions o, const std::string& target,
                        double frac, const std::string& note = "") {
+    if (!want(name)) return;
     const Timing t = TimeEvents(s, 5, iters, [&](int i) {
       const int k = i % kSets;
       QuantizeOptions oo = o;
@@ -192,7 +200,7 @@ int Run(int argc, char** argv) {
   rht_sr.rht = RhtMode::kDefaultSigns;
   quant_row("quantize nvfp4 1x16 RHT+SR, amax given", rht_sr, ">= 70% of copy", 0.70);
 
-  {  // row-wise + column-wise, RHT + SR
+  if (want("quantize nvfp4 row+col RHT+SR")) {  // row-wise + column-wise, RHT + SR
     QuantizeOptions o = rht_sr;
     o.columnwise = true;
     const double bytes = n * 2 + 2 * (n / 2 + n / 16) + 16;
@@ -208,7 +216,7 @@ int Run(int argc, char** argv) {
     std::printf("%-48s %9.2f us\n", rows.back().name.c_str(), t.median_us);
   }
 
-  {  // QDQ with error feedback: x bf16 in, residual f32 read + written, out bf16.
+  if (want("QDQ nvfp4 + error feedback")) {  // x bf16 in, residual f32 read + written, out bf16
     std::vector<std::unique_ptr<DevMem>> res, dq;
     for (int i = 0; i < kSets; ++i) {
       const std::vector<float> r = RandomF32(static_cast<size_t>(n), 900 + i, 0.01f);
@@ -236,7 +244,7 @@ int Run(int argc, char** argv) {
   QuantizeOptions t16 = rtn;
   t16.block = BlockShape::k16x16;
   quant_row("quantize nvfp4 16x16 RTN, amax given", t16, "", 0);
-  {
+  if (want("quantize mxfp4 RTN")) {
     QuantizeOptions mx;
     mx.format = Format::kMxfp4;
     mx.block = BlockShape::k1x32;
@@ -250,7 +258,7 @@ int Run(int argc, char** argv) {
     });
     rows.push_back(Row{"quantize mxfp4 RTN", shape, t.median_us, bytes, 0, 0, "", 0, "", ""});
   }
-  {
+  if (want("dequantize nvfp4 -> bf16")) {
     std::vector<std::unique_ptr<DevMem>> out;
     for (int i = 0; i < kSets; ++i) out.push_back(std::make_unique<DevMem>(static_cast<size_t>(n) * 2));
     const Timing t = TimeEvents(s, 5, iters, [&](int i) {
@@ -277,6 +285,7 @@ int Run(int argc, char** argv) {
 
   // ---- small tensors: host wall-clock per call of back-to-back calls (and GPU time).
   for (int64_t m : {1, 16, 128}) {
+    if (!want("quantize small")) break;
     Input x = MakeBf16Input(m, 4096, 500 + m);
     QBuf q(Format::kNvfp4, BlockShape::k1x16, m, 4096);
     for (bool given : {true, false}) {
@@ -301,6 +310,7 @@ int Run(int argc, char** argv) {
 
   // ---- GEMM, B pre-quantized: ours (bf16 out) vs cuBLAS bf16.
   for (int64_t m : {1, 16, 128, 8192}) {
+    if (!want("GEMM")) break;
     const int64_t nn = 8192, k = 8192;
     const int bsets = m <= 128 ? 4 : 1;
     std::vector<std::unique_ptr<QBuf>> qa, qb;

@@ -4,9 +4,10 @@
 // Budget (8192 x 8192 bf16 in, NVFP4 out): 2 bytes read + 0.5625 written per element, so at
 // 4.2 TB/s about 23 warp instructions per 32 elements per scheduler are available, of which
 // integer/min-max ones count double (half-rate pipe on Hopper). A unit is 32 consecutive
-// elements of a row (64 bytes of bf16); threads loop over units grid-stride, with their next
-// 2-3 units already copied towards shared memory (cp.async) while the current one is computed.
-// 16x16 tiles map a warp onto 16 rows x 64 columns so the tile amax is a shuffle.
+// elements of a row (64 bytes of bf16); threads loop over units grid-stride and load the next
+// unit before computing the current one (a cp.async ring 2-3 units deep in shared memory measured
+// slower: bench/NOTES.md v3). 16x16 tiles map a warp onto 16 rows x 64 columns so
+// the tile amax is a shuffle.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -55,9 +56,56 @@ FP4Q_D void LoadUpdateSource(const RowParams& p, int64_t row, int64_t c0, int n,
   }
 }
 
+// The raw 16-byte words of one unit's x and residual, loaded one unit ahead (software
+// pipelining: the next unit's loads are in flight while this one is computed).
+template <typename In, bool kRes>
+struct RawUnit {
+  static constexpr int kX = sizeof(In) == 2 ? 4 : 8;
+  uint4 x[kX];
+  uint4 r[kRes ? 8 : 1];
+};
+
+template <typename In, bool kRes>
+FP4Q_D void LoadRaw(const RowParams& p, int64_t base, int n, RawUnit<In, kRes>* raw) {
+  constexpr int kX = RawUnit<In, kRes>::kX;
+  const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+  const uint4* xp = reinterpret_cast<const uint4*>(static_cast<const In*>(p.x) + base);
+#pragma unroll
+  for (int k = 0; k < kX; ++k) raw->x[k] = (n > 0 && (k < kX / 2 || n > 16)) ? xp[k] : z;
+  if (kRes) {
+    const uint4* rp = reinterpret_cast<const uint4*>(p.residual + base);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) raw->r[k] = (n > 0 && (k < 4 || n > 16)) ? rp[k] : z;
+  }
+}
+
+template <typename In, bool kRes>
+FP4Q_D void Widen(const RawUnit<In, kRes>& raw, float* v) {
+  if constexpr (sizeof(In) == 2) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t w[4] = {raw.x[k].x, raw.x[k].y, raw.x[k].z, raw.x[k].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        v[8 * k + 2 * j] = Bf16Lo(w[j]);
+        v[8 * k + 2 * j + 1] = Bf16Hi(w[j]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      v[4 * k] = __uint_as_float(raw.x[k].x);
+      v[4 * k + 1] = __uint_as_float(raw.x[k].y);
+      v[4 * k + 2] = __uint_as_float(raw.x[k].z);
+      v[4 * k + 3] = __uint_as_float(raw.x[k].w);
+    }
+  }
+}
+
 // Where one unit lives. The loop over units is uniform across a warp (every lane runs the same
 // number of iterations, lanes past the end with n = 0) so warp shuffles stay legal.
 struct Item {
+  int64_t next;  // non-tile: the warp's first unit; tile: the warp's tile index
   int64_t row = 0;
   int64_t c0 = 0;
   int n = 0;
@@ -65,15 +113,18 @@ struct Item {
 
 template <bool kTile>
 FP4Q_D bool Locate(const RowParams& p, int64_t index, int lane, Item* it) {
+  int64_t total;
   if (kTile) {
     const int64_t groups = (p.cols + 63) >> 6;
-    if (index >= (p.rows >> 4) * groups) return false;
+    total = (p.rows >> 4) * groups;
+    if (index >= total) return false;
     const int64_t rg = index / groups;
     it->row = rg * 16 + (lane >> 1);
     it->c0 = (index - rg * groups) * 64 + (lane & 1) * 32;
   } else {
     const int64_t per_row = (p.cols + 31) >> 5;
-    if (index >= p.rows * per_row) return false;
+    total = p.rows * per_row;
+    if (index >= total) return false;
     const int64_t unit = index + lane;
     it->row = unit / per_row;
     it->c0 = (unit - it->row * per_row) * 32;
@@ -83,134 +134,14 @@ FP4Q_D bool Locate(const RowParams& p, int64_t index, int lane, Item* it) {
   return true;
 }
 
-// ---- the staging ring: each thread copies its next units' raw words (x, and the residual for
-// error feedback) into shared memory with cp.async, kDepth units ahead, so the memory system
-// always has 2-3 units per thread in flight while the current one is computed. Layout
-// [slot][word][thread] keeps the 16-byte accesses of a warp conflict-free.
-
-FP4Q_D void CpAsync16(void* smem, const void* gmem, bool valid) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-               "r"(valid ? 16 : 0));
-}
-FP4Q_D void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-FP4Q_D void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
-template <typename In, bool kRes>
-struct Ring {
-  static constexpr int kX = sizeof(In) == 2 ? 4 : 8;  // 16-byte words of x per unit
-  static constexpr int kWords = kX + (kRes ? 8 : 0);
-  static constexpr int kDepth = kWords <= 4 ? 3 : 2;
-  static constexpr size_t kBytes = size_t{kDepth} * kWords * 16 * kThreads;
-};
-
-template <typename In, bool kRes>
-FP4Q_D void IssueUnit(const RowParams& p, const Item& it, bool have, uint4* ring, int slot) {
-  using R = Ring<In, kRes>;
-  const int64_t base = it.row * p.cols + it.c0;
-  const uint4* xp = reinterpret_cast<const uint4*>(static_cast<const In*>(p.x) + base);
-#pragma unroll
-  for (int k = 0; k < R::kX; ++k) {
-    const bool valid = have && it.n > 0 && (k < R::kX / 2 || it.n > 16);
-    CpAsync16(&ring[(slot * R::kWords + k) * kThreads + threadIdx.x], valid ? xp + k : p.x,
-              valid);
-  }
-  if (kRes) {
-    const uint4* rp = reinterpret_cast<const uint4*>(p.residual + base);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const bool valid = have && it.n > 0 && (k < 4 || it.n > 16);
-      CpAsync16(&ring[(slot * R::kWords + R::kX + k) * kThreads + threadIdx.x],
-                valid ? rp + k : p.x, valid);
-    }
-  }
-  CpAsyncCommit();
-}
-
-// The unit in ring slot `slot` as f32 values (x, plus the residual when kRes).
-template <typename In, bool kRes>
-FP4Q_D void ReadUnit(const uint4* ring, int slot, float* v) {
-  using R = Ring<In, kRes>;
-#pragma unroll
-  for (int k = 0; k < R::kX; ++k) {
-    const uint4 q = ring[(slot * R::kWords + k) * kThreads + threadIdx.x];
-    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-    if constexpr (sizeof(In) == 2) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        v[8 * k + 2 * j] = Bf16Lo(w[j]);
-        v[8 * k + 2 * j + 1] = Bf16Hi(w[j]);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) v[4 * k + j] = __uint_as_float(w[j]);
-    }
-  }
-  if (kRes) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const uint4 q = ring[(slot * R::kWords + R::kX + k) * kThreads + threadIdx.x];
-      v[4 * k] = __fadd_rn(v[4 * k], __uint_as_float(q.x));
-      v[4 * k + 1] = __fadd_rn(v[4 * k + 1], __uint_as_float(q.y));
-      v[4 * k + 2] = __fadd_rn(v[4 * k + 2], __uint_as_float(q.z));
-      v[4 * k + 3] = __fadd_rn(v[4 * k + 3], __uint_as_float(q.w));
-    }
-  }
-}
-
-// Quantizes one unit whose source values are in v and writes its outputs.
-template <typename In, int kFmt, bool kSr, bool kRht>
-FP4Q_D void ProcessUnit(const RowParams& p, const Item& it, const UnitCtx& ctx, bool amax_only,
-                        float* v, float* thread_max) {
-  const int n_valid = it.n;
-  const int64_t base = it.row * p.cols + it.c0;
-  if (kRht) {
-    Rht16(v, p.q.rht_signs, sizeof(In) == 2);
-    Rht16(v + 16, p.q.rht_signs, sizeof(In) == 2);  // zeros stay zeros
-  }
-  if (amax_only || (kFmt == kFmtMx && p.out.global != nullptr)) {
-#pragma unroll
-    for (int e = 0; e < 32; ++e) *thread_max = fmaxf(*thread_max, fabsf(v[e]));
-  }
-  if (amax_only) return;
-  UnitResult r;
-  QuantizeUnit<kFmt, kSr, 1>(v, n_valid, ctx, static_cast<uint64_t>(base), &r);
-  if (n_valid == 0) return;
-  if (p.out.codes != nullptr) StoreUnit<kFmt>(p.out, p.rows, p.cols, it.row, it.c0, n_valid, r);
-  if (p.dq != nullptr || p.residual != nullptr) {
-    // Four elements at a time (few live registers): r <- v - DQ, out <- DQ.
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      if (k >= 4 && n_valid <= 16) break;
-      float d[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) d[j] = UnitDq<kFmt>(r, 4 * k + j, ctx);
-      if (p.residual != nullptr) {
-        reinterpret_cast<float4*>(p.residual + base)[k] =
-            make_float4(__fsub_rn(v[4 * k], d[0]), __fsub_rn(v[4 * k + 1], d[1]),
-                        __fsub_rn(v[4 * k + 2], d[2]), __fsub_rn(v[4 * k + 3], d[3]));
-      }
-      if (p.dq != nullptr) {
-        if (p.dq_dtype == kF32) {
-          reinterpret_cast<float4*>(static_cast<float*>(p.dq) + base)[k] =
-              make_float4(d[0], d[1], d[2], d[3]);
-        } else {
-          reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.dq) + base)[k] =
-              make_uint2(PackBf16x2(d[0], d[1]), PackBf16x2(d[2], d[3]));
-        }
-      }
-    }
-  }
-}
-
-// kRes: error feedback (the residual travels through the ring with x); kUpdate: the UpdateWeight
-// source (loaded directly, no ring).
+// kRes: error feedback (x and the residual are loaded at the top of each unit, no prefetch:
+// 192 bytes a unit in flight from 3 CTAs per SM beat a register prefetch at 1 CTA per SM);
+// kUpdate: the UpdateWeight source. Otherwise the next unit's x is prefetched into registers
+// (2 CTAs per SM at 128 registers for bf16).
 template <typename In, int kFmt, bool kSr, bool kRht, bool kUpdate, bool kRes>
-__global__ void __launch_bounds__(kThreads, 2) QuantizeRowsKernel(const RowParams p) {
-  extern __shared__ uint4 ring[];
+__global__ void __launch_bounds__(kThreads, kRes ? 3 : (sizeof(In) == 4 ? 1 : 2))
+    QuantizeRowsKernel(const RowParams p) {
+  constexpr bool kPrefetch = !kRes && !kUpdate;
   constexpr bool kTile = kFmt == kFmtNv16x16;
   const int lane = threadIdx.x & 31;
   const int64_t gtid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -220,9 +151,10 @@ __global__ void __launch_bounds__(kThreads, 2) QuantizeRowsKernel(const RowParam
   const int64_t step = kTile ? (stride >> 5) : stride;
 
   const bool amax_only = p.amax_out != nullptr;
+  float amax = 0.0f;
   UnitCtx ctx{};
   if (!amax_only) {
-    const float amax = p.out.amax_ptr != nullptr ? *p.out.amax_ptr : p.out.amax_value;
+    amax = p.out.amax_ptr != nullptr ? *p.out.amax_ptr : p.out.amax_value;
     ctx = MakeUnitCtx(p.q, amax);
     if (gtid == 0 && p.out.global != nullptr) {
       if (p.out.write_amax) p.out.global[0] = amax;
@@ -231,62 +163,97 @@ __global__ void __launch_bounds__(kThreads, 2) QuantizeRowsKernel(const RowParam
   }
   float thread_max = 0.0f;  // amax-only pass, and MXFP4's recorded global amax
 
-  if constexpr (kUpdate) {
-    Item it;
-    for (int64_t index = first; Locate<kTile>(p, index, lane, &it); index += step) {
-      float v[32];
+  Item it;
+  RawUnit<In, kRes> raw;
+  bool have = Locate<kTile>(p, first, lane, &it);
+  it.next = first;
+  if (have && kPrefetch) LoadRaw<In, kRes>(p, it.row * p.cols + it.c0, it.n, &raw);
+  while (have) {
+    // Prefetch the next unit (or, without prefetch, load this one now).
+    Item nx;
+    RawUnit<In, kRes> nraw;
+    const bool have_next = Locate<kTile>(p, it.next + step, lane, &nx);
+    nx.next = it.next + step;
+    if (kPrefetch && have_next) LoadRaw<In, kRes>(p, nx.row * p.cols + nx.c0, nx.n, &nraw);
+    if (!kPrefetch && !kUpdate) LoadRaw<In, kRes>(p, it.row * p.cols + it.c0, it.n, &raw);
+
+    const int n_valid = it.n;
+    const int64_t base = it.row * p.cols + it.c0;
+    float v[32];
+    if (kUpdate) {
 #pragma unroll
       for (int e = 0; e < 32; ++e) v[e] = 0.0f;
-      if (it.n > 0) {
+      if (n_valid > 0) {
         const float s_dec_old = __frcp_rn(*p.w_old_senc);
         if (p.upd_dtype == kF32) {
-          LoadUpdateSource<float>(p, it.row, it.c0, it.n, s_dec_old, v);
+          LoadUpdateSource<float>(p, it.row, it.c0, n_valid, s_dec_old, v);
         } else {
-          LoadUpdateSource<__nv_bfloat16>(p, it.row, it.c0, it.n, s_dec_old, v);
+          LoadUpdateSource<__nv_bfloat16>(p, it.row, it.c0, n_valid, s_dec_old, v);
         }
         if (p.residual != nullptr) {
           float r[32];
-          LoadElems<float>(p.residual + it.row * p.cols + it.c0, it.n, r);
+          LoadElems<float>(p.residual + base, n_valid, r);
 #pragma unroll
           for (int e = 0; e < 32; ++e) v[e] = __fadd_rn(v[e], r[e]);
         }
       }
-      ProcessUnit<In, kFmt, kSr, false>(p, it, ctx, amax_only, v, &thread_max);
-    }
-  } else {
-    using R = Ring<In, kRes>;
-    // Prologue: the first kDepth units in flight (empty groups past the end keep the count).
-    Item q0, q1, q2;
-    int64_t i1 = first + step, i2 = first + 2 * step;
-    bool h0 = Locate<kTile>(p, first, lane, &q0);
-    bool h1 = Locate<kTile>(p, i1, lane, &q1);
-    bool h2 = R::kDepth > 2 && Locate<kTile>(p, i2, lane, &q2);
-    IssueUnit<In, kRes>(p, q0, h0, ring, 0);
-    IssueUnit<In, kRes>(p, q1, h1, ring, 1);
-    if (R::kDepth > 2) IssueUnit<In, kRes>(p, q2, h2, ring, 2);
-    int slot = 0;
-    while (h0) {
-      CpAsyncWait<R::kDepth - 1>();
-      float v[32];
-      ReadUnit<In, kRes>(ring, slot, v);
-      // Refill this slot with the unit kDepth ahead.
-      Item qn;
-      const int64_t in = (R::kDepth > 2 ? i2 : i1) + step;
-      const bool hn = Locate<kTile>(p, in, lane, &qn);
-      IssueUnit<In, kRes>(p, qn, hn, ring, slot);
-      ProcessUnit<In, kFmt, kSr, kRht>(p, q0, ctx, amax_only, v, &thread_max);
-      // Rotate.
-      if (R::kDepth > 2) {
-        q0 = q1; h0 = h1;
-        q1 = q2; h1 = h2; i1 = i2;
-        q2 = qn; h2 = hn; i2 = in;
-      } else {
-        q0 = q1; h0 = h1;
-        q1 = qn; h1 = hn; i1 = in;
+    } else {
+      Widen<In, kRes>(raw, v);
+      if (kRes) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          v[4 * k] = __fadd_rn(v[4 * k], __uint_as_float(raw.r[k].x));
+          v[4 * k + 1] = __fadd_rn(v[4 * k + 1], __uint_as_float(raw.r[k].y));
+          v[4 * k + 2] = __fadd_rn(v[4 * k + 2], __uint_as_float(raw.r[k].z));
+          v[4 * k + 3] = __fadd_rn(v[4 * k + 3], __uint_as_float(raw.r[k].w));
+        }
       }
-      slot = slot + 1 == R::kDepth ? 0 : slot + 1;
     }
-    CpAsyncWait<0>();
+    if (kRht) {
+      Rht16(v, p.q.rht_signs, sizeof(In) == 2);
+      Rht16(v + 16, p.q.rht_signs, sizeof(In) == 2);  // zeros stay zeros
+    }
+
+    if (amax_only || (kFmt == kFmtMx && p.out.global != nullptr)) {
+#pragma unroll
+      for (int e = 0; e < 32; ++e) thread_max = fmaxf(thread_max, fabsf(v[e]));
+    }
+    if (!amax_only) {
+      UnitResult r;
+      QuantizeUnit<kFmt, kSr, 1>(v, n_valid, ctx, static_cast<uint64_t>(base), &r);
+      if (n_valid > 0) {
+        if (p.out.codes != nullptr) {
+          StoreUnit<kFmt>(p.out, p.rows, p.cols, it.row, it.c0, n_valid, r);
+        }
+        if (p.dq != nullptr || p.residual != nullptr) {
+          // Four elements at a time (few live registers): r <- v - DQ, out <- DQ.
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            if (k >= 4 && n_valid <= 16) break;
+            float d[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) d[j] = UnitDq<kFmt>(r, 4 * k + j, ctx);
+            if (p.residual != nullptr) {
+              reinterpret_cast<float4*>(p.residual + base)[k] =
+                  make_float4(__fsub_rn(v[4 * k], d[0]), __fsub_rn(v[4 * k + 1], d[1]),
+                              __fsub_rn(v[4 * k + 2], d[2]), __fsub_rn(v[4 * k + 3], d[3]));
+            }
+            if (p.dq != nullptr) {
+              if (p.dq_dtype == kF32) {
+                reinterpret_cast<float4*>(static_cast<float*>(p.dq) + base)[k] =
+                    make_float4(d[0], d[1], d[2], d[3]);
+              } else {
+                reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.dq) + base)[k] =
+                    make_uint2(PackBf16x2(d[0], d[1]), PackBf16x2(d[2], d[3]));
+              }
+            }
+          }
+        }
+      }
+    }
+    it = nx;
+    if (kPrefetch) raw = nraw;
+    have = have_next;
   }
 
   if (amax_only) {
@@ -306,17 +273,15 @@ cudaError_t Launch(const RowParams& p, cudaStream_t s) {
   }
   int64_t blocks = (threads + kThreads - 1) / kThreads;
   if (blocks == 0) return cudaSuccess;
-  // A grid-stride loop over units: a couple of CTAs per SM, each thread several units.
-  const int64_t cap = static_cast<int64_t>(SmCount()) * 2;
-  if (blocks > cap) blocks = cap;
-  const size_t smem = kUpdate ? 0 : Ring<In, kRes>::kBytes;
-  auto kernel = QuantizeRowsKernel<In, kFmt, kSr, kRht, kUpdate, kRes>;
-  if (smem > 48 * 1024) {  // per device and function, so set on every such launch
-    const cudaError_t e = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
+  // With prefetch: a grid-stride loop, a few CTAs per SM, each thread several units. Without:
+  // one unit per thread (many CTAs in flight instead).
+  if (!kRes && !kUpdate) {
+    const int64_t cap = static_cast<int64_t>(SmCount()) * 4;
+    if (blocks > cap) blocks = cap;
   }
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, s>>>(p);
+  if (blocks > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
+  QuantizeRowsKernel<In, kFmt, kSr, kRht, kUpdate, kRes>
+      <<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(p);
   return cudaGetLastError();
 }
 
