@@ -61,7 +61,9 @@ struct EngineOptions {
   bool allow_cuda_ipc = false;
   std::string state_dir;                                      // empty: no persistence
   absl::Duration checkpoint_interval = absl::ZeroDuration();  // zero: none periodic
-  int quality_sample_every = 16;  // sample 1 in N Quantize requests (the first one too); 0: off
+  // Quality metrics on 1 in N Quantize requests (the first one too; at most ~1 Mi elements of
+  // each, a prefix of whole rows); 0: off.
+  int quality_sample_every = 16;
   std::string version = "0.1.0";
   absl::Duration maintenance_period = absl::Seconds(1);
   std::function<absl::Time()> clock;  // sessions' clock (tests); absl::Now when empty

@@ -228,21 +228,31 @@ void Engine::SampleQuality(OpEnv& env, const kernels::ConstTensor& x,
   if (quantize_count_.fetch_add(1) % static_cast<uint64_t>(options_.quality_sample_every) != 0) {
     return;
   }
-  const int64_t n = x.rows * x.cols;
+  // A bounded sample: a prefix of whole rows, about 1 Mi elements at most, cut where the scale
+  // layout allows (16x16 tiles: 16 rows; swizzled scales: 128-row tiles).
+  const int64_t unit = q.scale_layout == kernels::ScaleLayout::kSwizzled ? 128
+                       : q.block == kernels::BlockShape::k16x16          ? 16
+                                                                         : 1;
+  int64_t rows = x.rows;
+  const int64_t limit = std::max<int64_t>(1, (int64_t{1} << 20) / x.cols);
+  if (rows > limit) rows = std::min(x.rows, std::max(unit, limit / unit * unit));
+  kernels::ConstQuantizedTensor sample = kernels::AsConst(q);
+  sample.rows = rows;
+  const int64_t n = rows * x.cols;
   const size_t dq_bytes = static_cast<size_t>(n) * sizeof(float);
   absl::StatusOr<void*> dq = env.Scratch(dq_bytes);
   if (!dq.ok()) return;
-  kernels::MutTensor out{*dq, kernels::DType::kF32, x.rows, x.cols, dq_bytes};
-  if (!env.backend().Dequantize(kernels::AsConst(q), out, env.stream()).ok()) return;
+  kernels::MutTensor out{*dq, kernels::DType::kF32, rows, x.cols, dq_bytes};
+  if (!env.backend().Dequantize(sample, out, env.stream()).ok()) return;
   if (!env.backend().Synchronize(env.stream()).ok()) return;
   const size_t x_bytes = static_cast<size_t>(n) * kernels::DTypeSize(x.dtype);
   absl::StatusOr<const void*> hx = env.HostView(x.data, x_bytes);
   absl::StatusOr<const void*> hdq = env.HostView(*dq, dq_bytes);
-  absl::StatusOr<const void*> hcodes = env.HostView(q.codes, q.codes_capacity);
+  absl::StatusOr<const void*> hcodes = env.HostView(q.codes, static_cast<size_t>(n / 2));
   if (!hx.ok() || !hdq.ok() || !hcodes.ok()) return;
   const std::vector<float> xf = ToF32(*hx, x.dtype, n);
   QualityStats s = ComputeQuality(xf.data(), static_cast<const float*>(*hdq),
-                                  static_cast<const uint8_t*>(*hcodes), x.rows, x.cols);
+                                  static_cast<const uint8_t*>(*hcodes), rows, x.cols);
   if (s.valid) observer_->Quality(s.sqnr_db, s.clipped_ratio, s.underflow_ratio);
 }
 
@@ -336,7 +346,9 @@ absl::Status Engine::RunQuantize(OpEnv& env, const QuantizeRequest& req, Quantiz
     res->has_columnwise = true;
     FillQuantized(cq, cg, &res->columnwise);
   }
-  if (!ef && opts.rowwise) SampleQuality(env, x, rq);
+  // Quality compares DQ with x, so not with RHT (DQ is in the transformed domain) nor with error
+  // feedback (it quantized x + r).
+  if (!ef && opts.rowwise && opts.rht == kernels::RhtMode::kOff) SampleQuality(env, x, rq);
   return absl::OkStatus();
 }
 

@@ -181,6 +181,24 @@ TEST(E2eMetricsTest, MetricsAfterKnownTraffic) {
   text = HttpGet(addr, "/metrics");
   ASSERT_TRUE(text.ok());
   EXPECT_EQ(Metric(*text, "fp4q_sessions"), 0);
+
+  // A large request is sampled on a prefix of whole rows (about 1 Mi elements): [2048, 1024]
+  // -> its first 1024 rows. Its largest element sits in the prefix, so quantizing the prefix
+  // alone gives the same global scale and the same codes.
+  const double sum_before = Metric(*text, "fp4q_quant_sqnr_db_sum");
+  std::string big = RandomF32(2048 * 1024, 4);
+  const float peak = 100.0f;
+  std::memcpy(big.data(), &peak, 4);
+  const Quality prefix = Expected(big.substr(0, size_t{1024} * 1024 * 4), 1024, 1024);
+  v1::QuantizeRequest bq;
+  *bq.mutable_input() = InlineTensor(big, 2048, 1024);
+  v1::QuantizeReply brep;
+  auto bctx = Context();
+  ASSERT_TRUE(stub->Quantize(bctx.get(), bq, &brep).ok());
+  text = HttpGet(addr, "/metrics");
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(Metric(*text, "fp4q_quant_sqnr_db_count"), 4);
+  EXPECT_NEAR(Metric(*text, "fp4q_quant_sqnr_db_sum") - sum_before, prefix.sqnr_db, 1e-6);
 }
 
 TEST(E2eMetricsTest, QueueBoundAnswersResourceExhausted) {
