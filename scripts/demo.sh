@@ -20,7 +20,7 @@ seed=1
 out=""
 backend=auto
 transport=inline
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
     --build-dir) build_dir="${2:?--build-dir needs a value}"; shift 2 ;;

@@ -22,7 +22,7 @@ while (($#)); do
     --out) out="$2"; shift 2 ;;
     --steps) steps_list="$2"; shift 2 ;;
     --seed) seed="$2"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_examples_gpu.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
