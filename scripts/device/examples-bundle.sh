@@ -11,9 +11,10 @@
 #
 #   scripts/device/examples-bundle.sh [--build-dir DIR] [--archs "90a-real"] [--out DIR]
 # Defaults: build dir build-examples-cuda, CUDA architectures 90a-real (H200), out
-# DIR/bundle. Then, on the GPU machine (the device tool):
-#   run(carry=["build-examples-cuda/bundle"],
-#       command="build-examples-cuda/bundle/run_examples_gpu.sh --out $OUT")
+# DIR/bundle. Then, on the GPU machine (the device tool returns at most 8 files: pack them):
+#   run(carry=["build-examples-cuda/bundle"], command="b=build-examples-cuda/bundle;
+#       chmod +x $b/run_examples_gpu.sh $b/bin/*; $b/run_examples_gpu.sh --out /tmp/g; rc=$?;
+#       tar czf $OUT/gpu_results.tgz -C /tmp g; cp /tmp/g/compare.txt $OUT/; exit $rc")
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -25,7 +26,7 @@ while (($#)); do
     --build-dir) build_dir="$2"; shift 2 ;;
     --archs) archs="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "examples-bundle.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
