@@ -26,7 +26,7 @@ while (($#)); do
     --build-dir) build_dir="$2"; shift 2 ;;
     --archs) archs="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "examples-bundle.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
