@@ -96,7 +96,9 @@ Results Load(const std::string& name) {
   const std::string csv = Slurp(dir + "/" + name + ".csv");
   std::vector<std::string> lines = absl::StrSplit(csv, '\n', absl::SkipEmpty());
   EXPECT_FALSE(lines.empty());
-  if (!lines.empty()) EXPECT_EQ(lines[0], "step,fp32,rtn,sr,rtn_ef,sr_ef");
+  if (!lines.empty()) {
+    EXPECT_EQ(lines[0], "step,fp32,rtn,sr,rtn_ef,sr_ef");
+  }
   for (size_t i = 1; i < lines.size(); ++i) {
     std::vector<double> row;
     for (absl::string_view f : absl::StrSplit(lines[i], ',')) {

@@ -53,7 +53,9 @@ class ExamplesLiveTest : public ::testing::Test {
   static void TearDownTestSuite() {
     delete client_;
     client_ = nullptr;
-    if (server_ != nullptr) EXPECT_EQ(server_->Stop(), 0) << server_->Log();
+    if (server_ != nullptr) {
+      EXPECT_EQ(server_->Stop(), 0) << server_->Log();
+    }
     delete server_;
     server_ = nullptr;
   }
