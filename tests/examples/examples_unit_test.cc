@@ -489,6 +489,16 @@ TEST(ReportTest, ShapeChecksFollowTheNumbers) {
   EXPECT_EQ(low[5].rhs, 0.0005);
 }
 
+TEST(ReportTest, AMissingVariantReadsAsNanAndFailsItsChecks) {
+  ExperimentResult r = HandResult(0.5);
+  r.variants.pop_back();  // no SR+EF
+  EXPECT_TRUE(std::isnan(r.Get(Variant::kSrEf).final_loss()));
+  EXPECT_TRUE(std::isnan(r.Get(Variant::kSrEf).moved_fraction()));
+  std::vector<ShapeCheck> checks = ExpectedShapeChecks(r);
+  EXPECT_FALSE(checks[3].passed);  // SR+EF final <= 0.5 x RTN final
+  EXPECT_FALSE(checks[6].passed);  // SR+EF final <= 1.1 x SR final
+}
+
 TEST(ReportTest, TableShowsEveryVariantAndCheck) {
   std::ostringstream out;
   PrintTable(HandResult(0.5), out);

@@ -35,6 +35,7 @@
 #ifndef FP4Q_EXAMPLES_EXPERIMENT_H_
 #define FP4Q_EXAMPLES_EXPERIMENT_H_
 
+#include <cmath>
 #include <cstdint>
 #include <ostream>
 #include <string>
@@ -75,8 +76,9 @@ struct VariantResult {
       0;  // weights whose code changed at least once (quantized only)
   int64_t weights = 0;  // weights counted (0 for fp32)
   double seconds = 0;
-  double start_loss() const { return losses.front(); }
-  double final_loss() const { return losses.back(); }
+  // NaN when no loss was recorded.
+  double start_loss() const { return losses.empty() ? NAN : losses.front(); }
+  double final_loss() const { return losses.empty() ? NAN : losses.back(); }
   double moved_fraction() const;  // NaN for fp32
 };
 
