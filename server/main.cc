@@ -302,9 +302,9 @@ int Run(Logger& log) {
     ::chmod(unix_socket.c_str(), 0600);  // owner only: the socket file's mode is the access check
     log.Info("listening on a Unix socket", {{"path", unix_socket}});
   }
-  PrintAddress("listening", HostOf(listen), port);
 
   std::unique_ptr<prometheus::Exposer> exposer;
+  int metrics_port = 0;
   const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (!metrics_listen.empty()) {
     try {
@@ -316,12 +316,15 @@ int Run(Logger& log) {
     }
     exposer->RegisterCollectable(registry);
     const std::vector<int> ports = exposer->GetListeningPorts();
-    PrintAddress("metrics", HostOf(metrics_listen), ports.empty() ? 0 : ports[0]);
+    metrics_port = ports.empty() ? 0 : ports[0];
   }
 
   engine.SetPoisonHandler([](const absl::Status&) { g_poisoned.store(true); });
   engine.StartMaintenance();
+  // Ready (health and fp4q_ready) before the address lines tell anyone the server is up.
   SetHealth(server.get(), &metrics, /*live=*/true, /*ready=*/true);
+  PrintAddress("listening", HostOf(listen), port);
+  if (exposer != nullptr) PrintAddress("metrics", HostOf(metrics_listen), metrics_port);
   log.Info("serving", {{"listen", absl::StrCat(HostOf(listen), ":", port)},
                        {"backend", backend_kind},
                        {"version", FP4Q_VERSION},

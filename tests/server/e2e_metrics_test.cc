@@ -204,7 +204,7 @@ TEST(E2eMetricsTest, MetricsAfterKnownTraffic) {
 TEST(E2eMetricsTest, QueueBoundAnswersResourceExhausted) {
   auto server = ServerProcess::Start({"--workers=1", "--max_queue_depth=1"});
   ASSERT_TRUE(server.ok()) << server.status();
-  const int64_t m = 256, n = 256, k = 1024;
+  const int64_t m = 384, n = 384, k = 1024;
   const RefQuantize qa = CpuQuantize(RandomF32(m * k, 1), kernels::DType::kF32, m, k, {});
   v1::MatmulRequest req;
   for (v1::QuantizedOperand* op : {req.mutable_a(), req.mutable_b()}) {
