@@ -33,21 +33,11 @@ FP4Q_CMAKE_ARGS="${extra[*]:-}" \
 
 out=.bundle
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/lib" "$out/shared"
-for f in libfp4q_cuda.so fp4q_cuda_test fp4q_bench; do
-  cp "$build_dir/bin/$f" "$out/bin/"
-  strip --strip-debug "$out/bin/$f"
-done
-
-# Libraries the GPU machine provides itself.
-system_re='^(linux-vdso|ld-linux|libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnvrtc|libnvJitLink)\.so'
-mapfile -t libs < <(for f in "$out"/bin/*; do ldd "$f"; done | awk '/=> \// {print $1 " " $3}' | sort -u)
-for entry in "${libs[@]}"; do
-  name=${entry%% *}
-  path=${entry#* }
-  if [[ "$name" =~ $system_re ]]; then continue; fi
-  cp -L "$path" "$out/lib/$name"
-done
+mkdir -p "$out/shared"
+# shellcheck source=scripts/lib/bundle.sh
+source scripts/lib/bundle.sh
+bundle_binaries "$out" "$build_dir" libfp4q_cuda.so fp4q_cuda_test fp4q_bench
+bundle_libraries "$out"
 
 shared_src=../shared
 cp "$shared_src/NUMERICS.md" "$out/shared/"
@@ -60,25 +50,6 @@ if compgen -G ".whl/cuda/*.whl" > /dev/null; then
   mkdir -p "$out/wheels"
   cp .whl/cuda/*.whl "$out/wheels/"
 fi
-{
-  git rev-parse HEAD
-  if [[ -n "$(git status --porcelain -- kernels/src/cuda bench tests/kernels/cuda scripts)" ]]; then
-    echo "dirty"
-  fi
-} > "$out/COMMIT"
+bundle_commit "$out" kernels/src/cuda bench tests/kernels/cuda scripts
 
-# Every dependency must resolve with only the bundle and the CUDA toolkit on the path.
-missing=$(for f in "$out"/bin/*; do
-  LD_LIBRARY_PATH="$PWD/$out/lib:/usr/local/cuda/lib64" ldd "$f" | grep 'not found' || true
-done)
-if [[ -n "$missing" ]]; then
-  echo "device-bundle.sh: unresolved libraries:" >&2
-  echo "$missing" >&2
-  exit 1
-fi
-size_kib=$(du -sk "$out" | cut -f1)
-echo "device-bundle.sh: $out is $((size_kib / 1024)) MiB ($(ls "$out/lib" | wc -l) libraries)"
-if ((size_kib > 60 * 1024)); then
-  echo "device-bundle.sh: over the 60 MiB budget (64 MiB carry limit, tree included)" >&2
-  exit 1
-fi
+bundle_check "$out" 60 device-bundle.sh

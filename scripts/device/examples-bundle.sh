@@ -41,41 +41,13 @@ FP4Q_CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=$archs -DFP4Q_BUILD_TESTS=OFF" \
   scripts/build.sh --no-deps --build-dir "$build_dir" "${targets[@]}"
 
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/lib" "$out/cpu"
-for f in "${bins[@]}" libfp4q_cuda.so; do
-  cp "$build_dir/bin/$f" "$out/bin/"
-  strip --strip-debug "$out/bin/$f"
-done
-
-system_re='^(linux-vdso|ld-linux|libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnvrtc|libnvJitLink)\.so'
-mapfile -t libs < <(for f in "$out"/bin/*; do ldd "$f"; done | awk '/=> \// {print $1 " " $3}' | sort -u)
-for entry in "${libs[@]}"; do
-  name=${entry%% *}
-  path=${entry#* }
-  if [[ "$name" =~ $system_re ]]; then continue; fi
-  cp -L "$path" "$out/lib/$name"
-done
+mkdir -p "$out/cpu"
+# shellcheck source=scripts/lib/bundle.sh
+source scripts/lib/bundle.sh
+bundle_binaries "$out" "$build_dir" "${bins[@]}" libfp4q_cuda.so
+bundle_libraries "$out"
 
 if compgen -G "docs/results/cpu-*" > /dev/null; then cp -r docs/results/cpu-* "$out/cpu/"; fi
 cp scripts/device/run_examples_gpu.sh "$out/"
-{
-  git rev-parse HEAD
-  if [[ -n "$(git status --porcelain -- examples client kernels server proto common)" ]]; then
-    echo "dirty"
-  fi
-} > "$out/COMMIT"
-
-missing=$(for f in "$out"/bin/*; do
-  LD_LIBRARY_PATH="$PWD/$out/lib:/usr/local/cuda/lib64" ldd "$f" | grep 'not found' || true
-done)
-if [[ -n "$missing" ]]; then
-  echo "examples-bundle.sh: unresolved libraries:" >&2
-  echo "$missing" >&2
-  exit 1
-fi
-size_kib=$(du -sk "$out" | cut -f1)
-echo "examples-bundle.sh: $out is $((size_kib / 1024)) MiB ($(ls "$out/lib" | wc -l) libraries)"
-if ((size_kib > 56 * 1024)); then
-  echo "examples-bundle.sh: over 56 MiB (the device tool carries 64 MiB, tree included)" >&2
-  exit 1
-fi
+bundle_commit "$out" examples client kernels server proto common
+bundle_check "$out" 56 examples-bundle.sh

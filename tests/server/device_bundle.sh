@@ -13,16 +13,10 @@ scripts/build.sh --no-deps --build-dir "$build_dir" --target fp4qd --target fp4q
   --target fp4q_ipc_gpu_test
 out="$build_dir/server-bundle"
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/lib"
-for f in fp4qd libfp4q_cuda.so fp4q_ipc_gpu_test; do
-  cp "$build_dir/bin/$f" "$out/bin/"
-  strip --strip-debug "$out/bin/$f"
-done
-system_re='^(linux-vdso|ld-linux|libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnvrtc|libnvJitLink)\.so'
-for f in "$out"/bin/*; do ldd "$f"; done | awk '/=> \// {print $1 " " $3}' | sort -u |
-  while read -r name path; do
-    [[ "$name" =~ $system_re ]] || cp -L "$path" "$out/lib/$name"
-  done
+# shellcheck source=scripts/lib/bundle.sh
+source scripts/lib/bundle.sh
+bundle_binaries "$out" "$build_dir" fp4qd libfp4q_cuda.so fp4q_ipc_gpu_test
+bundle_libraries "$out"
 cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # On the GPU machine: the two-process CUDA IPC test against a CUDA-enabled fp4qd.
@@ -37,4 +31,4 @@ nvidia-smi -L 2>&1 | tee "$out/gpu.txt"
 exit "${PIPESTATUS[0]}"
 RUN
 chmod +x "$out/run.sh"
-echo "device_bundle.sh: $out is $(du -sh "$out" | cut -f1)"
+bundle_check "$out" 56 device_bundle.sh
