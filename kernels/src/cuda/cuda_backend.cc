@@ -205,6 +205,35 @@ absl::Status CudaBackend::CloseIpcHandle(void* base) {
   return Track(FP4Q_CUDA_STATUS(cudaIpcCloseMemHandle(base)));
 }
 
+absl::StatusOr<size_t> CudaBackend::IpcMappingSize(void* base) const {
+  {
+    absl::MutexLock lock(&mu_);
+    if (ipc_bases_.count(base) == 0) {
+      return absl::NotFoundError(
+          absl::StrCat("base: ", absl::StrFormat("%p", base), " is not an open IPC mapping"));
+    }
+  }
+  // cuMemGetAddressRange through the runtime's driver entry point: the module links no libcuda.
+  using GetAddressRange = int (*)(unsigned long long*, size_t*, unsigned long long);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(cudaGetDriverEntryPointByVersion(
+      "cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &found)));
+  if (fn == nullptr || found != cudaDriverEntryPointSuccess) {
+    return absl::UnavailableError("cuMemGetAddressRange: not found in the CUDA driver");
+  }
+  unsigned long long alloc_base = 0;
+  size_t alloc_size = 0;
+  const auto ptr = static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(base));
+  const int rc = reinterpret_cast<GetAddressRange>(fn)(&alloc_base, &alloc_size, ptr);
+  if (rc != 0) {
+    return absl::InternalError(absl::StrCat("cuMemGetAddressRange(", absl::StrFormat("%p", base),
+                                            ") failed with CUresult ", rc));
+  }
+  // The mapping starts at the allocation's base; what lies beyond `base` is usable.
+  return alloc_size - static_cast<size_t>(ptr - alloc_base);
+}
+
 // ---------------------------------------------------------------- elementwise numerics
 
 absl::Status CudaBackend::DoAmax(const ConstTensor& x, float* amax, Stream stream) {

@@ -47,6 +47,7 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<void*> OpenIpcHandle(const std::string& handle_bytes) override;
   absl::Status CloseIpcHandle(void* base) override;
+  absl::StatusOr<size_t> IpcMappingSize(void* base) const override;
 
  protected:
   absl::Status DoAmax(const ConstTensor& x, float* amax, Stream stream) override;

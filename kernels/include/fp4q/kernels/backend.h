@@ -65,6 +65,13 @@ class Backend {
   // Opens a cudaIpcMemHandle_t (64 bytes) exported by another process; returns the mapped base.
   virtual absl::StatusOr<void*> OpenIpcHandle(const std::string& handle_bytes) = 0;
   virtual absl::Status CloseIpcHandle(void* base) = 0;
+  // Bytes of the exporting process's allocation that an open mapping covers, from `base`. The
+  // server checks each region's declared size against it, so a client cannot make it touch
+  // memory past its allocation. UNIMPLEMENTED where the backend cannot tell.
+  virtual absl::StatusOr<size_t> IpcMappingSize(void* base) const {
+    (void)base;
+    return absl::UnimplementedError("IpcMappingSize: not available on this backend");
+  }
 
   // ---- Numerics. ----
 
