@@ -477,10 +477,26 @@ void Engine::RegisterRegion(const RequestContext& ctx, RegisterRegionRequest req
     done(Draining());
     return;
   }
+  if (options_.allow_cuda_ipc && !CudaIpcAllowedFor(ctx.peer)) {
+    done(absl::PermissionDeniedError(
+        "RegisterCudaRegion: CUDA IPC is accepted only on the Unix socket (--unix_socket, peers "
+        "checked by uid); this call came over TCP (fp4qd --cuda_ipc_over_tcp allows it)"));
+    return;
+  }
   const std::string id = ctx.session_id;
+  const PeerInfo peer = ctx.peer;
   auto shared = std::make_shared<RegisterRegionRequest>(std::move(req));
   Control<std::string>(ctx, std::move(done),
-                       [this, id, shared] { return regions_->Register(id, *shared); });
+                       [this, id, shared, peer]() -> absl::StatusOr<std::string> {
+                         absl::StatusOr<std::string> region = regions_->Register(id, *shared);
+                         if (region.ok()) {
+                           logger_->Info("cuda region registered",
+                                         {{"bytes", absl::StrCat(shared->size)},
+                                          {"peer_uid", absl::StrCat(peer.uid)},
+                                          {"peer_pid", absl::StrCat(peer.pid)}});
+                         }
+                         return region;
+                       });
 }
 
 void Engine::UnregisterRegion(const RequestContext& ctx, std::string region_id,
@@ -494,6 +510,11 @@ void Engine::UnregisterRegion(const RequestContext& ctx, std::string region_id,
 }
 
 // ---------------------------------------------------------------- inspection
+
+bool Engine::CudaIpcAllowedFor(const PeerInfo& peer) const {
+  return options_.allow_cuda_ipc &&
+         (options_.cuda_ipc_over_tcp || peer.transport == PeerInfo::Transport::kUnix);
+}
 
 absl::StatusOr<std::vector<TensorListing>> Engine::ListTensors() { return store_->List(); }
 

@@ -59,6 +59,9 @@ struct EngineOptions {
   int max_open_handles = 1024;
   absl::Duration session_lease = absl::Seconds(30);
   bool allow_cuda_ipc = false;
+  // With allow_cuda_ipc: also accept RegisterCudaRegion from peers that did not come over the
+  // Unix socket (PeerInfo::Transport::kUnix). Off: such calls are PERMISSION_DENIED.
+  bool cuda_ipc_over_tcp = false;
   std::string state_dir;                                      // empty: no persistence
   absl::Duration checkpoint_interval = absl::ZeroDuration();  // zero: none periodic
   // Quality metrics on 1 in N Quantize requests (the first one too; at most ~1 Mi elements of
@@ -109,12 +112,20 @@ class Engine {
   absl::StatusOr<OpenSessionResult> OpenSession(const std::string& client_name);
   absl::StatusOr<uint32_t> KeepAlive(const RequestContext& ctx);  // lease seconds
   void CloseSession(const RequestContext& ctx, Done<uint32_t> done);
+  // With allow_cuda_ipc and without cuda_ipc_over_tcp, only callers whose ctx.peer came over
+  // the Unix socket may register (PERMISSION_DENIED otherwise, before any field is looked at).
   void RegisterRegion(const RequestContext& ctx, RegisterRegionRequest req, Done<std::string> done);
   void UnregisterRegion(const RequestContext& ctx, std::string region_id, Done<EmptyResult> done);
 
   // ---- Inspection.
   absl::StatusOr<std::vector<TensorListing>> ListTensors();
+  // Lists "cuda_ipc" among supported_modes when a caller could register regions at all
+  // (--allow_cuda_ipc on a CUDA backend); the adapter drops it for callers that
+  // CudaIpcAllowedFor refuses, so each client sees what it may use.
   ServerInfoResult ServerInfo() const;
+  // Whether RegisterRegion would accept a caller with this peer (allow_cuda_ipc, and the Unix
+  // socket unless cuda_ipc_over_tcp).
+  bool CudaIpcAllowedFor(const PeerInfo& peer) const;
 
   // ---- Lifecycle.
   // From now on new requests are refused with UNAVAILABLE.

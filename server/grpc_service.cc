@@ -43,6 +43,11 @@ class Fp4qService::Call {
   Call(Fp4qService* service, Ctx* ctx, Reactor* reactor, const char* rpc)
       : service_(service), reactor_(reactor), rpc_(rpc), start_(std::chrono::steady_clock::now()) {
     request.deadline = DeadlineOf(*ctx);
+    request.peer.transport = PeerInfo::Transport::kTcp;
+    if (service->options_.peer_lookup) {
+      std::optional<PeerInfo> peer = service->options_.peer_lookup(ctx->peer());
+      if (peer.has_value()) request.peer = *peer;
+    }
     request.is_cancelled = [ctx] { return ctx->IsCancelled(); };
     auto it = ctx->client_metadata().find(kSessionMetadataKey);
     if (it != ctx->client_metadata().end()) {
@@ -216,6 +221,12 @@ Fp4qService::Reactor* Fp4qService::ServerInfo(Ctx* ctx, const v1::ServerInfoRequ
   if (call == nullptr) return reactor;
   SetHeader(rep->mutable_header(), nullptr);
   ToProto(engine_->ServerInfo(), options_.max_message_bytes, rep);
+  if (!engine_->CudaIpcAllowedFor(call->request.peer)) {  // not for this caller
+    auto* modes = rep->mutable_supported_modes();
+    for (int i = modes->size() - 1; i >= 0; --i) {
+      if (modes->Get(i) == "cuda_ipc") modes->DeleteSubrange(i, 1);
+    }
+  }
   rep->set_server_epoch(engine_->epoch());
   call->Finish(absl::OkStatus(), nullptr);
   return reactor;

@@ -7,6 +7,8 @@
 // - Every reply carries ReplyHeader{server_epoch, backend, device_uuid, kernel_micros}.
 // - Session id: metadata "fp4q-session". Deadlines and cancellation are passed to the engine,
 //   which checks them before work starts.
+// - Peer: each call's RequestContext::peer says whether it came over the Unix socket (with the
+//   uid/pid checked there) or TCP (ServiceOptions::peer_lookup).
 // - Auth: with a non-empty `auth_token`, every fp4q.v1 call must carry metadata
 //   "authorization: Bearer <token>" (compared in constant time), else UNAUTHENTICATED. The health
 //   service is exempt (probes carry no token; it reveals nothing).
@@ -14,6 +16,8 @@
 #define FP4Q_SERVER_GRPC_SERVICE_H_
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -32,6 +36,9 @@ inline constexpr char kSessionMetadataKey[] = "fp4q-session";
 struct ServiceOptions {
   std::string auth_token;                            // empty: no authentication
   uint64_t max_message_bytes = uint64_t{512} << 20;  // reported in ServerInfo.limits
+  // The credentials of a connection by its gRPC peer string (UnixListener::Find). Calls whose
+  // peer it does not know, or all calls when it is empty, are PeerInfo::Transport::kTcp.
+  std::function<std::optional<PeerInfo>(absl::string_view peer)> peer_lookup;
 };
 
 class Fp4qService final : public ::fp4q::v1::Fp4q::CallbackService {

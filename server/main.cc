@@ -19,6 +19,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -44,6 +45,7 @@
 #include "server/grpc_service.h"
 #include "server/logging.h"
 #include "server/metrics.h"
+#include "server/unix_listener.h"
 
 #ifndef FP4Q_VERSION
 #define FP4Q_VERSION "0.0.0"
@@ -51,7 +53,11 @@
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address HOST:PORT; port 0 picks one");
 ABSL_FLAG(std::string, unix_socket, "",
-          "also listen on this Unix domain socket path (created mode 0600)");
+          "also listen on this Unix domain socket path; each connection's uid is checked "
+          "(SO_PEERCRED) against --unix_socket_allowed_uids");
+ABSL_FLAG(std::string, unix_socket_allowed_uids, "",
+          "comma-separated uids that may connect to --unix_socket; empty = fp4qd's own uid "
+          "(the socket file is then mode 0600, else 0666)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9450",
           "Prometheus /metrics address HOST:PORT; empty disables; port 0 picks one");
 ABSL_FLAG(std::string, backend, "auto",
@@ -71,6 +77,9 @@ ABSL_FLAG(int64_t, session_lease_s, 30,
           "a session not renewed for this long ends; its regions are released");
 ABSL_FLAG(bool, allow_cuda_ipc, false,
           "accept RegisterCudaRegion (client shared memory is off unless set)");
+ABSL_FLAG(bool, cuda_ipc_over_tcp, false,
+          "with --allow_cuda_ipc, accept RegisterCudaRegion over TCP too (default: only on "
+          "--unix_socket, from its allowed uids)");
 ABSL_FLAG(int64_t, drain_timeout_s, 30, "SIGTERM: wait this long for in-flight work");
 ABSL_FLAG(std::string, log_format, "json", "json or text; logs go to stderr");
 ABSL_FLAG(bool, ignore_corrupt_checkpoint, false,
@@ -226,6 +235,7 @@ int Run(Logger& log) {
   options.max_open_handles = absl::GetFlag(FLAGS_max_open_handles);
   options.session_lease = absl::Seconds(absl::GetFlag(FLAGS_session_lease_s));
   options.allow_cuda_ipc = absl::GetFlag(FLAGS_allow_cuda_ipc);
+  options.cuda_ipc_over_tcp = absl::GetFlag(FLAGS_cuda_ipc_over_tcp);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.checkpoint_interval = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval_s));
   options.quality_sample_every = absl::GetFlag(FLAGS_quality_sample_every);
@@ -270,8 +280,34 @@ int Run(Logger& log) {
     return kExitFailure;
   }
 
+  // The Unix socket: fp4qd accepts on it itself to check each peer's uid (unix_listener.h).
+  std::unique_ptr<UnixListener> unix_listener;
+  const std::string unix_socket = absl::GetFlag(FLAGS_unix_socket);
+  if (!unix_socket.empty()) {
+    std::set<uid_t> allowed = {::geteuid()};
+    if (const std::string uids = absl::GetFlag(FLAGS_unix_socket_allowed_uids); !uids.empty()) {
+      absl::StatusOr<std::set<uid_t>> parsed = ParseUidList(uids, "unix_socket_allowed_uids");
+      if (!parsed.ok()) {
+        log.Error("bad flag", {{"error", parsed.status().ToString()}});
+        return kExitFailure;
+      }
+      allowed = *std::move(parsed);
+    }
+    absl::StatusOr<std::unique_ptr<UnixListener>> l =
+        UnixListener::Create(unix_socket, std::move(allowed), &log);
+    if (!l.ok()) {
+      log.Error("cannot listen", {{"unix_socket", unix_socket}, {"error", l.status().ToString()}});
+      return kExitFailure;
+    }
+    unix_listener = *std::move(l);
+  }
+
   ServiceOptions service_options;
   service_options.auth_token = auth_token;
+  if (unix_listener != nullptr) {
+    UnixListener* l = unix_listener.get();
+    service_options.peer_lookup = [l](absl::string_view peer) { return l->Find(peer); };
+  }
   service_options.max_message_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_message_bytes));
   Fp4qService service(&engine, &metrics, service_options);
 
@@ -281,14 +317,6 @@ int Run(Logger& log) {
   const std::string listen = absl::GetFlag(FLAGS_listen);
   int port = 0;
   builder.AddListeningPort(listen, *creds, &port);
-  const std::string unix_socket = absl::GetFlag(FLAGS_unix_socket);
-  if (!unix_socket.empty()) {
-    struct stat st;
-    if (::lstat(unix_socket.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
-      ::unlink(unix_socket.c_str());  // stale socket of an earlier run
-    }
-    builder.AddListeningPort(absl::StrCat("unix:", unix_socket), grpc::InsecureServerCredentials());
-  }
   const int max_message = static_cast<int>(absl::GetFlag(FLAGS_max_message_bytes));
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
@@ -297,10 +325,6 @@ int Run(Logger& log) {
   if (server == nullptr || port == 0) {
     log.Error("cannot listen", {{"listen", listen}, {"unix_socket", unix_socket}});
     return kExitFailure;
-  }
-  if (!unix_socket.empty()) {
-    ::chmod(unix_socket.c_str(), 0600);  // owner only: the socket file's mode is the access check
-    log.Info("listening on a Unix socket", {{"path", unix_socket}});
   }
 
   std::unique_ptr<prometheus::Exposer> exposer;
@@ -319,6 +343,10 @@ int Run(Logger& log) {
     metrics_port = ports.empty() ? 0 : ports[0];
   }
 
+  if (unix_listener != nullptr) {  // started last: no early return can leave it running
+    unix_listener->Start(server.get());
+    log.Info("listening on a Unix socket", {{"path", unix_socket}});
+  }
   engine.SetPoisonHandler([](const absl::Status&) { g_poisoned.store(true); });
   engine.StartMaintenance();
   // Ready (health and fp4q_ready) before the address lines tell anyone the server is up.
@@ -367,6 +395,7 @@ int Run(Logger& log) {
     absl::StatusOr<CheckpointStats> c = engine.CheckpointNow();
     if (!c.ok()) rc = kExitFailure;  // logged by CheckpointNow
   }
+  if (unix_listener != nullptr) unix_listener->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   engine.Shutdown();
   log.Info("stopped", {{"exit_code", absl::StrCat(rc)}});

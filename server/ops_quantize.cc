@@ -400,6 +400,8 @@ absl::Status Engine::RunQdq(OpEnv& env, const QdqRequest& req, QdqResult* res) {
   {
     absl::Status s = kernels::ValidateQdqArgs(x, opts, ef ? ProbeFloat() : nullptr, m);
     s = RenameField(s, "x", "input");
+    s = RenameField(s, "options.rowwise", "options.outputs");  // the proto's field
+    s = RenameField(s, "options.columnwise", "options.outputs");
     FP4Q_RETURN_IF_ERROR(RenameField(s, "residual", "options.residual_key"));
   }
   res->meta.processed_elements = static_cast<uint64_t>(shape.rows * shape.cols);

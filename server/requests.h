@@ -135,12 +135,25 @@ struct ReplyMeta {
   uint64_t processed_elements = 0;  // elements of the main tensor
 };
 
+// Who sent a request, as the transport saw it.
+struct PeerInfo {
+  enum class Transport {
+    kUnknown,  // not said (in-process callers); treated like TCP by the CUDA IPC check
+    kTcp,      // a TCP connection (--listen): the peer's identity is unknown
+    kUnix,     // the Unix socket (--unix_socket): uid/pid checked with SO_PEERCRED
+  };
+  Transport transport = Transport::kUnknown;
+  int64_t uid = -1;  // kUnix: the connecting process's uid and pid (at connect time)
+  int64_t pid = -1;
+};
+
 // The context of one request, as the transport saw it.
 struct RequestContext {
   absl::Time deadline = absl::InfiniteFuture();
   // Polled before work starts; may be empty. Must be callable from any thread.
   std::function<bool()> is_cancelled;
   std::string session_id;  // metadata "fp4q-session"; empty when absent
+  PeerInfo peer;
 };
 
 // ---------------------------------------------------------------- operations
