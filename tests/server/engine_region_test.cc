@@ -42,6 +42,7 @@ class EngineRegionTest : public ::testing::Test {
     auto s = engine_->OpenSession("test");
     ASSERT_TRUE(s.ok());
     ctx_.session_id = s->session_id;
+    ctx_.peer.transport = PeerInfo::Transport::kUnix;  // IPC registration needs the Unix socket
     auto id = Await<std::string>([&](auto done) {
       engine_->RegisterRegion(ctx_, {fake_->Export(memory_.data()), kRegionBytes, "GPU-fake-0"},
                               done);
