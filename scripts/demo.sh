@@ -72,7 +72,7 @@ trap stop_server EXIT
 
 step "start fp4qd (--backend $backend, free port)"
 allow_ipc=()
-if [[ "$transport" == cuda_ipc ]]; then allow_ipc=(--allow_cuda_ipc); fi
+if [[ "$transport" == cuda_ipc ]]; then allow_ipc=(--allow_cuda_ipc --cuda_ipc_over_tcp); fi
 "$bin/fp4qd" --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 --backend "$backend" \
   --log_format text "${allow_ipc[@]}" > "$out/fp4qd.stdout" 2> "$out/fp4qd.log" &
 server_pid=$!

@@ -44,6 +44,7 @@ fail() { echo "run_examples_gpu.sh: FAILED: $*" >&2; failed=1; }
 } | tee "$out/info.txt"
 
 "$bin/fp4qd" --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 --backend cuda --allow_cuda_ipc \
+  --cuda_ipc_over_tcp \
   --cuda_module "$bin/libfp4q_cuda.so" --log_format text \
   > "$out/fp4qd.stdout" 2> "$out/fp4qd.log" &
 pid=$!

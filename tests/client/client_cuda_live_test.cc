@@ -41,7 +41,7 @@ TEST(LiveCudaIpc, QuantizeAndQdqInPlaceAreBitIdenticalToInline) {
   char* base = static_cast<char*>(dev);
 
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-      StartFp4qd({"--backend=cuda", "--allow_cuda_ipc"});
+      StartFp4qd({"--backend=cuda", "--allow_cuda_ipc", "--cuda_ipc_over_tcp"});
   ASSERT_THAT(server, IsOk());
   auto client = ConnectTo((*server)->address());
   absl::StatusOr<v1::ServerInfoReply> info = client->ServerInfo();

@@ -264,7 +264,7 @@ def main():
         return 2
     if args.fp4qd:
         os.environ["FP4Q_FP4QD"] = args.fp4qd
-        server = fp4q_testing.Server("--allow_cuda_ipc", backend="cuda")
+        server = fp4q_testing.Server("--allow_cuda_ipc", "--cuda_ipc_over_tcp", backend="cuda")
     else:
         server = _Remote(args.target, args.metrics)
     checks = Checks()

@@ -56,7 +56,8 @@ class IpcGpuTest : public ::testing::Test {
                    << (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices")
                    << "): the CUDA IPC path runs on a GPU machine only";
     }
-    auto p = ServerProcess::Start({"--backend=cuda", "--allow_cuda_ipc", "--session_lease_s=2"});
+    auto p = ServerProcess::Start({"--backend=cuda", "--allow_cuda_ipc", "--cuda_ipc_over_tcp",
+                                       "--session_lease_s=2"});
     ASSERT_TRUE(p.ok()) << p.status();
     server_ = std::move(*p);
     stub_ = server_->Stub();
