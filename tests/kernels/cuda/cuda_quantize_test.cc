@@ -6,6 +6,7 @@
 // sides. Some views are deliberately unaligned.
 #include <cmath>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -31,12 +32,17 @@ struct QCase {
   int id = 0;
 };
 
-std::string CaseName(const ::testing::TestParamInfo<QCase>& info) {
-  const QCase& c = info.param;
+std::string Describe(const QCase& c) {
   return absl::StrCat(c.id, "_", cuda_testing::OptionsName(c.o), "_",
                       c.dtype == DType::kF32 ? "f32" : "bf16", "_", c.rows, "x", c.cols, "_",
                       cuda_testing::DistName(c.dist), c.offset ? "_unaligned" : "");
 }
+
+std::string CaseName(const ::testing::TestParamInfo<QCase>& info) { return Describe(info.param); }
+
+// GoogleTest prints the parameter in listings (and ctest's test names): the case's name, not
+// its 128 raw bytes.
+void PrintTo(const QCase& c, std::ostream* os) { *os << Describe(c); }
 
 // Shapes by constraint: rows a multiple of `row_mult`, cols of `col_mult`.
 struct Shape {
