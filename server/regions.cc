@@ -15,6 +15,9 @@ struct IpcMapping {
   Device* device = nullptr;
   std::string key;
   void* base = nullptr;
+  // Bytes of the client's allocation behind `base` (Backend::IpcMappingSize); 0 when the
+  // backend cannot tell, and then a region's declared size is trusted.
+  uint64_t allocation_bytes = 0;
   int regions = 0;  // registered regions using this mapping
 };
 
@@ -268,6 +271,21 @@ absl::StatusOr<std::string> RegionManager::Register(absl::string_view session_id
     mapping->key = key;
     mapping->base = *base;
     opened = true;
+    absl::StatusOr<size_t> bytes = device->backend->IpcMappingSize(*base);
+    if (bytes.ok()) {
+      mapping->allocation_bytes = *bytes;
+    } else if (bytes.status().code() != absl::StatusCode::kUnimplemented) {
+      device->backend->CloseIpcHandle(*base).IgnoreError();
+      return bytes.status();
+    }
+  }
+  // A region may not reach past the allocation it was exported from: the server would read or
+  // write another allocation or fault (a sticky error that takes the device down).
+  if (mapping->allocation_bytes != 0 && request.size > mapping->allocation_bytes) {
+    if (opened) device->backend->CloseIpcHandle(mapping->base).IgnoreError();
+    return absl::InvalidArgumentError(
+        absl::StrCat("size: ", request.size, " bytes is larger than the allocation behind ",
+                     "ipc_handle (", mapping->allocation_bytes, " bytes)"));
   }
   std::lock_guard<std::mutex> lock(mu_);
   auto s = sessions_.find(session_id);

@@ -168,6 +168,29 @@ TEST_F(EngineRegionTest, OutputsMayNotOverlapOtherSlices) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("out.region: overlaps input.region")));
 }
 
+TEST_F(EngineRegionTest, RegionLargerThanItsAllocationIsRefused) {
+  std::vector<uint8_t> small(4096, 0xEE);
+  const std::string handle = fake_->Export(small.data(), small.size());
+  const int closes = fake_->closes();
+  auto too_big = Await<std::string>([&](auto done) {
+    engine_->RegisterRegion(ctx_, {handle, small.size() + 1, "GPU-fake-0"}, done);
+  });
+  EXPECT_THAT(too_big.status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("size: 4097 bytes is larger than the allocation behind "
+                                 "ipc_handle (4096 bytes)")));
+  // The mapping opened to measure it was closed again; nothing was registered.
+  EXPECT_EQ(fake_->closes(), closes + 1);
+  EXPECT_EQ(engine_->regions().regions(), 1);
+  EXPECT_EQ(engine_->regions().open_handles(), 1);
+  auto fits = Await<std::string>([&](auto done) {
+    engine_->RegisterRegion(ctx_, {handle, small.size(), "GPU-fake-0"}, done);
+  });
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_EQ(engine_->regions().regions(), 2);
+  EXPECT_EQ(engine_->regions().open_handles(), 2);
+}
+
 TEST_F(EngineRegionTest, CloseSessionReleasesRegionsAndHandles) {
   auto n = Await<uint32_t>([&](auto done) { engine_->CloseSession(ctx_, done); });
   ASSERT_TRUE(n.ok());

@@ -29,13 +29,16 @@ class FakeIpcBackend final : public kernels::Backend {
   explicit FakeIpcBackend(std::string uuid = "GPU-fake-0")
       : cpu_(kernels::CreateCpuBackend()), uuid_(std::move(uuid)) {}
 
-  std::string Export(void* base) {
+  // `bytes`: the size of the exported allocation, which IpcMappingSize then reports; 0 leaves
+  // it unknown (UNIMPLEMENTED, as on a backend that cannot tell).
+  std::string Export(void* base, size_t bytes = 0) {
     std::lock_guard<std::mutex> lock(mu_);
     std::string handle(64, '\0');
     const uint64_t id = ++next_id_;
     std::memcpy(handle.data(), "FAKEIPC:", 8);
     std::memcpy(handle.data() + 8, &id, 8);
     exported_[handle] = base;
+    if (bytes != 0) sizes_[base] = bytes;
     return handle;
   }
   int opens() const { return opens_.load(); }
@@ -75,6 +78,12 @@ class FakeIpcBackend final : public kernels::Backend {
     auto it = exported_.find(handle);
     if (it == exported_.end()) return absl::InvalidArgumentError("ipc_handle: not exported");
     ++opens_;
+    return it->second;
+  }
+  absl::StatusOr<size_t> IpcMappingSize(void* base) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sizes_.find(base);
+    if (it == sizes_.end()) return kernels::Backend::IpcMappingSize(base);
     return it->second;
   }
   absl::Status CloseIpcHandle(void*) override {
@@ -118,9 +127,10 @@ class FakeIpcBackend final : public kernels::Backend {
  private:
   std::unique_ptr<kernels::Backend> cpu_;
   std::string uuid_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   uint64_t next_id_ = 0;
   std::map<std::string, void*> exported_;
+  std::map<void*, size_t> sizes_;
   std::atomic<int> opens_{0};
   std::atomic<int> closes_{0};
   std::atomic<bool> poisoned_{false};
