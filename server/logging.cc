@@ -1,9 +1,9 @@
 #include "server/logging.h"
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "fp4q/common/json.h"
 
 namespace fp4q::server {
 namespace {
@@ -22,37 +22,6 @@ const char* LevelName(LogLevel level) {
 
 }  // namespace
 
-std::string JsonEscape(absl::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          absl::StrAppendFormat(&out, "\\u%04x", c);
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out;
-}
-
 Logger::Logger(LogFormat format, std::FILE* out) : format_(format), out_(out) {}
 
 Logger* Logger::Null() {
@@ -65,10 +34,10 @@ void Logger::Log(LogLevel level, absl::string_view msg, std::initializer_list<Lo
   const std::string ts = absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ", absl::Now(), absl::UTCTimeZone());
   std::string line;
   if (format_ == LogFormat::kJson) {
-    absl::StrAppend(&line, "{\"ts\":\"", ts, "\",\"level\":\"", LevelName(level), "\",\"msg\":\"",
-                    JsonEscape(msg), "\"");
+    absl::StrAppend(&line, "{\"ts\":\"", ts, "\",\"level\":\"", LevelName(level),
+                    "\",\"msg\":", common::JsonQuote(msg));
     for (const auto& [key, value] : fields) {
-      absl::StrAppend(&line, ",\"", JsonEscape(key), "\":\"", JsonEscape(value), "\"");
+      absl::StrAppend(&line, ",", common::JsonQuote(key), ":", common::JsonQuote(value));
     }
     line += "}\n";
   } else {

@@ -45,9 +45,6 @@ class Logger {
   std::mutex mu_;
 };
 
-// JSON string escaping (quotes not included).
-std::string JsonEscape(absl::string_view s);
-
 }  // namespace fp4q::server
 
 #endif  // FP4Q_SERVER_LOGGING_H_
