@@ -21,7 +21,7 @@ struct Command {
   int (*run)(const CommandContext& context);
 };
 
-// health, info, list, checkpoint, quantize, dequantize.
+// health, info, list, checkpoint, quantize, dequantize, bench.
 const std::vector<Command>& Commands();
 
 // Prints "fp4q <command>: <message>" and a hint to --help on stderr; returns kExitUsage.

@@ -168,6 +168,7 @@ int RunCheckpoint(const CommandContext& context) {
 
 int RunQuantize(const CommandContext& context);    // file_commands.cc
 int RunDequantize(const CommandContext& context);  // file_commands.cc
+int RunBench(const CommandContext& context);       // bench_command.cc
 
 const std::vector<Command>& Commands() {
   static const std::vector<Command> commands = {
@@ -177,6 +178,7 @@ const std::vector<Command>& Commands() {
       {"checkpoint", "write the server's state to its state directory now", RunCheckpoint},
       {"quantize", "quantize a safetensors file to NVFP4 (T, T_scale, T_scale_2)", RunQuantize},
       {"dequantize", "dequantize a file written by `fp4q quantize`", RunDequantize},
+      {"bench", "load generator: concurrent clients, mixed RPCs, latency percentiles", RunBench},
   };
   return commands;
 }
