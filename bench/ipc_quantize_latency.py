@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Latency of one big Quantize through fp4qd, against the server's own kernel time.
+
+Issue 8's goal on the H200: Quantize of an 8192x8192 bf16 tensor by CUDA IPC at
+p50 <= kernel time + 100 us. For each call this records the client's wall time and the reply's
+header.kernel_micros, and reports p50/p99 of both and of their difference (the service overhead:
+RPC, routing, IPC pinning, synchronization).
+
+  # on the GPU machine, fp4qd --backend cuda --allow_cuda_ipc --unix_socket /tmp/fp4qd.sock
+  python3 bench/ipc_quantize_latency.py --server unix:///tmp/fp4qd.sock --device cuda \
+      --shape 8192x8192 --dtype bf16 --iters 200 --json bench/results/h200-ipc-quantize.json
+
+--device cpu sends the tensor inline (a dry run of this script against a CPU fp4qd).
+--ipc require (default with --device cuda) fails instead of silently falling back to inline.
+"""
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "client", "python"))
+
+import torch  # noqa: E402
+
+import fp4q  # noqa: E402
+
+
+def percentile(values, q):
+    """Nearest-rank percentile (the value at rank ceil(q * n))."""
+    s = sorted(values)
+    rank = max(1, min(len(s), -(-int(q * 1000) * len(s) // 1000)))
+    return s[rank - 1]
+
+
+def summary(values):
+    return {"p50": percentile(values, 0.50), "p99": percentile(values, 0.99),
+            "min": min(values), "max": max(values), "mean": sum(values) / len(values)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--server", default=os.environ.get("FP4Q_SERVER", "127.0.0.1:50051"))
+    p.add_argument("--device", default="cuda", help="cuda (IPC) or cpu (inline dry run)")
+    p.add_argument("--shape", default="8192x8192")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--ipc", default=None, choices=["auto", "never", "require"])
+    p.add_argument("--json", help="write the results here")
+    a = p.parse_args()
+    rows, cols = (int(v) for v in a.shape.split("x"))
+    dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
+    ipc = a.ipc or ("require" if a.device.startswith("cuda") else "never")
+    gen = torch.Generator(device="cpu").manual_seed(8)
+    x = torch.randn(rows, cols, generator=gen).to(dtype=dtype).to(a.device)
+
+    with fp4q.Client(a.server, ipc=ipc, client_name="ipc-quantize-latency") as client:
+        info = client.server_info()
+        wall, kernel = [], []
+        for i in range(a.warmup + a.iters):
+            if a.device.startswith("cuda"):
+                torch.cuda.synchronize()  # the input is ready before the request (proto contract)
+            t0 = time.perf_counter()
+            client.quantize(x)
+            t1 = time.perf_counter()
+            if i >= a.warmup:
+                wall.append((t1 - t0) * 1e6)
+                kernel.append(client.last_header.kernel_micros)
+        overhead = [w - k for w, k in zip(wall, kernel)]
+        result = {
+            "tool": "bench/ipc_quantize_latency.py",
+            "server": a.server, "backend": info.backend, "server_version": info.version,
+            "gpus": [g.name for g in info.gpus], "host": platform.node(),
+            "device": a.device, "transport": ipc, "shape": [rows, cols], "dtype": a.dtype,
+            "iters": a.iters, "warmup": a.warmup,
+            "wall_us": summary(wall), "kernel_us": summary(kernel),
+            "overhead_us": summary(overhead),
+            "goal_p50_wall_le_kernel_plus_100us":
+                percentile(wall, 0.5) <= percentile(kernel, 0.5) + 100.0,
+            "client_stats": dict(client.stats),
+        }
+    text = json.dumps(result, indent=2, sort_keys=True)
+    print(text)
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
