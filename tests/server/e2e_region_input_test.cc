@@ -232,6 +232,16 @@ std::vector<BadCase> RegionCases() {
          return Call(s, r, e.session);
        },
        Code::INVALID_ARGUMENT, "ipc_handle: not a fake shared-memory handle"},
+      {"declared size beyond the allocation",
+       [](auto& s, auto& e) {
+         ShmRegion small(4096);
+         v1::RegisterCudaRegionRequest r;
+         r.set_ipc_handle(small.Handle());
+         r.set_size(8192);
+         return Call(s, r, e.session);
+       },
+       Code::INVALID_ARGUMENT,
+       "size: 8192 bytes is larger than the allocation behind ipc_handle (4096 bytes)"},
       {"handle of nothing",
        [](auto& s, auto& e) {
          std::string h(64, '\0');
