@@ -13,6 +13,7 @@ build_pkgs=(
   python3-matplotlib  # scripts/plot_curves.py (the training curves in docs/TRAINING.md)
   curl yamllint
   prometheus  # only for promtool: tests/deploy checks and unit-tests the alert rules
+  clang libclang-rt-14-dev  # libFuzzer + sanitizers: scripts/fuzz.sh, ctest fp4q_fuzz_smoke
 )
 runtime_pkgs=(libgrpc++1.51 libprotobuf32 libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0)
 
