@@ -50,10 +50,11 @@ fi
 sanitizers="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
 sanitizers+=" -fno-sanitize=vptr"  # protobuf and gRPC come uninstrumented from Debian
 jobs="${FP4Q_JOBS:-$(nproc)}"
+mkdir -p "$build_dir"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_CXX_COMPILER="$clang" -DFP4Q_FUZZ=ON \
   -DFP4Q_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
-  -DCMAKE_CXX_FLAGS="$sanitizers" > "$build_dir.configure.log" 2>&1 ||
-  { cat "$build_dir.configure.log" >&2; exit 1; }
+  -DCMAKE_CXX_FLAGS="$sanitizers" > "$build_dir/fuzz-configure.log" 2>&1 ||
+  { cat "$build_dir/fuzz-configure.log" >&2; exit 1; }
 build_targets=()
 for t in "${targets[@]}"; do build_targets+=(--target "fp4q_fuzz_$t"); done
 cmake --build "$build_dir" -j "$jobs" "${build_targets[@]}"
