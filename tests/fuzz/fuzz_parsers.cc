@@ -78,14 +78,22 @@ void Safetensors(const std::string& bytes) {
   Check(again->tensors().size() <= f->tensors().size(), "round trip keeps the tensors");
 }
 
-void Checkpoint(const std::string& bytes) {
-  static const std::string path = [] {
+// The file ReadCheckpoint reads: one per process, removed at exit.
+struct TempFile {
+  TempFile() {
     char tmpl[] = "/tmp/fp4q_fuzz_ckpt_XXXXXX";
     const int fd = ::mkstemp(tmpl);
     Check(fd >= 0, "temp file");
     ::close(fd);
-    return std::string(tmpl);
-  }();
+    path = tmpl;
+  }
+  ~TempFile() { ::unlink(path.c_str()); }
+  std::string path;
+};
+
+void Checkpoint(const std::string& bytes) {
+  static const TempFile file;
+  const std::string& path = file.path;
   std::FILE* out = std::fopen(path.c_str(), "wb");
   Check(out != nullptr, "temp file open");
   if (!bytes.empty()) Check(std::fwrite(bytes.data(), bytes.size(), 1, out) == 1, "write");
