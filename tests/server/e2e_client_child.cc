@@ -9,6 +9,7 @@
 // killed. Exit code 2 with a message on stderr on any error.
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "fp4q/v1/fp4q.grpc.pb.h"
@@ -47,11 +48,14 @@ int main(int argc, char** argv) {
   }
   constexpr int64_t kRows = 2048, kCols = 2048;
   constexpr size_t kBytes = kRows * kCols * 4;
-  fp4q::server::testing::ShmRegion shm(mode == "region" ? kBytes : 16);
+  // Only `region` makes a shared memory object (the parent unlinks it after the kill).
+  std::unique_ptr<fp4q::server::testing::ShmRegion> region_memory;
   v1::QuantizeRequest q;
   q.mutable_input()->set_dtype(v1::DTYPE_F32);
   std::string name = "-";
   if (mode == "region") {
+    region_memory = std::make_unique<fp4q::server::testing::ShmRegion>(kBytes);
+    fp4q::server::testing::ShmRegion& shm = *region_memory;
     if (!shm.ok()) return Fail("shm", grpc::Status(grpc::StatusCode::INTERNAL, "no shm"));
     for (size_t i = 0; i < kBytes / 4; ++i) {
       const float v = static_cast<float>(static_cast<int>(i % 97) - 48) * 0.125f;
