@@ -51,7 +51,7 @@ if ((build)); then
   for e in "${examples[@]}"; do targets+=(--target "fp4q_example_$e"); done
   scripts/build.sh --build-dir "$build_dir" "${targets[@]}" || die "build"
   # The CUDA backend module, where this build has it (a CUDA toolkit was found).
-  if [[ "$backend" != cpu ]] && cmake --build "$build_dir" --target help | grep -q '^fp4q_cuda:'; then
+  if [[ "$backend" != cpu ]] && [[ -n "$(cmake --build "$build_dir" --target help | sed -n '/^fp4q_cuda:/p')" ]]; then
     cmake --build "$build_dir" --target fp4q_cuda || die "build of the CUDA module"
   fi
 fi
