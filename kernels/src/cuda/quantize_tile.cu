@@ -73,6 +73,47 @@ FP4Q_D void LoadTile(const TileParams& p, int64_t r0, int64_t c0, bool vec_ok, f
   }
 }
 
+// The rest of one unit of 32 elements, the same for both outputs: the 16-point transforms, then
+// either its part of the amax pass or its quantization and store. The unit is elements
+// [inner, inner + n_valid) of row `outer` of the quantized matrix [outer_dim, inner_dim] (x for
+// the row-wise output, x^T for the column-wise one).
+template <int kFmt, bool kSr, bool kRht, bool kBf16, int kRowwise>
+FP4Q_D void FinishUnit(float (&v)[32], int n_valid, const TileParams& p, const QOut& out,
+                       float* amax_out, int64_t outer, int64_t inner, int64_t outer_dim,
+                       int64_t inner_dim) {
+  if (kRht) {
+    Rht16(v, p.q.rht_signs, kBf16);
+    Rht16(v + 16, p.q.rht_signs, kBf16);
+    if (n_valid <= 16) {
+#pragma unroll
+      for (int e = 16; e < 32; ++e) v[e] = 0.0f;
+    }
+  }
+  if (p.amax_only) {
+    float m = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 32; ++e) m = fmaxf(m, fabsf(v[e]));
+    if (amax_out != nullptr) WarpAtomicMax(amax_out, m);
+    return;
+  }
+  const float amax = out.amax_ptr != nullptr ? *out.amax_ptr : out.amax_value;
+  const UnitCtx ctx = MakeUnitCtx(p.q, amax);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (out.write_amax) out.global[0] = amax;
+    out.global[1] = GlobalSecond(kFmt, ctx);
+  }
+  if (kFmt == kFmtMx) {
+    float m = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 32; ++e) m = fmaxf(m, fabsf(v[e]));
+    WarpAtomicMax(out.global, m);
+  }
+  UnitResult res;
+  QuantizeUnit<kFmt, kSr, kRowwise>(v, n_valid, ctx, static_cast<uint64_t>(outer * inner_dim + inner),
+                                    &res);
+  if (n_valid > 0) StoreUnit<kFmt>(out, outer_dim, inner_dim, outer, inner, n_valid, res);
+}
+
 template <typename In, int kFmt, bool kSr, bool kRht>
 __global__ void __launch_bounds__(kThreads) QuantizeTileKernel(const TileParams p, bool vec_ok) {
   __shared__ __align__(16) float tile[kTC * kTR];
@@ -104,37 +145,8 @@ __global__ void __launch_bounds__(kThreads) QuantizeTileKernel(const TileParams 
     float v[32];
 #pragma unroll
     for (int e = 0; e < 32; ++e) v[e] = tile[TileIndex(r, cl + e)];
-    if (kRht) {
-      Rht16(v, p.q.rht_signs, kBf16);
-      Rht16(v + 16, p.q.rht_signs, kBf16);
-      if (n_valid <= 16) {
-#pragma unroll
-        for (int e = 16; e < 32; ++e) v[e] = 0.0f;
-      }
-    }
-    if (p.amax_only) {
-      float m = 0.0f;
-#pragma unroll
-      for (int e = 0; e < 32; ++e) m = fmaxf(m, fabsf(v[e]));
-      if (p.row_amax_out != nullptr) WarpAtomicMax(p.row_amax_out, m);
-    } else {
-      const float amax = p.row.amax_ptr != nullptr ? *p.row.amax_ptr : p.row.amax_value;
-      const UnitCtx ctx = MakeUnitCtx(p.q, amax);
-      if (blockIdx.x == 0 && threadIdx.x == 0) {
-        if (p.row.write_amax) p.row.global[0] = amax;
-        p.row.global[1] = GlobalSecond(kFmt, ctx);
-      }
-      if (kFmt == kFmtMx) {
-        float m = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 32; ++e) m = fmaxf(m, fabsf(v[e]));
-        WarpAtomicMax(p.row.global, m);
-      }
-      UnitResult res;
-      QuantizeUnit<kFmt, kSr, 1>(v, n_valid, ctx, static_cast<uint64_t>(grow * p.cols + gcol),
-                                 &res);
-      if (n_valid > 0) StoreUnit<kFmt>(p.row, p.rows, p.cols, grow, gcol, n_valid, res);
-    }
+    FinishUnit<kFmt, kSr, kRht, kBf16, 1>(v, n_valid, p, p.row, p.row_amax_out, grow, gcol,
+                                          p.rows, p.cols);
   }
 
   // ---- column-wise: units along x's columns (rows of x^T)
@@ -156,37 +168,8 @@ __global__ void __launch_bounds__(kThreads) QuantizeTileKernel(const TileParams 
       v[4 * j + 2] = f.z;
       v[4 * j + 3] = f.w;
     }
-    if (kRht) {
-      Rht16(v, p.q.rht_signs, kBf16);
-      Rht16(v + 16, p.q.rht_signs, kBf16);
-      if (n_valid <= 16) {
-#pragma unroll
-        for (int e = 16; e < 32; ++e) v[e] = 0.0f;
-      }
-    }
-    if (p.amax_only) {
-      float m = 0.0f;
-#pragma unroll
-      for (int e = 0; e < 32; ++e) m = fmaxf(m, fabsf(v[e]));
-      if (p.col_amax_out != nullptr) WarpAtomicMax(p.col_amax_out, m);
-    } else {
-      const float amax = p.col.amax_ptr != nullptr ? *p.col.amax_ptr : p.col.amax_value;
-      const UnitCtx ctx = MakeUnitCtx(p.q, amax);
-      if (blockIdx.x == 0 && threadIdx.x == 0) {
-        if (p.col.write_amax) p.col.global[0] = amax;
-        p.col.global[1] = GlobalSecond(kFmt, ctx);
-      }
-      if (kFmt == kFmtMx) {
-        float m = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 32; ++e) m = fmaxf(m, fabsf(v[e]));
-        WarpAtomicMax(p.col.global, m);
-      }
-      UnitResult res;
-      QuantizeUnit<kFmt, kSr, 0>(v, n_valid, ctx, static_cast<uint64_t>(gcol * p.rows + grow),
-                                 &res);
-      if (n_valid > 0) StoreUnit<kFmt>(p.col, p.cols, p.rows, gcol, grow, n_valid, res);
-    }
+    FinishUnit<kFmt, kSr, kRht, kBf16, 0>(v, n_valid, p, p.col, p.col_amax_out, gcol, grow,
+                                          p.cols, p.rows);
   }
 }
 
