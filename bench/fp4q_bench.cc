@@ -26,6 +26,9 @@
 #include "fp4q/kernels/cuda_module.h"
 
 namespace fp4q::bench {
+
+cudaError_t LaunchEmptyKernel(cudaStream_t s);  // launch_floor.cu
+
 namespace {
 
 using kernels::Backend;
@@ -283,7 +286,18 @@ int Run(int argc, char** argv) {
     rows.push_back(Row{"amax", shape, a.median_us, n * 2, 0, 0, "", 0, "", ""});
   }
 
-  // ---- small tensors: host wall-clock per call of back-to-back calls (and GPU time).
+  // ---- small tensors: host wall-clock per call of back-to-back calls (and GPU time), after
+  // the floor of one empty kernel launch measured the same way.
+  if (want("quantize small")) {
+    const double wall =
+        WallPerCallUs(s, 2000, [&](int) { Check(LaunchEmptyKernel(s), "empty kernel"); });
+    const Timing t =
+        TimeEvents(s, 20, 200, [&](int) { Check(LaunchEmptyKernel(s), "empty kernel"); });
+    rows.push_back(Row{"empty kernel launch (host wall per call)", "1 CTA", wall, 0, 0, 0, "", 0,
+                       "", absl::StrFormat("GPU time per call (events) %.2f us", t.median_us)});
+    std::printf("%-48s %9.2f us wall, %.2f us events\n", rows.back().name.c_str(), wall,
+                t.median_us);
+  }
   for (int64_t m : {1, 16, 128}) {
     if (!want("quantize small")) break;
     Input x = MakeBf16Input(m, 4096, 500 + m);

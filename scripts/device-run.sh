@@ -8,10 +8,13 @@
 #   .bundle/device-run.sh memcheck   the suite under compute-sanitizer memcheck   -> memcheck.log
 #   .bundle/device-run.sh bench      fp4q_bench                                   -> h200.json, bench.log
 #   .bundle/device-run.sh peer       torchao under torch.compile (needs wheels)   -> peer.json
+#   .bundle/device-run.sh profile    Nsight Compute on chosen bench rows           -> profile.txt
 #   .bundle/device-run.sh all        info, test, bench, peer, memcheck (in that order)
 #
 # Environment: FP4Q_TEST_FILTER (gtest filter for test), FP4Q_MEMCHECK_FILTER (for memcheck),
-# FP4Q_MEMCHECK_TIMEOUT (seconds, default 240; the log shows how far it got), FP4Q_WHEELS (folder of wheels for `peer`).
+# FP4Q_MEMCHECK_TIMEOUT (seconds, default 240; the log shows how far it got), FP4Q_WHEELS (folder of wheels for `peer`),
+# FP4Q_PROFILE: ';'-separated "bench row filter|kernel name regex|launches to skip" for
+# `profile` (default: the quantize rows of issue 4), FP4Q_BENCH_ONLY (bench --only filter).
 set -uo pipefail
 bundle=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$PWD/device-out}
@@ -57,8 +60,34 @@ run_memcheck() {
 }
 
 run_bench() {
-  "$bundle/bin/fp4q_bench" --out "$out/h200.json" --commit "$commit" 2>&1 | tee "$out/bench.log"
+  "$bundle/bin/fp4q_bench" --out "$out/h200.json" --commit "$commit" \
+    ${FP4Q_BENCH_ONLY:+--only "$FP4Q_BENCH_ONLY"} 2>&1 | tee "$out/bench.log"
   return "${PIPESTATUS[0]}"
+}
+
+# One kernel launch per entry under Nsight Compute (--clock-control none: the VM does not let
+# ncu lock clocks), with the sections that say what bounds it: speed of light, occupancy,
+# scheduler issue, warp stall reasons, instruction mix and pipe utilisation.
+run_profile() {
+  local ncu spec row kernel skip
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  local list=${FP4Q_PROFILE:-"quantize nvfp4 1x16 RTN, amax given|QuantizeLanes|3;quantize nvfp4 1x16 SR|QuantizeLanes|3;quantize nvfp4 1x16 RHT+SR|QuantizeLanes|3;QDQ nvfp4 + error|QuantizeLanes|3;quantize nvfp4 row+col|QuantizeTile|3"}
+  : > "$out/profile.txt"
+  IFS=';' read -ra specs <<< "$list"
+  for spec in "${specs[@]}"; do
+    IFS='|' read -r row kernel skip <<< "$spec"
+    echo "==== $row (kernel ~ $kernel, skip $skip)" | tee -a "$out/profile.txt"
+    timeout 240 "$ncu" --clock-control none --kernel-name "regex:$kernel" \
+      --launch-skip "${skip:-3}" --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+      --section WarpStateStats --section InstructionStats --section ComputeWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis \
+      --metrics smsp__inst_executed.sum,smsp__inst_executed_pipe_alu.sum,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed_pipe_fmaheavy.sum,smsp__inst_executed_pipe_lsu.sum,smsp__inst_executed_pipe_xu.sum,smsp__inst_executed_pipe_uniform.sum,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fmaheavy_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_active \
+      "$bundle/bin/fp4q_bench" --out /tmp/fp4q-profile.json --iters 8 --only "$row" \
+      >> "$out/profile.txt" 2>&1
+    echo "ncu exit status: $?" | tee -a "$out/profile.txt"
+  done
+  grep -E "^====|Duration|DRAM Throughput|Issue Slots Busy|Issued Warp|Achieved Occupancy|Registers Per|inst_executed|pipe_.*cycles_active|No Eligible|ncu exit" "$out/profile.txt"
 }
 
 run_peer() {
@@ -76,6 +105,7 @@ case "${1:-}" in
   memcheck) run_memcheck ;;
   bench) run_bench ;;
   peer) run_peer ;;
+  profile) run_profile ;;
   all)
     run_info > /dev/null
     run_test; t=$?
@@ -84,5 +114,5 @@ case "${1:-}" in
     run_memcheck; m=$?
     echo "== summary: test $t, bench $b, memcheck $m"
     exit $((t || b || m)) ;;
-  *) sed -n '2,14p' "$0"; exit 2 ;;
+  *) sed -n "2,18p" "$0"; exit 2 ;;
 esac

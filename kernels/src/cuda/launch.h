@@ -138,6 +138,10 @@ struct SmallMParams {
 
 cudaError_t LaunchAmax(const void* x, int dtype, int64_t n, float* amax, cudaStream_t s);
 cudaError_t LaunchQuantizeRows(const RowParams& p, cudaStream_t s);
+// The lane-granular fast path of LaunchQuantizeRows (quantize_lanes.cu), which calls it itself
+// for the requests it covers: NVFP4 1x16, map-to-6, no UpdateWeight, cols % 64 == 0.
+bool QuantizeLanesEligible(const RowParams& p);
+cudaError_t LaunchQuantizeLanes(const RowParams& p, cudaStream_t s);
 cudaError_t LaunchQuantizeTile(const TileParams& p, cudaStream_t s);
 cudaError_t LaunchDequantize(const DequantParams& p, cudaStream_t s);
 cudaError_t LaunchRht(const RhtParams& p, cudaStream_t s);

@@ -324,6 +324,7 @@ cudaError_t DispatchFormat(const RowParams& p, cudaStream_t s) {
 }  // namespace
 
 cudaError_t LaunchQuantizeRows(const RowParams& p, cudaStream_t s) {
+  if (QuantizeLanesEligible(p)) return LaunchQuantizeLanes(p, s);
   // The UpdateWeight source carries its own dtype (upd_dtype); x_dtype selects the kernel.
   if (p.update) return DispatchFormat<float>(p, s);
   return p.x_dtype == kF32 ? DispatchFormat<float>(p, s) : DispatchFormat<__nv_bfloat16>(p, s);

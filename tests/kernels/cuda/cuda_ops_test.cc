@@ -178,9 +178,11 @@ TEST_F(CudaTest, QuantizeWithErrorFeedbackMatchesCpu) {
   int i = 0;
   for (const EfMode& m : EfModes()) {
     for (DType dtype : {DType::kBF16, DType::kF32}) {
+      // 208 columns: quantize_rows.cu; 192 (a multiple of 64): the lane kernel for NVFP4 1x16.
+      for (const int64_t nv_cols : {208, 192}) {
       for (bool has_amax : {false, true}) {
         ++i;
-        const int64_t rows = 48, cols = m.format == Format::kMxfp4 ? 160 : 208;
+        const int64_t rows = 48, cols = m.format == Format::kMxfp4 ? 160 : nv_cols;
         auto rng = Rng(3000 + i);
         QuantizeOptions o = EfOptions(m, rng, i);
         SCOPED_TRACE(cuda_testing::OptionsName(o));
@@ -207,6 +209,7 @@ TEST_F(CudaTest, QuantizeWithErrorFeedbackMatchesCpu) {
                                               absl::StrCat("residual step ", step)));
         }
       }
+      }
     }
   }
 }
@@ -217,9 +220,11 @@ TEST_F(CudaTest, QdqMatchesCpuWithAndWithoutFeedback) {
     for (DType dtype : {DType::kBF16, DType::kF32}) {
       for (DType out_dtype : {DType::kF32, DType::kBF16}) {
         for (bool feedback : {false, true}) {
+        // 80 columns: quantize_rows.cu; 128 (a multiple of 64): the lane kernel for NVFP4 1x16.
+        for (const int64_t nv_cols : {80, 128}) {
           ++i;
           const int64_t rows = m.block == BlockShape::k16x16 ? 32 : 9;
-          const int64_t cols = m.format == Format::kMxfp4 ? 96 : 80;
+          const int64_t cols = m.format == Format::kMxfp4 ? 96 : nv_cols;
           auto rng = Rng(4000 + i);
           QuantizeOptions o = EfOptions(m, rng, i);
           o.scale_layout = ScaleLayout::kPlain;
@@ -245,6 +250,7 @@ TEST_F(CudaTest, QdqMatchesCpuWithAndWithoutFeedback) {
           EXPECT_TRUE(cuda_testing::SameDense(alias ? x.dev->Download() : separate.Download(), want,
                                               out_dtype, "qdq"));
           if (feedback) EXPECT_TRUE(cuda_testing::SameDense(dr.DownloadAs<float>(), r, "residual"));
+        }
         }
       }
     }

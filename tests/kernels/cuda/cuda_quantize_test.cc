@@ -49,8 +49,12 @@ struct Shape {
   int64_t rows, cols;
 };
 const std::vector<Shape>& ShapesFor(int row_mult, int col_mult) {
-  static const std::vector<Shape> nv_any = {{1, 16},   {7, 48},    {3, 400},  {217, 256},
-                                            {33, 144}, {130, 528}, {5, 4096}, {64, 80}};
+  // Row lengths that are multiples of 64 take the lane kernel (quantize_lanes.cu) for 1x16
+  // row-wise output; the others quantize_rows.cu.
+  static const std::vector<Shape> nv_any = {{1, 16},    {7, 48},   {3, 400},   {217, 256},
+                                            {33, 144},  {130, 528}, {5, 4096}, {64, 80},
+                                            {1, 64},    {3, 192},  {130, 320}, {9, 1088},
+                                            {2, 65536}};
   static const std::vector<Shape> nv16 = {{16, 16},  {16, 48},   {48, 208},  {80, 272},
                                           {144, 96}, {64, 1040}, {208, 144}, {16, 2064}};
   static const std::vector<Shape> mx_any = {{1, 32},   {7, 64},   {5, 416},
@@ -179,6 +183,81 @@ TEST_P(QuantizeTest, MatchesCpuBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, QuantizeTest, ::testing::ValuesIn(AllCases()), CaseName);
+
+// Tensors large enough that every warp of the row kernels' grid-stride loops runs several
+// iterations (and the register prefetch of the next one), for each mode of the lane kernel and
+// once through quantize_rows.cu (a row length that is not a multiple of 64).
+using LargeQuantizeTest = cuda_testing::CudaTest;
+
+TEST_F(LargeQuantizeTest, GridStrideLoopsMatchCpuBitForBit) {
+  struct Big {
+    DType dtype;
+    int64_t rows, cols;
+    Rounding rounding;
+    RhtMode rht;
+    bool has_amax;
+    bool feedback;
+    ScaleLayout layout;
+  };
+  const Big cases[] = {
+      {DType::kBF16, 2048, 4096, Rounding::kNearest, RhtMode::kOff, true, false,
+       ScaleLayout::kPlain},
+      {DType::kBF16, 2048, 4096, Rounding::kStochastic, RhtMode::kOff, false, false,
+       ScaleLayout::kSwizzled},
+      {DType::kBF16, 1024, 8192, Rounding::kStochastic, RhtMode::kDefaultSigns, true, false,
+       ScaleLayout::kSwizzled},
+      {DType::kBF16, 1536, 2560, Rounding::kNearest, RhtMode::kSeeded, false, false,
+       ScaleLayout::kPlain},
+      {DType::kBF16, 2048, 4096, Rounding::kNearest, RhtMode::kOff, true, true,
+       ScaleLayout::kPlain},
+      {DType::kF32, 1024, 4096, Rounding::kStochastic, RhtMode::kOff, false, true,
+       ScaleLayout::kSwizzled},
+      {DType::kF32, 1024, 4160, Rounding::kStochastic, RhtMode::kDefaultSigns, false, false,
+       ScaleLayout::kPlain},
+      {DType::kBF16, 1000, 4112, Rounding::kStochastic, RhtMode::kOff, true, true,
+       ScaleLayout::kSwizzled},
+  };
+  int i = 0;
+  for (const Big& b : cases) {
+    ++i;
+    auto rng = Rng(9100 + i);
+    QuantizeOptions o;
+    o.rounding = b.rounding;
+    o.rht = b.rht;
+    o.scale_layout = b.layout;
+    o.seed = (static_cast<uint64_t>(rng()) << 32) | rng();
+    o.step = rng();
+    o.rht_seed = rng();
+    const Dist dist = i % 2 ? Dist::kNormal : Dist::kOutliers;
+    DenseInput x = cuda_testing::MakeInput(gpu(), b.dtype, b.rows, b.cols, dist, rng);
+    if (b.has_amax) {
+      o.has_amax = true;
+      o.amax = 3.0f;
+    }
+    SCOPED_TRACE(absl::StrCat(i, ": ", b.rows, "x", b.cols, " ", cuda_testing::OptionsName(o),
+                              b.feedback ? " feedback" : ""));
+    const size_t n = static_cast<size_t>(b.rows * b.cols);
+    std::vector<float> r;
+    std::unique_ptr<cuda_testing::DeviceBuffer> dr;
+    if (b.feedback) {
+      std::normal_distribution<float> d(0.0f, 0.05f);
+      r.resize(n);
+      for (float& v : r) v = d(rng);
+      dr = std::make_unique<cuda_testing::DeviceBuffer>(gpu(), n * 4);
+      dr->Upload(r.data(), n * 4);
+    }
+    QuantPair q(gpu(), Format::kNvfp4, BlockShape::k1x16, b.layout, b.rows, b.cols);
+    ASSERT_TRUE(cpu().Quantize(x.host_view(), o, b.feedback ? r.data() : nullptr, &q.host,
+                               nullptr, nullptr)
+                    .ok());
+    const absl::Status s = gpu().Quantize(
+        x.dev_view(), o, b.feedback ? static_cast<float*>(dr->get()) : nullptr, &q.dev, nullptr,
+        nullptr);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(q.Matches("large"));
+    if (b.feedback) EXPECT_TRUE(cuda_testing::SameDense(dr->DownloadAs<float>(), r, "residual"));
+  }
+}
 
 }  // namespace
 }  // namespace fp4q::kernels
