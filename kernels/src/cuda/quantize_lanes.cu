@@ -3,18 +3,21 @@
 // the amax-only pass of those. Other requests (MXFP4, 16x16 tiles, four-over-six,
 // UpdateWeight, rows whose length is not a multiple of 64) take quantize_rows.cu.
 //
-// Layout: the tensor is seen as one flat sequence of 8-element granules (a row's length is a
-// multiple of 64, so no 16-element block and no group of four blocks crosses a row). Lane l of a
-// warp owns granule 32 * u + l of each 256-granule step u: every load instruction of the warp
-// reads 512 contiguous bytes of bf16 (16 bytes a lane), every code store writes 128 contiguous
-// bytes (one 32-bit word a lane: a granule's 8 codes). An NVFP4 block is a lane pair: its amax is
-// one shuffle, the RHT's last butterfly stage (width 8) is one shuffle per element, and the
-// granule is exactly one Philox group (NUMERICS 4: counter = element index / 8). Scales go out as
-// one 32-bit word per 8 lanes (four consecutive blocks of a row are consecutive bytes in both
-// scale layouts).
-//
-// Each lane holds kU granules of the next step in registers while it computes the current one
-// (software pipelining), so about 2 x kU x 16 bytes a lane are in flight.
+// The tensor is seen as one flat sequence of granules (a row's length is a multiple of 64, so
+// no 16-element block and no group of four blocks crosses a row); lane l of a warp owns granule
+// 32 * u + l of each step u, so a warp's loads and stores cover contiguous memory, and scales go
+// out as one 32-bit word per four blocks (four consecutive blocks of a row are consecutive bytes
+// in both scale layouts). Two granule sizes:
+//   - 16 elements (one NVFP4 block per lane: Quantize and QDQ without error feedback). The
+//     block amax, the RHT and the scale are computed by the lane alone; measured on the H200
+//     (bench/NOTES.md v5) this needs fewer instructions per element than lane pairs, and these
+//     requests are bound by instruction issue, not by memory.
+//   - 8 elements (a lane pair per block: error feedback). The block amax and the RHT's last
+//     butterfly stage are shuffles. 16-byte lanes keep the f32 residual's 12 bytes per element
+//     of traffic fully coalesced; this request is bound by memory.
+// Each lane holds the next step's granules in registers while it computes the current one
+// (software pipelining). A granule of 8 is exactly one Philox group (NUMERICS 4: counter =
+// element index / 8); a granule of 16 is two.
 //
 // FP4Q_ROW_KERNEL=legacy in the environment sends every request to quantize_rows.cu instead
 // (for A/B measurements; read once per process).
@@ -35,7 +38,8 @@ constexpr unsigned kFull = 0xFFFFFFFFu;
 
 struct LaneParams {
   RowParams p;
-  uint64_t n_gran = 0;     // granules (elements / 8)
+  uint64_t n_gran = 0;     // 8-element granules (elements / 8)
+  uint32_t n_blocks = 0;   // 16-element blocks (elements / 16 < 2^31)
   uint64_t row_magic = 0;  // floor((2^64 - 1) / scale_cols) + 1: block -> row (swizzled)
   uint32_t scale_cols = 0;
 };
@@ -95,44 +99,6 @@ FP4Q_D void WidenGran(const Gran<In, kRes>& gr, float* v) {
   }
 }
 
-// The 16-point RHT of a block split over a lane pair: this lane holds elements 8h .. 8h + 7
-// (h = lane & 1). Same operations in the same order as Rht16: signs, butterfly stages 1, 2, 4
-// in the lane, stage 8 across the pair, * 0.25, then the bf16 rounding.
-FP4Q_D void RhtPair(float* v, uint32_t signs, int h, bool round_bf16) {
-  const uint32_t s = signs >> (8 * h);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    v[i] = __fmul_rn(v[i], __uint_as_float(0x3F800000u | ((s << (31 - i)) & 0x80000000u)));
-  }
-#pragma unroll
-  for (int w = 1; w < 8; w <<= 1) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if ((i & w) == 0) {
-        const float a = v[i];
-        const float b = v[i + w];
-        v[i] = __fadd_rn(a, b);
-        v[i + w] = __fsub_rn(a, b);
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float other = __shfl_xor_sync(kFull, v[i], 1);
-    v[i] = h == 0 ? __fadd_rn(v[i], other) : __fsub_rn(other, v[i]);
-  }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(v[i], 0.25f);
-  if (round_bf16) {
-#pragma unroll
-    for (int i = 0; i < 8; i += 2) {
-      const uint32_t pair = PackBf16x2(v[i], v[i + 1]);
-      v[i] = Bf16Lo(pair);
-      v[i + 1] = Bf16Hi(pair);
-    }
-  }
-}
-
 // The 8 codes of a granule as one word (element e in bits 4e .. 4e+3), as Codes16 does for 16.
 template <bool kSr>
 FP4Q_D uint32_t Codes8(const float* v, float inv, const UnitCtx& c, uint64_t group) {
@@ -159,12 +125,13 @@ FP4Q_D uint32_t Codes8(const float* v, float inv, const UnitCtx& c, uint64_t gro
   return acc;
 }
 
-template <typename In, bool kSr, bool kRht, bool kRes>
+// Error feedback (and its amax-only pass): x and the f32 residual, a lane pair per block.
+template <typename In, bool kSr>
 __global__ void __launch_bounds__(kThreads, 2) QuantizeLanesKernel(const LaneParams lp) {
+  constexpr bool kRes = true;
   constexpr int kU = StepGranules<In, kRes>();
   const RowParams& p = lp.p;
   const int lane = threadIdx.x & 31;
-  const int h = lane & 1;
   const uint64_t gtid = static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const uint64_t warps = (static_cast<uint64_t>(gridDim.x) * kThreads) >> 5;
   const uint64_t steps = (lp.n_gran + 32 * kU - 1) / (32 * kU);
@@ -209,7 +176,6 @@ __global__ void __launch_bounds__(kThreads, 2) QuantizeLanesKernel(const LanePar
       const bool valid = g < lp.n_gran;
       float v[8];
       WidenGran<In, kRes>(cur[u], v);
-      if (kRht) RhtPair(v, p.q.rht_signs, h, sizeof(In) == 2);
       if (amax_only) {
 #pragma unroll
         for (int e = 0; e < 8; ++e) thread_max = fmaxf(thread_max, fabsf(v[e]));
@@ -274,28 +240,201 @@ __global__ void __launch_bounds__(kThreads, 2) QuantizeLanesKernel(const LanePar
   if (amax_only) WarpAtomicMax(p.amax_out, thread_max);
 }
 
-template <typename In, bool kSr, bool kRht, bool kRes>
-cudaError_t Launch(const LaneParams& lp, cudaStream_t s) {
-  constexpr int kU = StepGranules<In, kRes>();
+// ---------------------------------------------------------------- one block per lane
+
+template <typename In>
+struct Block16 {
+  uint4 x[sizeof(In) == 2 ? 2 : 4];
+};
+
+template <typename In>
+FP4Q_D void LoadBlock(const void* x, uint32_t b, bool valid, Block16<In>* out) {
+  constexpr int kW = sizeof(In) == 2 ? 2 : 4;
+  const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+  const uint4* src = reinterpret_cast<const uint4*>(x) + static_cast<uint64_t>(b) * kW;
+#pragma unroll
+  for (int k = 0; k < kW; ++k) out->x[k] = valid ? src[k] : z;
+}
+
+template <typename In>
+FP4Q_D void WidenBlock(const Block16<In>& b, float* v) {
+  if constexpr (sizeof(In) == 2) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const uint32_t w[4] = {b.x[k].x, b.x[k].y, b.x[k].z, b.x[k].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        v[8 * k + 2 * j] = Bf16Lo(w[j]);
+        v[8 * k + 2 * j + 1] = Bf16Hi(w[j]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[4 * k] = __uint_as_float(b.x[k].x);
+      v[4 * k + 1] = __uint_as_float(b.x[k].y);
+      v[4 * k + 2] = __uint_as_float(b.x[k].z);
+      v[4 * k + 3] = __uint_as_float(b.x[k].w);
+    }
+  }
+}
+
+// Quantize and QDQ without error feedback, and their amax-only pass: lane l of a warp owns
+// block 32 * u + l of each step (kU blocks a lane per step, the next step's loads in flight).
+template <typename In, bool kSr, bool kRht>
+__global__ void __launch_bounds__(kThreads, 3) QuantizeBlocksKernel(const LaneParams lp) {
+  constexpr int kU = sizeof(In) == 2 ? 2 : 1;
+  const RowParams& p = lp.p;
+  const int lane = threadIdx.x & 31;
+  const uint32_t n_blocks = lp.n_blocks;
+  const uint32_t gtid = blockIdx.x * kThreads + threadIdx.x;
+  const uint32_t warps = gridDim.x * (kThreads / 32);
+  const uint32_t steps = (n_blocks + 32 * kU - 1) / (32 * kU);
+
+  const bool amax_only = p.amax_out != nullptr;
+  UnitCtx ctx{};
+  if (!amax_only) {
+    const float amax = p.out.amax_ptr != nullptr ? *p.out.amax_ptr : p.out.amax_value;
+    ctx = MakeUnitCtx(p.q, amax);
+    if (gtid == 0 && p.out.global != nullptr) {
+      if (p.out.write_amax) p.out.global[0] = amax;
+      p.out.global[1] = ctx.g.s_enc;
+    }
+  }
+  const bool want_codes = !amax_only && p.out.codes != nullptr;
+  const bool want_dq = !amax_only && p.dq != nullptr;
+  float thread_max = 0.0f;
+
+  uint32_t step = gtid >> 5;  // warp-uniform
+  Block16<In> cur[kU];
+  if (step < steps) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const uint32_t b = (step * kU + u) * 32 + lane;
+      LoadBlock<In>(p.x, b, b < n_blocks, &cur[u]);
+    }
+  }
+  for (; step < steps; step += warps) {
+    const uint32_t next = step + warps;
+    Block16<In> nxt[kU];
+    if (next < steps) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const uint32_t b = (next * kU + u) * 32 + lane;
+        LoadBlock<In>(p.x, b, b < n_blocks, &nxt[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const uint32_t b = (step * kU + u) * 32 + lane;
+      // Groups of four lanes are valid together (the block count is a multiple of 4).
+      const bool valid = b < n_blocks;
+      float v[16];
+      WidenBlock<In>(cur[u], v);
+      if (kRht) Rht16(v, p.q.rht_signs, sizeof(In) == 2);
+      if (amax_only) {
+        thread_max = fmaxf(thread_max, BlockAmax16(v));
+        continue;
+      }
+      const uint32_t sf = E4M3Rn(__fmul_rn(BlockAmax16(v), ctx.g.t));
+      const float sfv = E4M3Value(sf);
+      const float inv = InvScale(sfv, ctx.g.s_dec);
+      const uint32_t w0 = Codes8<kSr>(v, inv, ctx, uint64_t{b} * 2);
+      const uint32_t w1 = Codes8<kSr>(v + 8, inv, ctx, uint64_t{b} * 2 + 1);
+      if (want_codes) {
+        const uint32_t b1 = __shfl_down_sync(kFull, sf, 1);
+        const uint32_t b2 = __shfl_down_sync(kFull, sf, 2);
+        const uint32_t b3 = __shfl_down_sync(kFull, sf, 3);
+        if (valid) {
+          reinterpret_cast<uint2*>(p.out.codes)[b] = make_uint2(w0, w1);
+          if ((lane & 3) == 0) {
+            uint64_t at = b;  // a multiple of 4
+            if (p.out.swizzled) {
+              const uint64_t row = __umul64hi(lp.row_magic, uint64_t{b});
+              at = static_cast<uint64_t>(SwizzleOffset(static_cast<int64_t>(row),
+                                                       static_cast<int64_t>(b - row * lp.scale_cols),
+                                                       lp.scale_cols / 4));
+            }
+            *reinterpret_cast<uint32_t*>(p.out.scales + at) =
+                sf | (b1 << 8) | (b2 << 16) | (b3 << 24);
+          }
+        }
+      }
+      if (want_dq && valid) {
+        float d[16];
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+          const uint32_t code = ((e < 8 ? w0 : w1) >> (4 * (e & 7))) & 0xFu;
+          d[e] = __fmul_rn(__fmul_rn(E2M1Value(code), sfv), ctx.g.s_dec);
+        }
+        if (p.dq_dtype == kF32) {
+          float4* q = reinterpret_cast<float4*>(p.dq) + uint64_t{b} * 4;
+#pragma unroll
+          for (int k = 0; k < 4; ++k) q[k] = make_float4(d[4 * k], d[4 * k + 1], d[4 * k + 2], d[4 * k + 3]);
+        } else {
+          uint4* q = reinterpret_cast<uint4*>(p.dq) + uint64_t{b} * 2;
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            q[k] = make_uint4(PackBf16x2(d[8 * k], d[8 * k + 1]), PackBf16x2(d[8 * k + 2], d[8 * k + 3]),
+                              PackBf16x2(d[8 * k + 4], d[8 * k + 5]),
+                              PackBf16x2(d[8 * k + 6], d[8 * k + 7]));
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) cur[u] = nxt[u];
+  }
+  if (amax_only) WarpAtomicMax(p.amax_out, thread_max);
+}
+
+// CTAs per SM the kernel reaches (registers), asked once per kernel; the grid is one wave.
+template <typename Kernel>
+int ResidentCtas(Kernel k) {
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, 0) != cudaSuccess || n < 1) {
+    cudaGetLastError();
+    n = 2;
+  }
+  return n;
+}
+
+template <typename In, bool kSr, bool kRht>
+cudaError_t LaunchBlocks(const LaneParams& lp, cudaStream_t s) {
+  constexpr int kU = sizeof(In) == 2 ? 2 : 1;
+  static const int per_sm = ResidentCtas(QuantizeBlocksKernel<In, kSr, kRht>);
+  const uint64_t steps = (uint64_t{lp.n_blocks} + 32 * kU - 1) / (32 * kU);
+  uint64_t ctas = (steps + kThreads / 32 - 1) / (kThreads / 32);
+  const uint64_t cap = static_cast<uint64_t>(SmCount()) * per_sm;
+  if (ctas > cap) ctas = cap;
+  if (ctas == 0) return cudaSuccess;
+  QuantizeBlocksKernel<In, kSr, kRht><<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(lp);
+  return cudaGetLastError();
+}
+
+template <typename In, bool kSr>
+cudaError_t LaunchLanes(const LaneParams& lp, cudaStream_t s) {
+  constexpr int kU = StepGranules<In, true>();
   const uint64_t steps = (lp.n_gran + 32 * kU - 1) / (32 * kU);
   uint64_t blocks = (steps + kThreads / 32 - 1) / (kThreads / 32);
-  const uint64_t cap = static_cast<uint64_t>(SmCount()) * 2;  // one wave at 2 CTAs per SM
+  static const int per_sm = ResidentCtas(QuantizeLanesKernel<In, kSr>);
+  const uint64_t cap = static_cast<uint64_t>(SmCount()) * per_sm;  // one wave
   if (blocks > cap) blocks = cap;
   if (blocks == 0) return cudaSuccess;
-  QuantizeLanesKernel<In, kSr, kRht, kRes><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(lp);
+  QuantizeLanesKernel<In, kSr><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(lp);
   return cudaGetLastError();
 }
 
 template <typename In>
 cudaError_t Dispatch(const LaneParams& lp, cudaStream_t s) {
   const QuantOptions& q = lp.p.q;
-  if (lp.p.residual != nullptr) {  // error feedback: never with RHT (checked by the caller)
-    return q.sr ? Launch<In, true, false, true>(lp, s) : Launch<In, false, false, true>(lp, s);
+  if (lp.p.residual != nullptr) {  // error feedback (never with RHT: checked by the caller)
+    return q.sr ? LaunchLanes<In, true>(lp, s) : LaunchLanes<In, false>(lp, s);
   }
   if (q.rht) {
-    return q.sr ? Launch<In, true, true, false>(lp, s) : Launch<In, false, true, false>(lp, s);
+    return q.sr ? LaunchBlocks<In, true, true>(lp, s) : LaunchBlocks<In, false, true>(lp, s);
   }
-  return q.sr ? Launch<In, true, false, false>(lp, s) : Launch<In, false, false, false>(lp, s);
+  return q.sr ? LaunchBlocks<In, true, false>(lp, s) : LaunchBlocks<In, false, false>(lp, s);
 }
 
 bool LegacyRequested() {
@@ -312,8 +451,8 @@ bool QuantizeLanesEligible(const RowParams& p) {
   if (p.update || p.q.fmt != kFmtNv1x16 || p.q.scale_sel != kSelMapTo6) return false;
   if (p.residual != nullptr && p.q.rht) return false;
   if (p.rows <= 0 || p.cols <= 0 || p.cols % 64 != 0) return false;
-  // Block indices stay below 2^32 (the swizzled layout's row division).
-  if (static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) / 16 >= (uint64_t{1} << 32)) {
+  // Block indices stay below 2^31 (32-bit block arithmetic, the swizzled layout's row division).
+  if (static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) / 16 >= (uint64_t{1} << 31)) {
     return false;
   }
   return !LegacyRequested();
@@ -324,6 +463,7 @@ cudaError_t LaunchQuantizeLanes(const RowParams& p, cudaStream_t s) {
   LaneParams lp;
   lp.p = p;
   lp.n_gran = static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) / 8;
+  lp.n_blocks = static_cast<uint32_t>(lp.n_gran / 2);
   lp.scale_cols = static_cast<uint32_t>(p.cols / 16);
   lp.row_magic = ~uint64_t{0} / lp.scale_cols + 1;
   return p.x_dtype == kF32 ? Dispatch<float>(lp, s) : Dispatch<__nv_bfloat16>(lp, s);
