@@ -2,7 +2,8 @@
 // feedback) and UpdateWeight. Each plans its passes over the data:
 //   - amax given (or MXFP4, whose global amax is only recorded): one pass;
 //   - amax computed: an amax pass (the plain reduction, or the quantize kernel in amax-only mode
-//     when the amax is of a derived tensor: x + r, RHT(x), the updated weight), then one pass.
+//     when the amax is of a derived tensor: x + r, RHT(x), the updated weight), then one pass;
+//     small row-wise tensors do both in one cooperative launch (LaunchQuantizeFusedAmax).
 // Row-wise-only requests run the row kernel (quantize_rows.cu); column-wise requests the tile
 // kernel (quantize_tile.cu), which reads x once for both outputs.
 #include <cstdint>
@@ -105,6 +106,12 @@ absl::Status CudaBackend::QuantizeImpl(const ConstTensor& x, const QuantizeOptio
     } else if (options.has_amax) {
       row.amax_value = options.amax;
       row.write_amax = true;
+    } else if (res == nullptr && FusedAmaxFits(p)) {  // one launch: amax, then quantize
+      row.write_amax = true;
+      p.out = row;
+      FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchQuantizeFusedAmax(p, row.global, s)));
+      FP4Q_RETURN_IF_ERROR(ZeroPadding(row, x.rows, x.cols, q.fmt, s));
+      return st.Finish();
     } else {
       if (res != nullptr || q.rht) {
         FP4Q_RETURN_IF_ERROR(ZeroFloat(row.global, s));

@@ -142,6 +142,12 @@ cudaError_t LaunchQuantizeRows(const RowParams& p, cudaStream_t s);
 // for the requests it covers: NVFP4 1x16, map-to-6, no UpdateWeight, cols % 64 == 0.
 bool QuantizeLanesEligible(const RowParams& p);
 cudaError_t LaunchQuantizeLanes(const RowParams& p, cudaStream_t s);
+// Small tensors (lane-eligible, no residual, at most kFusedAmaxMaxElems elements) with the
+// global amax computed: one cooperative launch computes it into *amax (zeroed by the launch
+// itself) and quantizes with it, instead of a memset, a reduction and the quantize launch.
+inline constexpr uint64_t kFusedAmaxMaxElems = uint64_t{1} << 20;
+bool FusedAmaxFits(const RowParams& p);
+cudaError_t LaunchQuantizeFusedAmax(const RowParams& p, float* amax, cudaStream_t s);
 cudaError_t LaunchQuantizeTile(const TileParams& p, cudaStream_t s);
 cudaError_t LaunchDequantize(const DequantParams& p, cudaStream_t s);
 cudaError_t LaunchRht(const RhtParams& p, cudaStream_t s);

@@ -21,6 +21,7 @@
 //
 // FP4Q_ROW_KERNEL=legacy in the environment sends every request to quantize_rows.cu instead
 // (for A/B measurements; read once per process).
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -33,6 +34,8 @@
 namespace fp4q::kernels::cuda {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kThreads = 256;
 constexpr unsigned kFull = 0xFFFFFFFFu;
 
@@ -40,6 +43,8 @@ struct LaneParams {
   RowParams p;
   uint64_t n_gran = 0;     // 8-element granules (elements / 8)
   uint32_t n_blocks = 0;   // 16-element blocks (elements / 16 < 2^31)
+  // Non-null: compute the global amax in the launch itself (see QuantizeBlocksKernel).
+  float* fused_amax = nullptr;
   uint64_t row_magic = 0;  // floor((2^64 - 1) / scale_cols) + 1: block -> row (swizzled)
   uint32_t scale_cols = 0;
 };
@@ -294,7 +299,34 @@ __global__ void __launch_bounds__(kThreads, 3) QuantizeBlocksKernel(const LanePa
   const bool amax_only = p.amax_out != nullptr;
   UnitCtx ctx{};
   if (!amax_only) {
-    const float amax = p.out.amax_ptr != nullptr ? *p.out.amax_ptr : p.out.amax_value;
+    float amax;
+    if (lp.fused_amax != nullptr) {
+      // The global amax in this launch (a cooperative one, one wave): every lane reduces its
+      // blocks, then two grid barriers around the atomic max into *fused_amax, which this
+      // launch zeroes itself. Small tensors only (the data is read twice, the second time from
+      // L2), to save the separate reduction's launches.
+      float m = 0.0f;
+      for (uint32_t st = gtid >> 5; st < steps; st += warps) {
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const uint32_t b = (st * kU + u) * 32 + lane;
+          Block16<In> blk;
+          LoadBlock<In>(p.x, b, b < n_blocks, &blk);
+          float v[16];
+          WidenBlock<In>(blk, v);
+          if (kRht) Rht16(v, p.q.rht_signs, sizeof(In) == 2);
+          m = fmaxf(m, BlockAmax16(v));
+        }
+      }
+      cg::grid_group grid = cg::this_grid();
+      if (gtid == 0) *lp.fused_amax = 0.0f;
+      grid.sync();
+      WarpAtomicMax(lp.fused_amax, m);
+      grid.sync();
+      amax = __ldcg(lp.fused_amax);
+    } else {
+      amax = p.out.amax_ptr != nullptr ? *p.out.amax_ptr : p.out.amax_value;
+    }
     ctx = MakeUnitCtx(p.q, amax);
     if (gtid == 0 && p.out.global != nullptr) {
       if (p.out.write_amax) p.out.global[0] = amax;
@@ -408,6 +440,18 @@ cudaError_t LaunchBlocks(const LaneParams& lp, cudaStream_t s) {
   const uint64_t cap = static_cast<uint64_t>(SmCount()) * per_sm;
   if (ctas > cap) ctas = cap;
   if (ctas == 0) return cudaSuccess;
+  if (lp.fused_amax != nullptr) {
+    // Every CTA must be resident at once for the grid barriers: the caller checked that the
+    // tensor needs no more than one wave (FusedAmaxFits), and the launch refuses otherwise.
+    if (steps > cap * (kThreads / 32)) return cudaErrorCooperativeLaunchTooLarge;
+    LaneParams copy = lp;
+    void* args[] = {&copy};
+    const cudaError_t e = cudaLaunchCooperativeKernel(
+        reinterpret_cast<const void*>(&QuantizeBlocksKernel<In, kSr, kRht>),
+        dim3(static_cast<unsigned>(ctas)), dim3(kThreads), args, 0, s);
+    if (e != cudaSuccess) return e;
+    return cudaGetLastError();
+  }
   QuantizeBlocksKernel<In, kSr, kRht><<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(lp);
   return cudaGetLastError();
 }
@@ -456,6 +500,34 @@ bool QuantizeLanesEligible(const RowParams& p) {
     return false;
   }
   return !LegacyRequested();
+}
+
+bool FusedAmaxFits(const RowParams& p) {
+  return QuantizeLanesEligible(p) && p.residual == nullptr && p.amax_out == nullptr &&
+         static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) <= kFusedAmaxMaxElems;
+}
+
+cudaError_t LaunchQuantizeFusedAmax(const RowParams& p, float* amax, cudaStream_t s) {
+  if (!FusedAmaxFits(p) || amax == nullptr) return cudaErrorInvalidValue;
+  LaneParams lp;
+  lp.p = p;
+  lp.p.out.amax_ptr = nullptr;
+  lp.n_gran = static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) / 8;
+  lp.n_blocks = static_cast<uint32_t>(lp.n_gran / 2);
+  lp.scale_cols = static_cast<uint32_t>(p.cols / 16);
+  lp.row_magic = ~uint64_t{0} / lp.scale_cols + 1;
+  lp.fused_amax = amax;
+  const QuantOptions& q = p.q;
+  if (p.x_dtype == kF32) {
+    if (q.rht) return q.sr ? LaunchBlocks<float, true, true>(lp, s) : LaunchBlocks<float, false, true>(lp, s);
+    return q.sr ? LaunchBlocks<float, true, false>(lp, s) : LaunchBlocks<float, false, false>(lp, s);
+  }
+  if (q.rht) {
+    return q.sr ? LaunchBlocks<__nv_bfloat16, true, true>(lp, s)
+                : LaunchBlocks<__nv_bfloat16, false, true>(lp, s);
+  }
+  return q.sr ? LaunchBlocks<__nv_bfloat16, true, false>(lp, s)
+              : LaunchBlocks<__nv_bfloat16, false, false>(lp, s);
 }
 
 cudaError_t LaunchQuantizeLanes(const RowParams& p, cudaStream_t s) {
