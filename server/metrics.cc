@@ -44,6 +44,14 @@ Metrics::Metrics(prometheus::Registry& registry, const std::string& version,
                            .Name("fp4q_kernel_duration_seconds")
                            .Help("Kernel time (launch to stream synchronize), by op")
                            .Register(registry)),
+      device_kernels_(BuildCounter()
+                          .Name("fp4q_device_kernels_total")
+                          .Help("Kernel ops run, by device (GPU UUID or cpu)")
+                          .Register(registry)),
+      device_kernel_seconds_(BuildCounter()
+                                 .Name("fp4q_device_kernel_seconds_total")
+                                 .Help("Kernel time (launch to stream synchronize), by device")
+                                 .Register(registry)),
       processed_bytes_(BuildCounter()
                            .Name("fp4q_processed_bytes_total")
                            .Help("Tensor bytes read and written, by method")
@@ -166,8 +174,10 @@ void Metrics::RequestFinished(absl::string_view rpc, absl::StatusCode code, doub
 
 void Metrics::SetReady(bool ready) { ready_.Set(ready ? 1 : 0); }
 
-void Metrics::KernelDuration(absl::string_view op, double seconds) {
+void Metrics::KernelDuration(absl::string_view device, absl::string_view op, double seconds) {
   kernel_duration_.Add({{"op", S(op)}}, LatencyBuckets()).Observe(seconds);
+  device_kernels_.Add({{"device", S(device)}}).Increment();
+  device_kernel_seconds_.Add({{"device", S(device)}}).Increment(seconds);
 }
 
 void Metrics::QueueDepth(absl::string_view device, int64_t depth) {

@@ -32,7 +32,7 @@ class Metrics final : public EngineObserver {
   void SetReady(bool ready);
 
   // ---- EngineObserver.
-  void KernelDuration(absl::string_view op, double seconds) override;
+  void KernelDuration(absl::string_view device, absl::string_view op, double seconds) override;
   void QueueDepth(absl::string_view device, int64_t depth) override;
   void QueueCapacity(absl::string_view device, int64_t capacity) override;
   void QueueRejected(absl::string_view device) override;
@@ -51,6 +51,8 @@ class Metrics final : public EngineObserver {
   prometheus::Family<prometheus::Counter>& requests_total_;
   prometheus::Family<prometheus::Histogram>& request_duration_;
   prometheus::Family<prometheus::Histogram>& kernel_duration_;
+  prometheus::Family<prometheus::Counter>& device_kernels_;
+  prometheus::Family<prometheus::Counter>& device_kernel_seconds_;
   prometheus::Family<prometheus::Counter>& processed_bytes_;
   prometheus::Family<prometheus::Counter>& processed_elements_;
   prometheus::Gauge& in_flight_;

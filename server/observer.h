@@ -15,9 +15,11 @@ class EngineObserver {
  public:
   virtual ~EngineObserver() = default;
 
-  // A kernel op ("amax", "quantize", "dequantize", "qdq", "matmul", "update_weight") ran for
-  // `seconds` (including the stream synchronization that ends it).
-  virtual void KernelDuration(absl::string_view /*op*/, double /*seconds*/) {}
+  // A kernel op ("amax", "quantize", "dequantize", "qdq", "matmul", "update_weight") ran on
+  // `device` (GPU UUID or "cpu") for `seconds` (including the stream synchronization that ends
+  // it).
+  virtual void KernelDuration(absl::string_view /*device*/, absl::string_view /*op*/,
+                              double /*seconds*/) {}
   // Per-device executor queue (device = GPU UUID or "cpu").
   virtual void QueueDepth(absl::string_view /*device*/, int64_t /*depth*/) {}
   virtual void QueueCapacity(absl::string_view /*device*/, int64_t /*capacity*/) {}

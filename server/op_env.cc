@@ -115,7 +115,7 @@ absl::Status OpEnv::Kernel(absl::string_view op, const std::function<absl::Statu
   if (s.ok()) s = backend().Synchronize(stream_);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (observer_ != nullptr) observer_->KernelDuration(op, seconds);
+  if (observer_ != nullptr) observer_->KernelDuration(device_->label, op, seconds);
   meta_->kernel_micros += seconds * 1e6;
   return s;
 }

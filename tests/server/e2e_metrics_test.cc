@@ -157,6 +157,13 @@ TEST(E2eMetricsTest, MetricsAfterKnownTraffic) {
   EXPECT_EQ(Metric(*text, "fp4q_kernel_duration_seconds_count", {{"op", "update_weight"}}), 1);
   EXPECT_EQ(Metric(*text, "fp4q_kernel_duration_seconds_count", {{"op", "dequantize"}}), 0)
       << "the repeated step returned no dequantized tensor";
+  // The per-device counters see every kernel op, whatever the op.
+  double ops = 0;
+  for (const char* op : {"amax", "quantize", "dequantize", "qdq", "matmul", "update_weight"}) {
+    ops += Metric(*text, "fp4q_kernel_duration_seconds_count", {{"op", op}});
+  }
+  EXPECT_EQ(Metric(*text, "fp4q_device_kernels_total", {{"device", "cpu"}}), ops);
+  EXPECT_GT(Metric(*text, "fp4q_device_kernel_seconds_total", {{"device", "cpu"}}), 0);
   EXPECT_EQ(Metric(*text, "fp4q_quant_sqnr_db_count"), 3);
   EXPECT_EQ(Metric(*text, "fp4q_quant_clipped_ratio_count"), 3);
   EXPECT_EQ(Metric(*text, "fp4q_state_tensors", {{"device", "cpu"}, {"kind", "weight"}}), 2);
