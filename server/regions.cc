@@ -264,7 +264,12 @@ absl::StatusOr<std::string> RegionManager::Register(absl::string_view session_id
   bool opened = false;
   if (mapping == nullptr) {
     absl::StatusOr<void*> base = device->backend->OpenIpcHandle(request.ipc_handle);
-    if (!base.ok()) return RenameField(base.status(), "handle", "ipc_handle");
+    if (!base.ok()) {
+      const absl::Status s = RenameField(base.status(), "handle", "ipc_handle");
+      if (s.code() != absl::StatusCode::kInvalidArgument) return s;
+      return absl::InvalidArgumentError(
+          absl::StrCat(s.message(), " (device_uuid: ", Quoted(device->label), ")"));
+    }
     if (observer_ != nullptr) observer_->CudaHandleOpened();
     mapping = std::make_shared<IpcMapping>();
     mapping->device = device;

@@ -188,6 +188,22 @@ absl::StatusOr<void*> CudaBackend::OpenIpcHandle(const std::string& handle_bytes
     return absl::InvalidArgumentError(
         absl::StrCat("handle: cannot be opened on ", info_.uuid, ": ", s.message()));
   }
+  // A handle exported on another GPU opens here too (lazy peer access over NVLink/PCIe), but
+  // work queued for this device would then reach into the other one: refuse it, saying where
+  // the allocation lives.
+  cudaPointerAttributes attr;
+  std::memset(&attr, 0, sizeof(attr));
+  const cudaError_t ae = cudaPointerGetAttributes(&attr, base);
+  if (ae != cudaSuccess || (attr.type == cudaMemoryTypeDevice && attr.device != ordinal_)) {
+    cudaIpcCloseMemHandle(base);
+    if (ae != cudaSuccess) return Track(FP4Q_CUDA_STATUS(ae));
+    std::string owner = absl::StrCat("CUDA device ", attr.device);
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, attr.device) == cudaSuccess) owner = FormatUuid(prop.uuid);
+    cudaGetLastError();
+    return absl::InvalidArgumentError(absl::StrCat("handle: the allocation lives on ", owner,
+                                                   ", not on ", info_.uuid));
+  }
   absl::MutexLock lock(&mu_);
   ipc_bases_.insert(base);
   return base;
