@@ -18,6 +18,7 @@ copied into it and small outputs written there and copied out after the reply.
 """
 
 import collections
+import contextlib
 import threading
 
 import torch
@@ -40,6 +41,11 @@ def format_uuid(raw16):
 def normalize_uuid(uuid):
     u = uuid.strip().lower()
     return u[4:] if u.startswith("gpu-") else u
+
+
+def _current_device(index):
+    """Makes cuda:`index` current for a `with` block (nothing to do where CUDA is absent)."""
+    return torch.cuda.device(index) if torch.cuda.is_available() else contextlib.nullcontext()
 
 
 def device_uuid(index):
@@ -86,8 +92,11 @@ class RegionCache:
         index = tensor.device.index if tensor.device.index is not None else 0
         ptr = tensor.data_ptr()
         try:
-            base, size = _cuda_driver.address_range(ptr)
-            handle = _cuda_driver.ipc_handle(base)
+            # The driver calls act in the current context: make it the tensor's device's (as the
+            # C++ client does), whichever device the caller has current.
+            with _current_device(index):
+                base, size = _cuda_driver.address_range(ptr)
+                handle = _cuda_driver.ipc_handle(base)
         except _cuda_driver.DriverError as e:
             raise NoIpc("no IPC handle for this allocation (%s); expandable_segments "
                         "allocations cannot be shared" % e) from e
