@@ -119,6 +119,7 @@ absl::Status CudaBackend::MatmulImpl(const ConstQuantizedTensor& a, const ConstQ
     p.b = sb.op;
     p.c = cp;
     p.c_dtype = c.dtype == DType::kF32 ? kF32 : kBF16;
+    p.pdl = info_.cc_major >= 9;
     const size_t ws = SmallMWorkspaceBytes(m, n, k);
     if (ws > 0) {
       FP4Q_ASSIGN_OR_RETURN(p.workspace, st.Scratch(ws));

@@ -132,8 +132,10 @@ struct SmallMParams {
   GemmOperand b;  // [N, K]
   void* c = nullptr;
   int c_dtype = kF32;
-  // Partial sums of the K slices (SmallMWorkspaceBytes; unused when that is 0).
+  // SmallMWorkspaceBytes(M, N, K) bytes: A in fragment order, split tickets, partial sums.
   void* workspace = nullptr;
+  // Launch the main kernel with programmatic dependent launch (compute capability >= 9.0).
+  bool pdl = false;
 };
 
 cudaError_t LaunchAmax(const void* x, int dtype, int64_t n, float* amax, cudaStream_t s);
@@ -164,7 +166,8 @@ cudaError_t LaunchSwizzleScales(const uint8_t* plain, int64_t rows, int64_t scal
 cudaError_t LaunchZeroSwizzlePadding(uint8_t* swizzled, int64_t rows, int64_t scale_cols,
                                      cudaStream_t s);
 
-// The largest M the small-M kernel takes (one 16-row MMA tile).
+// The largest M the small-M kernel takes (two n8 MMA tiles). K must be a multiple of 16 (32 for
+// MXFP4); pointers 16-byte aligned.
 inline constexpr int64_t kSmallMMax = 16;
 size_t SmallMWorkspaceBytes(int64_t m, int64_t n, int64_t k);
 cudaError_t LaunchSmallMMatmul(const SmallMParams& p, cudaStream_t s);

@@ -2,49 +2,48 @@
 // 4-bit codes once and dequantizing them in registers: 4.5 bits per weight cross the memory bus
 // instead of 16.
 //
-// Budget (M = 1..16, N = K = 8192): B is 32 MiB of codes + 2 MiB of scales, about 8 us at
-// 4.2 TB/s; the products go through bf16 tensor-core MMAs (m16n8k16, f32 accumulation), exact
-// for e2m1 x e4m3 values. Work split: a CTA owns 64 columns of C (8 warps x 8) and one slice of
-// K (at most 1024); the slices' partial sums go to a workspace and a second kernel adds them in
-// slice order (deterministic), times S_dec_a * S_dec_b. A is dequantized once (bf16, NVFP4 values
-// times 2^62 so that B's values can carry 2^-62 and both stay normal) into a workspace in the
-// lanes' order; each CTA copies its slice of A's M rows into shared memory, and every lane issues
-// all its B loads for the slice before the first MMA.
+// Budget (M = 1..16, N = K = 8192): B is 32 MiB of codes + 2 MiB of scales, about 8.5 us at
+// 4.2 TB/s. The products go through bf16 tensor-core MMAs (m16n8k16, f32 accumulation) with the
+// operands swapped: B's weight rows are the MMA's 16 rows and A's (at most 16) rows one or two n8
+// tiles that share the decoded weights, so a lane decodes 8 weights per MMA (small_m_layout.h:
+// the k order, the decode and its op count, about 2 ops per weight on two pipes).
 //
-// k order: an MMA's logical k positions may be any permutation of actual k as long as A and B
-// agree. Lane (g, t) owns 32 consecutive k of B row n0 + g per 128-k chunk (one 16-byte load); for
-// MMA i it feeds elements (j, j+4) and (j+1, j+5) of 8-element group i/2, j = 2 (i & 1), which
-// one shift-and-mask turns a code word into. A sits in shared memory in the matching order
-// ([i][t][s] per chunk), so a lane reads its 4 values with one 8-byte load, without bank
-// conflicts (rows padded to 8 words mod 32).
+// Exactness: a decoded pair holds e2m1 * 2^-126 (bf16, subnormal for 0.5); one bf16 multiply by
+// sf * 2^64 (NVFP4) gives e2m1 * sf * 2^-62, in [2^-72, 2^-50.6]: normal and exact (at most 6
+// significant bits). A is prepared as e2m1 * sf * 2^62, in [2^52, 2^73.4]; so every MMA product
+// is the exact e2m1 * sf * e2m1 * sf. MXFP4: e2m1 * 2^(b-127) on both sides (exact while it
+// stays in bf16's range; see cuda_matmul.cc), the weights through e2m1 first (times 2^126).
+//
+// Work split: a CTA = 8 warps x 16 weight rows (128 rows of C^T) and one K slice of `chunks`
+// 128-k chunks; the grid is (ceil(N / 128), splits), sized to about one wave of 4 CTAs per SM.
+// Each lane keeps two chunks of B loads in flight (2 x 2 x 16 bytes) while it decodes a third:
+// 1024 threads x 64 bytes = 64 KB per SM. A is prepared once by a small kernel into a workspace
+// in fragment order; the main kernel is launched with programmatic dependent launch, issues its
+// first B loads, then waits for that kernel and copies its A slice into shared memory (rows
+// padded by 32 bytes: the 8-byte fragment loads are conflict-free). With splits > 1 every CTA
+// writes f32 partial sums; the last CTA of each row group (an integer ticket) adds the slices
+// in slice order, so the result does not depend on timing.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "device_numerics.cuh"
 #include "launch.h"
+#include "small_m_layout.h"
 
 namespace fp4q::kernels::cuda {
 namespace {
 
-constexpr int kWarps = 8;              // n-tiles of 8 per CTA
+using small_m::DecodeWord;
+
+constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kNPerCta = kWarps * 8;
-constexpr int kChunk = 128;            // k per warp step (4 lanes x 32)
-constexpr int kMaxChunks = 8;          // k slice of a CTA: at most 1024
-constexpr int kPad = 16;               // bf16 elements of padding per shared row
-
-// Scale value of block (r, kb) of an operand.
-FP4Q_D float OperandScale(const GemmOperand& o, bool mx, int64_t r, int64_t kb) {
-  const int64_t sc = mx ? (o.cols >> 5) : (o.cols >> 4);
-  const uint32_t b = o.scales[ScaleOffset(r, kb, sc, o.swizzled)];
-  return mx ? E8M0Value(b) : E4M3Value(b);
-}
-
-// Two codes (nibbles j and j+4 of w) as bf16x2 with value * 2^-126 (em bits at [8:6], sign 15).
-FP4Q_D uint32_t RawPair(uint32_t w, int j) {
-  const uint32_t q = w << (12 - 4 * j);
-  return (q & 0x80008000u) | ((q & 0x70007000u) >> 6);
-}
+constexpr int kRowsPerCta = kWarps * 16;
+constexpr int kChunk = 128;           // k per lane step: 4 lanes x 32
+// CTAs per SM the launch bounds ask for: up to 85 registers. At 4 (64 registers) ptxas
+// recomputes addresses in the loop (1 n8 tile) or spills (2).
+constexpr int kCtasPerSm = 3;
+constexpr int kPad = 16;              // bf16 of padding per shared row (32 bytes)
+constexpr int kSmemBudget = 48 * 1024;
 
 FP4Q_D uint32_t MulBf16x2(uint32_t a, uint32_t b) {
   __nv_bfloat162 x = *reinterpret_cast<__nv_bfloat162*>(&a);
@@ -52,8 +51,6 @@ FP4Q_D uint32_t MulBf16x2(uint32_t a, uint32_t b) {
   x = __hmul2_rn(x, y);
   return *reinterpret_cast<uint32_t*>(&x);
 }
-
-FP4Q_D uint32_t SplatBf16(float f) { return PackBf16x2(f, f); }
 
 FP4Q_D void Mma16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -63,222 +60,386 @@ FP4Q_D void Mma16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// A -> bf16 workspace [16][Kp] in the lanes' k order within each 128-k chunk ([i][t][s]),
-// NVFP4 values times 2^62; rows >= M are never read.
-__global__ void __launch_bounds__(256) PrepareAKernel(const SmallMParams p, int64_t kp) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
-  if (idx >= p.a.rows * kp) return;
-  const int64_t m = idx / kp;
-  const int64_t pos = idx - m * kp;
-  const int w = static_cast<int>(pos & 127);
-  const int i = w >> 4, t = (w >> 2) & 3, s = w & 3;
-  constexpr int kPerm[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-  const int64_t k = (pos & ~int64_t{127}) + t * 32 + 8 * (i >> 1) + kPerm[4 * (i & 1) + s];
-  const int64_t K = p.a.cols;
-  float v = 0.0f;
-  if (k < K) {
-    const uint32_t code = (p.a.codes[(m * K + k) >> 1] >> ((k & 1) * 4)) & 0xFu;
-    v = __fmul_rn(E2M1Value(code), OperandScale(p.a, p.mx, m, p.mx ? (k >> 5) : (k >> 4)));
-    if (!p.mx) v = __fmul_rn(v, 0x1p62f);
-  }
-  reinterpret_cast<__nv_bfloat16*>(p.workspace)[idx] = __float2bfloat16_rn(v);
+FP4Q_D void GridDependencyWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 }
 
-// grid = (ceil(N / 64), splits); dynamic shared memory: 16 rows x (chunks * 128 + kPad) bf16.
-__global__ void __launch_bounds__(kThreads) SmallMKernel(const SmallMParams p, int chunks,
-                                                         int64_t kp, float* partial) {
-  extern __shared__ __align__(16) __nv_bfloat16 a_s[];
-  const int stride = chunks * kChunk + kPad;
-  const int64_t K = p.b.cols;
-  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * chunks * kChunk;
-  const int64_t m_rows = p.a.rows;
+FP4Q_D void GridDependentsLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 
-  // ---- this K slice of A's prepared rows -> shared memory (16-byte copies).
-  {
-    const int per_row = chunks * kChunk / 8;  // uint4 per row
-    const uint4* src = reinterpret_cast<const uint4*>(p.workspace);
-    for (int idx = threadIdx.x; idx < m_rows * per_row; idx += kThreads) {
-      const int m = idx / per_row;
-      const int q = idx - m * per_row;
-      const int64_t from = (m * kp + k0) / 8 + q;
-      *reinterpret_cast<uint4*>(a_s + m * stride + q * 8) =
-          k0 + q * 8 < kp ? src[from] : make_uint4(0u, 0u, 0u, 0u);
+// Scale value of block (r, kb) of an operand.
+FP4Q_D float OperandScale(const GemmOperand& o, bool mx, int64_t r, int64_t kb) {
+  const int64_t sc = mx ? (o.cols >> 5) : (o.cols >> 4);
+  const uint32_t b = o.scales[ScaleOffset(r, kb, sc, o.swizzled)];
+  return mx ? E8M0Value(b) : E4M3Value(b);
+}
+
+// A -> bf16 workspace [M][chunks][i][t][4] (small_m::ActSlotK order), NVFP4 values times 2^62;
+// zero beyond K. Also zeroes the split tickets. One thread per 4-value fragment.
+__global__ void __launch_bounds__(256)
+    PrepareActKernel(const SmallMParams p, int64_t chunks, uint2* act, int* tickets,
+                     int64_t n_tickets) {
+  GridDependentsLaunch();
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  if (idx < n_tickets) tickets[idx] = 0;
+  const int64_t per_row = chunks * 32;
+  if (idx >= p.a.rows * per_row) return;
+  const int64_t m = idx / per_row;
+  const int64_t rem = idx - m * per_row;
+  const int64_t c = rem >> 5;
+  const int i = static_cast<int>(rem >> 2) & 7;
+  const int t = static_cast<int>(rem) & 3;
+  const int64_t K = p.a.cols;
+  uint32_t h[4];
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const int64_t k = c * kChunk + small_m::ActSlotK(i, t, s);
+    float v = 0.0f;
+    if (k < K) {
+      const uint32_t code = (p.a.codes[(m * K + k) >> 1] >> ((k & 1) * 4)) & 0xFu;
+      v = __fmul_rn(E2M1Value(code), OperandScale(p.a, p.mx, m, p.mx ? (k >> 5) : (k >> 4)));
+      if (!p.mx) v = __fmul_rn(v, 0x1p62f);
     }
+    const __nv_bfloat16 b = __float2bfloat16_rn(v);
+    h[s] = *reinterpret_cast<const uint16_t*>(&b);
   }
-  __syncthreads();
+  act[idx] = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+}
+
+// One lane's B data for one chunk: 32 codes and their scale byte(s) per row.
+struct Chunk {
+  uint4 wa, wb;   // rows g, g + 8
+  uint32_t xa, xb;
+};
+
+// The scale multipliers of one row's chunk: s[0] for words 0-1 (block 2t or the MX block),
+// s[1] for words 2-3, as bf16 splats.
+template <bool kMx>
+FP4Q_D void ScaleSplats(uint32_t x, bool check_nan, uint32_t s[2]) {
+  if (kMx) {
+    const uint32_t b = small_m::E8m0Bf16Bits(x);
+    s[0] = s[1] = b | (b << 16);
+    return;
+  }
+  uint32_t h = small_m::E4m3PairBits(x);  // sf * 2^-120
+  h = MulBf16x2(h, 0x7F007F00u);          // * 2^127
+  h = MulBf16x2(h, 0x5C005C00u);          // * 2^57: sf * 2^64, exact
+  if (check_nan) {  // rare: the chunk has a NaN scale byte somewhere
+    if ((x & 0x7Fu) == 0x7Fu) h = (h & 0xFFFF0000u) | 0x7FC0u;
+    if ((x & 0x7F00u) == 0x7F00u) h = (h & 0x0000FFFFu) | 0x7FC00000u;
+  }
+  s[0] = __byte_perm(h, h, 0x1010);
+  s[1] = __byte_perm(h, h, 0x3232);
+}
+
+// Loads row data at `codes` (this lane's 16 code bytes of the chunk) and `scales` (its scale
+// bytes), for k = lane's first k of the chunk (< K).
+template <bool kMx, bool kK32>
+FP4Q_D void LoadRow(const uint8_t* codes, const uint8_t* scales, int64_t k, int64_t K, uint4& w,
+                    uint32_t& x) {
+  if (kK32) {
+    w = __ldg(reinterpret_cast<const uint4*>(codes));
+    x = kMx ? __ldg(scales) : __ldg(reinterpret_cast<const uint16_t*>(scales));
+  } else {  // K % 32 == 16 (NVFP4 only): rows are 8-byte aligned, the second half may be past K
+    const uint2 lo = __ldg(reinterpret_cast<const uint2*>(codes));
+    const bool hi_ok = k + 16 < K;
+    const uint2 hi = hi_ok ? __ldg(reinterpret_cast<const uint2*>(codes + 8)) : make_uint2(0, 0);
+    w = make_uint4(lo.x, lo.y, hi.x, hi.y);
+    x = __ldg(scales) | (hi_ok ? static_cast<uint32_t>(__ldg(scales + 1)) << 8 : 0u);
+  }
+}
+
+// grid = (ceil(N / 128), splits); dynamic shared memory: 8 kTiles rows x (chunks * 128 + kPad)
+// bf16. kK32: K % 32 == 0. kTiles: n8 tiles of A rows (1: M <= 8, 2: M <= 16).
+template <bool kMx, bool kK32, int kTiles>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm)
+    SmallMKernel(const SmallMParams p, int chunks, int64_t total_chunks, const uint2* act,
+                 float* partial, int* tickets, const small_m::SignShifts sh) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ int last_cta;
+  const int stride = chunks * kChunk + kPad;  // bf16 per shared row
+  const int64_t N = p.b.rows;
+  const int64_t K = p.b.cols;
+  const int64_t M = p.a.rows;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * chunks;
+  const int nch = static_cast<int>(total_chunks - c0 < chunks ? total_chunks - c0 : chunks);
 
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kNPerCta + warp * 8;
-  if (n0 >= p.b.rows) return;  // warp-uniform; no barrier follows
-  const int64_t n = n0 + g;
-  const bool n_ok = n < p.b.rows;
-  const bool k32 = (K & 31) == 0;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + warp * 16;
+  const bool va = n0 + g < N;
+  const bool vb = n0 + g + 8 < N;
+  const int64_t kl = c0 * kChunk + 32 * t;  // this lane's first k
+  const int64_t sc = kMx ? (K >> 5) : (K >> 4);
+  const int64_t kb = kMx ? (kl >> 5) : (kl >> 4);
+  // Row g's addresses (computed even past N, then never dereferenced); row g + 8 is a fixed
+  // distance away: 8 rows of codes, 8 plain scale rows, or 8 x 16 bytes in the swizzled layout
+  // (rows g and g + 8 of a 16-aligned tile share their 32-row group).
+  const int64_t ra = n0 + g;
+  const uint8_t* code_a = p.b.codes + ((ra * K + kl) >> 1);
+  const uint8_t* scale_a = p.b.scales + ScaleOffset(ra, kb, sc, p.b.swizzled);
+  const int64_t code_b_off = 4 * K;
+  const int64_t scale_b_off = p.b.swizzled ? 128 : 8 * sc;
+  // Per chunk the block index grows by 8 (NVFP4) or 4 (MX), within the same 4-block group.
+  const int sstep = p.b.swizzled ? (kMx ? 512 : 1024) : (kMx ? 4 : 8);
 
-  // ---- all of this lane's B loads for the slice first.
-  uint32_t w[kMaxChunks][4];
-  float sf[kMaxChunks][2];
+  // Chunks of this CTA's slice that hold k < K for this lane.
+  const int lane_chunks = kl >= K ? 0
+                          : static_cast<int>((K - kl + kChunk - 1) / kChunk < nch
+                                                 ? (K - kl + kChunk - 1) / kChunk
+                                                 : nch);
+  // The loader walks the lane's chunks in order with running pointers (cheaper to keep live
+  // than to recompute from the chunk index).
+  const uint8_t* ld_ca = code_a;
+  const uint8_t* ld_cb = code_a + code_b_off;
+  const uint8_t* ld_sa = scale_a;
+  const uint8_t* ld_sb = scale_a + scale_b_off;
+  int64_t ld_k = kl;
+  int ld_left_a = va ? lane_chunks : 0;  // chunks left to load for row g / row g + 8
+  int ld_left_b = vb ? lane_chunks : 0;
+  auto load_next = [&](Chunk& d) {
+    d.wa = d.wb = make_uint4(0u, 0u, 0u, 0u);
+    d.xa = d.xb = 0u;
+    if (ld_left_a > 0) LoadRow<kMx, kK32>(ld_ca, ld_sa, ld_k, K, d.wa, d.xa);
+    if (ld_left_b > 0) LoadRow<kMx, kK32>(ld_cb, ld_sb, ld_k, K, d.wb, d.xb);
+    --ld_left_a;
+    --ld_left_b;
+    ld_ca += 64;
+    ld_cb += 64;
+    ld_sa += sstep;
+    ld_sb += sstep;
+    ld_k += kChunk;
+  };
+
+  // ---- the first two chunks of B loads, then A's slice (written by PrepareActKernel).
+  Chunk buf0, buf1;
+  load_next(buf0);
+  load_next(buf1);
+  GridDependencyWait();
+  {
+    const uint32_t s_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    const int pieces = static_cast<int>(M) * nch * 16;  // 16-byte pieces
+    for (int q = threadIdx.x; q < pieces; q += kThreads) {
+      const int m = q / (nch * 16);
+      const int r = q - m * nch * 16;
+      const uint2* src = act + ((m * total_chunks + c0) * 32 + r * 2);
+      const uint32_t dst = s_base + (m * stride + r * 8) * 2;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+    }
+    // Rows M .. 8 kTiles - 1 feed MMA columns whose results are dropped; zero them anyway.
+    const int zero_pieces = (8 * kTiles - static_cast<int>(M)) * (stride / 8);
+    for (int q = threadIdx.x; q < zero_pieces; q += kThreads) {
+      reinterpret_cast<uint4*>(smem)[static_cast<int>(M) * (stride / 8) + q] =
+          make_uint4(0u, 0u, 0u, 0u);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  float acc[kTiles][4];
 #pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
-    const int64_t kk = k0 + c * kChunk + t * 32;
-    w[c][0] = w[c][1] = w[c][2] = w[c][3] = 0u;
-    sf[c][0] = sf[c][1] = 0.0f;
-    if (c < chunks && n_ok && kk < K) {
-      const uint8_t* src = p.b.codes + ((n * K + kk) >> 1);
-      if (k32) {
-        const uint4 q = *reinterpret_cast<const uint4*>(src);
-        w[c][0] = q.x; w[c][1] = q.y; w[c][2] = q.z; w[c][3] = q.w;
-      } else {
-        const uint2 q = *reinterpret_cast<const uint2*>(src);
-        w[c][0] = q.x; w[c][1] = q.y;
-        if (kk + 16 < K) {
-          const uint2 r = *reinterpret_cast<const uint2*>(src + 8);
-          w[c][2] = r.x; w[c][3] = r.y;
+  for (int tl = 0; tl < kTiles; ++tl) acc[tl][0] = acc[tl][1] = acc[tl][2] = acc[tl][3] = 0.0f;
+
+  const __nv_bfloat16* act_s = reinterpret_cast<const __nv_bfloat16*>(smem) + g * stride + t * 4;
+  auto compute = [&](const Chunk& d, const __nv_bfloat16* act_c) {
+    uint32_t sa[2], sb[2];
+    // NaN scale bytes (0x7F, 0xFF) of either row, tested once (the quantizers never write them).
+    const bool nan = !kMx && small_m::E4m3PairHasNan(d.xa | (d.xb << 16));
+    ScaleSplats<kMx>(d.xa, nan, sa);
+    ScaleSplats<kMx>(d.xb, nan, sb);
+    const uint32_t wa[4] = {d.wa.x, d.wa.y, d.wa.z, d.wa.w};
+    const uint32_t wb[4] = {d.wb.x, d.wb.y, d.wb.z, d.wb.w};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      uint32_t pa[4], pb[4];
+      DecodeWord(wa[u], pa, sh);
+      DecodeWord(wb[u], pb, sh);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (kMx) {
+          pa[j] = MulBf16x2(pa[j], 0x7E807E80u);  // * 2^126: e2m1
+          pb[j] = MulBf16x2(pb[j], 0x7E807E80u);
+        }
+        pa[j] = MulBf16x2(pa[j], sa[u >> 1]);
+        pb[j] = MulBf16x2(pb[j], sb[u >> 1]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = 2 * u + h;
+        const uint32_t a[4] = {pa[2 * h], pb[2 * h], pa[2 * h + 1], pb[2 * h + 1]};
+#pragma unroll
+        for (int tl = 0; tl < kTiles; ++tl) {
+          const uint2 b = *reinterpret_cast<const uint2*>(act_c + tl * 8 * stride + i * 16);
+          Mma16816(acc[tl], a, b.x, b.y);
         }
       }
-      if (p.mx) {
-        sf[c][0] = sf[c][1] = OperandScale(p.b, true, n, kk >> 5);
-      } else {
-        sf[c][0] = OperandScale(p.b, false, n, kk >> 4);
-        sf[c][1] = kk + 16 < K ? OperandScale(p.b, false, n, (kk >> 4) + 1) : 0.0f;
+    }
+  };
+
+  if (n0 < N) {  // warp-uniform
+    const __nv_bfloat16* act_c = act_s;
+    for (int c = 0; c < nch; c += 2) {
+      {
+        const Chunk cur = buf0;
+        load_next(buf0);
+        compute(cur, act_c);
+        act_c += kChunk;
+      }
+      if (c + 1 < nch) {
+        const Chunk cur = buf1;
+        load_next(buf1);
+        compute(cur, act_c);
+        act_c += kChunk;
       }
     }
   }
 
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  const uint32_t c126 = SplatBf16(0x1p126f);
-  const __nv_bfloat16* row_lo = a_s + g * stride + t * 4;
-  const __nv_bfloat16* row_hi = row_lo + 8 * stride;
-#pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
-    if (c >= chunks) break;
-    uint32_t s2[2];
-    if (p.mx) {
-      s2[0] = s2[1] = SplatBf16(sf[c][0]);
+  // ---- results: acc[tl][2h + q] is C[m = 8 tl + 2t + q][n = n0 + g + 8h].
+  const float alpha =
+      p.mx ? 1.0f : __fmul_rn(__frcp_rn(p.a.global[1]), __frcp_rn(p.b.global[1]));
+  auto store = [&](int64_t m, int64_t n, float v) {
+    if (p.c_dtype == kF32) {
+      static_cast<float*>(p.c)[m * N + n] = __fmul_rn(v, alpha);
     } else {
-      s2[0] = SplatBf16(__fmul_rn(sf[c][0], 0x1p64f));
-      s2[1] = SplatBf16(__fmul_rn(sf[c][1], 0x1p64f));
+      static_cast<__nv_bfloat16*>(p.c)[m * N + n] = __float2bfloat16_rn(__fmul_rn(v, alpha));
     }
+  };
+  const bool split = gridDim.y > 1;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t word = w[c][i >> 1];
-      const int j = 2 * (i & 1);
-      uint32_t b0 = RawPair(word, j);
-      uint32_t b1 = RawPair(word, j + 1);
-      if (p.mx) {
-        b0 = MulBf16x2(b0, c126);
-        b1 = MulBf16x2(b1, c126);
-      }
-      b0 = MulBf16x2(b0, s2[i >> 2]);
-      b1 = MulBf16x2(b1, s2[i >> 2]);
-      const int off = c * kChunk + i * 16;
-      uint2 la = make_uint2(0u, 0u), lb = make_uint2(0u, 0u);
-      if (g < m_rows) la = *reinterpret_cast<const uint2*>(row_lo + off);
-      if (g + 8 < m_rows) lb = *reinterpret_cast<const uint2*>(row_hi + off);
-      const uint32_t a[4] = {la.x, lb.x, la.y, lb.y};
-      Mma16816(acc, a, b0, b1);
-    }
-  }
-
-  // ---- results: rows g and g + 8, columns n0 + 2t, +1.
-  const float alpha =
-      p.mx ? 1.0f : __fmul_rn(__frcp_rn(p.a.global[1]), __frcp_rn(p.b.global[1]));
+  for (int tl = 0; tl < kTiles; ++tl) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t m = g + 8 * h;
-    if (m >= m_rows) continue;
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int64_t col = n0 + 2 * t + q;
-      if (col >= p.b.rows) continue;
-      const float sum = acc[2 * h + q];
-      if (partial != nullptr) {
-        partial[(static_cast<int64_t>(blockIdx.y) * m_rows + m) * p.b.rows + col] = sum;
-      } else if (p.c_dtype == kF32) {
-        static_cast<float*>(p.c)[m * p.b.rows + col] = __fmul_rn(sum, alpha);
+    for (int e = 0; e < 4; ++e) {
+      const int64_t m = 8 * tl + 2 * t + (e & 1);
+      const int64_t n = n0 + g + 8 * (e >> 1);
+      if (m >= M || n >= N) continue;
+      if (split) {
+        partial[(static_cast<int64_t>(blockIdx.y) * M + m) * N + n] = acc[tl][e];
       } else {
-        static_cast<__nv_bfloat16*>(p.c)[m * p.b.rows + col] =
-            __float2bfloat16_rn(__fmul_rn(sum, alpha));
+        store(m, n, acc[tl][e]);
       }
     }
   }
-}
+  if (!split) return;
 
-// C = alpha * sum over slices (in slice order) of the partial sums.
-__global__ void __launch_bounds__(256) ReduceSlicesKernel(const SmallMParams p, int splits,
-                                                          const float* partial) {
-  const int64_t mn = p.a.rows * p.b.rows;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
-  if (i >= mn) return;
-  float sum = 0.0f;
-  for (int s = 0; s < splits; ++s) sum = __fadd_rn(sum, partial[s * mn + i]);
-  const float alpha =
-      p.mx ? 1.0f : __fmul_rn(__frcp_rn(p.a.global[1]), __frcp_rn(p.b.global[1]));
-  const float v = __fmul_rn(sum, alpha);
-  if (p.c_dtype == kF32) {
-    static_cast<float*>(p.c)[i] = v;
-  } else {
-    static_cast<__nv_bfloat16*>(p.c)[i] = __float2bfloat16_rn(v);
+  // ---- the last CTA of this row group adds the slices in order.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last_cta = atomicAdd(&tickets[blockIdx.x], 1) == static_cast<int>(gridDim.y) - 1;
+  }
+  __syncthreads();
+  if (!last_cta) return;
+  __threadfence();
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowsPerCta;
+  for (int e = threadIdx.x; e < M * kRowsPerCta; e += kThreads) {
+    const int64_t m = e / kRowsPerCta;
+    const int64_t n = row0 + (e % kRowsPerCta);
+    if (n >= N) continue;
+    float sum = 0.0f;
+    for (unsigned s = 0; s < gridDim.y; ++s) sum = __fadd_rn(sum, __ldcg(partial + (s * M + m) * N + n));
+    store(m, n, sum);
   }
 }
 
 struct Plan {
-  int chunks;  // 128-k chunks per slice
-  int splits;  // slices of K
+  int tiles;          // n8 tiles of A rows
+  int chunks;         // 128-k chunks per CTA
+  int splits;         // K slices
+  int64_t total;      // 128-k chunks of K
+  int64_t groups;     // row groups of 128
 };
 
-Plan MakePlan(int64_t n, int64_t k) {
-  const int64_t total_chunks = (k + kChunk - 1) / kChunk;
-  const int64_t ctas_n = (n + kNPerCta - 1) / kNPerCta;
-  // Aim for about 8 CTAs per multiprocessor, with slices of at most kMaxChunks chunks.
-  int64_t splits = (8 * static_cast<int64_t>(SmCount()) + ctas_n - 1) / ctas_n;
-  splits = splits < 1 ? 1 : (splits > total_chunks ? total_chunks : splits);
-  int64_t chunks = (total_chunks + splits - 1) / splits;
-  if (chunks > kMaxChunks) chunks = kMaxChunks;
-  splits = (total_chunks + chunks - 1) / chunks;
-  return Plan{static_cast<int>(chunks), static_cast<int>(splits)};
+Plan MakePlan(int64_t m, int64_t n, int64_t k) {
+  Plan pl;
+  pl.tiles = m > 8 ? 2 : 1;
+  pl.total = (k + kChunk - 1) / kChunk;
+  pl.groups = (n + kRowsPerCta - 1) / kRowsPerCta;
+  const int64_t max_chunks = (kSmemBudget / (16 * pl.tiles) - kPad) / kChunk;  // 23 or 11
+  const int64_t slots = static_cast<int64_t>(SmCount()) * kCtasPerSm;
+  int64_t splits = pl.groups >= slots ? 1 : slots / pl.groups;
+  splits = splits < 1 ? 1 : (splits > pl.total ? pl.total : splits);
+  int64_t chunks = (pl.total + splits - 1) / splits;
+  if (chunks > max_chunks) chunks = max_chunks;
+  pl.chunks = static_cast<int>(chunks);
+  pl.splits = static_cast<int>((pl.total + chunks - 1) / chunks);
+  return pl;
 }
 
-int64_t PaddedK(int64_t k) { return (k + kChunk - 1) / kChunk * kChunk; }
+size_t Align256(size_t b) { return (b + 255) / 256 * 256; }
 
-size_t PartialOffset(int64_t m, int64_t k) {
-  return static_cast<size_t>((m * PaddedK(k) * 2 + 255) / 256 * 256);
+// Workspace: [act: M * total * 256 bytes][tickets: groups ints][partials: splits * M * N f32].
+size_t ActBytes(const Plan& pl, int64_t m) { return Align256(static_cast<size_t>(m * pl.total) * 256); }
+size_t TicketBytes(const Plan& pl) {
+  return pl.splits > 1 ? Align256(static_cast<size_t>(pl.groups) * sizeof(int)) : 0;
+}
+
+template <bool kMx, bool kK32, int kTiles>
+cudaError_t LaunchMain(const SmallMParams& p, const Plan& pl, const uint2* act, float* partial,
+                       int* tickets, cudaStream_t s) {
+  auto* kernel = SmallMKernel<kMx, kK32, kTiles>;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(pl.groups), static_cast<unsigned>(pl.splits));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(8 * kTiles) * (pl.chunks * kChunk + kPad) * 2;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = p.pdl ? 1 : 0;
+  // The sign shifts as kernel arguments: ptxas cannot fold them (small_m_layout.h).
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p, pl.chunks, pl.total, act, partial,
+                                           tickets, small_m::SignShifts());
+  if (e != cudaSuccess) return e;
+  return cudaGetLastError();
 }
 
 }  // namespace
 
 size_t SmallMWorkspaceBytes(int64_t m, int64_t n, int64_t k) {
-  const Plan plan = MakePlan(n, k);
-  return PartialOffset(m, k) +
-         (plan.splits > 1 ? static_cast<size_t>(plan.splits) * m * n * sizeof(float) : 0);
+  const Plan pl = MakePlan(m, n, k);
+  return ActBytes(pl, m) + TicketBytes(pl) +
+         (pl.splits > 1 ? static_cast<size_t>(pl.splits) * m * n * sizeof(float) : 0);
 }
 
 cudaError_t LaunchSmallMMatmul(const SmallMParams& p, cudaStream_t s) {
-  if (p.a.rows < 1 || p.a.rows > kSmallMMax || p.workspace == nullptr) {
+  const int64_t m = p.a.rows;
+  if (m < 1 || m > kSmallMMax || p.workspace == nullptr || (p.a.cols & 15) != 0 ||
+      (p.mx && (p.a.cols & 31) != 0)) {
     return cudaErrorInvalidValue;
   }
-  const Plan plan = MakePlan(p.b.rows, p.b.cols);
-  if (plan.splits > 65535) return cudaErrorInvalidConfiguration;
-  const int64_t kp = PaddedK(p.a.cols);
-  PrepareAKernel<<<static_cast<unsigned>((p.a.rows * kp + 255) / 256), 256, 0, s>>>(p, kp);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
+  const Plan pl = MakePlan(m, p.b.rows, p.b.cols);
+  if (pl.splits > 65535 || pl.groups > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
+  char* ws = static_cast<char*>(p.workspace);
+  uint2* act = reinterpret_cast<uint2*>(ws);
+  int* tickets = pl.splits > 1 ? reinterpret_cast<int*>(ws + ActBytes(pl, m)) : nullptr;
   float* partial =
-      plan.splits > 1
-          ? reinterpret_cast<float*>(static_cast<char*>(p.workspace) + PartialOffset(p.a.rows, p.a.cols))
-          : nullptr;
-  const dim3 grid(static_cast<unsigned>((p.b.rows + kNPerCta - 1) / kNPerCta),
-                  static_cast<unsigned>(plan.splits));
-  const size_t smem = 16 * (plan.chunks * kChunk + kPad) * sizeof(__nv_bfloat16);
-  SmallMKernel<<<grid, kThreads, smem, s>>>(p, plan.chunks, kp, partial);
-  e = cudaGetLastError();
-  if (e != cudaSuccess || partial == nullptr) return e;
-  const int64_t mn = p.a.rows * p.b.rows;
-  ReduceSlicesKernel<<<static_cast<unsigned>((mn + 255) / 256), 256, 0, s>>>(p, plan.splits,
-                                                                            partial);
-  return cudaGetLastError();
+      pl.splits > 1 ? reinterpret_cast<float*>(ws + ActBytes(pl, m) + TicketBytes(pl)) : nullptr;
+  const int64_t n_tickets = pl.splits > 1 ? pl.groups : 0;
+  const int64_t frags = m * pl.total * 32;
+  const int64_t threads = frags > n_tickets ? frags : n_tickets;
+  PrepareActKernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, s>>>(
+      p, pl.total, act, tickets, n_tickets);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  const bool k32 = (p.b.cols & 31) == 0;
+  if (p.mx) {  // K % 32 == 0
+    return pl.tiles == 1 ? LaunchMain<true, true, 1>(p, pl, act, partial, tickets, s)
+                         : LaunchMain<true, true, 2>(p, pl, act, partial, tickets, s);
+  }
+  if (pl.tiles == 1) {
+    return k32 ? LaunchMain<false, true, 1>(p, pl, act, partial, tickets, s)
+               : LaunchMain<false, false, 1>(p, pl, act, partial, tickets, s);
+  }
+  return k32 ? LaunchMain<false, true, 2>(p, pl, act, partial, tickets, s)
+             : LaunchMain<false, false, 2>(p, pl, act, partial, tickets, s);
 }
 
 }  // namespace fp4q::kernels::cuda

@@ -1,7 +1,9 @@
 // The CUDA backend's FP4 GEMM against the CPU reference (exact products summed in f64): relative
 // Frobenius error below 1e-5 for f32 output and 3e-3 for bf16 output (one bf16 rounding), for
 // NVFP4 and MXFP4, both block shapes and scale layouts, and M on both sides of the small-M
-// kernel's limit (128), including the decode shapes M = 1 and 16 at K = 8192.
+// kernel's limit (16), including the decode shapes M = 1 and 16 at K = 8192, and the small-M
+// kernel's edges: M = 1, 3, 8, 9, 16, N not a multiple of 16 or 128, K not a multiple of 128
+// (NVFP4 also K = 16 mod 32), single and split K slices.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -57,7 +59,8 @@ struct Shape {
 
 class MatmulTest : public CudaTest {
  protected:
-  void RunShapes(const std::vector<Shape>& shapes, int salt);
+  void RunShapes(const std::vector<Shape>& shapes, int salt,
+                 const std::vector<Format>& formats = {Format::kNvfp4, Format::kMxfp4});
 };
 
 TEST_F(MatmulTest, WithinToleranceOfCpuReference) {
@@ -74,12 +77,33 @@ TEST_F(MatmulTest, WithinToleranceOfCpuReference) {
             6000);
 }
 
+// Small-M kernel edges (K a multiple of 32: both formats). K <= 128 runs one K slice; the rest
+// split K; 16 x 25600 x 2048 hits the kernel's cap on chunks per slice.
+TEST_F(MatmulTest, SmallMRaggedShapes) {
+  RunShapes({{3, 37, 96},
+             {1, 1, 32},
+             {8, 129, 1056},
+             {9, 300, 4128},
+             {16, 23, 224},
+             {16, 513, 2080},
+             {3, 1000, 9216},
+             {16, 25600, 2048}},
+            8000);
+}
+
+// NVFP4 only: K = 16 mod 32 (rows of codes only 8-byte aligned, half-filled last lane).
+TEST_F(MatmulTest, SmallMKOddMultipleOf16) {
+  RunShapes({{1, 45, 48}, {16, 130, 1040}, {7, 64, 4112}, {12, 17, 16}, {8, 200, 144}}, 9000,
+            {Format::kNvfp4});
+}
+
 // The benchmark's decode shapes (large: kept apart so memcheck runs can leave them out).
 TEST_F(MatmulTest, DecodeShapesAtK8192) { RunShapes({{16, 1024, 8192}, {1, 8192, 8192}}, 7000); }
 
-void MatmulTest::RunShapes(const std::vector<Shape>& shapes, int salt) {
+void MatmulTest::RunShapes(const std::vector<Shape>& shapes, int salt,
+                           const std::vector<Format>& formats) {
   int i = 0;
-  for (Format format : {Format::kNvfp4, Format::kMxfp4}) {
+  for (Format format : formats) {
     for (const Shape& sh : shapes) {
       for (DType c_dtype : {DType::kF32, DType::kBF16}) {
         ++i;
