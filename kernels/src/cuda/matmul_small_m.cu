@@ -337,14 +337,41 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   __syncthreads();
   if (!last_cta) return;
   __threadfence();
+  // Each thread sums up to kQ outputs, with up to 8 slices x kQ outputs of loads in flight (one
+  // L2 round trip per batch instead of one per slice), adding the slices in slice order.
+  constexpr int kQ = 2;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowsPerCta;
-  for (int e = threadIdx.x; e < M * kRowsPerCta; e += kThreads) {
-    const int64_t m = e / kRowsPerCta;
-    const int64_t n = row0 + (e % kRowsPerCta);
-    if (n >= N) continue;
-    float sum = 0.0f;
-    for (unsigned s = 0; s < gridDim.y; ++s) sum = __fadd_rn(sum, __ldcg(partial + (s * M + m) * N + n));
-    store(m, n, sum);
+  const int outputs = static_cast<int>(M) * kRowsPerCta;
+  const unsigned splits = gridDim.y;
+  for (int e0 = threadIdx.x; e0 < outputs; e0 += kQ * kThreads) {
+    float sum[kQ] = {};
+    for (unsigned s0 = 0; s0 < splits; s0 += 8) {
+      float v[kQ][8];
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) {
+        const int e = e0 + q * kThreads;
+        const int64_t m = e / kRowsPerCta;
+        const int64_t n = row0 + e % kRowsPerCta;
+        const bool ok = e < outputs && n < N;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          v[q][j] = ok && s0 + j < splits ? __ldcg(partial + ((s0 + j) * M + m) * N + n) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if (s0 + j < splits) sum[q] = __fadd_rn(sum[q], v[q][j]);
+        }
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kQ; ++q) {
+      const int e = e0 + q * kThreads;
+      const int64_t n = row0 + e % kRowsPerCta;
+      if (e < outputs && n < N) store(e / kRowsPerCta, n, sum[q]);
+    }
   }
 }
 
