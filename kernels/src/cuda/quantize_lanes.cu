@@ -5,16 +5,16 @@
 //
 // The tensor is seen as one flat sequence of granules (a row's length is a multiple of 64, so
 // no 16-element block and no group of four blocks crosses a row); lane l of a warp owns granule
-// 32 * u + l of each step u, so a warp's loads and stores cover contiguous memory, and scales go
-// out as one 32-bit word per four blocks (four consecutive blocks of a row are consecutive bytes
-// in both scale layouts). Two granule sizes:
+// 32 * u + l of each step u, so a warp's loads and stores cover contiguous memory (four
+// consecutive blocks of a row have consecutive scale bytes in both layouts). Two granule sizes:
 //   - 16 elements (one NVFP4 block per lane: Quantize and QDQ without error feedback). The
-//     block amax, the RHT and the scale are computed by the lane alone; measured on the H200
+//     block amax, the RHT and the scale are computed by the lane alone, which stores its scale
+//     byte itself; measured on the H200
 //     (bench/NOTES.md v5) this needs fewer instructions per element than lane pairs, and these
 //     requests are bound by instruction issue, not by memory.
-//   - 8 elements (a lane pair per block: error feedback). The block amax and the RHT's last
-//     butterfly stage are shuffles. 16-byte lanes keep the f32 residual's 12 bytes per element
-//     of traffic fully coalesced; this request is bound by memory.
+//   - 8 elements (a lane pair per block: error feedback). The block amax is a shuffle and
+//     scales go out as one 32-bit word per 8 lanes. 16-byte lanes keep the f32 residual's
+//     12 bytes per element of traffic fully coalesced; this request is bound by memory.
 // Each lane holds the next step's granules in registers while it computes the current one
 // (software pipelining). A granule of 8 is exactly one Philox group (NUMERICS 4: counter =
 // element index / 8); a granule of 16 is two.
@@ -286,9 +286,10 @@ FP4Q_D void WidenBlock(const Block16<In>& b, float* v) {
 
 // Quantize and QDQ without error feedback, and their amax-only pass: lane l of a warp owns
 // block 32 * u + l of each step (kU blocks a lane per step, the next step's loads in flight).
-template <typename In, bool kSr, bool kRht>
-__global__ void __launch_bounds__(kThreads, 3) QuantizeBlocksKernel(const LaneParams lp) {
-  constexpr int kU = sizeof(In) == 2 ? 2 : 1;
+// kCtas: CTAs per SM the registers allow (launch bounds); with 4, one block a lane per step.
+template <typename In, bool kSr, bool kRht, int kCtas>
+__global__ void __launch_bounds__(kThreads, kCtas) QuantizeBlocksKernel(const LaneParams lp) {
+  constexpr int kU = (sizeof(In) == 2 && kCtas < 4) ? 2 : 1;
   const RowParams& p = lp.p;
   const int lane = threadIdx.x & 31;
   const uint32_t n_blocks = lp.n_blocks;
@@ -373,24 +374,18 @@ __global__ void __launch_bounds__(kThreads, 3) QuantizeBlocksKernel(const LanePa
       const float inv = InvScale(sfv, ctx.g.s_dec);
       const uint32_t w0 = Codes8<kSr>(v, inv, ctx, uint64_t{b} * 2);
       const uint32_t w1 = Codes8<kSr>(v + 8, inv, ctx, uint64_t{b} * 2 + 1);
-      if (want_codes) {
-        const uint32_t b1 = __shfl_down_sync(kFull, sf, 1);
-        const uint32_t b2 = __shfl_down_sync(kFull, sf, 2);
-        const uint32_t b3 = __shfl_down_sync(kFull, sf, 3);
-        if (valid) {
-          reinterpret_cast<uint2*>(p.out.codes)[b] = make_uint2(w0, w1);
-          if ((lane & 3) == 0) {
-            uint64_t at = b;  // a multiple of 4
-            if (p.out.swizzled) {
-              const uint64_t row = __umul64hi(lp.row_magic, uint64_t{b});
-              at = static_cast<uint64_t>(SwizzleOffset(static_cast<int64_t>(row),
-                                                       static_cast<int64_t>(b - row * lp.scale_cols),
-                                                       lp.scale_cols / 4));
-            }
-            *reinterpret_cast<uint32_t*>(p.out.scales + at) =
-                sf | (b1 << 8) | (b2 << 16) | (b3 << 24);
-          }
+      if (want_codes && valid) {
+        reinterpret_cast<uint2*>(p.out.codes)[b] = make_uint2(w0, w1);
+        // One byte a lane: a warp's 32 scale bytes are contiguous in the plain layout (one
+        // 32-byte store) and four runs of 8 in the swizzled one.
+        uint64_t at = b;
+        if (p.out.swizzled) {
+          const uint64_t row = __umul64hi(lp.row_magic, uint64_t{b});
+          at = static_cast<uint64_t>(SwizzleOffset(static_cast<int64_t>(row),
+                                                   static_cast<int64_t>(b - row * lp.scale_cols),
+                                                   lp.scale_cols / 4));
         }
+        p.out.scales[at] = static_cast<uint8_t>(sf);
       }
       if (want_dq && valid) {
         float d[16];
@@ -431,10 +426,10 @@ int ResidentCtas(Kernel k) {
   return n;
 }
 
-template <typename In, bool kSr, bool kRht>
-cudaError_t LaunchBlocks(const LaneParams& lp, cudaStream_t s) {
-  constexpr int kU = sizeof(In) == 2 ? 2 : 1;
-  static const int per_sm = ResidentCtas(QuantizeBlocksKernel<In, kSr, kRht>);
+template <typename In, bool kSr, bool kRht, int kCtas>
+cudaError_t LaunchBlocksWith(const LaneParams& lp, cudaStream_t s) {
+  constexpr int kU = (sizeof(In) == 2 && kCtas < 4) ? 2 : 1;
+  static const int per_sm = ResidentCtas(QuantizeBlocksKernel<In, kSr, kRht, kCtas>);
   const uint64_t steps = (uint64_t{lp.n_blocks} + 32 * kU - 1) / (32 * kU);
   uint64_t ctas = (steps + kThreads / 32 - 1) / (kThreads / 32);
   const uint64_t cap = static_cast<uint64_t>(SmCount()) * per_sm;
@@ -447,13 +442,31 @@ cudaError_t LaunchBlocks(const LaneParams& lp, cudaStream_t s) {
     LaneParams copy = lp;
     void* args[] = {&copy};
     const cudaError_t e = cudaLaunchCooperativeKernel(
-        reinterpret_cast<const void*>(&QuantizeBlocksKernel<In, kSr, kRht>),
+        reinterpret_cast<const void*>(&QuantizeBlocksKernel<In, kSr, kRht, kCtas>),
         dim3(static_cast<unsigned>(ctas)), dim3(kThreads), args, 0, s);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
   }
-  QuantizeBlocksKernel<In, kSr, kRht><<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(lp);
+  QuantizeBlocksKernel<In, kSr, kRht, kCtas><<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(lp);
   return cudaGetLastError();
+}
+
+// FP4Q_LANES_CTAS=4: bf16 with one block a lane per step at 4 CTAs per SM instead of two at 3
+// (an A/B knob for the benchmark; read once per process).
+bool FourCtasRequested() {
+  static const bool four = [] {
+    const char* v = std::getenv("FP4Q_LANES_CTAS");
+    return v != nullptr && std::strcmp(v, "4") == 0;
+  }();
+  return four;
+}
+
+template <typename In, bool kSr, bool kRht>
+cudaError_t LaunchBlocks(const LaneParams& lp, cudaStream_t s) {
+  if constexpr (sizeof(In) == 2) {
+    if (FourCtasRequested()) return LaunchBlocksWith<In, kSr, kRht, 4>(lp, s);
+  }
+  return LaunchBlocksWith<In, kSr, kRht, 3>(lp, s);
 }
 
 template <typename In, bool kSr>
