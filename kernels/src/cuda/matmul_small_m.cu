@@ -15,9 +15,11 @@
 // stays in bf16's range; see cuda_matmul.cc), the weights through e2m1 first (times 2^126).
 //
 // Work split: a CTA = 8 warps x 16 weight rows (128 rows of C^T) and one K slice of `chunks`
-// 128-k chunks; the grid is (ceil(N / 128), splits), sized to about one wave of 4 CTAs per SM.
-// Each lane keeps two chunks of B loads in flight (2 x 2 x 16 bytes) while it decodes a third:
-// 1024 threads x 64 bytes = 64 KB per SM. A is prepared once by a small kernel into a workspace
+// 128-k chunks; the grid is (ceil(N / 128), splits), sized to about one wave of 3 CTAs per SM
+// (N = K = 8192: 64 x 6 CTAs of 11 chunks). Each lane keeps two chunks of B loads in flight
+// (2 x 2 x 16 bytes) while it decodes a third: 768 threads x 64 bytes = 48 KB per SM. Issue
+// budget (ptxas 13.0 SASS, sm_90a): about 240 instructions per lane and chunk (64 weights), of
+// which 144 are the decode and its bf16 multiplies, 16 the MMAs and fragment loads. A is prepared once by a small kernel into a workspace
 // in fragment order; the main kernel is launched with programmatic dependent launch, issues its
 // first B loads, then waits for that kernel and copies its A slice into shared memory (rows
 // padded by 32 bytes: the 8-byte fragment loads are conflict-free). With splits > 1 every CTA
