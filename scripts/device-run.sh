@@ -14,7 +14,8 @@
 # Environment: FP4Q_TEST_FILTER (gtest filter for test), FP4Q_MEMCHECK_FILTER (for memcheck),
 # FP4Q_MEMCHECK_TIMEOUT (seconds, default 240; the log shows how far it got), FP4Q_WHEELS (folder of wheels for `peer`),
 # FP4Q_PROFILE: ';'-separated "bench row filter|kernel name regex|launches to skip" for
-# `profile` (default: the quantize rows of issue 4), FP4Q_BENCH_ONLY (bench --only filter).
+# `profile` (default: the quantize rows of issue 4), FP4Q_PROFILE_TIMEOUT (seconds per entry,
+# default 120), FP4Q_BENCH_ONLY (bench --only filter).
 set -uo pipefail
 bundle=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$PWD/device-out}
@@ -77,7 +78,7 @@ run_profile() {
   for spec in "${specs[@]}"; do
     IFS='|' read -r row kernel skip <<< "$spec"
     echo "==== $row (kernel ~ $kernel, skip $skip)" | tee -a "$out/profile.txt"
-    timeout 240 "$ncu" --clock-control none --kernel-name "regex:$kernel" \
+    timeout "${FP4Q_PROFILE_TIMEOUT:-120}" "$ncu" --clock-control none --kernel-name "regex:$kernel" \
       --launch-skip "${skip:-3}" --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
       --section WarpStateStats --section InstructionStats --section ComputeWorkloadAnalysis \
