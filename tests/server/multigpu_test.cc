@@ -145,6 +145,11 @@ class MultiGpuIpcTest : public ::testing::Test {
   }
 
   void TearDown() override {
+    if (HasFailure() && server_ != nullptr) {  // fp4qd's side of a failure, for the device log
+      const std::string log = server_->Log();
+      std::printf("---- fp4qd log (last 6000 bytes) ----\n%s\n----\n",
+                  log.substr(log.size() > 6000 ? log.size() - 6000 : 0).c_str());
+    }
     for (Gpu& g : gpus_) {
       if (g.base != nullptr) {
         cudaSetDevice(g.ordinal);
