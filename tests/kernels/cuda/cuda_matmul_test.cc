@@ -50,7 +50,9 @@ double RelativeFrobenius(const std::vector<double>& got, const std::vector<doubl
     num += (got[i] - want[i]) * (got[i] - want[i]);
     den += want[i] * want[i];
   }
-  return std::sqrt(num / den);
+  // An exactly zero reference (a dot product that cancels, e.g. M = N = 1 with coarse MXFP4
+  // values): the absolute error, which must then be 0 as well.
+  return den == 0.0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
 struct Shape {
