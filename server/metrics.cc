@@ -77,6 +77,11 @@ Metrics::Metrics(prometheus::Registry& registry, const std::string& version,
                           .Name("fp4q_queue_rejected_total")
                           .Help("Requests refused with RESOURCE_EXHAUSTED: queue full")
                           .Register(registry)),
+      queue_wait_(BuildHistogram()
+                      .Name("fp4q_queue_wait_seconds")
+                      .Help("Time a request waited in a device executor's queue before its "
+                            "work started")
+                      .Register(registry)),
       sessions_(BuildGauge()
                     .Name("fp4q_sessions")
                     .Help("Open client sessions")
@@ -157,8 +162,35 @@ Metrics::Metrics(prometheus::Registry& registry, const std::string& version,
       .Add({{"version", version}, {"backend", backend}})
       .Set(1);
   for (const char* op : {"amax", "quantize", "dequantize", "qdq", "matmul", "update_weight"}) {
-    kernel_duration_.Add({{"op", op}}, LatencyBuckets());
+    kernel_ops_[op] = &kernel_duration_.Add({{"op", op}}, LatencyBuckets());
   }
+}
+
+Metrics::RpcSeries& Metrics::Rpc(absl::string_view rpc) {
+  std::lock_guard<std::mutex> lock(series_mu_);
+  auto it = rpcs_.find(rpc);
+  if (it == rpcs_.end()) {
+    auto s = std::make_unique<RpcSeries>();
+    s->duration = &request_duration_.Add({{"rpc", S(rpc)}}, LatencyBuckets());
+    s->bytes = &processed_bytes_.Add({{"rpc", S(rpc)}});
+    s->elements = &processed_elements_.Add({{"rpc", S(rpc)}});
+    it = rpcs_.emplace(S(rpc), std::move(s)).first;
+  }
+  return *it->second;
+}
+
+Metrics::DeviceSeries& Metrics::Device(absl::string_view device) {
+  std::lock_guard<std::mutex> lock(series_mu_);
+  auto it = devices_.find(device);
+  if (it == devices_.end()) {
+    auto s = std::make_unique<DeviceSeries>();
+    s->depth = &queue_depth_.Add({{"device", S(device)}});
+    s->capacity = &queue_capacity_.Add({{"device", S(device)}});
+    s->rejected = &queue_rejected_.Add({{"device", S(device)}});
+    s->wait = &queue_wait_.Add({{"device", S(device)}}, LatencyBuckets());
+    it = devices_.emplace(S(device), std::move(s)).first;
+  }
+  return *it->second;
 }
 
 void Metrics::RequestStarted() { in_flight_.Increment(); }
@@ -166,28 +198,59 @@ void Metrics::RequestStarted() { in_flight_.Increment(); }
 void Metrics::RequestFinished(absl::string_view rpc, absl::StatusCode code, double seconds,
                               uint64_t bytes, uint64_t elements) {
   in_flight_.Decrement();
-  requests_total_.Add({{"rpc", S(rpc)}, {"code", absl::StatusCodeToString(code)}}).Increment();
-  request_duration_.Add({{"rpc", S(rpc)}}, LatencyBuckets()).Observe(seconds);
-  processed_bytes_.Add({{"rpc", S(rpc)}}).Increment(static_cast<double>(bytes));
-  processed_elements_.Add({{"rpc", S(rpc)}}).Increment(static_cast<double>(elements));
+  RpcSeries& r = Rpc(rpc);
+  const size_t c = static_cast<size_t>(code) < r.codes.size() ? static_cast<size_t>(code) : 2;
+  prometheus::Counter* total;
+  {
+    std::lock_guard<std::mutex> lock(series_mu_);
+    total = r.codes[c];
+    if (total == nullptr) {
+      total = r.codes[c] = &requests_total_.Add(
+          {{"rpc", S(rpc)}, {"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(c))}});
+    }
+  }
+  total->Increment();
+  r.duration->Observe(seconds);
+  if (bytes > 0) r.bytes->Increment(static_cast<double>(bytes));
+  if (elements > 0) r.elements->Increment(static_cast<double>(elements));
 }
 
 void Metrics::SetReady(bool ready) { ready_.Set(ready ? 1 : 0); }
 
 void Metrics::KernelDuration(absl::string_view device, absl::string_view op, double seconds) {
-  kernel_duration_.Add({{"op", S(op)}}, LatencyBuckets()).Observe(seconds);
-  device_kernels_.Add({{"device", S(device)}}).Increment();
-  device_kernel_seconds_.Add({{"device", S(device)}}).Increment(seconds);
+  DeviceSeries& d = Device(device);
+  prometheus::Histogram* h;
+  prometheus::Counter* kernels;
+  prometheus::Counter* kernel_seconds;
+  {
+    std::lock_guard<std::mutex> lock(series_mu_);
+    auto it = kernel_ops_.find(op);
+    if (it == kernel_ops_.end()) {
+      it = kernel_ops_.emplace(S(op), &kernel_duration_.Add({{"op", S(op)}}, LatencyBuckets()))
+               .first;
+    }
+    h = it->second;
+    if (d.kernels == nullptr) {  // these series appear with the device's first kernel op
+      d.kernels = &device_kernels_.Add({{"device", S(device)}});
+      d.kernel_seconds = &device_kernel_seconds_.Add({{"device", S(device)}});
+    }
+    kernels = d.kernels;
+    kernel_seconds = d.kernel_seconds;
+  }
+  h->Observe(seconds);
+  kernels->Increment();
+  kernel_seconds->Increment(seconds);
 }
 
 void Metrics::QueueDepth(absl::string_view device, int64_t depth) {
-  queue_depth_.Add({{"device", S(device)}}).Set(static_cast<double>(depth));
+  Device(device).depth->Set(static_cast<double>(depth));
 }
 void Metrics::QueueCapacity(absl::string_view device, int64_t capacity) {
-  queue_capacity_.Add({{"device", S(device)}}).Set(static_cast<double>(capacity));
+  Device(device).capacity->Set(static_cast<double>(capacity));
 }
-void Metrics::QueueRejected(absl::string_view device) {
-  queue_rejected_.Add({{"device", S(device)}}).Increment();
+void Metrics::QueueRejected(absl::string_view device) { Device(device).rejected->Increment(); }
+void Metrics::QueueWait(absl::string_view device, double seconds) {
+  Device(device).wait->Observe(seconds);
 }
 void Metrics::Sessions(int64_t open) { sessions_.Set(static_cast<double>(open)); }
 void Metrics::CudaRegions(int64_t registered) {

@@ -1,11 +1,17 @@
 // Prometheus metrics of fp4qd (names and labels: docs/DESIGN.md "Metrics").
 //
 // Every family is built once, in the constructor, from a registry passed in; nothing is global.
-// Labels never carry tensor names, region ids or session ids. Thread-safe.
+// The series of a label set are looked up once (Family::Add hashes and locks) and their
+// pointers cached here, so a request costs a few atomic adds. Labels never carry tensor names,
+// region ids or session ids. Thread-safe.
 #ifndef FP4Q_SERVER_METRICS_H_
 #define FP4Q_SERVER_METRICS_H_
 
+#include <array>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
@@ -36,6 +42,7 @@ class Metrics final : public EngineObserver {
   void QueueDepth(absl::string_view device, int64_t depth) override;
   void QueueCapacity(absl::string_view device, int64_t capacity) override;
   void QueueRejected(absl::string_view device) override;
+  void QueueWait(absl::string_view device, double seconds) override;
   void Sessions(int64_t open) override;
   void CudaRegions(int64_t registered) override;
   void CudaOpenHandles(int64_t open) override;
@@ -48,6 +55,30 @@ class Metrics final : public EngineObserver {
   void CheckpointFinished(bool ok, double seconds, absl::Time when) override;
 
  private:
+  // The series of one RPC method; codes filled in on first use.
+  struct RpcSeries {
+    prometheus::Histogram* duration = nullptr;
+    prometheus::Counter* bytes = nullptr;
+    prometheus::Counter* elements = nullptr;
+    std::array<prometheus::Counter*, 17> codes{};  // by absl::StatusCode (0..16)
+  };
+  // The series of one device label.
+  struct DeviceSeries {
+    prometheus::Gauge* depth = nullptr;
+    prometheus::Gauge* capacity = nullptr;
+    prometheus::Counter* rejected = nullptr;
+    prometheus::Histogram* wait = nullptr;
+    prometheus::Counter* kernels = nullptr;
+    prometheus::Counter* kernel_seconds = nullptr;
+  };
+  RpcSeries& Rpc(absl::string_view rpc);
+  DeviceSeries& Device(absl::string_view device);
+
+  std::mutex series_mu_;  // guards the maps (not the series, which are thread-safe)
+  std::map<std::string, std::unique_ptr<RpcSeries>, std::less<>> rpcs_;
+  std::map<std::string, std::unique_ptr<DeviceSeries>, std::less<>> devices_;
+  std::map<std::string, prometheus::Histogram*, std::less<>> kernel_ops_;
+
   prometheus::Family<prometheus::Counter>& requests_total_;
   prometheus::Family<prometheus::Histogram>& request_duration_;
   prometheus::Family<prometheus::Histogram>& kernel_duration_;
@@ -59,6 +90,7 @@ class Metrics final : public EngineObserver {
   prometheus::Family<prometheus::Gauge>& queue_depth_;
   prometheus::Family<prometheus::Gauge>& queue_capacity_;
   prometheus::Family<prometheus::Counter>& queue_rejected_;
+  prometheus::Family<prometheus::Histogram>& queue_wait_;
   prometheus::Gauge& sessions_;
   prometheus::Gauge& cuda_regions_;
   prometheus::Gauge& cuda_open_handles_;

@@ -24,6 +24,8 @@ class EngineObserver {
   virtual void QueueDepth(absl::string_view /*device*/, int64_t /*depth*/) {}
   virtual void QueueCapacity(absl::string_view /*device*/, int64_t /*capacity*/) {}
   virtual void QueueRejected(absl::string_view /*device*/) {}
+  // A request waited `seconds` in the device's executor queue before its work started.
+  virtual void QueueWait(absl::string_view /*device*/, double /*seconds*/) {}
   // Sessions and CUDA IPC.
   virtual void Sessions(int64_t /*open*/) {}
   virtual void CudaRegions(int64_t /*registered*/) {}
