@@ -168,6 +168,21 @@ absl::Status CudaBackend::Synchronize(Stream stream) {
   return Track(FP4Q_CUDA_STATUS(cudaStreamSynchronize(Resolve(stream))));
 }
 
+absl::StatusOr<Stream> CudaBackend::CreateStream() {
+  FP4Q_RETURN_IF_ERROR(Enter());
+  cudaStream_t s = nullptr;
+  FP4Q_RETURN_IF_ERROR(Track(FP4Q_CUDA_STATUS(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking))));
+  return static_cast<Stream>(s);
+}
+
+void CudaBackend::DestroyStream(Stream stream) {
+  if (stream == nullptr || stream == static_cast<Stream>(stream_)) return;
+  cudaSetDevice(ordinal_);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+}
+
 // ---------------------------------------------------------------- IPC
 
 absl::StatusOr<void*> CudaBackend::OpenIpcHandle(const std::string& handle_bytes) {

@@ -43,6 +43,8 @@ class CudaBackend final : public Backend {
                                   Stream stream) override;
   absl::Status Memset(void* dst, int value, size_t bytes, Stream stream) override;
   absl::Status Synchronize(Stream stream) override;
+  absl::StatusOr<Stream> CreateStream() override;
+  void DestroyStream(Stream stream) override;
   absl::Status Healthy() const override;
 
   absl::StatusOr<void*> OpenIpcHandle(const std::string& handle_bytes) override;

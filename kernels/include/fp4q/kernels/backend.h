@@ -57,6 +57,14 @@ class Backend {
   virtual absl::Status Memset(void* dst, int value, size_t bytes, Stream stream) = 0;
   virtual absl::Status Synchronize(Stream stream) = 0;
 
+  // ---- Streams. ----
+  // A new stream of this backend, owned by the caller, who destroys it with DestroyStream once
+  // its work is done. Work on distinct streams may overlap. The CPU backend has no streams:
+  // it returns nullptr (which every method accepts) and DestroyStream does nothing.
+  virtual absl::StatusOr<Stream> CreateStream() { return Stream{nullptr}; }
+  // Waits for the stream's work, then destroys it. Null: nothing.
+  virtual void DestroyStream(Stream stream) { (void)stream; }
+
   // A sticky device error (illegal address and kin) poisons the backend: every later call fails
   // and Healthy() returns the error. Always OK for the CPU backend.
   virtual absl::Status Healthy() const = 0;
