@@ -20,6 +20,7 @@ struct Engine::Route {
   };
   std::vector<RegionUse> regions;
   std::vector<std::pair<std::string, std::string>> names;  // (state name, field)
+  std::vector<std::string> serial;  // more names whose requests must not overlap (new names)
   std::string device_uuid;                                 // explicit placement (CreateWeight)
   bool place_by_state = false;  // new state: the device holding the fewest state bytes
 
@@ -47,6 +48,7 @@ struct Engine::Call {
   Done<Res> done;
   RequestScope scope;
   Res result;
+  absl::Time queued_at;
 };
 
 namespace {
@@ -75,6 +77,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<DeviceSet
     return absl::InvalidArgumentError(
         absl::StrCat("max_queue_depth: ", options.max_queue_depth, " must be >= 1"));
   }
+  if (options.streams_per_gpu < 1 || options.streams_per_gpu > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("streams_per_gpu: ", options.streams_per_gpu, " must be in [1, 64]"));
+  }
   if (options.max_open_handles < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_open_handles: ", options.max_open_handles, " must be >= 1"));
@@ -97,12 +103,33 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<DeviceSet
     Executor::Options xo;
     xo.device = d.label;
     xo.max_queue_depth = e->options_.max_queue_depth;
+    std::vector<kernels::Stream> streams;
     if (d.host_memory) {
       const int hw = static_cast<int>(std::thread::hardware_concurrency());
       xo.threads = e->options_.cpu_workers > 0 ? e->options_.cpu_workers : std::max(1, hw);
     } else {
-      xo.threads = 1;  // see executor.h: one stream per device
+      xo.threads = e->options_.streams_per_gpu;  // one stream per worker (executor.h)
+      for (int w = 0; w < xo.threads; ++w) {
+        absl::StatusOr<kernels::Stream> st = d.backend->CreateStream();
+        if (!st.ok()) {
+          for (kernels::Stream made : streams) d.backend->DestroyStream(made);
+          for (int j = 0; j < i; ++j) {
+            for (kernels::Stream made : e->streams_[j]) {
+              e->devices_->device(j).backend->DestroyStream(made);
+            }
+          }
+          e->streams_.clear();
+          return absl::Status(st.status().code(),
+                              absl::StrCat("device ", d.label, ": cannot create stream ", w,
+                                           " of ", xo.threads, ": ", st.status().message()));
+        }
+        streams.push_back(*st);
+      }
+      xo.streams = streams;
     }
+    e->streams_.push_back(std::move(streams));
+    e->pools_.push_back(
+        std::make_unique<ScratchPool>(d.backend.get(), e->options_.scratch_cache_bytes));
     e->executors_.push_back(std::make_unique<Executor>(xo, observer));
   }
   Executor::Options co;
@@ -113,7 +140,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<DeviceSet
   return e;
 }
 
-Engine::~Engine() { Shutdown(); }
+Engine::~Engine() {
+  Shutdown();
+  // The workers are joined: their streams are idle. Scratch goes before the streams.
+  pools_.clear();
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    for (kernels::Stream s : streams_[i]) {
+      devices_->device(static_cast<int>(i)).backend->DestroyStream(s);
+    }
+  }
+  streams_.clear();
+}
 
 void Engine::StartMaintenance() {
   std::lock_guard<std::mutex> lock(maintenance_mu_);
@@ -296,21 +333,34 @@ void Engine::Dispatch(const RequestContext& ctx, Req req, Done<Res> done,
   Device* device = where.device;
   if (device == nullptr && route.place_by_state) device = LeastStateDevice();
   if (device == nullptr) {
+    // Least loaded (queued + running, relative to its workers).
     device = &devices_->device(0);
     for (int i = 1; i < devices_->size(); ++i) {
-      if (executors_[i]->queued() < ExecutorFor(*device).queued()) device = &devices_->device(i);
+      const Executor& x = *executors_[i];
+      const Executor& best = ExecutorFor(*device);
+      if (x.load() * best.threads() < best.load() * x.threads()) device = &devices_->device(i);
     }
   }
+  Executor::Keys keys;
+  for (const auto& name_field : route.names) {
+    if (!name_field.first.empty()) keys.push_back(Executor::KeyOf(name_field.first));
+  }
+  for (const std::string& name : route.serial) {
+    if (!name.empty()) keys.push_back(Executor::KeyOf(name));
+  }
 
+  ScratchPool* pool = pools_[device->index].get();
+  call->queued_at = absl::Now();
   absl::Status queued = ExecutorFor(*device).Submit(
       ctx,
-      [this, call, device, body, finish](kernels::Stream stream) {
+      [this, call, device, body, finish, pool](kernels::Stream stream) {
+        const double waited = absl::ToDoubleSeconds(absl::Now() - call->queued_at);
+        if (observer_ != nullptr) observer_->QueueWait(device->label, waited);
         absl::Status s;
         call->result.meta.device_uuid = device->label;
-        {
-          OpEnv env(device, stream, &call->scope, observer_, &call->result.meta);
-          s = (this->*body)(env, call->req, &call->result);
-        }
+        call->result.meta.queue_micros = waited * 1e6;
+        OpEnv env(device, stream, &call->scope, observer_, &call->result.meta, pool);
+        s = (this->*body)(env, call->req, &call->result);
         CheckHealth(*device);
         call->scope.pins.clear();  // the reply means client memory is no longer touched
         if (s.ok()) {
@@ -318,8 +368,9 @@ void Engine::Dispatch(const RequestContext& ctx, Req req, Done<Res> done,
         } else {
           finish(s);
         }
+        env.RunDeferred();  // after the reply; then ~OpEnv returns the scratch
       },
-      [finish](absl::Status s) { finish(s); });
+      [finish](absl::Status s) { finish(s); }, /*bypass_bound=*/false, std::move(keys));
   if (!queued.ok()) finish(queued);
 }
 
@@ -414,6 +465,7 @@ void Engine::CreateWeight(const RequestContext& ctx, CreateWeightRequest req,
         route->Region(r.initial.data, "initial.region");
         route->device_uuid = r.device_uuid;
         route->place_by_state = true;
+        route->serial.push_back(r.name);
       },
       &Engine::RunCreateWeight);
 }

@@ -45,6 +45,7 @@
 #include "server/observer.h"
 #include "server/regions.h"
 #include "server/requests.h"
+#include "server/scratch_pool.h"
 #include "server/state_store.h"
 
 namespace fp4q::server {
@@ -56,6 +57,11 @@ struct EngineOptions {
   uint64_t state_budget_bytes = uint64_t{4} << 30;
   int max_queue_depth = 64;  // per device
   int cpu_workers = 0;       // CPU backend worker threads; 0 = hardware threads
+  // Workers per GPU, each with its own CUDA stream, so requests on one GPU overlap (>= 1).
+  // Requests touching the same state name still run one at a time, in arrival order.
+  int streams_per_gpu = 4;
+  // Request scratch buffers kept cached per device (ScratchPool); 0: none.
+  uint64_t scratch_cache_bytes = uint64_t{256} << 20;
   int max_open_handles = 1024;
   absl::Duration session_lease = absl::Seconds(30);
   bool allow_cuda_ipc = false;
@@ -207,6 +213,8 @@ class Engine {
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<RegionManager> regions_;
   std::vector<std::unique_ptr<Executor>> executors_;  // one per device, same order
+  std::vector<std::vector<kernels::Stream>> streams_;  // the workers' streams, per device
+  std::vector<std::unique_ptr<ScratchPool>> pools_;    // per device
   std::unique_ptr<Executor> control_;
 
   std::atomic<bool> draining_{false};

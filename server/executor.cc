@@ -3,10 +3,16 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace fp4q::server {
+
+uint64_t Executor::KeyOf(absl::string_view name) {
+  // 0 is as good a key as any other; keys only need to agree within one process.
+  return static_cast<uint64_t>(absl::Hash<absl::string_view>{}(name));
+}
 
 Executor::Executor(Options options, EngineObserver* observer)
     : options_([&] {
@@ -20,13 +26,17 @@ Executor::Executor(Options options, EngineObserver* observer)
     observer_->QueueDepth(options_.device, 0);
   }
   workers_.reserve(options_.threads);
-  for (int i = 0; i < options_.threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  for (int i = 0; i < options_.threads; ++i) {
+    const kernels::Stream stream =
+        i < static_cast<int>(options_.streams.size()) ? options_.streams[i] : nullptr;
+    workers_.emplace_back([this, stream] { WorkerLoop(stream); });
+  }
 }
 
 Executor::~Executor() { Shutdown(); }
 
 absl::Status Executor::Submit(const RequestContext& ctx, Work work, Reject reject,
-                              bool bypass_bound) {
+                              bool bypass_bound, Keys keys) {
   int64_t depth = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -40,7 +50,7 @@ absl::Status Executor::Submit(const RequestContext& ctx, Work work, Reject rejec
                                                        ": work queue is full (",
                                                        options_.max_queue_depth, " queued)"));
     }
-    queue_.push_back(Task{ctx, std::move(work), std::move(reject)});
+    queue_.push_back(Task{ctx, std::move(work), std::move(reject), std::move(keys)});
     depth = static_cast<int64_t>(queue_.size());
   }
   if (observer_ != nullptr) observer_->QueueDepth(options_.device, depth);
@@ -77,29 +87,70 @@ int64_t Executor::queued() const {
   return static_cast<int64_t>(queue_.size());
 }
 
-void Executor::WorkerLoop() {
+int64_t Executor::load() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(queue_.size()) + running_;
+}
+
+int Executor::NextRunnable() const {
+  // A task may start when none of its keys is held by a running task or by an earlier task
+  // still waiting (that keeps same-key tasks in submission order).
+  Keys blocked;
+  for (size_t i = 0; i < queue_.size(); ++i) {
+    const Task& t = queue_[i];
+    bool ok = true;
+    for (uint64_t k : t.keys) {
+      if (std::find(running_keys_.begin(), running_keys_.end(), k) != running_keys_.end() ||
+          std::find(blocked.begin(), blocked.end(), k) != blocked.end()) {
+        ok = false;
+        break;
+      }
+    }
+    if (ok) return static_cast<int>(i);
+    blocked.insert(blocked.end(), t.keys.begin(), t.keys.end());
+  }
+  return -1;
+}
+
+void Executor::WorkerLoop(kernels::Stream stream) {
   for (;;) {
     Task task;
     int64_t depth = 0;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping and drained
-      task = std::move(queue_.front());
-      queue_.pop_front();
+      int next = -1;
+      cv_.wait(lock, [&] {
+        next = NextRunnable();
+        return next >= 0 || (stopping_ && queue_.empty());
+      });
+      if (next < 0) return;  // stopping and drained
+      task = std::move(queue_[next]);
+      queue_.erase(queue_.begin() + next);
       depth = static_cast<int64_t>(queue_.size());
+      running_keys_.insert(running_keys_.end(), task.keys.begin(), task.keys.end());
+      ++running_;
     }
     if (observer_ != nullptr) observer_->QueueDepth(options_.device, depth);
     if (task.ctx.is_cancelled && task.ctx.is_cancelled()) {
       task.reject(absl::CancelledError("the request was cancelled before its work started"));
-      continue;
-    }
-    if (absl::Now() >= task.ctx.deadline) {
+    } else if (absl::Now() >= task.ctx.deadline) {
       task.reject(
           absl::DeadlineExceededError("the request's deadline passed before its work started"));
-      continue;
+    } else {
+      task.work(stream);
     }
-    task.work(/*stream=*/nullptr);
+    // Destroy the task's captures (replies, pins) before the next one starts.
+    const Keys keys = std::move(task.keys);
+    task = Task{};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --running_;
+      for (uint64_t k : keys) {
+        running_keys_.erase(std::find(running_keys_.begin(), running_keys_.end(), k));
+      }
+    }
+    // A task held back by these keys may start now, on any worker.
+    if (!keys.empty()) cv_.notify_all();
   }
 }
 

@@ -5,15 +5,21 @@
 //   RESOURCE_EXHAUSTED and queues nothing (internal tasks may bypass the bound).
 // - Before a task starts, its context is checked: cancelled -> reject(CANCELLED), deadline
 //   passed -> reject(DEADLINE_EXCEEDED); the work itself does not run then.
-// - Workers pass their stream to the work. The Backend API has no stream creation, so every
-//   worker uses the backend's own stream (nullptr): CUDA executors run one worker per device
-//   (work on a device is serialized; a request's kernels then its synchronize), CPU executors
-//   run `threads` workers (the CPU backend completes before returning).
+// - Workers: `threads` of them; worker i passes `streams[i]` to the work (nullptr, the
+//   backend's own stream, when `streams` has no entry i). A CUDA device gets one stream per
+//   worker (Engine: --streams_per_gpu), so requests on one GPU overlap; the CPU backend ignores
+//   streams and completes before returning.
+// - Ordering keys: a task may carry keys (hashes of the state names it touches). Tasks sharing
+//   a key never run at the same time and start in submission order; tasks without a common key
+//   run in parallel, each in FIFO order among the tasks it could run with. So two UpdateWeight
+//   calls of one name queued back to back run one after the other, in order, whichever worker
+//   picks them up.
 // - Shutdown() stops accepting (UNAVAILABLE), runs what is queued, and joins the workers.
 #ifndef FP4Q_SERVER_EXECUTOR_H_
 #define FP4Q_SERVER_EXECUTOR_H_
 
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -21,7 +27,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "fp4q/kernels/backend.h"
 #include "server/observer.h"
 #include "server/requests.h"
@@ -34,9 +42,15 @@ class Executor {
     std::string device = "cpu";  // label for metrics and messages
     int threads = 1;             // >= 1
     int max_queue_depth = 64;    // >= 1
+    // Stream of worker i (not owned; outlives the executor). Missing entries: nullptr.
+    std::vector<kernels::Stream> streams;
   };
   using Work = std::function<void(kernels::Stream)>;
   using Reject = std::function<void(absl::Status)>;
+  using Keys = absl::InlinedVector<uint64_t, 2>;
+
+  // The ordering key of a state name.
+  static uint64_t KeyOf(absl::string_view name);
 
   // `observer` may be null; not owned.
   Executor(Options options, EngineObserver* observer);
@@ -45,16 +59,19 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
 
   // Queues `work`. On a non-OK return nothing was queued and neither callback will run.
-  // Exactly one of `work` / `reject` runs later, on a worker thread.
+  // Exactly one of `work` / `reject` runs later, on a worker thread. `keys`: see above.
   absl::Status Submit(const RequestContext& ctx, Work work, Reject reject,
-                      bool bypass_bound = false);
+                      bool bypass_bound = false, Keys keys = {});
 
   void Shutdown();
   // Answers every queued (not started) task with reject(`status`); returns how many.
   int RejectQueued(const absl::Status& status);
 
   int64_t queued() const;
+  // Tasks queued or running.
+  int64_t load() const;
   int capacity() const { return options_.max_queue_depth; }
+  int threads() const { return options_.threads; }
   const std::string& device() const { return options_.device; }
 
  private:
@@ -62,14 +79,19 @@ class Executor {
     RequestContext ctx;
     Work work;
     Reject reject;
+    Keys keys;
   };
-  void WorkerLoop();
+  void WorkerLoop(kernels::Stream stream);
+  // Index of the first queued task that may start now, or -1. Requires mu_.
+  int NextRunnable() const;
 
   const Options options_;
   EngineObserver* const observer_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> queue_;
+  std::vector<uint64_t> running_keys_;  // keys of running tasks (a multiset; few entries)
+  int running_ = 0;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
 };

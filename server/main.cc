@@ -72,6 +72,12 @@ ABSL_FLAG(int64_t, max_message_bytes, 536870912, "gRPC receive/send limit in byt
 ABSL_FLAG(int32_t, max_queue_depth, 64,
           "per-device bound of queued work; beyond it: RESOURCE_EXHAUSTED");
 ABSL_FLAG(int32_t, workers, 0, "CPU backend worker threads (0 = hardware threads)");
+ABSL_FLAG(int32_t, streams_per_gpu, 4,
+          "CUDA backend: workers per GPU, each with its own CUDA stream, so requests on one GPU "
+          "overlap (requests on the same state name still run one at a time, in order); 1-64");
+ABSL_FLAG(int64_t, scratch_cache_mb, 256,
+          "request scratch buffers kept cached per device (MiB; 0 = allocate and free per "
+          "request)");
 ABSL_FLAG(int32_t, max_open_handles, 1024, "cap on open CUDA IPC handles");
 ABSL_FLAG(int64_t, session_lease_s, 30,
           "a session not renewed for this long ends; its regions are released");
@@ -137,6 +143,14 @@ absl::Status CheckFlags() {
   }
   if (absl::GetFlag(FLAGS_workers) < 0) {
     return absl::InvalidArgumentError("--workers: must be >= 0");
+  }
+  if (const int s = absl::GetFlag(FLAGS_streams_per_gpu); s < 1 || s > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--streams_per_gpu: ", s, " is not in [1, 64]"));
+  }
+  if (const int64_t mb = absl::GetFlag(FLAGS_scratch_cache_mb); mb < 0 || mb > (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--scratch_cache_mb: ", mb, " is not in [0, 1048576]"));
   }
   if (absl::GetFlag(FLAGS_max_open_handles) < 1) {
     return absl::InvalidArgumentError("--max_open_handles: must be >= 1");
@@ -232,6 +246,8 @@ int Run(Logger& log) {
   options.state_budget_bytes = absl::GetFlag(FLAGS_state_budget_bytes);
   options.max_queue_depth = absl::GetFlag(FLAGS_max_queue_depth);
   options.cpu_workers = absl::GetFlag(FLAGS_workers);
+  options.streams_per_gpu = absl::GetFlag(FLAGS_streams_per_gpu);
+  options.scratch_cache_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_scratch_cache_mb)) << 20;
   options.max_open_handles = absl::GetFlag(FLAGS_max_open_handles);
   options.session_lease = absl::Seconds(absl::GetFlag(FLAGS_session_lease_s));
   options.allow_cuda_ipc = absl::GetFlag(FLAGS_allow_cuda_ipc);

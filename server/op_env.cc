@@ -80,8 +80,28 @@ absl::StatusOr<uint8_t*> OpEnv::Output(const OutputTarget& target, size_t bytes,
   return static_cast<uint8_t*>(p);
 }
 
+OpEnv::~OpEnv() {
+  RunDeferred();
+  if (pool_ == nullptr || scratch_.empty()) return;
+  // Work of this request may still read or write its scratch (a failed request stops without
+  // synchronizing): wait before another stream may get the buffers.
+  if (!device_->host_memory && !backend().Synchronize(stream_).ok()) return;  // freed instead
+  for (DeviceBuffer& b : scratch_) pool_->Give(std::move(b));
+}
+
+void OpEnv::RunDeferred() {
+  std::vector<std::function<void()>> fns;
+  fns.swap(deferred_);
+  for (auto& fn : fns) fn();
+}
+
 absl::StatusOr<void*> OpEnv::Scratch(size_t bytes) {
-  FP4Q_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(&backend(), bytes == 0 ? 1 : bytes));
+  DeviceBuffer b;
+  if (pool_ != nullptr) {
+    FP4Q_ASSIGN_OR_RETURN(b, pool_->Take(bytes == 0 ? 1 : bytes));
+  } else {
+    FP4Q_ASSIGN_OR_RETURN(b, DeviceBuffer::Allocate(&backend(), bytes == 0 ? 1 : bytes));
+  }
   void* p = b.data();
   scratch_.push_back(std::move(b));
   return p;
@@ -129,8 +149,10 @@ absl::Status OpEnv::FinishOutputs() {
       FP4Q_RETURN_IF_ERROR(backend().CopyToHost(c.dst->data(), c.src, c.bytes, stream_));
     }
   }
+  const bool copied = !pending_.empty();
   pending_.clear();
-  if (!device_->host_memory) return backend().Synchronize(stream_);
+  // Nothing copied: the work before was already synchronized (Kernel).
+  if (copied && !device_->host_memory) return backend().Synchronize(stream_);
   return absl::OkStatus();
 }
 

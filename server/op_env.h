@@ -8,6 +8,10 @@
 //   FinishOutputs(); region outputs are written in place (zero copy).
 // - Slices of client regions must not overlap an output (CheckNoOverlap), except an exact alias
 //   the operation allows.
+// - Scratch comes from the device's ScratchPool when one is given; the destructor synchronizes
+//   the stream (only when it handed out device scratch) and gives the buffers back.
+// - Defer(fn): work that needs nothing from the client any more (host-side statistics) runs
+//   after the reply was sent, on the same thread (RunDeferred).
 // Not thread-safe: one request, one thread.
 #ifndef FP4Q_SERVER_OP_ENV_H_
 #define FP4Q_SERVER_OP_ENV_H_
@@ -29,6 +33,7 @@
 #include "server/regions.h"
 #include "server/request_checks.h"
 #include "server/requests.h"
+#include "server/scratch_pool.h"
 
 namespace fp4q::server {
 
@@ -39,9 +44,18 @@ struct RequestScope {
 
 class OpEnv {
  public:
+  // `pool` may be null (scratch is then allocated and freed per request).
   OpEnv(Device* device, kernels::Stream stream, RequestScope* scope, EngineObserver* observer,
-        ReplyMeta* meta)
-      : device_(device), stream_(stream), scope_(scope), observer_(observer), meta_(meta) {}
+        ReplyMeta* meta, ScratchPool* pool = nullptr)
+      : device_(device),
+        stream_(stream),
+        scope_(scope),
+        observer_(observer),
+        meta_(meta),
+        pool_(pool) {}
+  ~OpEnv();
+  OpEnv(const OpEnv&) = delete;
+  OpEnv& operator=(const OpEnv&) = delete;
 
   Device& device() { return *device_; }
   kernels::Backend& backend() { return *device_->backend; }
@@ -79,7 +93,7 @@ class OpEnv {
 
   // Runs `launch`, synchronizes the stream, and records the time under kernel op `op`.
   absl::Status Kernel(absl::string_view op, const std::function<absl::Status()>& launch);
-  // Copies scratch outputs into their result bytes (synchronizes).
+  // Copies scratch outputs into their result bytes (synchronizes when it copied anything).
   absl::Status FinishOutputs();
   // Device -> host copy (synchronizes). On host-memory devices a plain copy.
   absl::Status ToHost(void* dst, const void* src, size_t bytes);
@@ -87,6 +101,10 @@ class OpEnv {
   absl::StatusOr<const void*> HostView(const void* device_ptr, size_t bytes);
 
   void AddProcessed(uint64_t bytes) { meta_->processed_bytes += bytes; }
+
+  // Runs `fn` after the reply (see above). Scratch memory stays valid until then.
+  void Defer(std::function<void()> fn) { deferred_.push_back(std::move(fn)); }
+  void RunDeferred();
 
  private:
   struct Slice {
@@ -108,7 +126,9 @@ class OpEnv {
   RequestScope* scope_;
   EngineObserver* observer_;
   ReplyMeta* meta_;
+  ScratchPool* pool_;
   std::vector<DeviceBuffer> scratch_;
+  std::vector<std::function<void()>> deferred_;
   std::vector<PendingCopy> pending_;
   std::vector<Slice> slices_;
   std::vector<std::unique_ptr<char[]>> host_copies_;

@@ -131,6 +131,7 @@ struct QuantizedResult {
 struct ReplyMeta {
   std::string device_uuid;
   double kernel_micros = 0.0;
+  double queue_micros = 0.0;        // waited in the device's executor queue
   uint64_t processed_bytes = 0;     // tensor bytes read + written
   uint64_t processed_elements = 0;  // elements of the main tensor
 };

@@ -2,10 +2,12 @@
 // backend, checked against the CPU backend called directly.
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <sstream>
 
 #include "engine_test_util.h"
@@ -105,6 +107,47 @@ TEST_F(EngineStateTest, CreateStoresTheCpuBackendsQuantization) {
   EXPECT_EQ(g->quantized.global_amax, ref.global[0]);
   EXPECT_EQ(g->quantized.s_enc, ref.global[1]);
   EXPECT_EQ(g->dequantized.inline_data.size(), 16u * 64 * 4);
+}
+
+// UpdateWeight calls of one name sent back to back (without waiting for replies) run one at a
+// time in arrival order, although the device has several workers: every step applies, none is
+// refused as older than one that overtook it.
+TEST_F(EngineStateTest, PipelinedUpdatesOfOneNameApplyInArrivalOrder) {
+  ASSERT_TRUE(Create("w", RandomF32(16 * 64, 1), 16, 64, /*ef=*/true).ok());
+  ASSERT_TRUE(Create("v", RandomF32(16 * 64, 2), 16, 64).ok());
+  constexpr int kSteps = 25;  // 50 requests: under the queue bound (64)
+  std::mutex mu;
+  std::condition_variable cv;
+  int done = 0;
+  std::vector<absl::Status> results(2 * kSteps);
+  std::vector<int> applied_order;
+  std::vector<std::string> updates;  // inline bytes are views: keep them until the replies
+  for (int i = 0; i < kSteps; ++i) updates.push_back(RandomF32(16 * 64, 100 + i));
+  for (int i = 0; i < kSteps; ++i) {
+    for (const char* name : {"w", "v"}) {
+      UpdateWeightRequest r;
+      r.name = name;
+      r.step = i + 1;
+      r.update = InlineF32(updates[i], 16, 64);
+      r.lr = 0.01f;
+      const int slot = 2 * i + (name[0] == 'v');
+      engine_->UpdateWeight({}, r, [&, slot, name, i](absl::StatusOr<UpdateWeightResult> res) {
+        std::lock_guard<std::mutex> l(mu);
+        results[slot] = res.status();
+        if (res.ok() && name[0] == 'w') {
+          EXPECT_TRUE(res->applied);
+          applied_order.push_back(i + 1);
+        }
+        ++done;
+        cv.notify_all();
+      });
+    }
+  }
+  std::unique_lock<std::mutex> l(mu);
+  ASSERT_TRUE(cv.wait_for(l, std::chrono::seconds(60), [&] { return done == 2 * kSteps; }));
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+  ASSERT_EQ(applied_order.size(), static_cast<size_t>(kSteps));
+  for (int i = 0; i < kSteps; ++i) EXPECT_EQ(applied_order[i], i + 1);
 }
 
 TEST_F(EngineStateTest, StepsAreIdempotentAndStrictlyIncreasing) {

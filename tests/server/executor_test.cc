@@ -1,7 +1,11 @@
 #include "server/executor.h"
 
 #include <atomic>
+#include <chrono>
 #include <future>
+#include <mutex>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -133,6 +137,112 @@ TEST(ExecutorTest, RejectQueuedAndShutdown) {
   EXPECT_THAT(x.Submit(
                   {}, [](kernels::Stream) {}, [](absl::Status) {}),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("device GPU-x")));
+}
+
+
+// Worker i runs its tasks on streams[i]; workers beyond the list get nullptr.
+TEST(ExecutorTest, EachWorkerPassesItsOwnStream) {
+  int a = 0, b = 0;
+  Executor::Options o;
+  o.threads = 3;
+  o.max_queue_depth = 8;
+  o.streams = {&a, &b};
+  Executor x(o, nullptr);
+  std::mutex mu;
+  std::set<kernels::Stream> seen;
+  std::atomic<int> arrived{0};
+  absl::Notification all_in;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(x.Submit(
+                     {},
+                     [&](kernels::Stream s) {
+                       {
+                         std::lock_guard<std::mutex> l(mu);
+                         seen.insert(s);
+                       }
+                       if (++arrived == 3) all_in.Notify();
+                       // Hold the worker until all three run at once (one task per worker).
+                       EXPECT_TRUE(all_in.WaitForNotificationWithTimeout(absl::Seconds(10)));
+                     },
+                     [](absl::Status) {})
+                    .ok());
+  }
+  x.Shutdown();
+  EXPECT_EQ(seen, (std::set<kernels::Stream>{&a, &b, nullptr}));
+}
+
+// Tasks sharing a key never overlap and start in submission order, whichever of the workers
+// takes them; tasks with other keys (or none) keep running alongside.
+TEST(ExecutorTest, SameKeyTasksRunOneAtATimeInSubmissionOrder) {
+  Executor x({"cpu", /*threads=*/4, /*max_queue_depth=*/512}, nullptr);
+  const uint64_t k = Executor::KeyOf("w");
+  std::atomic<int> in_key{0}, max_in_key{0}, other_ran{0};
+  std::mutex mu;
+  std::vector<int> order;
+  for (int i = 0; i < 200; ++i) {
+    const bool keyed = i % 2 == 0;
+    Executor::Keys keys;
+    if (keyed) keys.push_back(k);
+    if (i % 4 == 1) keys.push_back(Executor::KeyOf("other"));  // unrelated key
+    ASSERT_TRUE(x.Submit(
+                     {},
+                     [&, i, keyed](kernels::Stream) {
+                       if (!keyed) {
+                         ++other_ran;
+                         return;
+                       }
+                       const int now = ++in_key;
+                       int m = max_in_key.load();
+                       while (now > m && !max_in_key.compare_exchange_weak(m, now)) {
+                       }
+                       {
+                         std::lock_guard<std::mutex> l(mu);
+                         order.push_back(i);
+                       }
+                       std::this_thread::sleep_for(std::chrono::microseconds(200));
+                       --in_key;
+                     },
+                     [](absl::Status s) { FAIL() << s; }, false, keys)
+                    .ok());
+  }
+  x.Shutdown();
+  EXPECT_EQ(max_in_key.load(), 1);
+  EXPECT_EQ(other_ran.load(), 100);
+  ASSERT_EQ(order.size(), 100u);
+  for (size_t j = 0; j < order.size(); ++j) EXPECT_EQ(order[j], static_cast<int>(2 * j));
+}
+
+// A task held back by its key does not hold back later tasks without that key.
+TEST(ExecutorTest, AWaitingKeyedTaskDoesNotBlockOthers) {
+  Executor x({"cpu", /*threads=*/2, /*max_queue_depth=*/8}, nullptr);
+  const uint64_t k = Executor::KeyOf("w");
+  absl::Notification first_started, release, third_ran;
+  std::atomic<bool> second_ran{false};
+  ASSERT_TRUE(x.Submit(
+                   {},
+                   [&](kernels::Stream) {
+                     first_started.Notify();
+                     release.WaitForNotification();
+                   },
+                   [](absl::Status) {}, false, {k})
+                  .ok());
+  first_started.WaitForNotification();
+  ASSERT_TRUE(x.Submit(
+                   {}, [&](kernels::Stream) { second_ran = true; }, [](absl::Status) {}, false,
+                   {k})
+                  .ok());
+  ASSERT_TRUE(x.Submit(
+                   {}, [&](kernels::Stream) { third_ran.Notify(); }, [](absl::Status) {})
+                  .ok());
+  EXPECT_TRUE(third_ran.WaitForNotificationWithTimeout(absl::Seconds(10)))
+      << "the unkeyed task waited behind the keyed one";
+  EXPECT_FALSE(second_ran.load()) << "ran while its key was held";
+  // The first (running) and the second (queued) remain once the third's worker is done.
+  for (int i = 0; i < 1000 && x.load() != 2; ++i) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(x.load(), 2);
+  release.Notify();
+  x.Shutdown();
+  EXPECT_TRUE(second_ran.load());
 }
 
 }  // namespace
