@@ -67,6 +67,12 @@ class Fp4qService::Call {
     delete this;
   }
 
+  // Microseconds since the request arrived.
+  double micros() const {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start_)
+        .count();
+  }
+
   RequestContext request;
 
  private:
@@ -105,6 +111,7 @@ void Fp4qService::SetHeader(v1::ReplyHeader* header, const ReplyMeta* meta) cons
   if (meta != nullptr) {
     header->set_device_uuid(meta->device_uuid);
     header->set_kernel_micros(meta->kernel_micros);
+    header->set_queue_micros(meta->queue_micros);
   }
 }
 
@@ -116,8 +123,9 @@ Fp4qService::Reactor* Fp4qService::Async(Ctx* ctx, const char* rpc, Reply* reply
   start(call->request, [this, call, reply](absl::StatusOr<Res> r) {
     if (!r.ok()) return call->Finish(r.status(), nullptr);
     const ReplyMeta meta = r->meta;
-    SetHeader(reply->mutable_header(), &meta);
     ToProto(std::move(*r), reply);
+    SetHeader(reply->mutable_header(), &meta);
+    reply->mutable_header()->set_server_micros(call->micros());
     call->Finish(absl::OkStatus(), &meta);
   });
   return reactor;
