@@ -3,8 +3,10 @@
 
 Issue 8's goal on the H200: Quantize of an 8192x8192 bf16 tensor by CUDA IPC at
 p50 <= kernel time + 100 us. For each call this records the client's wall time and the reply's
-header.kernel_micros, and reports p50/p99 of both and of their difference (the service overhead:
-RPC, routing, IPC pinning, synchronization).
+header.kernel_micros (and queue_micros, server_micros), and reports p50/p99 of each, of
+wall - kernel (the service overhead: RPC, routing, IPC pinning, synchronization) and of
+wall - server (this Python client and the transport). `fp4q bench-ipc` measures the same from
+C++.
 
   # on the GPU machine, fp4qd --backend cuda --allow_cuda_ipc --unix_socket /tmp/fp4qd.sock
   python3 bench/ipc_quantize_latency.py --server unix:///tmp/fp4qd.sock --device cuda \
@@ -59,7 +61,7 @@ def main():
 
     with fp4q.Client(a.server, ipc=ipc, client_name="ipc-quantize-latency") as client:
         info = client.server_info()
-        wall, kernel = [], []
+        wall, kernel, queue, server = [], [], [], []
         for i in range(a.warmup + a.iters):
             if a.device.startswith("cuda"):
                 torch.cuda.synchronize()  # the input is ready before the request (proto contract)
@@ -68,8 +70,13 @@ def main():
             t1 = time.perf_counter()
             if i >= a.warmup:
                 wall.append((t1 - t0) * 1e6)
-                kernel.append(client.last_header.kernel_micros)
+                h = client.last_header
+                kernel.append(h.kernel_micros)
+                # Older servers lack these fields (0 then).
+                queue.append(getattr(h, "queue_micros", 0.0))
+                server.append(getattr(h, "server_micros", 0.0))
         overhead = [w - k for w, k in zip(wall, kernel)]
+        client_side = [w - s for w, s in zip(wall, server)]
         result = {
             "tool": "bench/ipc_quantize_latency.py",
             "server": a.server, "backend": info.backend, "server_version": info.version,
@@ -78,6 +85,8 @@ def main():
             "iters": a.iters, "warmup": a.warmup,
             "wall_us": summary(wall), "kernel_us": summary(kernel),
             "overhead_us": summary(overhead),
+            "queue_us": summary(queue), "server_us": summary(server),
+            "client_and_transport_us": summary(client_side),
             "goal_p50_wall_le_kernel_plus_100us":
                 percentile(wall, 0.5) <= percentile(kernel, 0.5) + 100.0,
             "client_stats": dict(client.stats),

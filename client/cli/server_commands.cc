@@ -169,6 +169,7 @@ int RunCheckpoint(const CommandContext& context) {
 int RunQuantize(const CommandContext& context);    // file_commands.cc
 int RunDequantize(const CommandContext& context);  // file_commands.cc
 int RunBench(const CommandContext& context);       // bench_command.cc
+int RunBenchIpc(const CommandContext& context);    // bench_ipc_command.cc
 
 const std::vector<Command>& Commands() {
   static const std::vector<Command> commands = {
@@ -179,6 +180,7 @@ const std::vector<Command>& Commands() {
       {"quantize", "quantize a safetensors file to NVFP4 (T, T_scale, T_scale_2)", RunQuantize},
       {"dequantize", "dequantize a file written by `fp4q quantize`", RunDequantize},
       {"bench", "load generator: concurrent clients, mixed RPCs, latency percentiles", RunBench},
+      {"bench-ipc", "latency of a big Quantize by CUDA IPC (needs a GPU here)", RunBenchIpc},
   };
   return commands;
 }

@@ -1,0 +1,316 @@
+// fp4q bench-ipc: the latency of one big Quantize by CUDA IPC, from C++ (what
+// bench/ipc_quantize_latency.py measures from Python, without Python's own cost).
+//
+// It loads the CUDA runtime with dlopen (as client/src/cuda_ipc.cc does: the CLI links no
+// CUDA), allocates a bf16 (or f32) RxC tensor with random non-zero values and the row-wise
+// codes/scales outputs on GPU 0, registers them as IPC regions of one session, and calls
+// Quantize in place --iters times (after --warmup calls). Per call it records the wall time and
+// the reply header's kernel_micros, queue_micros and server_micros, and reports p50/p99 of each
+// and of wall - kernel (the service overhead) and wall - server (client + transport).
+//
+// Without a CUDA runtime, a GPU, or a server that offers cuda_ipc it exits 1 with the reason:
+// it never reports figures it did not measure.
+#include <dlfcn.h>
+#include <sys/utsname.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "args.h"
+#include "bench_stats.h"
+#include "commands.h"
+#include "fp4q/client/cuda_ipc.h"
+#include "fp4q/client/session.h"
+
+namespace fp4q::client::cli {
+namespace {
+
+constexpr char kUsage[] =
+    "Usage: fp4q [--server ADDR] bench-ipc [--shape RxC] [--dtype bf16|f32] [--iters N]\n"
+    "                                      [--warmup N] [--cuda-runtime LIB] [--json FILE]\n"
+    "\n"
+    "Latency of Quantize by CUDA IPC (issue 8: p50 <= kernel time + 100 us): allocates an RxC\n"
+    "tensor of random non-zero values on GPU 0 and its row-wise NVFP4 outputs, registers them\n"
+    "as regions of one session and quantizes in place --iters times. Reports p50/p99/min/max/\n"
+    "mean (microseconds) of the wall time, the server's kernel_micros, queue_micros and\n"
+    "server_micros (ReplyHeader), wall - kernel and wall - server. The server must run on this\n"
+    "machine with --allow_cuda_ipc; use its Unix socket (--server unix:///path).\n"
+    "\n"
+    "  --shape RxC        tensor shape (default 8192x8192; C a multiple of 16)\n"
+    "  --dtype D          bf16 (default) or f32\n"
+    "  --iters N          measured calls (default 200)\n"
+    "  --warmup N         unmeasured calls first (default 10)\n"
+    "  --cuda-runtime L   CUDA runtime library (default: libcudart.so.13, libcudart.so)\n"
+    "  --json FILE        also write the report there\n"
+    "Exit code 0 when every call succeeded; 1 on any error, or without a GPU (said why).\n";
+
+// The few CUDA runtime calls this needs, by dlsym.
+struct Cudart {
+  void* lib = nullptr;
+  int (*get_device_count)(int*) = nullptr;
+  int (*set_device)(int) = nullptr;
+  int (*malloc)(void**, size_t) = nullptr;
+  int (*free)(void*) = nullptr;
+  int (*memcpy)(void*, const void*, size_t, int) = nullptr;
+  int (*device_synchronize)() = nullptr;
+  const char* (*error_string)(int) = nullptr;
+  std::string path;
+
+  ~Cudart() {
+    if (lib != nullptr) dlclose(lib);
+  }
+  std::string Error(int e) const {
+    return absl::StrCat("CUDA error ", e, " (", error_string ? error_string(e) : "?", ")");
+  }
+};
+
+absl::Status LoadCudart(const std::string& wanted, Cudart* c) {
+  std::vector<std::string> candidates =
+      wanted.empty() ? CudaIpc::DefaultRuntimeLibraries() : std::vector<std::string>{wanted};
+  std::vector<std::string> failures;
+  for (const std::string& p : candidates) {
+    c->lib = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (c->lib != nullptr) {
+      c->path = p;
+      break;
+    }
+    const char* e = dlerror();
+    failures.push_back(absl::StrCat(p, ": ", e ? e : "dlopen failed"));
+  }
+  if (c->lib == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no CUDA runtime (tried ", absl::StrJoin(failures, "; "), ")"));
+  }
+  std::vector<std::string> missing;
+  auto sym = [&](const char* name, auto* fn) {
+    *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(c->lib, name));
+    if (*fn == nullptr) missing.push_back(name);
+  };
+  sym("cudaGetDeviceCount", &c->get_device_count);
+  sym("cudaSetDevice", &c->set_device);
+  sym("cudaMalloc", &c->malloc);
+  sym("cudaFree", &c->free);
+  sym("cudaMemcpy", &c->memcpy);
+  sym("cudaDeviceSynchronize", &c->device_synchronize);
+  sym("cudaGetErrorString", &c->error_string);
+  if (!missing.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA runtime ", c->path, " lacks ", absl::StrJoin(missing, ", ")));
+  }
+  int n = 0;
+  if (int e = c->get_device_count(&n); e != 0 || n < 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no usable CUDA device (cudaGetDeviceCount: ", e != 0 ? c->Error(e) : "0 devices", ")"));
+  }
+  if (int e = c->set_device(0); e != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("cudaSetDevice(0): ", c->Error(e)));
+  }
+  return absl::OkStatus();
+}
+
+// Device memory freed on scope exit.
+struct DeviceMemory {
+  const Cudart* cuda = nullptr;
+  void* ptr = nullptr;
+  ~DeviceMemory() {
+    if (ptr != nullptr) cuda->free(ptr);
+  }
+};
+
+absl::Status Allocate(const Cudart& c, size_t bytes, DeviceMemory* m) {
+  m->cuda = &c;
+  if (int e = c.malloc(&m->ptr, bytes); e != 0) {
+    m->ptr = nullptr;
+    return absl::ResourceExhaustedError(absl::StrCat("cudaMalloc(", bytes, "): ", c.Error(e)));
+  }
+  return absl::OkStatus();
+}
+
+uint16_t ToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fff + ((u >> 16) & 1);  // round to nearest even (finite inputs)
+  return static_cast<uint16_t>(u >> 16);
+}
+
+std::string SummaryJson(const LatencySummary& s, const std::vector<double>& v) {
+  double lo = v.empty() ? 0 : v[0];
+  for (double x : v) lo = std::min(lo, x);
+  return absl::StrCat("{\"p50\": ", s.p50, ", \"p99\": ", s.p99, ", \"min\": ", lo,
+                      ", \"max\": ", s.max, ", \"mean\": ", s.mean, "}");
+}
+
+}  // namespace
+
+int RunBenchIpc(const CommandContext& context) {
+  ArgSpec spec;
+  spec.valued = {"shape", "dtype", "iters", "warmup", "cuda-runtime", "json"};
+  absl::StatusOr<ParsedArgs> args = ParseArgs(context.args, 0, spec);
+  if (!args.ok()) return UsageFailure("bench-ipc", std::string(args.status().message()));
+  if (args->help) {
+    std::fputs(kUsage, stdout);
+    return kExitOk;
+  }
+  if (!args->positional.empty()) {
+    return UsageFailure("bench-ipc",
+                        absl::StrCat("unexpected argument '", args->positional[0], "'"));
+  }
+  int64_t rows = 0, cols = 0;
+  const std::string shape = GetString(*args, "shape", "8192x8192");
+  std::vector<std::string> rc = absl::StrSplit(shape, 'x');
+  if (rc.size() != 2 || !absl::SimpleAtoi(rc[0], &rows) || !absl::SimpleAtoi(rc[1], &cols) ||
+      rows < 1 || cols < 16 || cols % 16 != 0 || rows > 65536 || cols > 65536) {
+    return UsageFailure("bench-ipc", absl::StrCat("option '--shape': '", shape,
+                                                  "' is not RxC with C a multiple of 16"));
+  }
+  const std::string dtype = GetString(*args, "dtype", "bf16");
+  if (dtype != "bf16" && dtype != "f32") {
+    return UsageFailure("bench-ipc", "option '--dtype': bf16 or f32");
+  }
+  absl::StatusOr<uint64_t> iters = GetUint64(*args, "iters", 200);
+  absl::StatusOr<uint64_t> warmup = GetUint64(*args, "warmup", 10);
+  if (!iters.ok() || !warmup.ok() || *iters < 1 || *iters > 1000000 || *warmup > 1000000) {
+    return UsageFailure("bench-ipc", "options '--iters' (>= 1) and '--warmup' are counts");
+  }
+  const std::string json = GetString(*args, "json", "");
+
+  Cudart cuda;
+  if (absl::Status s = LoadCudart(GetString(*args, "cuda-runtime", ""), &cuda); !s.ok()) {
+    return Failure("bench-ipc", s);
+  }
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(context.client);
+  if (!client.ok()) return UsageFailure("bench-ipc", std::string(client.status().message()));
+  absl::StatusOr<v1::ServerInfoReply> info = (*client)->ServerInfo();
+  if (!info.ok()) return Failure("bench-ipc", info.status());
+  bool ipc = false;
+  for (const std::string& m : info->supported_modes()) ipc = ipc || m == "cuda_ipc";
+  if (!ipc) {
+    return Failure("bench-ipc",
+                   absl::FailedPreconditionError(absl::StrCat(
+                       "the server (backend ", info->backend(),
+                       ") does not offer cuda_ipc to this caller: run fp4qd --backend cuda "
+                       "--allow_cuda_ipc and connect through its --unix_socket")));
+  }
+  SessionOptions so;
+  so.client_name = "fp4q bench-ipc";
+  absl::StatusOr<std::unique_ptr<Session>> session = Session::Open(**client, so);
+  if (!session.ok()) return Failure("bench-ipc", session.status());
+
+  // The input: random normal values, none of them zero.
+  const size_t n = static_cast<size_t>(rows * cols);
+  const size_t elem = dtype == "bf16" ? 2 : 4;
+  std::vector<uint8_t> host(n * elem);
+  {
+    std::mt19937 gen(8);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (size_t i = 0; i < n; ++i) {
+      float v = normal(gen);
+      if (std::fabs(v) < 1e-3f) v = v < 0 ? -1e-3f : 1e-3f;
+      if (elem == 2) {
+        const uint16_t b = ToBf16(v);
+        std::memcpy(&host[i * 2], &b, 2);
+      } else {
+        std::memcpy(&host[i * 4], &v, 4);
+      }
+    }
+  }
+  const size_t codes_bytes = n / 2;
+  const size_t scales_bytes = n / 16;  // NVFP4 1x16, plain layout: one E4M3 per 16 elements
+  DeviceMemory x, codes, scales;
+  for (auto [m, bytes] : {std::pair{&x, n * elem}, std::pair{&codes, codes_bytes},
+                          std::pair{&scales, scales_bytes}}) {
+    if (absl::Status s = Allocate(cuda, bytes, m); !s.ok()) return Failure("bench-ipc", s);
+  }
+  if (int e = cuda.memcpy(x.ptr, host.data(), host.size(), /*cudaMemcpyHostToDevice=*/1); e != 0) {
+    return Failure("bench-ipc", absl::InternalError(absl::StrCat("cudaMemcpy: ", cuda.Error(e))));
+  }
+  if (int e = cuda.device_synchronize(); e != 0) {
+    return Failure("bench-ipc",
+                   absl::InternalError(absl::StrCat("cudaDeviceSynchronize: ", cuda.Error(e))));
+  }
+
+  v1::QuantizeRequest req;
+  req.mutable_input()->set_dtype(elem == 2 ? v1::DTYPE_BF16 : v1::DTYPE_F32);
+  req.mutable_input()->add_shape(rows);
+  req.mutable_input()->add_shape(cols);
+  struct Slot {
+    const void* ptr;
+    size_t bytes;
+    v1::RegionSlice* slice;
+  } slots[] = {{x.ptr, n * elem, req.mutable_input()->mutable_region()},
+               {codes.ptr, codes_bytes, req.mutable_rowwise_codes()->mutable_region()},
+               {scales.ptr, scales_bytes, req.mutable_rowwise_scales()->mutable_region()}};
+  for (const Slot& s : slots) {
+    absl::StatusOr<v1::RegionSlice> r = (*session)->RegionFor(s.ptr, s.bytes);
+    if (!r.ok()) return Failure("bench-ipc", r.status());
+    *s.slice = *r;
+  }
+
+  std::vector<double> wall, kernel, queue, server, overhead, client_side;
+  const CallOptions call = (*session)->call_options();
+  for (uint64_t i = 0; i < *warmup + *iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<v1::QuantizeReply> rep = (*client)->Quantize(req, call);
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    if (!rep.ok()) {
+      return Failure("bench-ipc", absl::Status(rep.status().code(),
+                                               absl::StrCat("call ", i, ": ",
+                                                            rep.status().message())));
+    }
+    if (!rep->rowwise().has_codes_region() || !rep->rowwise().has_scales_region()) {
+      return Failure("bench-ipc", absl::InternalError(
+                                      "the reply did not write the outputs into the regions"));
+    }
+    if (i < *warmup) continue;
+    const v1::ReplyHeader& h = rep->header();
+    wall.push_back(us);
+    kernel.push_back(h.kernel_micros());
+    queue.push_back(h.queue_micros());
+    server.push_back(h.server_micros());
+    overhead.push_back(us - h.kernel_micros());
+    client_side.push_back(us - h.server_micros());
+  }
+  absl::StatusOr<uint32_t> closed = (*session)->Close();
+  if (!closed.ok()) return Failure("bench-ipc", closed.status());
+
+  const LatencySummary sw = Summarize(wall), sk = Summarize(kernel), sq = Summarize(queue),
+                       ss = Summarize(server), so2 = Summarize(overhead),
+                       sc = Summarize(client_side);
+  std::string gpus;
+  for (const auto& g : info->gpus()) gpus += absl::StrCat(gpus.empty() ? "" : ", ", "\"", g.name(), "\"");
+  utsname u;
+  const std::string host_name = ::uname(&u) == 0 ? u.nodename : "";
+  const std::string text = absl::StrCat(
+      "{\n  \"tool\": \"fp4q bench-ipc\",\n  \"server\": \"", context.client.address,
+      "\",\n  \"backend\": \"", info->backend(), "\",\n  \"server_version\": \"", info->version(),
+      "\",\n  \"gpus\": [", gpus, "],\n  \"host\": \"", host_name, "\",\n  \"cuda_runtime\": \"",
+      cuda.path, "\",\n  \"shape\": [", rows, ", ", cols, "],\n  \"dtype\": \"", dtype,
+      "\",\n  \"iters\": ", *iters, ",\n  \"warmup\": ", *warmup,
+      ",\n  \"wall_us\": ", SummaryJson(sw, wall), ",\n  \"kernel_us\": ", SummaryJson(sk, kernel),
+      ",\n  \"queue_us\": ", SummaryJson(sq, queue), ",\n  \"server_us\": ",
+      SummaryJson(ss, server), ",\n  \"overhead_us\": ", SummaryJson(so2, overhead),
+      ",\n  \"client_and_transport_us\": ", SummaryJson(sc, client_side),
+      ",\n  \"goal_p50_wall_le_kernel_plus_100us\": ", sw.p50 <= sk.p50 + 100.0 ? "true" : "false",
+      "\n}\n");
+  std::fputs(text.c_str(), stdout);
+  if (!json.empty()) {
+    std::ofstream f(json);
+    f << text;
+    if (!f) return Failure("bench-ipc", absl::InternalError(absl::StrCat("cannot write ", json)));
+  }
+  return kExitOk;
+}
+
+}  // namespace fp4q::client::cli
