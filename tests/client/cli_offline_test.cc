@@ -65,6 +65,8 @@ TEST(CliUsage, MistakesExitTwoWithAMessage) {
       {{"dequantize", "a", "b", "--dtype", "f16"},
        "option '--dtype' must be one of f32, bf16; got 'f16'"},
       {{"dequantize", "a"}, "fp4q dequantize: expected IN and OUT files, got 1 argument(s)"},
+      {{"bench-ipc", "--shape", "8x7"}, "option '--shape': '8x7' is not RxC"},
+      {{"bench-ipc", "--dtype", "f16"}, "option '--dtype': bf16 or f32"},
   };
   for (const UsageCase& c : cases) {
     const RunResult r = Cli(c.args);
@@ -101,6 +103,16 @@ TEST(CliErrors, UnreachableServerExitsOneWithTheRpcError) {
   EXPECT_EQ(q.exit_code, 1);
   EXPECT_THAT(q.err, HasSubstr("fp4q quantize: NOT_FOUND: "));
   EXPECT_THAT(q.err, HasSubstr("/nonexistent/in.safetensors"));
+}
+
+// bench-ipc measures only with a GPU: without one it fails with the reason, never reports.
+TEST(CliErrors, BenchIpcWithoutACudaRuntimeExitsOneSayingWhy) {
+  const RunResult r = Cli({"--server", "127.0.0.1:1", "bench-ipc", "--cuda-runtime",
+                           "/nonexistent/libcudart.so"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("fp4q bench-ipc: FAILED_PRECONDITION: no CUDA runtime (tried "
+                               "/nonexistent/libcudart.so"));
+  EXPECT_EQ(r.out, "");
 }
 
 TEST(CliHealth, ExitCodeFollowsLivenessAndReadiness) {
