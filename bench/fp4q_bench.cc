@@ -352,7 +352,8 @@ int Run(int argc, char** argv) {
     });
     Row r;
     r.name = m <= 16 ? "GEMM nvfp4, B pre-quantized (small-M kernel)"
-                     : (m == 8192 ? "GEMM nvfp4, dequantization included" : "GEMM nvfp4 (small-M kernel)");
+                     : (m == 8192 ? "GEMM nvfp4, dequantization included"
+                                 : "GEMM nvfp4 (dequantize + cuBLAS bf16)");
     r.shape = absl::StrCat("M=", m, " N=8192 K=8192 -> bf16");
     r.us = ours.median_us;
     r.flops = 2.0 * m * nn * k;
