@@ -195,7 +195,11 @@ absl::StatusOr<void*> CudaBackend::OpenIpcHandle(const std::string& handle_bytes
   cudaIpcMemHandle_t h;
   std::memcpy(&h, handle_bytes.data(), sizeof(h));
   void* base = nullptr;
-  const cudaError_t e = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
+  // No cudaIpcMemLazyEnablePeerAccess: an allocation that lives on another GPU must not open
+  // here through peer access (this device's kernels would then reach into the other GPU). On the
+  // H200 x2 machine cudaPointerGetAttributes reported the opening GPU, not the owner, for such a
+  // mapping, so the check below alone did not catch it (docs/RELIABILITY.md, "Several GPUs").
+  const cudaError_t e = cudaIpcOpenMemHandle(&base, h, 0);
   if (e != cudaSuccess) {
     const absl::Status s = Track(FP4Q_CUDA_STATUS(e));
     if (IsStickyStatus(s)) return s;
@@ -203,9 +207,8 @@ absl::StatusOr<void*> CudaBackend::OpenIpcHandle(const std::string& handle_bytes
     return absl::InvalidArgumentError(
         absl::StrCat("handle: cannot be opened on ", info_.uuid, ": ", s.message()));
   }
-  // A handle exported on another GPU opens here too (lazy peer access over NVLink/PCIe), but
-  // work queued for this device would then reach into the other one: refuse it, saying where
-  // the allocation lives.
+  // Second guard: where the runtime does report another GPU as the owner, refuse it, saying
+  // where the allocation lives.
   cudaPointerAttributes attr;
   std::memset(&attr, 0, sizeof(attr));
   const cudaError_t ae = cudaPointerGetAttributes(&attr, base);
