@@ -10,7 +10,7 @@
 #      bench/ipc_quantize_latency.py (Python), both 8192x8192 bf16 Quantize by CUDA IPC; a
 #      scrape of /metrics (queue wait, kernel and request histograms)
 #   3. the same 32-client load for LOAD_SECONDS/2 against --streams_per_gpu 1 (the old single
-#      stream per GPU), for comparison
+#      stream per GPU) and 8, for comparison
 #   4. tests/python/gpu_ipc_check.py: the Python client's IPC, caching and training checks
 # Everything lands in $OUT/results.tgz (the device tool returns at most 8 files) plus
 # $OUT/summary.txt. Every step has a timeout; a missing GPU makes the steps fail, not pass.
@@ -93,34 +93,42 @@ note "$(grep -E '^(info|keepalive|list) ' "$work/load-1.txt" | awk '{printf "%s 
 timeout 90 "$b/bin/fp4q" --server "unix://$sock" bench-ipc --shape 8192x8192 --dtype bf16 \
   --iters 200 --warmup 10 --json "$work/h200-ipc-quantize-cpp.json" \
   > "$work/ipc-latency-cpp.txt" 2>&1
-note "bench-ipc (C++): exit $? $(python3 -c "
+rc=$?
+[[ -s "$work/h200-ipc-quantize-cpp.json" ]] || cp "$work/ipc-latency-cpp.txt" "$work/h200-ipc-quantize-cpp.err"
+note "bench-ipc (C++): exit $rc $(tail -n 2 "$work/h200-ipc-quantize-cpp.err" 2>/dev/null)$(python3 -c "
 import json,sys
 r=json.load(open('$work/h200-ipc-quantize-cpp.json'))
 print(' '.join('%s p50 %.0f p99 %.0f;' % (k, r[k]['p50'], r[k]['p99']) for k in
       ('wall_us','kernel_us','queue_us','server_us','overhead_us','client_and_transport_us')),
-      'goal met:', r['goal_p50_wall_le_kernel_plus_100us'])" 2>&1 | tail -n 1) [$(elapsed)]"
+      'goal met:', r['goal_p50_wall_le_kernel_plus_100us'])" 2>/dev/null) [$(elapsed)]"
 PYTHONPATH=client/python timeout 120 python3 bench/ipc_quantize_latency.py \
   --server "unix://$sock" --device cuda --shape 8192x8192 --dtype bf16 --iters 200 \
   --json "$work/h200-ipc-quantize.json" > "$work/ipc-latency.txt" 2>&1
-note "ipc_quantize_latency.py: exit $? $(python3 -c "
+rc=$?
+[[ -s "$work/h200-ipc-quantize.json" ]] || cp "$work/ipc-latency.txt" "$work/h200-ipc-quantize.err"
+note "ipc_quantize_latency.py: exit $rc $(tail -n 1 "$work/h200-ipc-quantize.err" 2>/dev/null)$(python3 -c "
 import json
 r=json.load(open('$work/h200-ipc-quantize.json'))
 print(' '.join('%s p50 %.0f p99 %.0f;' % (k, r[k]['p50'], r[k]['p99']) for k in
       ('wall_us','kernel_us','overhead_us')), 'goal met:', r['goal_p50_wall_le_kernel_plus_100us'])
-" 2>&1 | tail -n 1) [$(elapsed)]"
+" 2>/dev/null) [$(elapsed)]"
 scrape 9450 "$work/metrics.txt"
 note "metrics: $(grep -c '^fp4q_' "$work/metrics.txt") fp4q_ samples; queue wait count/sum:" \
   "$(grep -E '^fp4q_queue_wait_seconds_(count|sum)' "$work/metrics.txt" | awk '{print $2}' | tr '\n' ' ')"
 stop_server
 
-# 3. The same mixed load with one stream per GPU (the old executor), for comparison.
-start_server fp4qd1 1 50052 9451
-timeout $((load_s / 2 + 60)) "$b/bin/fp4q" --server 127.0.0.1:50052 bench --clients 32 \
-  --duration $((load_s / 2)) --warmup 3 --mix "$mix" --shape 16x256 --quiet \
-  --json "$work/h200-load-1stream.json" > "$work/load-32-1stream.txt" 2>&1
-note "bench 32 clients, 1 stream: exit $? $(grep '^total' "$work/load-32-1stream.txt") [$(elapsed)]"
-scrape 9451 "$work/metrics-1stream.txt"
-stop_server
+# 3. The same mixed load with one stream per GPU (the old executor) and with 8, for comparison.
+port=50052
+for streams in 1 8; do
+  start_server "fp4qd$streams" "$streams" "$port" $((port + 9400 - 50000))
+  timeout $((load_s / 2 + 60)) "$b/bin/fp4q" --server "127.0.0.1:$port" bench --clients 32 \
+    --duration $((load_s / 2)) --warmup 3 --mix "$mix" --shape 16x256 --quiet \
+    --json "$work/h200-load-${streams}stream.json" > "$work/load-32-${streams}stream.txt" 2>&1
+  note "bench 32 clients, $streams stream(s): exit $? $(grep '^total' "$work/load-32-${streams}stream.txt") [$(elapsed)]"
+  scrape $((port + 9400 - 50000)) "$work/metrics-${streams}stream.txt"
+  stop_server
+  port=$((port + 1))
+done
 
 # 4. The Python client's GPU checks.
 PYTHONPATH=client/python:tests/python timeout 100 python3 tests/python/gpu_ipc_check.py \
