@@ -7,6 +7,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/status_matchers.h"
@@ -55,7 +56,8 @@ TEST_F(CudaModuleTest, NoDriverIsUnavailable) {
 TEST_F(CudaModuleTest, AbiMismatchAndMissingSymbols) {
   EXPECT_THAT(CudaModule::Load(FAKE_MODULE_BADABI),
               StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("has ABI version 99, this build needs 1")));
+                       HasSubstr(absl::StrCat("has ABI version 99, this build needs ",
+                                              FP4Q_CUDA_ABI_VERSION))));
   EXPECT_THAT(
       CudaModule::Load(FAKE_MODULE_NOSYMS),
       StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("lacks the fp4q_cuda_* C ABI")));
