@@ -150,6 +150,11 @@ TEST_F(E2eOpsTest, QuantizeAndDequantizeMatchTheCpuBackendBitForBit) {
     EXPECT_EQ(rep.header().backend(), "cpu");
     EXPECT_EQ(rep.header().device_uuid(), "cpu");
     EXPECT_NE(rep.header().server_epoch(), 0u);
+    // Where the time went: queue wait and kernel time lie within the server's time.
+    EXPECT_GT(rep.header().server_micros(), 0.0);
+    EXPECT_GE(rep.header().queue_micros(), 0.0);
+    EXPECT_GE(rep.header().server_micros(),
+              rep.header().queue_micros() + rep.header().kernel_micros());
     if (epoch != 0) EXPECT_EQ(rep.header().server_epoch(), epoch);
     epoch = rep.header().server_epoch();
     EXPECT_EQ(rep.has_rowwise(), c.k.rowwise);
