@@ -213,6 +213,17 @@ int RegionManager::ExpireSessions() {
   return ended;
 }
 
+const IpcMapping* RegionManager::OpenOnOtherDevice(absl::string_view handle,
+                                                   const Device* device) const {
+  for (const auto& [key, mapping] : mappings_) {
+    if (mapping->device != device &&
+        absl::string_view(key).substr(mapping->device->label.size() + 1) == handle) {
+      return mapping.get();
+    }
+  }
+  return nullptr;
+}
+
 absl::StatusOr<std::string> RegionManager::Register(absl::string_view session_id,
                                                     const RegisterRegionRequest& request) {
   // Fields first, then whether this server accepts client memory at all.
@@ -255,6 +266,13 @@ absl::StatusOr<std::string> RegionManager::Register(absl::string_view session_id
     auto m = mappings_.find(key);
     if (m != mappings_.end()) {
       mapping = m->second;
+    } else if (const IpcMapping* other = OpenOnOtherDevice(request.ipc_handle, device)) {
+      // The same allocation registered for two GPUs: it lives on the one it was first opened
+      // on (the CUDA runtime reports the opening GPU for a peer mapping, so this is the check
+      // that holds).
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ipc_handle: already registered on ", other->device->label, "; the allocation lives "
+          "there, not on ", device->label, " (device_uuid: ", Quoted(device->label), ")"));
     } else if (mappings_.size() >= static_cast<size_t>(options_.max_open_handles)) {
       return absl::ResourceExhaustedError(
           absl::StrCat("ipc_handle: the server holds ", mappings_.size(),

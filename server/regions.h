@@ -120,6 +120,8 @@ class RegionManager {
   void WaitAndRelease(const std::shared_ptr<RegionRecord>& region);
   void Unpin(RegionRecord* region);
   void ReportLocked();
+  // The mapping of the same handle bytes opened for another device, if any (mu_ held).
+  const IpcMapping* OpenOnOtherDevice(absl::string_view handle, const Device* device) const;
   static std::string RandomHex128();
 
   DeviceSet* const devices_;

@@ -144,6 +144,37 @@ TEST_F(RegionsTest, MappingsAreCachedByHandleAndClosedWithTheLastRegion) {
   EXPECT_EQ(regions_->open_handles(), 0);
 }
 
+// One allocation registered for two GPUs: the second registration names the GPU it was first
+// opened on (the CUDA runtime reports the opening GPU for a peer mapping, so nothing else tells).
+TEST(RegionsTwoDevicesTest, AHandleOpenOnOneGpuIsRefusedForAnother) {
+  auto b0 = std::make_unique<FakeIpcBackend>("GPU-fake-0");
+  auto b1 = std::make_unique<FakeIpcBackend>("GPU-fake-1");
+  FakeIpcBackend* fake0 = b0.get();
+  FakeIpcBackend* fake1 = b1.get();
+  std::vector<std::unique_ptr<kernels::Backend>> backends;
+  backends.push_back(std::move(b0));
+  backends.push_back(std::move(b1));
+  auto devices = DeviceSet::FromBackends(std::move(backends), /*host_memory=*/true);
+  RegionsOptions o;
+  o.allow_cuda_ipc = true;
+  o.max_open_handles = 4;
+  RegionManager regions(devices.get(), o, nullptr);
+  alignas(64) static uint8_t memory[4096] = {};
+  const std::string handle = fake0->Export(memory);
+  const std::string s = regions.OpenSession("two").session_id;
+  ASSERT_TRUE(regions.Register(s, RegisterRegionRequest{handle, 4096, "GPU-fake-0"}).ok());
+  EXPECT_THAT(regions.Register(s, RegisterRegionRequest{handle, 4096, "GPU-fake-1"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("ipc_handle: already registered on GPU-fake-0; the allocation "
+                                 "lives there, not on GPU-fake-1 (device_uuid: 'GPU-fake-1')")));
+  EXPECT_EQ(fake1->opens(), 0);
+  EXPECT_EQ(regions.regions(), 1);
+  EXPECT_EQ(regions.open_handles(), 1);
+  // The same GPU again is fine (one mapping, two regions).
+  EXPECT_TRUE(regions.Register(s, RegisterRegionRequest{handle, 1024, "GPU-fake-0"}).ok());
+  EXPECT_EQ(fake0->opens(), 1);
+}
+
 TEST_F(RegionsTest, OpenHandleCap) {
   const std::string a = regions_->OpenSession("a").session_id;
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(regions_->Register(a, Req(memory_ + 64 * i, 64)).ok());

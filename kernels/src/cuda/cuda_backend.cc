@@ -195,11 +195,12 @@ absl::StatusOr<void*> CudaBackend::OpenIpcHandle(const std::string& handle_bytes
   cudaIpcMemHandle_t h;
   std::memcpy(&h, handle_bytes.data(), sizeof(h));
   void* base = nullptr;
-  // No cudaIpcMemLazyEnablePeerAccess: an allocation that lives on another GPU must not open
-  // here through peer access (this device's kernels would then reach into the other GPU). On the
-  // H200 x2 machine cudaPointerGetAttributes reported the opening GPU, not the owner, for such a
-  // mapping, so the check below alone did not catch it (docs/RELIABILITY.md, "Several GPUs").
-  const cudaError_t e = cudaIpcOpenMemHandle(&base, h, 0);
+  // Lazy peer access stays on: without it a handle of another GPU's allocation may still map,
+  // and a kernel touching it would fault (a sticky error). Which GPU an allocation lives on is
+  // checked below where the runtime reports it, and by RegionManager (a handle already open on
+  // another GPU); on the H200 x2 machine cudaPointerGetAttributes named the opening GPU for a
+  // peer mapping (docs/RELIABILITY.md, "Several GPUs").
+  const cudaError_t e = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
   if (e != cudaSuccess) {
     const absl::Status s = Track(FP4Q_CUDA_STATUS(e));
     if (IsStickyStatus(s)) return s;
