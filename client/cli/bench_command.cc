@@ -64,7 +64,9 @@ constexpr char kBenchUsage[] =
     "  --warmup S        unmeasured seconds first (default 1)\n"
     "  --mix LIST        RPC=weight list; RPCs: quantize qdq dequantize update "
     "get list info\n"
-    "                    keepalive (default "
+    "                    keepalive health (grpc.health.v1 Check: the cheapest RPC, a "
+    "floor)\n"
+    "                    (default "
     "quantize=4,qdq=2,dequantize=1,update=2,get=1,\n"
     "                    list=1,info=1,keepalive=1)\n"
     "  --shape RxC       tensor shape of quantize/qdq/update/get (default "
@@ -77,8 +79,8 @@ constexpr char kBenchUsage[] =
 
 constexpr char kDefaultMix[] =
     "quantize=4,qdq=2,dequantize=1,update=2,get=1,list=1,info=1,keepalive=1";
-const std::vector<std::string> kRpcs = {"quantize", "qdq",  "dequantize", "update",
-                                        "get",      "list", "info",       "keepalive"};
+const std::vector<std::string> kRpcs = {"quantize", "qdq",  "dequantize", "update", "get",
+                                        "list",     "info", "keepalive",  "health"};
 
 struct Options {
   int clients = 8;
@@ -102,7 +104,7 @@ absl::Status ParseMix(const std::string& text, Options* o) {
       return absl::InvalidArgumentError(
           absl::StrCat("option '--mix': '", item,
                        "' is not RPC=WEIGHT (0..1000) with RPC one of "
-                       "quantize qdq dequantize update get list info keepalive"));
+                       "quantize qdq dequantize update get list info keepalive health"));
     }
     if (w > 0) o->weights.emplace_back(kv[0], w);
   }
@@ -236,6 +238,7 @@ absl::Status CallOnce(Worker& w, const std::string& rpc, double* kernel_us) {
   }
   if (rpc == "list") return w.client->ListTensors().status();
   if (rpc == "info") return w.client->ServerInfo().status();
+  if (rpc == "health") return w.client->CheckHealth("").status();
   CallOptions c;
   c.session_id = w.session;
   return w.client->KeepAlive(v1::KeepAliveRequest(), c).status();

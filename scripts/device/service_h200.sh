@@ -90,6 +90,16 @@ timeout 60 "$b/bin/fp4q" --server 127.0.0.1:50051 bench --clients 1 --duration 1
   --json "$work/h200-load-1client.json" > "$work/load-1.txt" 2>&1
 note "bench 1 client: exit $? $(grep '^total' "$work/load-1.txt") [$(elapsed)]"
 note "$(grep -E '^(info|keepalive|list) ' "$work/load-1.txt" | awk '{printf "%s p50 %s us; ", $1, $4}')"
+# The floor of one RPC on this VM (the standard health check, no fp4q handler work), over TCP
+# loopback and over the Unix socket, one client.
+for ep in "tcp 127.0.0.1:50051" "unix unix://$sock"; do
+  set -- $ep
+  timeout 60 "$b/bin/fp4q" --server "$2" bench --clients 1 --duration 8 --quiet \
+    --mix health=1,list=1,info=1,keepalive=1 --json "$work/h200-load-1client-$1.json" \
+    > "$work/load-1-$1.txt" 2>&1
+  note "bench 1 client over $1: exit $? $(grep -E '^(health|info|keepalive|list) ' \
+    "$work/load-1-$1.txt" | awk '{printf "%s p50 %s us; ", $1, $4}')"
+done
 timeout 90 "$b/bin/fp4q" --server "unix://$sock" bench-ipc --shape 8192x8192 --dtype bf16 \
   --iters 200 --warmup 10 --json "$work/h200-ipc-quantize-cpp.json" \
   > "$work/ipc-latency-cpp.txt" 2>&1

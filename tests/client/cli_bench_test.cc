@@ -67,6 +67,32 @@ TEST(CliBenchTest, ShortRunReportsEveryRpcAndCleansUp) {
   EXPECT_EQ(list->tensors_size(), 0);
 }
 
+// `health` (grpc.health.v1 Check) is the floor the small RPCs are compared with, over TCP and
+// over the Unix socket.
+TEST(CliBenchTest, HealthFloorOverTcpAndUnixSocket) {
+  TempDir dir;
+  const std::string sock = dir.File("fp4qd.sock");
+  auto server = StartFp4qd({"--unix_socket", sock});
+  ASSERT_TRUE(server.ok()) << server.status();
+  for (const std::string& target : {(*server)->address(), "unix://" + sock}) {
+    SCOPED_TRACE(target);
+    auto run = testing::Run({FP4Q_CLI, "--server", target, "bench", "--clients", "1",
+                             "--duration", "0.5", "--warmup", "0.1", "--quiet", "--mix",
+                             "health=1,list=1", "--json", dir.File("h.json")});
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_EQ(run->exit_code, 0) << run->err;
+    auto doc = common::ParseJson(ReadAll(dir.File("h.json")));
+    ASSERT_TRUE(doc.ok()) << doc.status();
+    EXPECT_EQ(*doc->Find("total")->Find("errors")->AsInt64(), 0);
+    for (const char* rpc : {"health", "list"}) {
+      const common::JsonValue* r = doc->Find("rpcs")->Find(rpc);
+      ASSERT_NE(r, nullptr) << rpc;
+      EXPECT_GT(*r->Find("ok")->AsInt64(), 10) << rpc;
+    }
+    EXPECT_EQ(doc->Find("rpcs")->Find("quantize"), nullptr);
+  }
+}
+
 TEST(CliBenchTest, BadOptionsAndRefusedSetup) {
   auto help = testing::Run({FP4Q_CLI, "--help"});
   ASSERT_TRUE(help.ok()) << help.status();
