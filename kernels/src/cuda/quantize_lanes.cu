@@ -77,22 +77,7 @@ FP4Q_D void LoadGran(const RowParams& p, uint64_t g, bool valid, Gran<In, kRes>*
 
 template <typename In, bool kRes>
 FP4Q_D void WidenGran(const Gran<In, kRes>& gr, float* v) {
-  if constexpr (sizeof(In) == 2) {
-    const uint32_t w[4] = {gr.x[0].x, gr.x[0].y, gr.x[0].z, gr.x[0].w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      v[2 * j] = Bf16Lo(w[j]);
-      v[2 * j + 1] = Bf16Hi(w[j]);
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      v[4 * k] = __uint_as_float(gr.x[k].x);
-      v[4 * k + 1] = __uint_as_float(gr.x[k].y);
-      v[4 * k + 2] = __uint_as_float(gr.x[k].z);
-      v[4 * k + 3] = __uint_as_float(gr.x[k].w);
-    }
-  }
+  WidenWords<In>(gr.x, sizeof(In) == 2 ? 1 : 2, v);
   if constexpr (kRes) {
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -263,25 +248,7 @@ FP4Q_D void LoadBlock(const void* x, uint32_t b, bool valid, Block16<In>* out) {
 
 template <typename In>
 FP4Q_D void WidenBlock(const Block16<In>& b, float* v) {
-  if constexpr (sizeof(In) == 2) {
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const uint32_t w[4] = {b.x[k].x, b.x[k].y, b.x[k].z, b.x[k].w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        v[8 * k + 2 * j] = Bf16Lo(w[j]);
-        v[8 * k + 2 * j + 1] = Bf16Hi(w[j]);
-      }
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      v[4 * k] = __uint_as_float(b.x[k].x);
-      v[4 * k + 1] = __uint_as_float(b.x[k].y);
-      v[4 * k + 2] = __uint_as_float(b.x[k].z);
-      v[4 * k + 3] = __uint_as_float(b.x[k].w);
-    }
-  }
+  WidenWords<In>(b.x, sizeof(In) == 2 ? 2 : 4, v);
 }
 
 // Quantize and QDQ without error feedback, and their amax-only pass: lane l of a warp owns

@@ -81,25 +81,7 @@ FP4Q_D void LoadRaw(const RowParams& p, int64_t base, int n, RawUnit<In, kRes>* 
 
 template <typename In, bool kRes>
 FP4Q_D void Widen(const RawUnit<In, kRes>& raw, float* v) {
-  if constexpr (sizeof(In) == 2) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint32_t w[4] = {raw.x[k].x, raw.x[k].y, raw.x[k].z, raw.x[k].w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        v[8 * k + 2 * j] = Bf16Lo(w[j]);
-        v[8 * k + 2 * j + 1] = Bf16Hi(w[j]);
-      }
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      v[4 * k] = __uint_as_float(raw.x[k].x);
-      v[4 * k + 1] = __uint_as_float(raw.x[k].y);
-      v[4 * k + 2] = __uint_as_float(raw.x[k].z);
-      v[4 * k + 3] = __uint_as_float(raw.x[k].w);
-    }
-  }
+  WidenWords<In>(raw.x, RawUnit<In, kRes>::kX, v);
 }
 
 // Where one unit lives. The loop over units is uniform across a warp (every lane runs the same

@@ -236,6 +236,24 @@ FP4Q_D void LoadElems<__nv_bfloat16>(const __nv_bfloat16* p, int n, float* v) {
   }
 }
 
+// The `count` 16-byte words at w widened to f32 at v (8 bf16 or 4 f32 values per word).
+template <typename T>
+FP4Q_D void WidenWords(const uint4* w, int count, float* v) {
+#pragma unroll
+  for (int k = 0; k < count; ++k) {
+    const uint32_t u[4] = {w[k].x, w[k].y, w[k].z, w[k].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (sizeof(T) == 2) {
+        v[8 * k + 2 * j] = Bf16Lo(u[j]);
+        v[8 * k + 2 * j + 1] = Bf16Hi(u[j]);
+      } else {
+        v[4 * k + j] = __uint_as_float(u[j]);
+      }
+    }
+  }
+}
+
 // n (16 or 32) f32 values to p, as f32 or RN bf16.
 FP4Q_D void StoreElems(void* p, int dtype, int n, const float* v) {
   if (dtype == kF32) {
