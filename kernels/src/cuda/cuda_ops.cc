@@ -4,8 +4,9 @@
 //   - amax computed: an amax pass (the plain reduction, or the quantize kernel in amax-only mode
 //     when the amax is of a derived tensor: x + r, RHT(x), the updated weight), then one pass;
 //     small row-wise tensors do both in one cooperative launch (LaunchQuantizeFusedAmax).
-// Row-wise-only requests run the row kernel (quantize_rows.cu); column-wise requests the tile
-// kernel (quantize_tile.cu), which reads x once for both outputs.
+// Row-wise-only requests run the row kernels (LaunchQuantizeRows: quantize_lanes.cu where it
+// applies, else quantize_rows.cu); column-wise requests the tile kernel (quantize_tile.cu), which
+// reads x once for both outputs.
 #include <cstdint>
 
 #include "absl/status/status.h"

@@ -1,5 +1,8 @@
 // Row-wise quantization (NUMERICS 2, 4, 5, 6, 7, 8) in one pass over the source: Quantize with
-// row-wise output only, QDQ, error feedback and UpdateWeight.
+// row-wise output only, QDQ, error feedback and UpdateWeight. The general path: requests the
+// lane kernels cover (NVFP4 1x16, map-to-6, no UpdateWeight, rows a multiple of 64 long) go to
+// quantize_lanes.cu from LaunchQuantizeRows; MXFP4, 16x16 tiles, four-over-six, UpdateWeight and
+// other row lengths run here.
 //
 // Budget (8192 x 8192 bf16 in, NVFP4 out): 2 bytes read + 0.5625 written per element, so at
 // 4.2 TB/s about 23 warp instructions per 32 elements per scheduler are available, of which
