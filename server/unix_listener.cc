@@ -27,9 +27,10 @@ namespace {
 
 constexpr char kFdPeerPrefix[] = "fd:";
 
-absl::Status Errno(absl::string_view what, const std::string& path, int err) {
+absl::Status Errno(absl::string_view flag, absl::string_view what, const std::string& path,
+                   int err) {
   return absl::UnavailableError(
-      absl::StrCat("--unix_socket: ", what, " ", path, ": ", std::strerror(err)));
+      absl::StrCat("--", flag, ": ", what, " ", path, ": ", std::strerror(err)));
 }
 
 }  // namespace
@@ -48,16 +49,12 @@ absl::StatusOr<std::set<uid_t>> ParseUidList(absl::string_view text, absl::strin
   return uids;
 }
 
-absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Create(const std::string& path,
-                                                                   std::set<uid_t> allowed_uids,
-                                                                   Logger* logger) {
-  if (allowed_uids.empty()) {
-    return absl::InvalidArgumentError("--unix_socket_allowed_uids: no uid allowed");
-  }
+absl::StatusOr<int> ListenUnix(const std::string& path, int type, bool owner_only,
+                               absl::string_view flag) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("--unix_socket: '", path, "' is empty or over ",
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", path, "' is empty or over ",
                                                    sizeof(addr.sun_path) - 1, " bytes"));
   }
   std::memcpy(addr.sun_path, path.data(), path.size());
@@ -65,27 +62,52 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Create(const std::st
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
       return absl::FailedPreconditionError(
-          absl::StrCat("--unix_socket: ", path, " exists and is not a socket"));
+          absl::StrCat("--", flag, ": ", path, " exists and is not a socket"));
     }
     ::unlink(path.c_str());  // stale socket of an earlier run
   }
-  std::unique_ptr<UnixListener> l(new UnixListener(path, std::move(allowed_uids), logger));
-  l->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (l->listen_fd_ < 0) return Errno("socket", path, errno);
-  if (::bind(l->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  const int fd = ::socket(AF_UNIX, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return Errno(flag, "socket", path, errno);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int err = errno;
-    ::close(l->listen_fd_);
-    l->listen_fd_ = -1;
-    return Errno("bind", path, err);
+    ::close(fd);
+    return Errno(flag, "bind", path, err);
   }
-  const bool owner_only = l->allowed_.size() == 1 && *l->allowed_.begin() == ::geteuid();
-  if (::chmod(path.c_str(), owner_only ? 0600 : 0666) != 0 ||
-      ::listen(l->listen_fd_, SOMAXCONN) != 0) {
-    return Errno("chmod/listen", path,
-                 errno);  // the destructor closes and unlinks
+  if (::chmod(path.c_str(), owner_only ? 0600 : 0666) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(path.c_str());
+    return Errno(flag, "chmod/listen", path, err);
   }
+  return fd;
+}
+
+std::optional<PeerInfo> UnixPeer(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof(cred)) {
+    return std::nullopt;
+  }
+  PeerInfo peer;
+  peer.transport = PeerInfo::Transport::kUnix;
+  peer.uid = cred.uid;
+  peer.pid = cred.pid;
+  return peer;
+}
+
+absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Create(const std::string& path,
+                                                                   std::set<uid_t> allowed_uids,
+                                                                   Logger* logger) {
+  if (allowed_uids.empty()) {
+    return absl::InvalidArgumentError("--unix_socket_allowed_uids: no uid allowed");
+  }
+  const bool owner_only = allowed_uids.size() == 1 && *allowed_uids.begin() == ::geteuid();
+  absl::StatusOr<int> fd = ListenUnix(path, SOCK_STREAM, owner_only, "unix_socket");
+  if (!fd.ok()) return fd.status();
+  std::unique_ptr<UnixListener> l(new UnixListener(path, std::move(allowed_uids), logger));
+  l->listen_fd_ = *fd;
   l->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (l->wake_fd_ < 0) return Errno("eventfd for", path, errno);
+  if (l->wake_fd_ < 0) return Errno("unix_socket", "eventfd for", path, errno);
   return l;
 }
 
@@ -142,30 +164,23 @@ void UnixListener::AcceptLoop(grpc::Server* server) {
 }
 
 void UnixListener::Accept(grpc::Server* server, int fd) {
-  ucred cred{};
-  socklen_t len = sizeof(cred);
-  const bool known =
-      ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && len == sizeof(cred);
-  if (!known || allowed_.count(cred.uid) == 0) {
+  const std::optional<PeerInfo> peer = UnixPeer(fd);
+  if (!peer.has_value() || allowed_.count(static_cast<uid_t>(peer->uid)) == 0) {
     ::close(fd);
     const int64_t refused = ++refused_;
     const absl::Time now = absl::Now();
     if (now - last_refusal_log_ >= absl::Seconds(1)) {
       last_refusal_log_ = now;
       logger_->Warning("unix socket: peer refused (uid not in --unix_socket_allowed_uids)",
-                       {{"peer_uid", known ? absl::StrCat(cred.uid) : "unknown"},
-                        {"peer_pid", known ? absl::StrCat(cred.pid) : "unknown"},
+                       {{"peer_uid", peer ? absl::StrCat(peer->uid) : "unknown"},
+                        {"peer_pid", peer ? absl::StrCat(peer->pid) : "unknown"},
                         {"refused_total", absl::StrCat(refused)}});
     }
     return;
   }
-  PeerInfo peer;
-  peer.transport = PeerInfo::Transport::kUnix;
-  peer.uid = cred.uid;
-  peer.pid = cred.pid;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    peers_[fd] = peer;
+    peers_[fd] = *peer;
   }
   ++accepted_;
   grpc::AddInsecureChannelFromFd(server, fd);  // gRPC owns the fd from here on

@@ -56,6 +56,16 @@ namespace fp4q::server {
 // (empty items, signs, non-digits, values beyond uid_t).
 absl::StatusOr<std::set<uid_t>> ParseUidList(absl::string_view text, absl::string_view flag);
 
+// A listening, non-blocking, close-on-exec Unix socket of `type` (SOCK_STREAM, SOCK_SEQPACKET)
+// bound at `path`. An earlier run's stale socket file is replaced; any other existing file is
+// an error, never removed. Mode 0600 when `owner_only`, else 0666. Errors name `flag`.
+absl::StatusOr<int> ListenUnix(const std::string& path, int type, bool owner_only,
+                               absl::string_view flag);
+
+// The connecting process's credentials (SO_PEERCRED) as a kUnix PeerInfo; nullopt when the
+// kernel does not say.
+std::optional<PeerInfo> UnixPeer(int fd);
+
 class UnixListener {
  public:
   // `logger` is not owned and outlives the listener. `allowed_uids` must not be
