@@ -27,15 +27,24 @@ absl::Time DeadlineOf(const grpc::CallbackServerContext& ctx) {
   return t;
 }
 
-// Constant-time comparison (does not stop at the first differing byte).
-bool SameSecret(grpc::string_ref a, absl::string_view b) {
+}  // namespace
+
+bool SameSecret(absl::string_view a, absl::string_view b) {
   unsigned diff = a.size() == b.size() ? 0 : 1;
   const size_t n = a.size() < b.size() ? a.size() : b.size();
-  for (size_t i = 0; i < n; ++i) diff |= static_cast<unsigned>(a.data()[i] ^ b[i]);
+  for (size_t i = 0; i < n; ++i) diff |= static_cast<unsigned>(a[i] ^ b[i]);
   return diff == 0;
 }
 
-}  // namespace
+void FillReplyHeader(const Engine& engine, const ReplyMeta* meta, v1::ReplyHeader* header) {
+  header->set_server_epoch(engine.epoch());
+  header->set_backend(engine.backend_kind());
+  if (meta != nullptr) {
+    header->set_device_uuid(meta->device_uuid);
+    header->set_kernel_micros(meta->kernel_micros);
+    header->set_queue_micros(meta->queue_micros);
+  }
+}
 
 // One RPC from arrival to Finish. Deletes itself when finished.
 class Fp4qService::Call {
@@ -93,7 +102,8 @@ Fp4qService::Call* Fp4qService::Begin(Ctx* ctx, const char* rpc, Reactor** react
     bool ok = false;
     auto range = ctx->client_metadata().equal_range("authorization");
     for (auto it = range.first; it != range.second; ++it) {
-      ok = ok || SameSecret(it->second, absl::StrCat("Bearer ", options_.auth_token));
+      ok = ok || SameSecret(absl::string_view(it->second.data(), it->second.size()),
+                            absl::StrCat("Bearer ", options_.auth_token));
     }
     if (!ok) {
       call->Finish(
@@ -106,13 +116,7 @@ Fp4qService::Call* Fp4qService::Begin(Ctx* ctx, const char* rpc, Reactor** react
 }
 
 void Fp4qService::SetHeader(v1::ReplyHeader* header, const ReplyMeta* meta) const {
-  header->set_server_epoch(engine_->epoch());
-  header->set_backend(engine_->backend_kind());
-  if (meta != nullptr) {
-    header->set_device_uuid(meta->device_uuid);
-    header->set_kernel_micros(meta->kernel_micros);
-    header->set_queue_micros(meta->queue_micros);
-  }
+  FillReplyHeader(*engine_, meta, header);
 }
 
 template <typename Res, typename Reply, typename Start>

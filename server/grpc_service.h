@@ -33,6 +33,12 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 inline constexpr char kSessionMetadataKey[] = "fp4q-session";
 
+// Shared by the gRPC adapter and the fast socket (fast_socket.h).
+// Equal strings, compared in constant time (does not stop at the first differing byte).
+bool SameSecret(absl::string_view a, absl::string_view b);
+// ReplyHeader{server_epoch, backend} and, with a meta, {device_uuid, kernel/queue micros}.
+void FillReplyHeader(const Engine& engine, const ReplyMeta* meta, v1::ReplyHeader* header);
+
 struct ServiceOptions {
   std::string auth_token;                            // empty: no authentication
   uint64_t max_message_bytes = uint64_t{512} << 20;  // reported in ServerInfo.limits

@@ -42,6 +42,7 @@
 #include "server/checkpoint.h"
 #include "server/devices.h"
 #include "server/engine.h"
+#include "server/fast_socket.h"
 #include "server/grpc_service.h"
 #include "server/logging.h"
 #include "server/metrics.h"
@@ -58,6 +59,14 @@ ABSL_FLAG(std::string, unix_socket, "",
 ABSL_FLAG(std::string, unix_socket_allowed_uids, "",
           "comma-separated uids that may connect to --unix_socket; empty = fp4qd's own uid "
           "(the socket file is then mode 0600, else 0666)");
+ABSL_FLAG(std::string, fast_socket, "",
+          "also serve Quantize/Dequantize/Qdq/Matmul/UpdateWeight/KeepAlive on this Unix socket "
+          "path (SOCK_SEQPACKET, one protobuf frame per message, no gRPC: see FastRequest in "
+          "fp4q.proto); peers checked like --unix_socket; empty = off");
+ABSL_FLAG(int32_t, fast_socket_spin_us, 0,
+          "busy-poll each --fast_socket connection this long before sleeping (lower latency "
+          "for a CPU core per busy connection); 0-1000000");
+ABSL_FLAG(int32_t, fast_socket_max_connections, 64, "cap on open --fast_socket connections");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9450",
           "Prometheus /metrics address HOST:PORT; empty disables; port 0 picks one");
 ABSL_FLAG(std::string, backend, "auto",
@@ -318,6 +327,31 @@ int Run(Logger& log) {
     unix_listener = *std::move(l);
   }
 
+  std::unique_ptr<FastSocketServer> fast_socket;
+  if (const std::string path = absl::GetFlag(FLAGS_fast_socket); !path.empty()) {
+    FastSocketOptions fo;
+    fo.path = path;
+    fo.allowed_uids = {::geteuid()};
+    if (const std::string uids = absl::GetFlag(FLAGS_unix_socket_allowed_uids); !uids.empty()) {
+      absl::StatusOr<std::set<uid_t>> parsed = ParseUidList(uids, "unix_socket_allowed_uids");
+      if (!parsed.ok()) {
+        log.Error("bad flag", {{"error", parsed.status().ToString()}});
+        return kExitFailure;
+      }
+      fo.allowed_uids = *std::move(parsed);
+    }
+    fo.auth_token = auth_token;
+    fo.max_connections = absl::GetFlag(FLAGS_fast_socket_max_connections);
+    fo.spin = absl::Microseconds(absl::GetFlag(FLAGS_fast_socket_spin_us));
+    absl::StatusOr<std::unique_ptr<FastSocketServer>> f =
+        FastSocketServer::Create(&engine, &metrics, std::move(fo), &log);
+    if (!f.ok()) {
+      log.Error("cannot listen", {{"fast_socket", path}, {"error", f.status().ToString()}});
+      return kExitFailure;
+    }
+    fast_socket = *std::move(f);
+  }
+
   ServiceOptions service_options;
   service_options.auth_token = auth_token;
   if (unix_listener != nullptr) {
@@ -362,6 +396,10 @@ int Run(Logger& log) {
   if (unix_listener != nullptr) {  // started last: no early return can leave it running
     unix_listener->Start(server.get());
     log.Info("listening on a Unix socket", {{"path", unix_socket}});
+  }
+  if (fast_socket != nullptr) {
+    fast_socket->Start();
+    log.Info("listening on the fast socket", {{"path", fast_socket->path()}});
   }
   engine.SetPoisonHandler([](const absl::Status&) { g_poisoned.store(true); });
   engine.StartMaintenance();
@@ -412,6 +450,7 @@ int Run(Logger& log) {
     if (!c.ok()) rc = kExitFailure;  // logged by CheckpointNow
   }
   if (unix_listener != nullptr) unix_listener->Stop();
+  if (fast_socket != nullptr) fast_socket->Stop();  // its calls in flight finish first
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   engine.Shutdown();
   log.Info("stopped", {{"exit_code", absl::StrCat(rc)}});

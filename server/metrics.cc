@@ -87,6 +87,11 @@ Metrics::Metrics(prometheus::Registry& registry, const std::string& version,
                     .Help("Open client sessions")
                     .Register(registry)
                     .Add({})),
+      fast_socket_connections_(BuildGauge()
+                                   .Name("fp4q_fast_socket_connections")
+                                   .Help("Open connections on --fast_socket")
+                                   .Register(registry)
+                                   .Add({})),
       cuda_regions_(BuildGauge()
                         .Name("fp4q_cuda_regions")
                         .Help("Registered CUDA IPC regions")
@@ -253,6 +258,10 @@ void Metrics::QueueWait(absl::string_view device, double seconds) {
   Device(device).wait->Observe(seconds);
 }
 void Metrics::Sessions(int64_t open) { sessions_.Set(static_cast<double>(open)); }
+
+void Metrics::FastSocketConnectionsChanged(int delta) {
+  fast_socket_connections_.Increment(static_cast<double>(delta));
+}
 void Metrics::CudaRegions(int64_t registered) {
   cuda_regions_.Set(static_cast<double>(registered));
 }

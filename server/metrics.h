@@ -36,6 +36,8 @@ class Metrics final : public EngineObserver {
   void RequestFinished(absl::string_view rpc, absl::StatusCode code, double seconds, uint64_t bytes,
                        uint64_t elements);
   void SetReady(bool ready);
+  // ---- The fast socket (fast_socket.h): +1 per connection opened, -1 per connection ended.
+  void FastSocketConnectionsChanged(int delta);
 
   // ---- EngineObserver.
   void KernelDuration(absl::string_view device, absl::string_view op, double seconds) override;
@@ -92,6 +94,7 @@ class Metrics final : public EngineObserver {
   prometheus::Family<prometheus::Counter>& queue_rejected_;
   prometheus::Family<prometheus::Histogram>& queue_wait_;
   prometheus::Gauge& sessions_;
+  prometheus::Gauge& fast_socket_connections_;
   prometheus::Gauge& cuda_regions_;
   prometheus::Gauge& cuda_open_handles_;
   prometheus::Counter& cuda_handle_opens_;

@@ -14,17 +14,36 @@ namespace fp4q::server::testing {
     auto ctx = Context(session);                                                       \
     return s.Method(ctx.get(), r, &rep);                                               \
   }
-FP4Q_E2E_CALL(QuantizeRequest, QuantizeReply, Quantize)
-FP4Q_E2E_CALL(DequantizeRequest, DequantizeReply, Dequantize)
-FP4Q_E2E_CALL(QdqRequest, QdqReply, Qdq)
-FP4Q_E2E_CALL(MatmulRequest, MatmulReply, Matmul)
 FP4Q_E2E_CALL(CreateWeightRequest, CreateWeightReply, CreateWeight)
-FP4Q_E2E_CALL(UpdateWeightRequest, UpdateWeightReply, UpdateWeight)
 FP4Q_E2E_CALL(GetWeightRequest, GetWeightReply, GetWeight)
 FP4Q_E2E_CALL(DeleteWeightRequest, DeleteWeightReply, DeleteWeight)
 FP4Q_E2E_CALL(ResetResidualRequest, ResetResidualReply, ResetResidual)
 FP4Q_E2E_CALL(UnregisterCudaRegionRequest, UnregisterCudaRegionReply, UnregisterCudaRegion)
 #undef FP4Q_E2E_CALL
+
+namespace {
+const TensorRoute* g_route = nullptr;
+}  // namespace
+
+void SetTensorRoute(const TensorRoute* route) { g_route = route; }
+
+#define FP4Q_E2E_ROUTED_CALL(Req, Rep, Method, field)                                  \
+  grpc::Status Call(v1::Fp4q::Stub& s, const v1::Req& r, const std::string& session) { \
+    if (g_route != nullptr) {                                                          \
+      v1::FastRequest f;                                                               \
+      *f.mutable_##field() = r;                                                        \
+      return g_route->send(f, session);                                                \
+    }                                                                                  \
+    v1::Rep rep;                                                                       \
+    auto ctx = Context(session);                                                       \
+    return s.Method(ctx.get(), r, &rep);                                               \
+  }
+FP4Q_E2E_ROUTED_CALL(QuantizeRequest, QuantizeReply, Quantize, quantize)
+FP4Q_E2E_ROUTED_CALL(DequantizeRequest, DequantizeReply, Dequantize, dequantize)
+FP4Q_E2E_ROUTED_CALL(QdqRequest, QdqReply, Qdq, qdq)
+FP4Q_E2E_ROUTED_CALL(MatmulRequest, MatmulReply, Matmul, matmul)
+FP4Q_E2E_ROUTED_CALL(UpdateWeightRequest, UpdateWeightReply, UpdateWeight, update_weight)
+#undef FP4Q_E2E_ROUTED_CALL
 
 grpc::Status Call(v1::Fp4q::Stub& s, const v1::RegisterCudaRegionRequest& r,
                   const std::string& session, v1::RegisterCudaRegionReply* reply) {

@@ -1,0 +1,77 @@
+// A connection to fp4qd's fast socket (fp4qd --fast_socket): the tensor calls of a session
+// without gRPC. Wire format: FastRequest / FastReply in proto/fp4q/v1/fp4q.proto.
+//
+// Contract
+// - Connect opens the socket (SOCK_SEQPACKET), sends the hello binding it to `session_id`
+//   (from Session::id(); the session itself stays open and renewed over gRPC) and returns
+//   once the server accepted it; the server's refusal comes back as its status (NOT_FOUND for
+//   an unknown session, UNAUTHENTICATED for a wrong token).
+// - Each call sends one frame and waits for its reply: the same request and reply messages,
+//   and the same error codes and messages, as the gRPC method of the same name. A request
+//   whose frame would exceed kMaxFrameBytes is refused here with INVALID_ARGUMENT (use gRPC or
+//   regions for large inline tensors).
+// - Waiting: the reply is busy-polled for FastSocketOptions::spin, then waited for in poll()
+//   until `timeout` (DEADLINE_EXCEEDED; the server gets the same deadline). A lost connection
+//   is UNAVAILABLE; the object is then unusable (Connect again).
+// - Thread safety: calls may come from any thread; they are serialised (one frame in flight).
+#ifndef FP4Q_CLIENT_FAST_SOCKET_H_
+#define FP4Q_CLIENT_FAST_SOCKET_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "fp4q/v1/fp4q.pb.h"
+
+namespace fp4q::client {
+
+struct FastSocketOptions {
+  std::string path;        // fp4qd --fast_socket
+  std::string auth_token;  // fp4qd --auth_token_file's token; empty when it has none
+  absl::Duration timeout = absl::Seconds(60);  // per call
+  absl::Duration spin = absl::ZeroDuration();  // busy-poll for the reply this long first
+};
+
+class FastSocket {
+ public:
+  static constexpr size_t kMaxFrameBytes = 65536;
+
+  static absl::StatusOr<std::unique_ptr<FastSocket>> Connect(const FastSocketOptions& options,
+                                                             absl::string_view session_id);
+  ~FastSocket();
+  FastSocket(const FastSocket&) = delete;
+  FastSocket& operator=(const FastSocket&) = delete;
+
+  absl::StatusOr<v1::QuantizeReply> Quantize(const v1::QuantizeRequest& request);
+  absl::StatusOr<v1::DequantizeReply> Dequantize(const v1::DequantizeRequest& request);
+  absl::StatusOr<v1::QdqReply> Qdq(const v1::QdqRequest& request);
+  absl::StatusOr<v1::MatmulReply> Matmul(const v1::MatmulRequest& request);
+  absl::StatusOr<v1::UpdateWeightReply> UpdateWeight(const v1::UpdateWeightRequest& request);
+  absl::StatusOr<v1::KeepAliveReply> KeepAlive();
+
+  uint32_t lease_seconds() const { return lease_seconds_; }
+
+ private:
+  FastSocket(int fd, FastSocketOptions options) : fd_(fd), options_(std::move(options)) {}
+  // Sends `request` (its call_id is set here) and returns the matching reply, or its error.
+  absl::StatusOr<v1::FastReply> Call(v1::FastRequest& request);
+  absl::Status Receive(absl::Time deadline, v1::FastReply* reply);
+
+  const int fd_;
+  const FastSocketOptions options_;
+  uint32_t lease_seconds_ = 0;
+  std::mutex mu_;
+  uint64_t next_call_id_ = 1;    // mu_
+  bool broken_ = false;          // mu_: the connection was lost
+  std::vector<char> buffer_;     // mu_
+};
+
+}  // namespace fp4q::client
+
+#endif  // FP4Q_CLIENT_FAST_SOCKET_H_

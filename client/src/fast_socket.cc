@@ -1,0 +1,208 @@
+#include "fp4q/client/fast_socket.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace fp4q::client {
+namespace {
+
+absl::Status Errno(absl::string_view what, const std::string& path, int err) {
+  return absl::UnavailableError(
+      absl::StrCat("fast socket ", path, ": ", what, ": ", std::strerror(err)));
+}
+
+absl::Status StatusOf(const v1::FastReply& reply) {
+  if (reply.code() == 0) return absl::OkStatus();
+  // google.rpc.Code numbering, as absl::StatusCode; anything else is reported as UNKNOWN.
+  const int c = reply.code();
+  const absl::StatusCode code = c > 0 && c <= static_cast<int>(absl::StatusCode::kUnauthenticated)
+                                    ? static_cast<absl::StatusCode>(c)
+                                    : absl::StatusCode::kUnknown;
+  return absl::Status(code, reply.message());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FastSocket>> FastSocket::Connect(const FastSocketOptions& options,
+                                                                absl::string_view session_id) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (options.path.empty() || options.path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("FastSocketOptions.path: '", options.path,
+                                                   "' is empty or over ",
+                                                   sizeof(addr.sun_path) - 1, " bytes"));
+  }
+  if (options.timeout <= absl::ZeroDuration() || options.spin < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FastSocketOptions: timeout must be > 0 and spin >= 0, got ",
+        absl::FormatDuration(options.timeout), " and ", absl::FormatDuration(options.spin)));
+  }
+  if (session_id.empty()) {
+    return absl::InvalidArgumentError("session_id: empty (open a Session first)");
+  }
+  std::memcpy(addr.sun_path, options.path.data(), options.path.size());
+  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Errno("socket", options.path, errno);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Errno("connect", options.path, err);
+  }
+  std::unique_ptr<FastSocket> s(new FastSocket(fd, options));
+  v1::FastRequest hello;
+  hello.mutable_hello()->set_session_id(std::string(session_id));
+  hello.mutable_hello()->set_auth_token(options.auth_token);
+  absl::StatusOr<v1::FastReply> reply = s->Call(hello);
+  if (!reply.ok()) return reply.status();
+  s->lease_seconds_ = reply->hello().lease_seconds();
+  return s;
+}
+
+FastSocket::~FastSocket() { ::close(fd_); }
+
+absl::StatusOr<v1::FastReply> FastSocket::Call(v1::FastRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_) {
+    return absl::UnavailableError(
+        absl::StrCat("fast socket ", options_.path, ": the connection was lost; connect again"));
+  }
+  const uint64_t id = next_call_id_++;
+  request.set_call_id(id);
+  request.set_timeout_micros(static_cast<uint64_t>(absl::ToInt64Microseconds(options_.timeout)));
+  const size_t size = request.ByteSizeLong();
+  if (size > kMaxFrameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request: ", size, " bytes exceed the fast socket's frame limit of ", kMaxFrameBytes,
+        " (pass tensors as CUDA IPC regions, or call over gRPC)"));
+  }
+  buffer_.resize(kMaxFrameBytes + 1);
+  request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(buffer_.data()));
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  while (true) {
+    const ssize_t n = ::send(fd_, buffer_.data(), size, MSG_NOSIGNAL);
+    if (n == static_cast<ssize_t>(size)) break;
+    if (n < 0 && errno == EINTR) continue;
+    broken_ = true;
+    return Errno("send", options_.path, n < 0 ? errno : EMSGSIZE);
+  }
+  v1::FastReply reply;
+  while (true) {
+    if (absl::Status s = Receive(deadline, &reply); !s.ok()) return s;
+    // Replies to earlier calls that timed out here may still arrive: skip them.
+    if (reply.call_id() == id || reply.call_id() == 0) break;
+    if (reply.call_id() > id) {
+      broken_ = true;
+      return absl::InternalError(absl::StrCat("fast socket ", options_.path, ": reply call_id ",
+                                              reply.call_id(), " to call ", id,
+                                              " that was never sent"));
+    }
+  }
+  if (absl::Status s = StatusOf(reply); !s.ok()) return s;
+  if (reply.op_case() == v1::FastReply::OP_NOT_SET ||
+      static_cast<int>(reply.op_case()) != static_cast<int>(request.op_case())) {
+    return absl::InternalError(absl::StrCat("fast socket ", options_.path, ": reply to call ", id,
+                                            " carries operation ", reply.op_case(),
+                                            ", not the request's ", request.op_case()));
+  }
+  return reply;
+}
+
+absl::Status FastSocket::Receive(absl::Time deadline, v1::FastReply* reply) {
+  const absl::Time spin_until = absl::Now() + options_.spin;
+  while (true) {
+    const bool spinning = absl::Now() < spin_until;
+    if (!spinning) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "fast socket ", options_.path, ": no reply within ", absl::FormatDuration(options_.timeout)));
+      }
+      pollfd p{fd_, POLLIN, 0};
+      const int ms = static_cast<int>(std::min<int64_t>(
+          std::max<int64_t>(1, absl::ToInt64Milliseconds(left + absl::Milliseconds(1))), 60000));
+      if (::poll(&p, 1, ms) < 0 && errno != EINTR) {
+        broken_ = true;
+        return Errno("poll", options_.path, errno);
+      }
+    }
+    const ssize_t n = ::recv(fd_, buffer_.data(), buffer_.size(), MSG_DONTWAIT | MSG_TRUNC);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+      broken_ = true;
+      return Errno("recv", options_.path, errno);
+    }
+    if (n == 0) {
+      broken_ = true;
+      return absl::UnavailableError(
+          absl::StrCat("fast socket ", options_.path, ": the server closed the connection"));
+    }
+    if (static_cast<size_t>(n) > kMaxFrameBytes ||
+        !reply->ParseFromArray(buffer_.data(), static_cast<int>(n))) {
+      broken_ = true;
+      return absl::InternalError(absl::StrCat("fast socket ", options_.path, ": a reply of ", n,
+                                              " bytes is not a fp4q.v1.FastReply"));
+    }
+    return absl::OkStatus();
+  }
+}
+
+absl::StatusOr<v1::QuantizeReply> FastSocket::Quantize(const v1::QuantizeRequest& request) {
+  v1::FastRequest r;
+  *r.mutable_quantize() = request;
+  absl::StatusOr<v1::FastReply> reply = Call(r);
+  if (!reply.ok()) return reply.status();
+  return std::move(*reply->mutable_quantize());
+}
+
+absl::StatusOr<v1::DequantizeReply> FastSocket::Dequantize(const v1::DequantizeRequest& request) {
+  v1::FastRequest r;
+  *r.mutable_dequantize() = request;
+  absl::StatusOr<v1::FastReply> reply = Call(r);
+  if (!reply.ok()) return reply.status();
+  return std::move(*reply->mutable_dequantize());
+}
+
+absl::StatusOr<v1::QdqReply> FastSocket::Qdq(const v1::QdqRequest& request) {
+  v1::FastRequest r;
+  *r.mutable_qdq() = request;
+  absl::StatusOr<v1::FastReply> reply = Call(r);
+  if (!reply.ok()) return reply.status();
+  return std::move(*reply->mutable_qdq());
+}
+
+absl::StatusOr<v1::MatmulReply> FastSocket::Matmul(const v1::MatmulRequest& request) {
+  v1::FastRequest r;
+  *r.mutable_matmul() = request;
+  absl::StatusOr<v1::FastReply> reply = Call(r);
+  if (!reply.ok()) return reply.status();
+  return std::move(*reply->mutable_matmul());
+}
+
+absl::StatusOr<v1::UpdateWeightReply> FastSocket::UpdateWeight(
+    const v1::UpdateWeightRequest& request) {
+  v1::FastRequest r;
+  *r.mutable_update_weight() = request;
+  absl::StatusOr<v1::FastReply> reply = Call(r);
+  if (!reply.ok()) return reply.status();
+  return std::move(*reply->mutable_update_weight());
+}
+
+absl::StatusOr<v1::KeepAliveReply> FastSocket::KeepAlive() {
+  v1::FastRequest r;
+  r.mutable_keep_alive();
+  absl::StatusOr<v1::FastReply> reply = Call(r);
+  if (!reply.ok()) return reply.status();
+  return std::move(*reply->mutable_keep_alive());
+}
+
+}  // namespace fp4q::client
