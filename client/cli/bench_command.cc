@@ -28,6 +28,7 @@
 #include "args.h"
 #include "bench_stats.h"
 #include "commands.h"
+#include "fp4q/client/fast_socket.h"
 #include "fp4q/client/tensors.h"
 
 namespace fp4q::client::cli {
@@ -71,6 +72,10 @@ constexpr char kBenchUsage[] =
     "                    list=1,info=1,keepalive=1)\n"
     "  --shape RxC       tensor shape of quantize/qdq/update/get (default "
     "16x256)\n"
+    "  --fast-socket P   send quantize, qdq, dequantize, update and keepalive over\n"
+    "                    fp4qd's --fast_socket P (one connection per client) instead\n"
+    "                    of gRPC; the other RPCs stay on gRPC\n"
+    "  --spin-us N       with --fast-socket: busy-poll each reply this long (default 0)\n"
     "  --server-pid PID  measure this process's memory\n"
     "  --json FILE       write the report as JSON\n"
     "  --quiet           no progress lines\n"
@@ -93,6 +98,8 @@ struct Options {
   int64_t server_pid = 0;
   std::string json;
   bool quiet = false;
+  std::string fast_socket;
+  int64_t spin_us = 0;
 };
 
 absl::Status ParseMix(const std::string& text, Options* o) {
@@ -154,6 +161,12 @@ absl::StatusOr<Options> ParseOptions(const ParsedArgs& args) {
   o.server_pid = static_cast<int64_t>(*pid);
   o.json = GetString(args, "json", "");
   o.quiet = args.flags.count("quiet") != 0;
+  o.fast_socket = GetString(args, "fast-socket", "");
+  absl::StatusOr<uint64_t> spin = GetUint64(args, "spin-us", 0);
+  if (!spin.ok() || *spin > 1000000 || (*spin > 0 && o.fast_socket.empty())) {
+    return absl::InvalidArgumentError("option '--spin-us': 0-1000000, with --fast-socket");
+  }
+  o.spin_us = static_cast<int64_t>(*spin);
   return o;
 }
 
@@ -169,6 +182,7 @@ struct Worker {
   v1::DequantizeRequest dequantize;
   v1::UpdateWeightRequest update;
   v1::GetWeightRequest get;
+  std::unique_ptr<FastSocket> fast;  // --fast-socket
   std::map<std::string, RpcStats> stats;
 };
 
@@ -203,12 +217,46 @@ absl::Status Setup(Worker& w, const Options& o) {
   absl::StatusOr<v1::OpenSessionReply> session = w.client->OpenSession(open);
   if (!session.ok()) return session.status();
   w.session = session->session_id();
+  if (!o.fast_socket.empty()) {
+    FastSocketOptions fo;
+    fo.path = o.fast_socket;
+    fo.auth_token = w.client->options().bearer_token;
+    fo.spin = absl::Microseconds(o.spin_us);
+    absl::StatusOr<std::unique_ptr<FastSocket>> f = FastSocket::Connect(fo, w.session);
+    if (!f.ok()) return f.status();
+    w.fast = *std::move(f);
+  }
   return absl::OkStatus();
 }
 
 // One call of `rpc`; the reply header's kernel time in *kernel_us.
 absl::Status CallOnce(Worker& w, const std::string& rpc, double* kernel_us) {
   auto header = [&](const v1::ReplyHeader& h) { *kernel_us = h.kernel_micros(); };
+  if (w.fast != nullptr) {
+    if (rpc == "quantize") {
+      auto r = w.fast->Quantize(w.quantize);
+      if (r.ok()) header(r->header());
+      return r.status();
+    }
+    if (rpc == "qdq") {
+      auto r = w.fast->Qdq(w.qdq);
+      if (r.ok()) header(r->header());
+      return r.status();
+    }
+    if (rpc == "dequantize") {
+      auto r = w.fast->Dequantize(w.dequantize);
+      if (r.ok()) header(r->header());
+      return r.status();
+    }
+    if (rpc == "update") {
+      w.update.set_step(++w.step);
+      auto r = w.fast->UpdateWeight(w.update);
+      if (r.ok()) header(r->header());
+      if (r.ok() && !r->applied()) return absl::InternalError("update: step not applied");
+      return r.status();
+    }
+    if (rpc == "keepalive") return w.fast->KeepAlive().status();
+  }
   if (rpc == "quantize") {
     auto r = w.client->Quantize(w.quantize);
     if (r.ok()) header(r->header());
@@ -252,7 +300,8 @@ std::string Now3339() {
 
 int RunBench(const CommandContext& context) {
   ArgSpec spec;
-  spec.valued = {"clients", "channels", "duration", "warmup", "mix", "shape", "server-pid", "json"};
+  spec.valued = {"clients",    "channels", "duration",    "warmup",     "mix",
+                 "shape",      "server-pid", "json",      "fast-socket", "spin-us"};
   spec.boolean = {"quiet"};
   absl::StatusOr<ParsedArgs> args = ParseArgs(context.args, 0, spec);
   if (!args.ok()) return UsageFailure("bench", std::string(args.status().message()));
@@ -272,6 +321,7 @@ int RunBench(const CommandContext& context) {
   report.channels = o->channels;
   report.mix = o->mix;
   report.rows = o->rows;
+  report.transport = o->fast_socket.empty() ? "grpc" : "fast_socket";
   report.cols = o->cols;
   report.warmup_s = o->warmup_s;
   report.started_at = Now3339();

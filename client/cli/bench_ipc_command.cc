@@ -31,6 +31,7 @@
 #include "bench_stats.h"
 #include "commands.h"
 #include "fp4q/client/cuda_ipc.h"
+#include "fp4q/client/fast_socket.h"
 #include "fp4q/client/session.h"
 
 namespace fp4q::client::cli {
@@ -39,6 +40,7 @@ namespace {
 constexpr char kUsage[] =
     "Usage: fp4q [--server ADDR] bench-ipc [--shape RxC] [--dtype bf16|f32] [--iters N]\n"
     "                                      [--warmup N] [--cuda-runtime LIB] [--json FILE]\n"
+    "                                      [--fast-socket PATH [--spin-us N]]\n"
     "\n"
     "Latency of Quantize by CUDA IPC (issue 8: p50 <= kernel time + 100 us): allocates an RxC\n"
     "tensor of random non-zero values on GPU 0 and its row-wise NVFP4 outputs, registers them\n"
@@ -53,6 +55,10 @@ constexpr char kUsage[] =
     "  --warmup N         unmeasured calls first (default 10)\n"
     "  --cuda-runtime L   CUDA runtime library (default: libcudart.so.13, libcudart.so)\n"
     "  --json FILE        also write the report there\n"
+    "  --fast-socket P    call over fp4qd's --fast_socket P instead of gRPC (the session and\n"
+    "                     regions still come from gRPC); also times --iters KeepAlive calls\n"
+    "                     there (the small-RPC floor of that transport)\n"
+    "  --spin-us N        with --fast-socket: busy-poll each reply this long (default 0)\n"
     "Exit code 0 when every call succeeded; 1 on any error, or without a GPU (said why).\n";
 
 // The few CUDA runtime calls this needs, by dlsym.
@@ -155,7 +161,8 @@ std::string SummaryJson(const LatencySummary& s, const std::vector<double>& v) {
 
 int RunBenchIpc(const CommandContext& context) {
   ArgSpec spec;
-  spec.valued = {"shape", "dtype", "iters", "warmup", "cuda-runtime", "json"};
+  spec.valued = {"shape", "dtype", "iters", "warmup", "cuda-runtime", "json", "fast-socket",
+                 "spin-us"};
   absl::StatusOr<ParsedArgs> args = ParseArgs(context.args, 0, spec);
   if (!args.ok()) return UsageFailure("bench-ipc", std::string(args.status().message()));
   if (args->help) {
@@ -184,6 +191,11 @@ int RunBenchIpc(const CommandContext& context) {
     return UsageFailure("bench-ipc", "options '--iters' (>= 1) and '--warmup' are counts");
   }
   const std::string json = GetString(*args, "json", "");
+  const std::string fast_path = GetString(*args, "fast-socket", "");
+  absl::StatusOr<uint64_t> spin_us = GetUint64(*args, "spin-us", 0);
+  if (!spin_us.ok() || *spin_us > 1000000 || (*spin_us > 0 && fast_path.empty())) {
+    return UsageFailure("bench-ipc", "option '--spin-us': 0-1000000, with --fast-socket");
+  }
 
   Cudart cuda;
   if (absl::Status s = LoadCudart(GetString(*args, "cuda-runtime", ""), &cuda); !s.ok()) {
@@ -257,11 +269,23 @@ int RunBenchIpc(const CommandContext& context) {
     *s.slice = *r;
   }
 
-  std::vector<double> wall, kernel, queue, server, overhead, client_side;
+  std::unique_ptr<FastSocket> fast;
+  if (!fast_path.empty()) {
+    FastSocketOptions fo;
+    fo.path = fast_path;
+    fo.auth_token = context.client.bearer_token;
+    fo.spin = absl::Microseconds(static_cast<int64_t>(*spin_us));
+    absl::StatusOr<std::unique_ptr<FastSocket>> f = FastSocket::Connect(fo, (*session)->id());
+    if (!f.ok()) return Failure("bench-ipc", f.status());
+    fast = *std::move(f);
+  }
+
+  std::vector<double> wall, kernel, queue, server, overhead, client_side, keepalive;
   const CallOptions call = (*session)->call_options();
   for (uint64_t i = 0; i < *warmup + *iters; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    absl::StatusOr<v1::QuantizeReply> rep = (*client)->Quantize(req, call);
+    absl::StatusOr<v1::QuantizeReply> rep =
+        fast != nullptr ? fast->Quantize(req) : (*client)->Quantize(req, call);
     const double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     if (!rep.ok()) {
@@ -282,6 +306,15 @@ int RunBenchIpc(const CommandContext& context) {
     overhead.push_back(us - h.kernel_micros());
     client_side.push_back(us - h.server_micros());
   }
+  for (uint64_t i = 0; fast != nullptr && i < *warmup + *iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<v1::KeepAliveReply> rep = fast->KeepAlive();
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    if (!rep.ok()) return Failure("bench-ipc", rep.status());
+    if (i >= *warmup) keepalive.push_back(us);
+  }
+  fast.reset();
   absl::StatusOr<uint32_t> closed = (*session)->Close();
   if (!closed.ok()) return Failure("bench-ipc", closed.status());
 
@@ -294,7 +327,8 @@ int RunBenchIpc(const CommandContext& context) {
   const std::string host_name = ::uname(&u) == 0 ? u.nodename : "";
   const std::string text = absl::StrCat(
       "{\n  \"tool\": \"fp4q bench-ipc\",\n  \"server\": \"", context.client.address,
-      "\",\n  \"backend\": \"", info->backend(), "\",\n  \"server_version\": \"", info->version(),
+      "\",\n  \"transport\": \"", fast_path.empty() ? "grpc" : "fast_socket",
+      "\",\n  \"spin_us\": ", *spin_us, ",\n  \"backend\": \"", info->backend(), "\",\n  \"server_version\": \"", info->version(),
       "\",\n  \"gpus\": [", gpus, "],\n  \"host\": \"", host_name, "\",\n  \"cuda_runtime\": \"",
       cuda.path, "\",\n  \"shape\": [", rows, ", ", cols, "],\n  \"dtype\": \"", dtype,
       "\",\n  \"iters\": ", *iters, ",\n  \"warmup\": ", *warmup,
@@ -302,6 +336,9 @@ int RunBenchIpc(const CommandContext& context) {
       ",\n  \"queue_us\": ", SummaryJson(sq, queue), ",\n  \"server_us\": ",
       SummaryJson(ss, server), ",\n  \"overhead_us\": ", SummaryJson(so2, overhead),
       ",\n  \"client_and_transport_us\": ", SummaryJson(sc, client_side),
+      keepalive.empty() ? std::string()
+                        : absl::StrCat(",\n  \"fast_keepalive_us\": ",
+                                       SummaryJson(Summarize(keepalive), keepalive)),
       ",\n  \"goal_p50_wall_le_kernel_plus_100us\": ", sw.p50 <= sk.p50 + 100.0 ? "true" : "false",
       "\n}\n");
   std::fputs(text.c_str(), stdout);

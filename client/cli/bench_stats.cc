@@ -100,7 +100,7 @@ std::string ReportJson(const BenchReport& r) {
       ",\n  \"server_version\": ", JsonQuote(r.server_version), ",\n  \"clients\": ", r.clients,
       ",\n  \"channels\": ", r.channels, ",\n  \"warmup_s\": ", Num(r.warmup_s),
       ",\n  \"duration_s\": ", absl::StrFormat("%.3f", r.duration_s),
-      ",\n  \"mix\": ", JsonQuote(r.mix), ",\n  \"shape\": [", r.rows, ", ", r.cols, "],\n");
+      ",\n  \"mix\": ", JsonQuote(r.mix), ",\n  \"transport\": ", JsonQuote(r.transport), ",\n  \"shape\": [", r.rows, ", ", r.cols, "],\n");
   absl::StrAppend(&out, "  \"total\": {\"calls\": ", calls, ", \"ok\": ", ok,
                   ", \"errors\": ", calls - ok, ", \"ok_per_s\": ", Num(ok / d), "},\n");
   out += "  \"rpcs\": {";

@@ -53,6 +53,7 @@ struct BenchReport {
   double duration_s = 0;  // measured interval (after warm-up)
   double warmup_s = 0;
   std::string mix;
+  std::string transport = "grpc";  // or "fast_socket" (fp4q bench --fast-socket)
   int64_t rows = 0, cols = 0;
   std::map<std::string, RpcStats> rpcs;
   int64_t server_pid = 0;  // 0: memory not measured
