@@ -13,6 +13,13 @@ Contract
   renewed by a background thread while open, closed by close(). A server restart (a new
   server_epoch) or an expired session drops the cached regions; a request whose regions vanished
   with an expired session is rebuilt and sent once more.
+- Fast socket (`fast_socket=PATH`, fp4qd --fast_socket): Quantize, Dequantize, Qdq, Matmul,
+  UpdateWeight and KeepAlive go as one SOCK_SEQPACKET frame each way instead of gRPC when the
+  request fits in a frame (65536 bytes) and so does the reply's inline output; the others go by
+  gRPC (stats "fast_socket_calls", "fast_socket_fallbacks"). Connections are bound to the session
+  by a hello (a session is opened for it when none is) and replaced when the session changes.
+  Replies, errors (codes, messages) and retries are those of gRPC; a refused or lost connection
+  is UNAVAILABLE and the next call connects again.
 - Errors: every failure raises fp4q.Fp4qError with the gRPC code and the server's message;
   arguments refused before sending raise fp4q.ClientArgumentError (a Fp4qError and a
   ValueError, code INVALID_ARGUMENT).
@@ -22,10 +29,12 @@ Contract
 import collections
 import os
 import threading
+import time
 
 import grpc
 import torch
 
+from fp4q import _fast_socket
 from fp4q import _transport
 from fp4q import ipc as ipc_mod
 from fp4q import options as opts
@@ -36,6 +45,7 @@ from fp4q.errors import Fp4qError, from_rpc_error
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 SESSION_METADATA_KEY = "fp4q-session"
+AUTH_METADATA_KEY = "authorization"
 _IPC_MODES = ("auto", "never", "require")
 
 
@@ -50,16 +60,21 @@ class Client:
       timeout: per-call deadline in seconds (None: no deadline).
       max_regions: registered allocations kept before the least recently used is unregistered.
       channel_options: extra grpc channel options.
+      bearer_token: fp4qd --auth_token_file's token: every gRPC call carries metadata
+        "authorization: Bearer <token>", and the fast socket's hello carries the token.
+      fast_socket: the path of fp4qd's --fast_socket (same host): the tensor calls whose request
+        and reply fit in one frame travel there instead of gRPC (see the module docstring).
     """
 
     def __init__(self, target=None, *, ipc="auto", client_name="fp4q-python", timeout=None,
-                 max_regions=256, channel_options=()):
+                 max_regions=256, channel_options=(), bearer_token=None, fast_socket=None):
         if ipc not in _IPC_MODES:
             raise tensors.ClientArgumentError("ipc: %r is not one of %s" % (ipc, _IPC_MODES))
         self.target = target or os.environ.get("FP4Q_SERVER") or DEFAULT_TARGET
         self._ipc_mode = ipc
         self._client_name = client_name
         self._timeout = timeout
+        self._token = bearer_token or None
         channel_opts = [("grpc.max_send_message_length", -1),
                         ("grpc.max_receive_message_length", -1)] + list(channel_options)
         self._channel = grpc.insecure_channel(self.target, options=channel_opts)
@@ -84,6 +99,8 @@ class Client:
         self._tls = threading.local()
         self.stats = collections.Counter()
         self.ipc_reasons = {}
+        self._fast = (_fast_socket.FastSocket(os.fspath(fast_socket), self._count)
+                      if fast_socket else None)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -95,6 +112,8 @@ class Client:
         except Fp4qError:
             pass
         finally:
+            if self._fast is not None:
+                self._fast.close()
             self._channel.close()
 
     def __enter__(self):
@@ -119,16 +138,59 @@ class Client:
             self.stats[key] += n
 
     def _metadata(self):
+        md = []
         sid = self._session_id
-        return ((SESSION_METADATA_KEY, sid),) if sid else None
+        if sid:
+            md.append((SESSION_METADATA_KEY, sid))
+        if self._token:
+            md.append((AUTH_METADATA_KEY, "Bearer " + self._token))
+        return tuple(md) or None
 
-    def _raw(self, rpc, request):
+    def _raw(self, rpc, request, resend=False):
+        """Sends one request (fast socket or gRPC); returns the reply or raises Fp4qError.
+        `resend`: the request names no region, so it may be sent again under a new session."""
+        if self._fast is not None and rpc in _fast_socket.OPS:
+            reply = self._raw_fast(rpc, request, resend)
+            if reply is not None:
+                self._see_header(reply)
+                return reply
         try:
             reply = self._stubs[rpc](request, metadata=self._metadata(), timeout=self._timeout)
         except grpc.RpcError as e:
             raise from_rpc_error(e, rpc) from None
         self._see_header(reply)
         return reply
+
+    def _raw_fast(self, rpc, request, resend):
+        """The reply over the fast socket, or None where the call belongs on gRPC."""
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        try:
+            frame = self._fast.frame(rpc, request)
+        except _fast_socket.FrameTooLarge:
+            self._count("fast_socket_fallbacks")
+            return None
+        for attempt in (0, 1):
+            with self._lock:
+                sid = self._session_id
+            if sid is None:
+                if rpc == "KeepAlive":
+                    return None  # no session to keep: gRPC answers as it always did
+                sid = self._ensure_session()  # a connection is bound to a session
+            try:
+                return self._fast.call(rpc, frame, sid, self._token, deadline)
+            except _fast_socket.FrameTooLarge:
+                self._count("fast_socket_fallbacks")
+                return None
+            except _fast_socket.HelloRefused as e:
+                if e.code == grpc.StatusCode.NOT_FOUND:
+                    # The server no longer knows the session (expired, or a restarted server).
+                    with self._lock:
+                        if self._session_id == sid:
+                            self._forget_session_locked()
+                    if resend and attempt == 0:
+                        continue  # nothing was sent; a new session carries it
+                raise Fp4qError(e.code, e.message, rpc) from None
+        raise AssertionError("unreachable")
 
     def _see_header(self, reply):
         header = getattr(reply, "header", None)
@@ -150,7 +212,7 @@ class Client:
                 request, planned = build(transfer)
                 transfer.before_send()
                 try:
-                    reply = self._raw(rpc, request)
+                    reply = self._raw(rpc, request, resend=not transfer.uses_regions)
                 except Fp4qError as e:
                     if (attempt == 0 and transfer.uses_regions and
                             e.code == grpc.StatusCode.NOT_FOUND and self._session_lost()):
@@ -179,6 +241,8 @@ class Client:
 
     def _forget_session_locked(self):
         self._session_id = None
+        if self._fast is not None:
+            self._fast.reset()  # every fast connection says hello again, to the next session
         if self._keepalive_stop is not None:
             self._keepalive_stop.set()
             self._keepalive_stop = None

@@ -1,0 +1,377 @@
+"""The client end of fp4qd's fast socket (`fp4qd --fast_socket PATH`).
+
+Wire format (proto/fp4q/v1/fp4q.proto, "the fast socket"): a SOCK_SEQPACKET Unix socket where one
+message is one frame, a serialized fp4q.v1.FastRequest (here to the server) or FastReply (back),
+at most MAX_FRAME_BYTES each. The first frame of a connection is a hello binding it to a session.
+
+What goes there (`frame()`): a request of OPS whose FastRequest fits in a frame, and whose reply's
+inline tensors fit too, with REPLY_MARGIN_BYTES to spare (reply_inline_bytes; an output whose
+size the client cannot know, one of a server-held weight's shape, counts as too large). The
+server would do such a call's work and then answer RESOURCE_EXHAUSTED for its reply, which for
+a residual or weight update is a step taken and an error seen; gRPC carries them instead.
+
+`FastSocket` is a small pool of connections, each bound (helloed) to one session id:
+- A call takes an idle connection of the current session, or connects and says hello; it sends
+  one frame and reads one reply (one outstanding call per connection, so concurrent threads use
+  separate connections); the connection goes back to the pool afterwards (at most `max_idle`
+  are kept).
+- A connection that failed in any way (closed by the server, timed out, out of step) is closed,
+  never reused; the next call connects again. An idle connection that became readable (the
+  server closed it) is dropped before use, and a send refused on a reused connection (the frame
+  never left) is tried once more on a fresh one.
+- `reset()` (the session was dropped or re-opened) closes the idle connections and makes the busy
+  ones close when they come back, so every later call says hello again.
+
+Failures raise fp4q.Fp4qError exactly as a gRPC call would: the server's code (google.rpc.Code
+numbers are grpc.StatusCode values) and message; a failed connection is UNAVAILABLE; a missed
+deadline is DEADLINE_EXCEEDED; a reply that breaks the protocol is INTERNAL. A refused hello
+raises HelloRefused (the client turns it into an Fp4qError and handles the session).
+"""
+
+import errno
+import itertools
+import select
+import socket
+import threading
+import time
+
+import grpc
+
+from fp4q import results
+from fp4q._messages import pb
+from fp4q.errors import Fp4qError
+
+MAX_FRAME_BYTES = 65536
+# Room in a reply frame for everything but the inline tensor bytes (header, shapes, amax).
+REPLY_MARGIN_BYTES = 1024
+# The server refuses timeout_micros over one day; a longer client timeout sends one day.
+MAX_TIMEOUT_MICROS = 86400 * 10**6
+
+# RPC name -> the FastRequest/FastReply oneof field carrying it.
+OPS = {
+    "Quantize": "quantize",
+    "Dequantize": "dequantize",
+    "Qdq": "qdq",
+    "Matmul": "matmul",
+    "UpdateWeight": "update_weight",
+    "KeepAlive": "keep_alive",
+}
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+# send() errors that mean the frame did not leave: the peer is gone.
+_SEND_GONE = (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.ECONNREFUSED)
+
+
+def status_code(number):
+    """The grpc.StatusCode of a google.rpc.Code number (UNKNOWN for numbers it does not know)."""
+    return _CODES.get(number, grpc.StatusCode.UNKNOWN)
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= max(int(d), 0)
+    return n
+
+
+def _inline(target):
+    return not target.HasField("region")
+
+
+def _esize(dtype, default):
+    return {pb.DType.DTYPE_F32: 4, pb.DType.DTYPE_BF16: 2}.get(dtype or default, 4)
+
+
+def reply_inline_bytes(rpc, req):
+    """The inline tensor bytes the reply to `req` will carry, or None when the client cannot
+    tell (an output of a server-held weight's shape). Shapes the server will refuse count 0:
+    their reply is a short error."""
+    if rpc == "Quantize":
+        shape = list(req.input.shape)
+        if len(shape) != 2:
+            return 0
+        rows, cols = int(shape[0]), int(shape[1])
+        o = req.options
+        sides = []
+        if o.outputs in (0, pb.Outputs.OUTPUTS_ROWWISE, pb.Outputs.OUTPUTS_BOTH):
+            sides.append((req.rowwise_codes, req.rowwise_scales, rows, cols))
+        if o.outputs in (pb.Outputs.OUTPUTS_COLUMNWISE, pb.Outputs.OUTPUTS_BOTH):
+            sides.append((req.columnwise_codes, req.columnwise_scales, cols, rows))
+        total = 0
+        for codes, scales, r, c in sides:
+            if _inline(codes):
+                total += (max(r, 0) * max(c, 0) + 1) // 2
+            if _inline(scales):
+                total += results.scale_bytes(o.format, o.block, o.scale_layout, r, c) or 0
+        return total
+    if rpc == "Qdq":
+        if not _inline(req.out):
+            return 0
+        return _numel(req.input.shape) * _esize(req.out_dtype, req.input.dtype)
+    if rpc == "Dequantize":
+        if not _inline(req.out):
+            return 0
+        if req.input.WhichOneof("operand") != "tensor":
+            return None
+        return _numel(req.input.tensor.shape) * _esize(req.out_dtype, pb.DType.DTYPE_F32)
+    if rpc == "Matmul":
+        if not _inline(req.out):
+            return 0
+        if "weight_name" in (req.a.WhichOneof("operand"), req.b.WhichOneof("operand")):
+            return None
+        a, b = list(req.a.tensor.shape), list(req.b.tensor.shape)
+        if len(a) != 2 or len(b) != 2:
+            return 0
+        return max(int(a[0]), 0) * max(int(b[0]), 0) * _esize(req.out_dtype, pb.DType.DTYPE_F32)
+    if rpc == "UpdateWeight":
+        if not req.return_dequantized or not _inline(req.dequantized_out):
+            return 0
+        return _numel(req.update.shape) * 4  # the weight's dtype: at most f32
+    return 0
+
+
+class FrameTooLarge(Exception):
+    """The request or its reply does not fit in one frame (the caller uses gRPC instead)."""
+
+
+class HelloRefused(Exception):
+    """The server answered the hello with an error; code is a grpc.StatusCode."""
+
+    def __init__(self, code, message):
+        super().__init__("%s: %s" % (code.name, message))
+        self.code = code
+        self.message = message
+
+
+class _SendGone(Exception):
+    """A send on a reused connection found the peer gone: the frame was not delivered."""
+
+
+class _Conn:
+    __slots__ = ("sock", "session_id", "generation")
+
+    def __init__(self, sock, session_id, generation):
+        self.sock = sock
+        self.session_id = session_id
+        self.generation = generation
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _remaining(deadline, rpc):
+    """Seconds left before `deadline` (None: no deadline); raises DEADLINE_EXCEEDED at 0."""
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise _deadline_error(rpc)
+    return left
+
+
+def _deadline_error(rpc):
+    return Fp4qError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", rpc)
+
+
+def _readable(sock):
+    """True when an idle connection has something to read: EOF or a frame nobody awaits."""
+    p = select.poll()
+    p.register(sock.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(p.poll(0))
+
+
+class FastSocket:
+    """A pool of fast-socket connections to one fp4qd. Thread-safe."""
+
+    def __init__(self, path, count=None, max_idle=8):
+        self.path = path
+        self._count = count or (lambda key, n=1: None)
+        self._max_idle = max_idle
+        self._lock = threading.Lock()
+        self._idle = []
+        self._generation = 0
+        self._closed = False
+        self._ids = itertools.count(1)
+
+    # ------------------------------------------------------------------ pool
+
+    def reset(self):
+        """Forgets every connection: idle ones are closed, busy ones close when released."""
+        with self._lock:
+            self._generation += 1
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    def close(self):
+        with self._lock:
+            self._closed = True
+        self.reset()
+
+    def _next_id(self):
+        with self._lock:
+            return next(self._ids)
+
+    def _take_idle(self, session_id):
+        stale = []
+        found = None
+        with self._lock:
+            while self._idle:
+                conn = self._idle.pop()
+                if (conn.session_id == session_id and conn.generation == self._generation and
+                        not _readable(conn.sock)):
+                    found = conn
+                    break
+                stale.append(conn)
+        for conn in stale:
+            conn.close()
+        return found
+
+    def _release(self, conn):
+        with self._lock:
+            keep = (not self._closed and conn.generation == self._generation and
+                    len(self._idle) < self._max_idle)
+            if keep:
+                self._idle.append(conn)
+        if not keep:
+            conn.close()
+
+    # ------------------------------------------------------------------ calls
+
+    def frame(self, rpc, request):
+        """A FastRequest carrying `request` (call_id and timeout are filled in when it is sent).
+        Raises FrameTooLarge when it cannot fit in a frame (checked exactly when sent), or when
+        its reply might not: the server would do the work and then answer RESOURCE_EXHAUSTED."""
+        if request.ByteSize() > MAX_FRAME_BYTES:
+            raise FrameTooLarge()  # without copying a large request into the frame
+        try:
+            out = reply_inline_bytes(rpc, request)
+        except Exception:  # noqa: BLE001 - a malformed request: gRPC names the problem
+            out = None
+        if out is None or out > MAX_FRAME_BYTES - REPLY_MARGIN_BYTES:
+            raise FrameTooLarge()
+        msg = pb.FastRequest()
+        getattr(msg, OPS[rpc]).CopyFrom(request)
+        if msg.ByteSize() > MAX_FRAME_BYTES:
+            raise FrameTooLarge()
+        return msg
+
+    def call(self, rpc, msg, session_id, token, deadline):
+        """Sends `msg` (from frame()) as `rpc` on a connection bound to `session_id`; returns the
+        reply message of the RPC. Raises FrameTooLarge (nothing sent), HelloRefused, Fp4qError."""
+        op = OPS[rpc]
+        for attempt in (0, 1):
+            conn = self._take_idle(session_id)
+            reused = conn is not None
+            if conn is None:
+                conn = self._connect(session_id, token, deadline, rpc)
+            done = False
+            try:
+                try:
+                    reply = self._exchange(conn, rpc, msg, deadline, reused)
+                except _SendGone:
+                    if attempt == 0:
+                        continue  # the frame never left; a fresh connection sends it
+                    raise self._unavailable(rpc, "the server closed the connection") from None
+                except FrameTooLarge:
+                    done = True  # refused before sending: the connection is still in step
+                    raise
+                payload = self._payload(reply, op, rpc) if reply.code == 0 else None
+                done = True  # a whole, well-formed exchange: error or not, the connection is fine
+            finally:
+                if done:
+                    self._release(conn)
+                else:
+                    conn.close()
+            self._count("fast_socket_calls")
+            if reply.code != 0:
+                raise Fp4qError(status_code(reply.code), reply.message, rpc)
+            return payload
+        raise AssertionError("unreachable")
+
+    def _payload(self, reply, op, rpc):
+        got = reply.WhichOneof("op")
+        if got != op:
+            raise Fp4qError(grpc.StatusCode.INTERNAL, "fast socket %s: reply carries %s, not %s"
+                            % (self.path, got, op), rpc)
+        return getattr(reply, op)
+
+    def _unavailable(self, rpc, what):
+        return Fp4qError(grpc.StatusCode.UNAVAILABLE, "fast socket %s: %s" % (self.path, what), rpc)
+
+    def _connect(self, session_id, token, deadline, rpc):
+        with self._lock:
+            generation = self._generation
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        conn = _Conn(sock, session_id, generation)
+        ok = False
+        try:
+            sock.settimeout(_remaining(deadline, rpc))
+            try:
+                sock.connect(self.path)
+            except socket.timeout:
+                raise _deadline_error(rpc) from None
+            except OSError as e:
+                raise self._unavailable(rpc, "connect: %s" % (e.strerror or e)) from None
+            hello = pb.FastRequest()
+            hello.hello.session_id = session_id
+            hello.hello.auth_token = token or ""
+            reply = self._exchange(conn, rpc, hello, deadline, False)
+            if reply.code != 0:
+                raise HelloRefused(status_code(reply.code), reply.message)
+            self._payload(reply, "hello", rpc)
+            self._count("fast_socket_connects")
+            ok = True
+            return conn
+        finally:
+            if not ok:
+                conn.close()
+
+    def _exchange(self, conn, rpc, msg, deadline, reused):
+        """One frame out, one frame in: the FastReply with our call_id (its code unchecked).
+        Raising leaves `conn` out of step (the caller closes it)."""
+        sock = conn.sock
+        call_id = self._next_id()
+        msg.call_id = call_id
+        left = _remaining(deadline, rpc)
+        msg.timeout_micros = 0 if left is None else min(max(1, int(left * 1e6)),
+                                                        MAX_TIMEOUT_MICROS)
+        data = msg.SerializeToString()
+        if len(data) > MAX_FRAME_BYTES:
+            raise FrameTooLarge()
+        try:
+            sock.settimeout(left)
+            sent = sock.send(data)
+        except socket.timeout:
+            raise _deadline_error(rpc) from None
+        except OSError as e:
+            if reused and e.errno in _SEND_GONE:
+                raise _SendGone() from None
+            raise self._unavailable(rpc, "send: %s" % (e.strerror or e)) from None
+        if sent != len(data):
+            raise self._unavailable(rpc, "send: %d of %d bytes sent" % (sent, len(data)))
+        try:
+            sock.settimeout(_remaining(deadline, rpc))
+            data = sock.recv(MAX_FRAME_BYTES + 1)
+        except socket.timeout:
+            raise _deadline_error(rpc) from None
+        except OSError as e:
+            raise self._unavailable(rpc, "recv: %s" % (e.strerror or e)) from None
+        if not data:
+            raise self._unavailable(rpc, "the server closed the connection")
+        if len(data) > MAX_FRAME_BYTES:
+            raise Fp4qError(grpc.StatusCode.INTERNAL, "fast socket %s: a reply frame over %d "
+                            "bytes" % (self.path, MAX_FRAME_BYTES), rpc)
+        try:
+            reply = pb.FastReply.FromString(data)
+        except Exception as e:  # noqa: BLE001 - protobuf's DecodeError differs across versions
+            raise Fp4qError(grpc.StatusCode.INTERNAL, "fast socket %s: undecodable reply frame "
+                            "(%d bytes): %s" % (self.path, len(data), e), rpc) from None
+        if reply.call_id != call_id:
+            raise Fp4qError(grpc.StatusCode.INTERNAL, "fast socket %s: reply call_id %d to "
+                            "call %d (code %d: %s)" % (self.path, reply.call_id, call_id,
+                                                       reply.code, reply.message), rpc)
+        return reply
