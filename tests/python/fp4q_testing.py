@@ -11,6 +11,7 @@ import os
 import queue
 import re
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
@@ -32,8 +33,18 @@ def golden_path():
     return os.path.join(shared_dir(), "golden", "nvfp4_rtn_public.safetensors")
 
 
+def socket_path(name):
+    """A path for a Unix socket in a fresh private folder (the caller removes the folder).
+    A socket path must fit in 107 bytes: a long $TMPDIR is passed over for /tmp."""
+    base = os.environ.get("TMPDIR", "/tmp")
+    if len(base) > 64:
+        base = "/tmp"
+    return os.path.join(tempfile.mkdtemp(prefix="fp4q-", dir=base), name)
+
+
 class Server:
-    """fp4qd --backend cpu on 127.0.0.1 port 0; .target and .metrics_target once started."""
+    """fp4qd --backend cpu on 127.0.0.1 port 0; .target and .metrics_target once started.
+    extra_args are appended to fp4qd's command line (e.g. "--fast_socket", socket_path("f"))."""
 
     def __init__(self, *extra_args, backend="cpu", start_timeout_s=60):
         binary = fp4qd_path()
