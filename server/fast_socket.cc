@@ -38,6 +38,47 @@ void Drain(int fd) {
   }
 }
 
+// Elements of `shape`, or 0 when a dimension is not positive or the product passes 2^40
+// (the engine refuses such shapes itself, before it changes anything).
+uint64_t Elements(const google::protobuf::RepeatedField<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) {
+    if (d <= 0 || d > (int64_t{1} << 40) || n > (uint64_t{1} << 40) / static_cast<uint64_t>(d)) {
+      return 0;
+    }
+    n *= static_cast<uint64_t>(d);
+  }
+  return shape.empty() ? 0 : n;
+}
+
+// A call that changes state (UpdateWeight, Qdq with a residual key) and returns a tensor
+// inline must be refused before it runs when that tensor cannot fit a reply frame: afterwards
+// the step would be applied and its reply lost. 4 bytes per element unless the dtype is known
+// to be bf16; 4 KiB are left for the rest of the reply.
+absl::Status StatefulReplyFits(const v1::FastRequest& req) {
+  uint64_t inline_bytes = 0;
+  if (req.op_case() == v1::FastRequest::kUpdateWeight) {
+    const v1::UpdateWeightRequest& u = req.update_weight();
+    if (u.return_dequantized() && !u.dequantized_out().has_region()) {
+      inline_bytes = Elements(u.update().shape()) * 4;
+    }
+  } else if (req.op_case() == v1::FastRequest::kQdq) {
+    const v1::QdqRequest& q = req.qdq();
+    if (!q.options().residual_key().empty() && !q.out().has_region()) {
+      const bool bf16 = q.out_dtype() == v1::DTYPE_BF16 ||
+                        (q.out_dtype() == v1::DTYPE_UNSPECIFIED &&
+                         q.input().dtype() == v1::DTYPE_BF16);
+      inline_bytes = Elements(q.input().shape()) * (bf16 ? 2 : 4);
+    }
+  }
+  constexpr uint64_t kRoom = FastSocketServer::kMaxFrameBytes - 4096;
+  if (inline_bytes <= kRoom) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "reply: the inline output (", inline_bytes, " bytes) would not fit the fast socket's ",
+      FastSocketServer::kMaxFrameBytes,
+      "-byte frame; nothing was run: write it into a CUDA IPC region, or call over gRPC"));
+}
+
 }  // namespace
 
 class FastSocketServer::Connection : public std::enable_shared_from_this<Connection> {
@@ -152,7 +193,14 @@ FastSocketServer::Connection::Read FastSocketServer::Connection::ReadFrame(std::
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Read::kNone;
     return Read::kClosed;
   }
-  if (n == 0) return Read::kClosed;  // orderly close (an empty frame reads the same)
+  if (n == 0) {
+    // A zero-byte frame and the peer's close both read as 0 on SOCK_SEQPACKET; only a close
+    // (or shutdown) sets RDHUP.
+    pollfd p{fd_, POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) != 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+      return Read::kClosed;
+    }
+  }
   const size_t real = static_cast<size_t>(n);
   const bool truncated = (msg.msg_flags & MSG_TRUNC) != 0 || real > kMaxFrameBytes;
   HandleFrame(buf->data(), truncated ? 0 : real, real);
@@ -161,6 +209,13 @@ FastSocketServer::Connection::Read FastSocketServer::Connection::ReadFrame(std::
 
 void FastSocketServer::Connection::HandleFrame(const char* data, size_t n, size_t real_size) {
   const auto arrival = std::chrono::steady_clock::now();
+  if (real_size == 0) {
+    return ReplyError(0,
+                      absl::InvalidArgumentError(
+                          "frame: empty (a FastRequest needs an operation; call_id 0 and no op "
+                          "serialize to zero bytes)"),
+                      "FastSocket");
+  }
   if (real_size > kMaxFrameBytes) {
     return ReplyError(0,
                       absl::InvalidArgumentError(absl::StrCat(
@@ -212,6 +267,9 @@ void FastSocketServer::Connection::HandleFrame(const char* data, size_t n, size_
       std::shared_ptr<Connection> c = weak.lock();
       return c == nullptr || c->gone_.load();
     };
+  }
+  if (absl::Status fits = StatefulReplyFits(req); !fits.ok()) {
+    return ReplyError(id, fits, "FastSocket");
   }
   Engine* engine = server_->engine_;
   switch (req.op_case()) {
@@ -306,7 +364,11 @@ void FastSocketServer::Connection::Hello(const v1::FastRequest& req,
   reply.set_call_id(id);
   if (!lease.ok()) {
     reply.set_code(static_cast<int32_t>(lease.status().code()));
-    reply.set_message(absl::StrCat("hello.session_id: ", lease.status().message()));
+    reply.set_message(
+        lease.status().code() == absl::StatusCode::kNotFound
+            ? "hello.session_id: unknown or expired session (open one with OpenSession over "
+              "gRPC, then send its id here)"
+            : absl::StrCat("hello.session_id: ", lease.status().message()));
     return Send(reply, /*counted=*/false);
   }
   session_id_ = rc.session_id;

@@ -18,7 +18,12 @@
 //   the connection thread stops reading (back-pressure, no error).
 // - The first frame must be a hello naming an open session (and the bearer token when
 //   `auth_token` is set); until then every call is FAILED_PRECONDITION. Undecodable, oversized
-//   or empty frames get INVALID_ARGUMENT and the connection stays usable.
+//   or empty frames get INVALID_ARGUMENT and the connection stays usable (a zero-byte frame is
+//   told from the peer's close by RDHUP).
+// - Replies are at most kMaxFrameBytes: a bigger one becomes RESOURCE_EXHAUSTED. Calls that
+//   change state (UpdateWeight returning DQ(W) inline, Qdq with a residual key and an inline
+//   output) are refused with that code before they run when their inline output cannot fit,
+//   so no step is applied without its reply.
 // - A closed connection cancels its calls that have not started; its thread waits for the rest
 //   before closing the fd. Stop stops accepting, closes every connection and joins the threads;
 //   the engine must still be running then. Thread-safe.

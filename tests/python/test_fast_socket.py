@@ -343,7 +343,7 @@ class SessionTest(Counting):
                 c.keep_alive()
             self.assertEqual((cm.exception.code, cm.exception.rpc),
                              (grpc.StatusCode.NOT_FOUND, "KeepAlive"))
-            self.assertRegex(cm.exception.message, r"^hello\.session_id: session: unknown")
+            self.assertRegex(cm.exception.message, r"^hello\.session_id: unknown or expired session")
             self.assertIsNone(c.session_id)  # forgotten: the next call opens another
         finally:
             c.close()
@@ -513,7 +513,7 @@ class RawProtocolTest(Counting):
 
             r = raw.call(pb.FastRequest(call_id=8, hello=pb.FastHello(session_id="f" * 32)))
             self.assertEqual((r.call_id, r.code), (8, 5))  # NOT_FOUND: no such session
-            self.assertRegex(r.message, r"^hello\.session_id: session: unknown or expired")
+            self.assertRegex(r.message, r"^hello\.session_id: unknown or expired session \(open one with OpenSession")
             r = raw.call(pb.FastRequest(call_id=9, hello=pb.FastHello()))
             self.assertEqual((r.call_id, r.code), (9, 3))  # empty session id
             r = raw.call(pb.FastRequest(call_id=10, keep_alive=pb.KeepAliveRequest()))

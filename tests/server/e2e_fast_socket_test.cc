@@ -344,6 +344,7 @@ TEST(E2eFastSocketTest, FramesThatAreNotCallsGetTheirCodeAndTheConnectionStays) 
   unknown_op.push_back(static_cast<char>(0x06));
   unknown_op.push_back(static_cast<char>(0x00));
   const std::vector<Case> cases = {
+      {"empty frame", "", 3, 0, "frame: empty"},
       {"garbage", std::string("\xff\xff\xff\xff garbage", 13), 3, 0, "are not a fp4q.v1.FastRequest"},
       {"oversized", std::string(70000, 'x'), 3, 0, "70000 bytes exceed the fast socket's limit of 65536"},
       {"no op", no_op.SerializeAsString(), 3, 5, "FastRequest.op: no operation set"},
@@ -391,6 +392,54 @@ TEST(E2eFastSocketTest, FramesThatAreNotCallsGetTheirCodeAndTheConnectionStays) 
   EXPECT_EQ(too_big.code(), 8) << too_big.message();
   EXPECT_EQ(too_big.call_id(), 23u);
   EXPECT_THAT(too_big.message(), HasSubstr("exceed the fast socket's limit of 65536 bytes"));
+  // Calls that change state are refused before they run when their inline output cannot fit
+  // a reply frame: 125x128 f32 (64000 bytes in) with DQ(W) or the QDQ output asked inline.
+  {
+    v1::CreateWeightReply created;
+    auto c = Context(session);
+    ASSERT_TRUE(
+        stub->CreateWeight(c.get(), C("big", InlineTensor(RandomF32(125 * 128, 4), 125, 128)),
+                           &created)
+            .ok());
+  }
+  v1::FastRequest update;
+  update.set_call_id(24);
+  *update.mutable_update_weight() =
+      U("big", 1, InlineTensor(RandomF32(125 * 128, 5, 0.01f), 125, 128));
+  update.mutable_update_weight()->set_return_dequantized(true);
+  v1::FastRequest residual_qdq;
+  residual_qdq.set_call_id(25);
+  *residual_qdq.mutable_qdq() = Qdq(InlineTensor(RandomF32(125 * 128, 6), 125, 128), "big-r", 1);
+  for (const v1::FastRequest* r : {&update, &residual_qdq}) {
+    ASSERT_LE(r->ByteSizeLong(), 65536u);
+    ASSERT_TRUE(raw.Send(*r));
+    v1::FastReply refused = raw.Receive();
+    EXPECT_EQ(refused.code(), 8) << refused.message();
+    EXPECT_EQ(refused.call_id(), r->call_id());
+    EXPECT_THAT(refused.message(), HasSubstr("reply: the inline output (64000 bytes) would not "
+                                             "fit the fast socket's 65536-byte frame; nothing "
+                                             "was run"));
+  }
+  {  // Nothing ran: the weight is at step 0 and no residual "big-r" exists.
+    v1::ListTensorsReply list;
+    auto c = Context(session);
+    ASSERT_TRUE(stub->ListTensors(c.get(), v1::ListTensorsRequest(), &list).ok());
+    bool saw_big = false;
+    for (const auto& t : list.tensors()) {
+      EXPECT_NE(t.name(), "big-r");
+      if (t.name() == "big") {
+        saw_big = true;
+        EXPECT_EQ(t.last_step(), 0);
+      }
+    }
+    EXPECT_TRUE(saw_big);
+  }
+  // Without the inline output the same update runs.
+  update.mutable_update_weight()->set_return_dequantized(false);
+  ASSERT_TRUE(raw.Send(update));
+  v1::FastReply applied = raw.Receive();
+  EXPECT_EQ(applied.code(), 0) << applied.message();
+  EXPECT_TRUE(applied.update_weight().applied());
   // The client library refuses an oversized request before sending it.
   std::unique_ptr<FastSocket> f = Connect(sock, session);
   ASSERT_NE(f, nullptr);
