@@ -77,6 +77,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<DeviceSet
     return absl::InvalidArgumentError(
         absl::StrCat("max_queue_depth: ", options.max_queue_depth, " must be >= 1"));
   }
+  if (options.worker_spin < absl::ZeroDuration() || options.worker_spin > absl::Seconds(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker_spin: ", absl::FormatDuration(options.worker_spin), " is not in [0, 1s]"));
+  }
   if (options.streams_per_gpu < 1 || options.streams_per_gpu > 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("streams_per_gpu: ", options.streams_per_gpu, " must be in [1, 64]"));
@@ -103,6 +107,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<DeviceSet
     Executor::Options xo;
     xo.device = d.label;
     xo.max_queue_depth = e->options_.max_queue_depth;
+    xo.spin = e->options_.worker_spin;
     std::vector<kernels::Stream> streams;
     if (d.host_memory) {
       const int hw = static_cast<int>(std::thread::hardware_concurrency());

@@ -60,6 +60,9 @@ struct EngineOptions {
   // Workers per GPU, each with its own CUDA stream, so requests on one GPU overlap (>= 1).
   // Requests touching the same state name still run one at a time, in arrival order.
   int streams_per_gpu = 4;
+  // An idle device worker busy-polls this long for new work before sleeping (Executor::Options::
+  // spin; one worker per device at a time). Zero: always sleep.
+  absl::Duration worker_spin = absl::ZeroDuration();
   // Request scratch buffers kept cached per device (ScratchPool); 0: none.
   uint64_t scratch_cache_bytes = uint64_t{256} << 20;
   int max_open_handles = 1024;

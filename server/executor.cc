@@ -1,6 +1,7 @@
 #include "server/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/hash/hash.h"
@@ -53,6 +54,7 @@ absl::Status Executor::Submit(const RequestContext& ctx, Work work, Reject rejec
     queue_.push_back(Task{ctx, std::move(work), std::move(reject), std::move(keys)});
     depth = static_cast<int64_t>(queue_.size());
   }
+  submitted_.fetch_add(1, std::memory_order_release);
   if (observer_ != nullptr) observer_->QueueDepth(options_.device, depth);
   cv_.notify_one();
   return absl::OkStatus();
@@ -64,6 +66,7 @@ void Executor::Shutdown() {
     if (stopping_ && workers_.empty()) return;
     stopping_ = true;
   }
+  submitted_.fetch_add(1, std::memory_order_release);  // ends a worker's spin at once
   cv_.notify_all();
   for (auto& t : workers_) {
     if (t.joinable()) t.join();
@@ -119,6 +122,21 @@ void Executor::WorkerLoop(kernels::Stream stream) {
     {
       std::unique_lock<std::mutex> lock(mu_);
       int next = -1;
+      if (options_.spin > absl::ZeroDuration() && !stopping_ && NextRunnable() < 0 &&
+          !spinning_.exchange(true)) {
+        // Busy-poll (without the lock) until a task is submitted or the spin time is over.
+        const uint64_t seen = submitted_.load(std::memory_order_acquire);
+        lock.unlock();
+        const auto until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(options_.spin);
+        while (submitted_.load(std::memory_order_acquire) == seen &&
+               std::chrono::steady_clock::now() < until) {
+#if defined(__x86_64__)
+          __builtin_ia32_pause();
+#endif
+        }
+        spinning_.store(false);
+        lock.lock();
+      }
       cv_.wait(lock, [&] {
         next = NextRunnable();
         return next >= 0 || (stopping_ && queue_.empty());

@@ -245,5 +245,45 @@ TEST(ExecutorTest, AWaitingKeyedTaskDoesNotBlockOthers) {
   EXPECT_TRUE(second_ran.load());
 }
 
+// Spinning (Options::spin): work submitted while a worker spins, and long after its spin ran
+// out, runs exactly once, same-key order holds, and Shutdown does not wait out a long spin.
+TEST(ExecutorTest, SpinningWorkersRunEverythingOnceAndShutDownPromptly) {
+  Executor::Options o{"cpu", /*threads=*/3, /*max_queue_depth=*/512};
+  o.spin = absl::Seconds(1);  // the maximum the flag allows
+  Executor x(o, nullptr);
+  const uint64_t k = Executor::KeyOf("w");
+  std::mutex mu;
+  std::vector<int> order;
+  std::atomic<int> ran{0};
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 50; ++i) {
+      const int id = round * 50 + i;
+      ASSERT_TRUE(x.Submit(
+                       {},
+                       [&, id](kernels::Stream) {
+                         ++ran;
+                         std::lock_guard<std::mutex> l(mu);
+                         order.push_back(id);
+                       },
+                       [](absl::Status s) { FAIL() << s; }, false, Executor::Keys{k})
+                      .ok());
+      if (i % 10 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
+    }
+    // Idle for a while: a worker is spinning (or asleep after it) when the next round starts.
+    std::this_thread::sleep_for(std::chrono::milliseconds(round == 1 ? 1200 : 20));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  x.Shutdown();
+  const double shutdown_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(ran.load(), 150);
+  ASSERT_EQ(order.size(), 150u);
+  for (size_t j = 0; j < order.size(); ++j) EXPECT_EQ(order[j], static_cast<int>(j));
+  // A spinning worker notices Shutdown at once rather than after its 1 s spin.
+  EXPECT_LT(shutdown_ms, 500.0);
+  EXPECT_THAT(x.Submit({}, [](kernels::Stream) {}, [](absl::Status) {}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
+}
+
 }  // namespace
 }  // namespace fp4q::server
