@@ -12,6 +12,10 @@
 #   3. the same 32-client load for LOAD_SECONDS/2 against --streams_per_gpu 1 (the old single
 #      stream per GPU) and 8, for comparison
 #   4. tests/python/gpu_ipc_check.py: the Python client's IPC, caching and training checks
+#   5. the fast socket (fp4qd --fast_socket, no gRPC): small RPCs (KeepAlive) and 16x256
+#      Quantize with 1 client, the 32-client mix, `fp4q bench-ipc --fast-socket` and the Python
+#      latency script with --fast-socket; then the same against a server with
+#      --worker_spin_us/--fast_socket_spin_us (busy-polling instead of thread wake-ups)
 # Everything lands in $OUT/results.tgz (the device tool returns at most 8 files) plus
 # $OUT/summary.txt. Every step has a timeout; a missing GPU makes the steps fail, not pass.
 #   bash service_h200.sh BUNDLE_DIR [LOAD_SECONDS (default 20)]
@@ -60,13 +64,16 @@ else
 fi
 
 # 2. Load and IPC latency against one CUDA fp4qd.
-start_server() {  # start_server NAME STREAMS PORT METRICS_PORT
-  "$b/bin/fp4qd" --backend cuda --allow_cuda_ipc --unix_socket "$work/$1.sock" \
-    --listen "127.0.0.1:$3" --metrics_listen "127.0.0.1:$4" --streams_per_gpu "$2" \
-    > "$work/$1.out" 2> "$work/$1.log" &
+start_server() {  # start_server NAME STREAMS PORT METRICS_PORT [FLAGS...]
+  local name=$1 streams=$2 port=$3 mport=$4
+  shift 4
+  "$b/bin/fp4qd" --backend cuda --allow_cuda_ipc --unix_socket "$work/$name.sock" \
+    --fast_socket "$work/$name.fast" \
+    --listen "127.0.0.1:$port" --metrics_listen "127.0.0.1:$mport" --streams_per_gpu "$streams" \
+    "$@" > "$work/$name.out" 2> "$work/$name.log" &
   pid=$!
-  for _ in $(seq 100); do grep -q "listening on" "$work/$1.out" 2>/dev/null && break; sleep 0.1; done
-  note "fp4qd $1 (--streams_per_gpu $2): $(head -n1 "$work/$1.out")"
+  for _ in $(seq 100); do grep -q "listening on" "$work/$name.out" 2>/dev/null && break; sleep 0.1; done
+  note "fp4qd $name (--streams_per_gpu $streams $*): $(head -n1 "$work/$name.out")"
 }
 stop_server() {
   kill -TERM "$pid"
@@ -144,6 +151,70 @@ done
 PYTHONPATH=client/python:tests/python timeout 100 python3 tests/python/gpu_ipc_check.py \
   --fp4qd "$b/bin/fp4qd" --out "$work/py" --steps 200 > "$work/py/py_run.txt" 2>&1
 note "gpu_ipc_check: exit $? ($(tail -n 1 "$work/py/py_run.txt")) [$(elapsed)]"
+
+# 5. The fast socket. ipc_cpp NAME ARGS...: bench-ipc over it, summarised.
+ipc_cpp() {
+  local name=$1
+  shift
+  timeout 90 "$b/bin/fp4q" --server "unix://$work/$srv.sock" bench-ipc --shape 8192x8192 \
+    --dtype bf16 --iters 300 --warmup 20 --json "$work/$name.json" "$@" > "$work/$name.txt" 2>&1
+  local rc=$?
+  note "bench-ipc $*: exit $rc $(tail -n 2 "$work/$name.txt" | grep -v '^}' | head -c 300)$(python3 -c "
+import json
+r=json.load(open('$work/$name.json'))
+print(' '.join('%s p50 %.0f p99 %.0f;' % (k, r[k]['p50'], r[k]['p99']) for k in
+      ('wall_us','kernel_us','queue_us','server_us','overhead_us','client_and_transport_us',
+       'fast_keepalive_us') if k in r), 'goal met:', r['goal_p50_wall_le_kernel_plus_100us'])" 2>/dev/null) [$(elapsed)]"
+}
+fast_small() {  # fast_small NAME ARGS...: 1 client, KeepAlive + 16x256 Quantize over it
+  local name=$1
+  shift
+  timeout 60 "$b/bin/fp4q" --server "unix://$work/$srv.sock" bench --clients 1 --duration 8 \
+    --quiet --mix keepalive=1,quantize=1,health=1 --json "$work/$name.json" "$@" \
+    > "$work/$name.txt" 2>&1
+  note "bench 1 client $*: exit $? $(grep -E '^(health|keepalive|quantize) ' "$work/$name.txt" \
+    | awk '{printf "%s p50 %s us (kernel %s); ", $1, $4, $7}')"
+}
+port=50060
+for variant in plain spin; do
+  srv=fast-$variant
+  if [[ $variant == spin ]]; then
+    start_server "$srv" 4 "$port" $((port + 9400 - 50000)) --worker_spin_us 200 \
+      --fast_socket_spin_us 200
+  else
+    start_server "$srv" 4 "$port" $((port + 9400 - 50000))
+  fi
+  fsock=$work/$srv.fast
+  fast_small "$variant-grpc-1"
+  fast_small "$variant-fast-1" --fast-socket "$fsock"
+  fast_small "$variant-fast-1-spin" --fast-socket "$fsock" --spin-us 100
+  ipc_cpp "h200-ipc-$variant-grpc"
+  ipc_cpp "h200-ipc-$variant-fast" --fast-socket "$fsock"
+  ipc_cpp "h200-ipc-$variant-fast-spin" --fast-socket "$fsock" --spin-us 100
+  if [[ $variant == plain ]]; then
+    timeout $((load_s + 60)) "$b/bin/fp4q" --server "unix://$work/$srv.sock" bench --clients 32 \
+      --duration "$load_s" --warmup 5 --mix "$mix" --shape 16x256 --server-pid "$pid" --quiet \
+      --fast-socket "$fsock" --json "$work/h200-load-fast.json" > "$work/load-32-fast.txt" 2>&1
+    note "bench 32 clients over the fast socket: exit $? $(grep '^total' "$work/load-32-fast.txt") [$(elapsed)]"
+  fi
+  for t in grpc fast; do
+    extra=()
+    [[ $t == fast ]] && extra=(--fast-socket "$fsock")
+    PYTHONPATH=client/python timeout 120 python3 bench/ipc_quantize_latency.py \
+      --server "unix://$work/$srv.sock" --device cuda --shape 8192x8192 --dtype bf16 \
+      --iters 300 "${extra[@]}" --json "$work/h200-py-$variant-$t.json" \
+      > "$work/py-$variant-$t.txt" 2>&1
+    note "ipc_quantize_latency.py $variant $t: exit $? $(tail -n 1 "$work/py-$variant-$t.txt" | head -c 200)$(python3 -c "
+import json
+r=json.load(open('$work/h200-py-$variant-$t.json'))
+print(' '.join('%s p50 %.0f p99 %.0f;' % (k, r[k]['p50'], r[k]['p99']) for k in
+      ('wall_us','kernel_us','overhead_us')), 'goal met:', r['goal_p50_wall_le_kernel_plus_100us'])
+" 2>/dev/null) [$(elapsed)]"
+  done
+  scrape $((port + 9400 - 50000)) "$work/metrics-$srv.txt"
+  stop_server
+  port=$((port + 1))
+done
 
 mkdir -p "$out"
 tar czf "$out/results.tgz" -C /tmp --exclude='*.sock' fp4q-h200
