@@ -1,14 +1,18 @@
 // Zero-copy through CUDA IPC, two processes: this test allocates GPU memory, registers it with
 // a CUDA fp4qd through a Session (RegionFor), and has the server quantize / QDQ in place; the
-// results must be bit-identical to the inline path on the same server. Skipped, with CUDA's
-// reason, where no GPU is usable.
+// results must be bit-identical to the inline path on the same server, over gRPC and over the
+// fast socket. Skipped, with CUDA's reason, where no GPU is usable.
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "fp4q/client/client.h"
 #include "fp4q/client/cuda_ipc.h"
+#include "fp4q/client/fast_socket.h"
 #include "fp4q/client/session.h"
 #include "fp4q/client/tensors.h"
 #include "gmock/gmock.h"
@@ -40,8 +44,9 @@ TEST(LiveCudaIpc, QuantizeAndQdqInPlaceAreBitIdenticalToInline) {
   }
   char* base = static_cast<char*>(dev);
 
-  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-      StartFp4qd({"--backend=cuda", "--allow_cuda_ipc", "--cuda_ipc_over_tcp"});
+  const std::string fast_path = "/tmp/fp4q-live-cuda-" + std::to_string(::getpid()) + ".fast";
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = StartFp4qd(
+      {"--backend=cuda", "--allow_cuda_ipc", "--cuda_ipc_over_tcp", "--fast_socket=" + fast_path});
   ASSERT_THAT(server, IsOk());
   auto client = ConnectTo((*server)->address());
   absl::StatusOr<v1::ServerInfoReply> info = client->ServerInfo();
@@ -117,6 +122,32 @@ TEST(LiveCudaIpc, QuantizeAndQdqInPlaceAreBitIdenticalToInline) {
   std::string dq(x_bytes, '\0');
   ASSERT_EQ(cuda.memcpy(dq.data(), base + qdq_off, x_bytes, RealCuda::kDeviceToHost), 0);
   EXPECT_EQ(dq, qdq->output().inline_data());
+
+  // The same in-place calls over the fast socket (outputs poisoned again first).
+  for (size_t off : {codes_off, scales_off, qdq_off}) {
+    ASSERT_EQ(cuda.memcpy(base + off, poison.data(), poison.size(), RealCuda::kHostToDevice), 0);
+  }
+  FastSocketOptions fo;
+  fo.path = fast_path;
+  absl::StatusOr<std::unique_ptr<FastSocket>> fast = FastSocket::Connect(fo, s.id());
+  ASSERT_THAT(fast, IsOk());
+  absl::StatusOr<v1::QuantizeReply> q_fast = (*fast)->Quantize(by_region);
+  ASSERT_THAT(q_fast, IsOk());
+  EXPECT_EQ(q_fast->rowwise().codes_region().offset(), codes_off);
+  EXPECT_EQ(q_fast->rowwise().s_enc(), q_inline->rowwise().s_enc());
+  EXPECT_EQ(q_fast->header().backend(), "cuda");
+  EXPECT_GT(q_fast->header().kernel_micros(), 0.0);
+  ASSERT_THAT((*fast)->Qdq(qdq_region), IsOk());
+  std::string fast_codes(codes_bytes, '\0'), fast_scales(scales_bytes, '\0'), fast_dq(x_bytes, '\0');
+  ASSERT_EQ(cuda.memcpy(fast_codes.data(), base + codes_off, codes_bytes, RealCuda::kDeviceToHost),
+            0);
+  ASSERT_EQ(
+      cuda.memcpy(fast_scales.data(), base + scales_off, scales_bytes, RealCuda::kDeviceToHost), 0);
+  ASSERT_EQ(cuda.memcpy(fast_dq.data(), base + qdq_off, x_bytes, RealCuda::kDeviceToHost), 0);
+  EXPECT_EQ(fast_codes, q_inline->rowwise().codes());
+  EXPECT_EQ(fast_scales, q_inline->rowwise().scales());
+  EXPECT_EQ(fast_dq, qdq->output().inline_data());
+  fast->reset();
 
   EXPECT_THAT(s.ReleaseAllocation(base), IsOk());
   EXPECT_EQ(s.Close().value_or(99), 0u);  // nothing left to release
