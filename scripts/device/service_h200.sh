@@ -19,6 +19,7 @@
 # Everything lands in $OUT/results.tgz (the device tool returns at most 8 files) plus
 # $OUT/summary.txt. Every step has a timeout; a missing GPU makes the steps fail, not pass.
 #   bash service_h200.sh BUNDLE_DIR [LOAD_SECONDS (default 20)]
+# FP4Q_SERVICE_ONLY=fast runs step 5 alone (a short follow-up run).
 set -uo pipefail
 b=$(cd "${1:?usage: service_h200.sh BUNDLE_DIR}" && pwd)
 load_s=${2:-20}
@@ -41,7 +42,9 @@ note "commit: $(tr '\n' ' ' < "$b/COMMIT")"
 note "gpu: $(nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader)"
 note "cpus: $(nproc)"
 
+only=${FP4Q_SERVICE_ONLY:-all}
 # 1. GPU tests under memcheck (fp4qd children too; IPC mappings are not leak-checked).
+if [[ $only != fast ]]; then
 memcheck() {  # memcheck NAME TIMEOUT_S CMD...
   local name=$1 limit=$2
   shift 2
@@ -62,6 +65,8 @@ else
   timeout 120 "$b/bin/fp4q_ipc_gpu_test" > "$work/ipc_gpu_test.log" 2>&1
   note "ipc_gpu_test: exit $? ($(gtest_result "$work/ipc_gpu_test.log"))"
 fi
+
+fi  # only != fast
 
 # 2. Load and IPC latency against one CUDA fp4qd.
 start_server() {  # start_server NAME STREAMS PORT METRICS_PORT [FLAGS...]
@@ -85,6 +90,7 @@ scrape() {  # scrape PORT FILE
   python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$1/metrics', timeout=10).read().decode())" > "$2" 2>&1
 }
 mix=quantize=4,qdq=2,dequantize=1,update=2,get=1,list=1,info=1,keepalive=1
+if [[ $only != fast ]]; then
 
 start_server fp4qd 4 50051 9450
 sock=$work/fp4qd.sock
@@ -151,6 +157,8 @@ done
 PYTHONPATH=client/python:tests/python timeout 100 python3 tests/python/gpu_ipc_check.py \
   --fp4qd "$b/bin/fp4qd" --out "$work/py" --steps 200 > "$work/py/py_run.txt" 2>&1
 note "gpu_ipc_check: exit $? ($(tail -n 1 "$work/py/py_run.txt")) [$(elapsed)]"
+
+fi  # only != fast
 
 # 5. The fast socket. ipc_cpp NAME ARGS...: bench-ipc over it, summarised.
 ipc_cpp() {
