@@ -230,6 +230,7 @@ class Engine {
   std::function<void(const absl::Status&)> poison_handler_;
 
   std::atomic<uint64_t> quantize_count_{0};
+  std::atomic<bool> quality_running_{false};  // a quality sample is being computed
   std::mutex checkpoint_mu_;  // one checkpoint at a time
 
   std::mutex maintenance_mu_;

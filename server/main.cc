@@ -104,7 +104,8 @@ ABSL_FLAG(std::string, log_format, "json", "json or text; logs go to stderr");
 ABSL_FLAG(bool, ignore_corrupt_checkpoint, false,
           "rename a corrupt checkpoint aside and start empty instead of exiting with code 3");
 ABSL_FLAG(int32_t, quality_sample_every, 16,
-          "quantization quality metrics on 1 in N Quantize requests; 0 = off");
+          "quantization quality metrics on 1 in N Quantize requests (skipped while an earlier "
+          "sample is still being computed); 0 = off");
 ABSL_FLAG(std::string, auth_token_file, "",
           "file holding a bearer token every fp4q.v1 call must present; empty = no auth");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate chain (TLS on --listen)");

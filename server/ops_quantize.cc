@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "fp4q/common/status_macros.h"
@@ -228,6 +229,12 @@ void Engine::SampleQuality(OpEnv& env, const kernels::ConstTensor& x,
   if (quantize_count_.fetch_add(1) % static_cast<uint64_t>(options_.quality_sample_every) != 0) {
     return;
   }
+  // One sample at a time: on a GPU the statistics run after the reply on the request's worker
+  // and take milliseconds, so back-to-back callers would otherwise tie up every worker of a
+  // device with them (seen on the H200 as a queue-wait p99 of ~3 ms). A sample that finds
+  // another one still running is skipped.
+  if (quality_running_.exchange(true)) return;
+  std::shared_ptr<void> done_sampling(nullptr, [this](void*) { quality_running_.store(false); });
   // A bounded sample: a prefix of whole rows, about 1 Mi elements at most, cut where the scale
   // layout allows (16x16 tiles: 16 rows; swizzled scales: 128-row tiles).
   const int64_t unit = q.scale_layout == kernels::ScaleLayout::kSwizzled ? 128
@@ -258,7 +265,8 @@ void Engine::SampleQuality(OpEnv& env, const kernels::ConstTensor& x,
   const void* xp = *xs;
   const void* cp = *cs;
   const void* dqp = *dq;
-  auto stats = [this, &env, xp, cp, dqp, x_bytes, codes_bytes, dq_bytes, dtype, n, rows, cols] {
+  auto stats = [this, &env, xp, cp, dqp, x_bytes, codes_bytes, dq_bytes, dtype, n, rows, cols,
+                done_sampling] {
     absl::StatusOr<const void*> hx = env.HostView(xp, x_bytes);
     absl::StatusOr<const void*> hdq = env.HostView(dqp, dq_bytes);
     absl::StatusOr<const void*> hcodes = env.HostView(cp, codes_bytes);
