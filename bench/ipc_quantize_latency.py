@@ -14,8 +14,16 @@ C++.
 
 --device cpu sends the tensor inline (a dry run of this script against a CPU fp4qd).
 --ipc require (default with --device cuda) fails instead of silently falling back to inline.
+--fast-socket PATH sends the Quantize calls over fp4qd's --fast_socket (same host) instead of
+gRPC; the report's "rpc_transport" says which transport the timed calls really took (from the
+client's stats: "fast_socket", "grpc" or "mixed"), and client_stats has the counters.
+
+  fp4qd --backend cuda --allow_cuda_ipc --unix_socket /tmp/fp4qd.sock --fast_socket /tmp/fp4qd.fast
+  python3 bench/ipc_quantize_latency.py --server unix:///tmp/fp4qd.sock \
+      --fast-socket /tmp/fp4qd.fast --json bench/results/h200-ipc-quantize-fast.json
 """
 import argparse
+import collections
 import json
 import os
 import platform
@@ -25,9 +33,24 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "client", "python"))
 
+import grpc  # noqa: E402
 import torch  # noqa: E402
 
 import fp4q  # noqa: E402
+
+
+def protobuf_version():
+    import google.protobuf
+    return google.protobuf.__version__
+
+
+def protobuf_implementation():
+    """"upb", "cpp" or "python": the protobuf runtime, which sets much of the client's cost."""
+    try:
+        from google.protobuf.internal import api_implementation
+        return api_implementation.Type()
+    except Exception:  # noqa: BLE001 - an internal module; absent in some releases
+        return "unknown"
 
 
 def percentile(values, q):
@@ -51,6 +74,8 @@ def main():
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--ipc", default=None, choices=["auto", "never", "require"])
+    p.add_argument("--fast-socket", metavar="PATH", default=None,
+                   help="fp4qd's --fast_socket path: Quantize goes there instead of gRPC")
     p.add_argument("--json", help="write the results here")
     a = p.parse_args()
     rows, cols = (int(v) for v in a.shape.split("x"))
@@ -59,10 +84,14 @@ def main():
     gen = torch.Generator(device="cpu").manual_seed(8)
     x = torch.randn(rows, cols, generator=gen).to(dtype=dtype).to(a.device)
 
-    with fp4q.Client(a.server, ipc=ipc, client_name="ipc-quantize-latency") as client:
+    with fp4q.Client(a.server, ipc=ipc, client_name="ipc-quantize-latency",
+                     fast_socket=a.fast_socket) as client:
         info = client.server_info()
         wall, kernel, queue, server = [], [], [], []
+        timed_stats = None
         for i in range(a.warmup + a.iters):
+            if i == a.warmup:
+                timed_stats = collections.Counter(client.stats)
             if a.device.startswith("cuda"):
                 torch.cuda.synchronize()  # the input is ready before the request (proto contract)
             t0 = time.perf_counter()
@@ -75,6 +104,13 @@ def main():
                 # Older servers lack these fields (0 then).
                 queue.append(getattr(h, "queue_micros", 0.0))
                 server.append(getattr(h, "server_micros", 0.0))
+        # What the timed calls did (the warm-up opened the session, connected, registered).
+        timed = collections.Counter(client.stats)
+        timed.subtract(timed_stats)
+        timed = {k: v for k, v in timed.items() if v}
+        fast_calls = timed.get("fast_socket_calls", 0)
+        rpc_transport = ("fast_socket" if fast_calls == a.iters else
+                         "grpc" if fast_calls == 0 else "mixed")
         overhead = [w - k for w, k in zip(wall, kernel)]
         client_side = [w - s for w, s in zip(wall, server)]
         result = {
@@ -90,12 +126,23 @@ def main():
             "goal_p50_wall_le_kernel_plus_100us":
                 percentile(wall, 0.5) <= percentile(kernel, 0.5) + 100.0,
             "client_stats": dict(client.stats),
+            "ipc_mode": ipc, "rpc_transport": rpc_transport, "fast_socket": a.fast_socket,
+            "timed_client_stats": timed,
+            "python": {"version": platform.python_version(), "torch": torch.__version__,
+                       "grpc": grpc.__version__, "protobuf": protobuf_version(),
+                       "protobuf_implementation": protobuf_implementation()},
         }
     text = json.dumps(result, indent=2, sort_keys=True)
     print(text)
     if a.json:
         with open(a.json, "w") as f:
             f.write(text + "\n")
+    if a.fast_socket and rpc_transport != "fast_socket":
+        print("ipc_quantize_latency: --fast-socket given but %d of %d timed calls went by gRPC "
+              "(fast_socket_fallbacks: %d)" % (a.iters - fast_calls, a.iters,
+                                               timed.get("fast_socket_fallbacks", 0)),
+              file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
