@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 build_dir=build-fuzz
-targets=(request parsers)
+targets=(request fast_socket parsers)
 seconds=300
 smoke=0
 seed=0
@@ -61,7 +61,7 @@ cmake --build "$build_dir" -j "$jobs" "${build_targets[@]}"
 
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:symbolize=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-declare -A max_len=([request]=4096 [parsers]=8192)
+declare -A max_len=([request]=4096 [fast_socket]=4096 [parsers]=8192)
 rc=0
 for t in "${targets[@]}"; do
   bin="$build_dir/bin/fp4q_fuzz_$t"

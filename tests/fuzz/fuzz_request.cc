@@ -33,6 +33,7 @@
 #include "fp4q/v1/fp4q.pb.h"
 #include "server/engine.h"
 #include "server/engine_test_util.h"
+#include "fuzz/fuzz_fixture.h"
 #include "server/proto_convert.h"
 
 namespace fp4q::server {
@@ -57,72 +58,10 @@ enum Rpc : uint8_t {
   kRpcCount,
 };
 
-constexpr size_t kRegionBytes = 1 << 16;
+using fuzzing::Check;
+using fuzzing::Fixture;
+using fuzzing::MakeFixture;
 
-struct Fixture {
-  FakeIpcBackend* fake = nullptr;
-  std::unique_ptr<Engine> engine;
-  RequestContext mine, none;
-  std::string region, other_region;
-  std::vector<uint8_t> memory = std::vector<uint8_t>(kRegionBytes, 0xA5);
-  std::vector<uint8_t> other_memory = std::vector<uint8_t>(kRegionBytes, 0x5A);
-};
-
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "fuzz_request: invariant broken: %s\n", what);
-    std::abort();
-  }
-}
-
-std::unique_ptr<Fixture> MakeFixture() {
-  auto f = std::make_unique<Fixture>();
-  auto backend = std::make_unique<FakeIpcBackend>("GPU-fake-0");
-  f->fake = backend.get();
-  std::vector<std::unique_ptr<kernels::Backend>> b;
-  b.push_back(std::move(backend));
-  EngineOptions o;
-  o.state_budget_bytes = 1 << 20;
-  o.cpu_workers = 1;
-  o.allow_cuda_ipc = true;
-  o.quality_sample_every = 1;
-  auto e = Engine::Create(DeviceSet::FromBackends(std::move(b), true), o, nullptr, nullptr);
-  Check(e.ok(), "engine");
-  f->engine = std::move(*e);
-  Engine& engine = *f->engine;
-  for (auto* ctx : {&f->mine, &f->none}) ctx->peer.transport = PeerInfo::Transport::kUnix;
-  RequestContext other = f->mine;
-  f->mine.session_id = engine.OpenSession("fuzz")->session_id;
-  other.session_id = engine.OpenSession("other")->session_id;
-  auto reg = [&](const RequestContext& ctx, std::vector<uint8_t>& mem) {
-    auto id = Await<std::string>([&](auto done) {
-      engine.RegisterRegion(ctx, {f->fake->Export(mem.data()), kRegionBytes, "GPU-fake-0"}, done);
-    });
-    Check(id.ok(), "register");
-    return *id;
-  };
-  f->region = reg(f->mine, f->memory);
-  f->other_region = reg(other, f->other_memory);
-  const std::string x = testing::RandomF32(16 * 32, 1);
-  for (const char* name : {"w", "plain"}) {
-    CreateWeightRequest c;
-    c.name = name;
-    c.initial = testing::InlineF32(x, 16, 32);
-    c.options.error_feedback = std::string(name) == "w";
-    c.step = 5;
-    Check(Await<CreateWeightResult>([&](auto d) { engine.CreateWeight(f->none, c, d); }).ok(),
-          "create");
-  }
-  const std::string r = testing::RandomF32(32, 2);
-  QdqRequest q;
-  q.input = testing::InlineF32(r, 2, 16);
-  q.options.residual_key = "r";
-  q.options.step = 3;
-  Check(Await<QdqResult>([&](auto d) { engine.Qdq(f->none, q, d); }).ok(), "residual");
-  return f;
-}
-
-// "R" -> the caller's region, "S" -> the other session's.
 struct Ids {
   const Fixture& f;
   void operator()(RegionSlice& s) const {
@@ -426,6 +365,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<uint8_t> before = f->other_memory;
   fp4q::server::RunOne(*f, data[0], data + 1, size - 1);
   // The other session's memory is never touched, whatever the request.
-  fp4q::server::Check(f->other_memory == before, "another session's region was written");
+  fp4q::server::fuzzing::Check(f->other_memory == before, "another session's region was written");
   return 0;
 }
