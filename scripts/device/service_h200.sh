@@ -200,10 +200,15 @@ for variant in plain spin; do
   ipc_cpp "h200-ipc-$variant-fast" --fast-socket "$fsock"
   ipc_cpp "h200-ipc-$variant-fast-spin" --fast-socket "$fsock" --spin-us 100
   if [[ $variant == plain ]]; then
-    timeout $((load_s + 60)) "$b/bin/fp4q" --server "unix://$work/$srv.sock" bench --clients 32 \
-      --duration "$load_s" --warmup 5 --mix "$mix" --shape 16x256 --server-pid "$pid" --quiet \
-      --fast-socket "$fsock" --json "$work/h200-load-fast.json" > "$work/load-32-fast.txt" 2>&1
-    note "bench 32 clients over the fast socket: exit $? $(grep '^total' "$work/load-32-fast.txt") [$(elapsed)]"
+    # Twice on the same server: the second run shows whether memory stays flat after warm-up.
+    for round in 1 2; do
+      timeout $((load_s + 60)) "$b/bin/fp4q" --server "unix://$work/$srv.sock" bench \
+        --clients 32 --duration "$load_s" --warmup 5 --mix "$mix" --shape 16x256 \
+        --server-pid "$pid" --quiet --fast-socket "$fsock" \
+        --json "$work/h200-load-fast-$round.json" > "$work/load-32-fast-$round.txt" 2>&1
+      note "bench 32 clients over the fast socket, round $round: exit $? $(grep '^total' \
+        "$work/load-32-fast-$round.txt"); $(grep 'RSS' "$work/load-32-fast-$round.txt") [$(elapsed)]"
+    done
   fi
   for t in grpc fast; do
     extra=()
