@@ -147,7 +147,7 @@ void FastSocketServer::Connection::Run(int stop_fd) {
       Read r = Read::kNone;
       do {
         r = ReadFrame(&buf);
-      } while (r == Read::kNone && absl::Now() < until);
+      } while (r == Read::kNone && absl::Now() < until && !server_->stopping_.load());
       if (r == Read::kClosed) break;
       if (r == Read::kFrame) continue;
     }
@@ -534,6 +534,7 @@ void FastSocketServer::Start() {
 
 void FastSocketServer::Stop() {
   if (!accept_thread_.joinable()) return;
+  stopping_.store(true);  // ends busy-polling connections at once
   Poke(stop_fd_);
   accept_thread_.join();
   for (Worker& w : workers_) w.thread.join();

@@ -104,6 +104,7 @@ class FastSocketServer {
   int stop_fd_ = -1;  // eventfd, written once by Stop: readable for every poll() from then on
   std::thread accept_thread_;
   std::list<Worker> workers_;  // accept thread only, until Stop joins them
+  std::atomic<bool> stopping_{false};
   std::atomic<int64_t> open_{0};
   std::atomic<int64_t> refused_{0};
   absl::Time last_refusal_log_ = absl::InfinitePast();  // accept thread only

@@ -560,5 +560,26 @@ TEST(E2eFastSocketTest, AClientThatDiesMidCallLeavesNoConnection) {
   EXPECT_EQ((*server)->Wait(), 0);
 }
 
+// A connection busy-polling (--fast_socket_spin_us at its maximum, 1 s) does not hold up a
+// SIGTERM: fp4qd exits cleanly well within the spin time.
+TEST(E2eFastSocketTest, SigtermEndsABusyPollingConnectionAtOnce) {
+  TempDir dir;
+  const std::string sock = dir.File("fast.sock");
+  auto server = ServerProcess::Start({"--fast_socket=" + sock, "--fast_socket_spin_us=1000000"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = (*server)->Stub();
+  std::unique_ptr<FastSocket> f = Connect(sock, OpenSession(*stub, "spin"));
+  ASSERT_NE(f, nullptr);
+  ASSERT_TRUE(f->KeepAlive().ok());  // the connection thread now spins for 1 s
+  // An open gRPC connection alone holds fp4qd's gRPC shutdown for its 2 s grace period: close
+  // it so that only the fast socket is left to time.
+  stub.reset();
+  const absl::Time t0 = absl::Now();
+  (*server)->Signal(SIGTERM);
+  EXPECT_EQ((*server)->Wait(), 0);
+  EXPECT_LT(absl::Now() - t0, absl::Milliseconds(900)) << (*server)->Log();
+  EXPECT_EQ(f->KeepAlive().status().code(), absl::StatusCode::kUnavailable);
+}
+
 }  // namespace
 }  // namespace fp4q::server::testing
