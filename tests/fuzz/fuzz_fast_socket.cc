@@ -20,6 +20,7 @@
 // - after the client closes, the server's connection count returns to 0 and Stop() returns.
 //
 // Seeds: FP4Q_FUZZ_WRITE_SEEDS=DIR writes the built-in seeds to DIR and exits.
+#include <errno.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -90,7 +91,11 @@ int Connect(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.data(), path.size());
-  Check(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0, "connect");
+  int rc;
+  do {
+    rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  } while (rc != 0 && errno == EINTR);
+  Check(rc == 0, "connect");
   return fd;
 }
 
@@ -99,13 +104,27 @@ void Exchange(int fd, const std::string& frame) {
   v1::FastRequest request;
   const bool is_request = !frame.empty() && frame.size() <= FastSocketServer::kMaxFrameBytes &&
                           request.ParseFromString(frame);
-  Check(::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL) ==
-            static_cast<ssize_t>(frame.size()),
-        "send");
-  pollfd p{fd, POLLIN, 0};
-  Check(::poll(&p, 1, 10000) == 1, "a reply within 10 s");
+  // libFuzzer's -timeout alarm (SIGALRM) interrupts system calls: retry on EINTR.
+  ssize_t sent;
+  do {
+    sent = ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL);
+  } while (sent < 0 && errno == EINTR);
+  Check(sent == static_cast<ssize_t>(frame.size()), "send");
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  int ready = 0;
+  while (ready == 0 || (ready < 0 && errno == EINTR)) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    ready = ::poll(&p, 1, static_cast<int>(left.count()));
+  }
+  Check(ready == 1, "a reply within 10 s");
   std::string buf(FastSocketServer::kMaxFrameBytes + 1, '\0');
-  const ssize_t n = ::recv(fd, buf.data(), buf.size(), 0);
+  ssize_t n;
+  do {
+    n = ::recv(fd, buf.data(), buf.size(), 0);
+  } while (n < 0 && errno == EINTR);
   Check(n > 0 && static_cast<size_t>(n) <= FastSocketServer::kMaxFrameBytes,
         "a reply frame within the limit");
   v1::FastReply reply;
