@@ -34,6 +34,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "google/protobuf/stubs/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -121,6 +122,31 @@ constexpr int kExitPoisoned = 2;
 constexpr int kExitCorruptCheckpoint = 3;
 
 std::atomic<bool> g_poisoned{false};
+
+// libprotobuf logs an ERROR line for each request it cannot parse (e.g. invalid UTF-8 in a
+// string field), on gRPC and the fast socket alike: a hostile client could flood stderr. Its
+// messages go through our logger instead, at most one a second, with the count suppressed.
+Logger* g_protobuf_logger = nullptr;
+std::atomic<int64_t> g_protobuf_last_ns{0};
+std::atomic<int64_t> g_protobuf_suppressed{0};
+
+void ProtobufLog(google::protobuf::LogLevel level, const char* /*filename*/, int /*line*/,
+                 const std::string& message) {
+  if (level == google::protobuf::LOGLEVEL_FATAL) {
+    std::fprintf(stderr, "libprotobuf FATAL: %s\n", message.c_str());
+    return;  // protobuf aborts after its handler returns
+  }
+  const int64_t now = absl::GetCurrentTimeNanos();
+  int64_t last = g_protobuf_last_ns.load();
+  if (now - last < 1000 * 1000 * 1000 || !g_protobuf_last_ns.compare_exchange_strong(last, now)) {
+    g_protobuf_suppressed.fetch_add(1);
+    return;
+  }
+  if (g_protobuf_logger == nullptr) return;
+  g_protobuf_logger->Warning(
+      "libprotobuf", {{"message", message.substr(0, 512)},
+                      {"suppressed_since_last", absl::StrCat(g_protobuf_suppressed.exchange(0))}});
+}
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view flag) {
   std::ifstream in(path, std::ios::binary);
@@ -502,5 +528,7 @@ int main(int argc, char** argv) {
   fp4q::server::Logger log(absl::GetFlag(FLAGS_log_format) == "text"
                                ? fp4q::server::LogFormat::kText
                                : fp4q::server::LogFormat::kJson);
+  fp4q::server::g_protobuf_logger = &log;
+  google::protobuf::SetLogHandler(&fp4q::server::ProtobufLog);
   return fp4q::server::Run(log);
 }

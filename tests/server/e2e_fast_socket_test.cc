@@ -367,6 +367,26 @@ TEST(E2eFastSocketTest, FramesThatAreNotCallsGetTheirCodeAndTheConnectionStays) 
     EXPECT_THAT(r.message(), Not(HasSubstr(other))) << c.name;
     EXPECT_THAT(r.message(), Not(HasSubstr(dir.path()))) << c.name;
   }
+  // Invalid UTF-8 in a string field: each such frame makes libprotobuf log an error; fp4qd
+  // routes those through its logger at most once a second, so 50 of them cannot flood stderr.
+  const std::string bad_utf8("\x08\x01\x52\x04\x0a\x02\xff\xfe", 8);
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(raw.SendBytes(bad_utf8));
+    v1::FastReply r = raw.Receive();
+    EXPECT_EQ(r.code(), 3);
+    EXPECT_THAT(r.message(), HasSubstr("8 bytes are not a fp4q.v1.FastRequest"));
+  }
+  {
+    const std::string log = (*server)->Log();
+    EXPECT_THAT(log, Not(HasSubstr("[libprotobuf ERROR")));
+    size_t lines = 0;
+    for (size_t at = log.find("\"msg\":\"libprotobuf\""); at != std::string::npos;
+         at = log.find("\"msg\":\"libprotobuf\"", at + 1)) {
+      ++lines;
+    }
+    EXPECT_GE(lines, 1u);
+    EXPECT_LE(lines, 3u);
+  }
   // The same connection still works: hello, a call, a second hello refused.
   ASSERT_TRUE(raw.Send(Hello(session, 20)));
   v1::FastReply h = raw.Receive();
