@@ -710,6 +710,23 @@ class ClientProtocolTest(Counting):
         self.assertEqual(self.client.keep_alive(), 7)  # on a new connection
         self.assertEqual(self.fake.connections, 2)
 
+    def test_without_a_timeout_calls_wait_and_carry_no_deadline(self):
+        self.client.close()
+        self.client = fp4q.Client(SERVER.target, fast_socket=self.path)
+        self.client.open_session()
+
+        def slow(n, req):
+            time.sleep(0.3)
+            return self.keep_alive_reply(req)
+
+        self.script = [slow, lambda n, req: self.keep_alive_reply(req, lease=8)]
+        self.assertEqual(self.client.keep_alive(), 7)
+        self.assertEqual(self.client.keep_alive(), 8)
+        (_, hello), (_, first), (_, second) = self.fake.requests
+        self.assertEqual((hello.timeout_micros, first.timeout_micros, second.timeout_micros),
+                         (0, 0, 0))
+        self.assertEqual(self.fake.connections, 1)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -1,14 +1,16 @@
 """Client logic that needs no server: descriptor, options, conversions, region cache."""
 
+import dataclasses
 import types
 import unittest
 from unittest import mock
 
 import grpc
+import numpy as np
 import torch
 
 import fp4q
-from fp4q import _cuda_driver, _messages, ipc, options, results, tensors
+from fp4q import _cuda_driver, _fast_socket, _messages, ipc, options, results, tensors
 from fp4q._messages import pb
 
 
@@ -60,7 +62,75 @@ class OptionsTest(unittest.TestCase):
             options.quant_options(seed=-1).fill(pb.QuantOptions())
 
 
+    def test_per_call_shortcuts_check_like_the_full_path(self):
+        for _ in range(2):  # the second time through the string shortcut
+            self.assertEqual(options.enum_value("format", "mxfp4"), pb.Format.FORMAT_MXFP4)
+            self.assertEqual(options.enum_value("rounding", "SR"), pb.Rounding.ROUNDING_STOCHASTIC)
+            with self.assertRaisesRegex(fp4q.ClientArgumentError, r"format: 'fp8' is not one"):
+                options.enum_value("format", "fp8")
+            with self.assertRaisesRegex(fp4q.ClientArgumentError, r"block: True is not a valid"):
+                options.enum_value("block", True)
+        self.assertEqual(options.enum_value("format", np.int64(2)), 2)
+        for bad in (True, 1.0, -1, 2**64):
+            with self.assertRaises(fp4q.ClientArgumentError):
+                options.quant_options(seed=bad).fill(pb.QuantOptions())
+        msg = options.quant_options(seed=np.uint64(2**64 - 1)).fill(pb.QuantOptions())
+        self.assertEqual(msg.seed, 2**64 - 1)
+
+    def test_quant_options_are_copies(self):
+        a, b = options.quant_options(), options.quant_options()
+        self.assertEqual(a, options.QuantOptions())
+        self.assertIsNot(a, b)
+        base = options.QuantOptions(format="mxfp4", seed=3)
+        same = options.quant_options(base)
+        self.assertEqual(same, base)
+        self.assertIsNot(same, base)
+        self.assertEqual(options.quant_options(base, seed=4),
+                         options.QuantOptions(format="mxfp4", seed=4))
+        self.assertEqual(base.seed, 3)
+
+        @dataclasses.dataclass
+        class Mine(options.QuantOptions):
+            note: str = ""
+
+        mine = options.quant_options(Mine(seed=5, note="n"), step=2)
+        self.assertEqual((type(mine), mine.seed, mine.step, mine.note), (Mine, 5, 2, "n"))
+
+
+def _reference_bytes(t):
+    """tensor_bytes as first written: flat, viewed as bytes, through numpy."""
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
 class TensorConversionTest(unittest.TestCase):
+    def test_inline_bytes_round_trip_every_dtype_and_shape(self):
+        gen = torch.Generator().manual_seed(3)
+        cases = [((), torch.float32), ((5,), torch.float32), ((3, 4), torch.bfloat16),
+                 ((), torch.bfloat16), ((7,), torch.bfloat16), ((2, 0), torch.float32),
+                 ((4, 6), torch.uint8), ((1, 1, 3), torch.float32)]
+        dtypes = {torch.float32: pb.DType.DTYPE_F32, torch.bfloat16: pb.DType.DTYPE_BF16,
+                  torch.uint8: pb.DType.DTYPE_U8}
+        for shape, dtype in cases:
+            if dtype == torch.uint8:
+                x = torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8)
+            else:
+                x = torch.randn(shape, generator=gen).to(dtype)
+            for t in (x, x.t() if x.dim() == 2 else x, x.clone().requires_grad_(dtype != torch.uint8)):
+                with self.subTest(shape=shape, dtype=dtype, contiguous=t.is_contiguous()):
+                    data = tensors.tensor_bytes(t)
+                    self.assertEqual(data, _reference_bytes(t))
+                    back = tensors.from_bytes(data, dtypes[dtype], list(t.shape), "output")
+                    self.assertEqual((back.dtype, tuple(back.shape)), (dtype, tuple(t.shape)))
+                    self.assertTrue(torch.equal(back, t.detach()))
+                    back.zero_()  # a writable tensor of its own
+        for f8 in (pb.DType.DTYPE_F8_E4M3, pb.DType.DTYPE_F8_E8M0):
+            back = tensors.from_bytes(bytes([1, 2, 3, 4]), f8, [2, 2], "scales")
+            self.assertEqual(back.dtype, torch.uint8)
+            self.assertEqual(back.tolist(), [[1, 2], [3, 4]])
+        with self.assertRaisesRegex(fp4q.Fp4qError, r"reply output.shape: \[2, -1\]"):
+            tensors.from_bytes(b"", pb.DType.DTYPE_F32, [2, -1], "output")
+
+
     def test_bf16_bytes_round_trip(self):
         x = torch.tensor([[1.0, -2.5, 3.0e38, float("-inf")]], dtype=torch.bfloat16)
         data = tensors.tensor_bytes(x)
@@ -154,6 +224,130 @@ class RegionCacheTest(unittest.TestCase):
         raw = bytes(range(16))
         self.assertEqual(ipc.format_uuid(raw), "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f")
         self.assertEqual(ipc.normalize_uuid("GPU-ABCD"), ipc.normalize_uuid("abcd"))
+
+
+class FastFrameTest(unittest.TestCase):
+    def test_frames_are_byte_for_byte_fast_requests(self):
+        requests = {
+            "Quantize": pb.QuantizeRequest(input=pb.Tensor(
+                dtype=pb.DType.DTYPE_F32, shape=[2, 16], inline_data=bytes(range(128)))),
+            "Dequantize": pb.DequantizeRequest(input=pb.QuantizedOperand(weight_name="w")),
+            "Qdq": pb.QdqRequest(),
+            "Matmul": pb.MatmulRequest(out_dtype=pb.DType.DTYPE_BF16),
+            "UpdateWeight": pb.UpdateWeightRequest(name="w", step=2**40, lr=0.5),
+            "KeepAlive": pb.KeepAliveRequest(),  # empty: the op is still there
+        }
+        self.assertEqual(set(requests), set(_fast_socket.OPS))
+        for rpc, req in requests.items():
+            frame = _fast_socket.Frame(_fast_socket._OP_KEYS[rpc], req.SerializeToString())
+            bare = pb.FastRequest()
+            getattr(bare, _fast_socket.OPS[rpc]).CopyFrom(req)
+            self.assertEqual(len(frame), bare.ByteSize())
+            for call_id, timeout in ((1, 0), (127, 1), (128, 2**63), (2**64 - 1, 86400 * 10**6),
+                                     (0, 0)):
+                want = pb.FastRequest(call_id=call_id, timeout_micros=timeout)
+                getattr(want, _fast_socket.OPS[rpc]).CopyFrom(req)
+                with self.subTest(rpc=rpc, call_id=call_id, timeout=timeout):
+                    self.assertEqual(frame.data(call_id, timeout), want.SerializeToString())
+        frame = _fast_socket.FastSocket("/nonexistent").frame("Quantize", requests["Quantize"])
+        want = pb.FastRequest(call_id=3, quantize=requests["Quantize"])
+        self.assertEqual(frame.data(3, 0), want.SerializeToString())
+        hello = _fast_socket.Frame(_fast_socket._HELLO_KEY, pb.FastHello(
+            session_id="s" * 200, auth_token="t").SerializeToString())
+        want = pb.FastRequest(call_id=9, hello=pb.FastHello(session_id="s" * 200, auth_token="t"))
+        self.assertEqual(hello.data(9, 0), want.SerializeToString())
+
+    def test_too_large_requests_are_refused(self):
+        fs = _fast_socket.FastSocket("/nonexistent")
+        big = pb.QdqRequest(input=pb.Tensor(dtype=pb.DType.DTYPE_U8, shape=[65536],
+                                            inline_data=bytes(65536)))
+        with self.assertRaises(_fast_socket.FrameTooLarge):
+            fs.frame("Qdq", big)
+        # The request fits but a 4-byte f32 output per input byte would not.
+        out_big = pb.QdqRequest(input=pb.Tensor(dtype=pb.DType.DTYPE_F32, shape=[16384],
+                                                inline_data=bytes(4 * 16384)))
+        with self.assertRaises(_fast_socket.FrameTooLarge):
+            fs.frame("Qdq", out_big)
+
+
+class IpcUuidTest(unittest.TestCase):
+    """The server's GPU spelling is looked up once per ServerInfo reply, not per tensor."""
+
+    def test_lookup_follows_the_server_info(self):
+        c = fp4q.Client("127.0.0.1:1")
+        self.addCleanup(c.close)
+        c._ensure_session = lambda: "s"
+        dev = types.SimpleNamespace(index=0)
+        with mock.patch.object(ipc, "device_uuid", return_value="GPU-00aa") as read_uuid:
+            c._info = pb.ServerInfoReply(backend="cuda", supported_modes=["nvfp4", "cuda_ipc"],
+                                         gpus=[pb.GpuInfo(uuid="gpu-FF"),
+                                               pb.GpuInfo(uuid="00AA")])
+            self.assertEqual(c._ipc_uuid(dev), "00AA")
+            self.assertEqual(c._ipc_uuid(dev), "00AA")
+            c._info = pb.ServerInfoReply(backend="cpu", supported_modes=["nvfp4"])
+            with self.assertRaisesRegex(ipc.NoIpc, r"backend cpu\) does not offer cuda_ipc"):
+                c._ipc_uuid(dev)
+            c._info = pb.ServerInfoReply(backend="cuda", supported_modes=["cuda_ipc"],
+                                         gpus=[pb.GpuInfo(uuid="GPU-FF")])
+            with self.assertRaisesRegex(ipc.NoIpc, r"cuda:0 \(GPU-00aa\) is not a GPU this "
+                                        r"server serves \(\['GPU-FF'\]\)"):
+                c._ipc_uuid(dev)
+            c._info = pb.ServerInfoReply(backend="cuda", supported_modes=["cuda_ipc"],
+                                         gpus=[pb.GpuInfo(uuid="GPU-00AA")])
+            self.assertEqual(c._ipc_uuid(dev), "GPU-00AA")
+            self.assertEqual(read_uuid.call_count, 1)  # the local UUID is read once
+            c._ipc_mode = "never"
+            with self.assertRaisesRegex(ipc.NoIpc, r"ipc='never'"):
+                c._ipc_uuid(dev)
+
+
+class QuantizedReplyTest(unittest.TestCase):
+    """Quantize replies: inline bytes become tensors; outputs written by IPC are the planned ones."""
+
+    def setUp(self):
+        self.c = fp4q.Client("127.0.0.1:1")
+        self.addCleanup(self.c.close)
+        self.cpu = torch.device("cpu")
+
+    def reply(self, codes_region=False, scales_region=False,
+              layout=pb.ScaleLayout.SCALE_LAYOUT_PLAIN):
+        q = pb.QuantizedTensor(shape=[4, 32], format=pb.Format.FORMAT_NVFP4, global_amax=2.0,
+                               s_enc=3.0, scale_layout=layout)
+        if codes_region:
+            q.codes_region.region_id, q.codes_region.offset = "r1", 256
+        else:
+            q.codes = bytes(range(64))
+        sb = results.scale_bytes(q.format, 0, layout, 4, 32)
+        if scales_region:
+            q.scales_region.region_id = "r1"
+        else:
+            q.scales = bytes(i % 256 for i in range(sb))
+        return q
+
+    def test_inline(self):
+        t = self.c._quantized_from_reply(self.reply(), {}, "rowwise", self.cpu)
+        self.assertEqual((t.rows, t.cols, t.format, t.scale_layout), (4, 32, "nvfp4", "plain"))
+        self.assertEqual(t.codes.shape, (4, 16))
+        self.assertEqual(t.codes.flatten().tolist(), list(range(64)))
+        self.assertEqual(t.scales.tolist(), [[0, 1], [2, 3], [4, 5], [6, 7]])
+        swz = self.c._quantized_from_reply(self.reply(layout=pb.ScaleLayout.SCALE_LAYOUT_SWIZZLED),
+                                           {}, "rowwise", self.cpu)
+        self.assertEqual((swz.scale_layout, tuple(swz.scales.shape)), ("swizzled", (512,)))
+
+    def test_planned_outputs(self):
+        codes, scales = torch.zeros(4, 16, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.uint8)
+        planned = {"rowwise_codes": codes, "rowwise_scales": scales}
+        t = self.c._quantized_from_reply(self.reply(True, True), planned, "rowwise", self.cpu)
+        self.assertIs(t.codes, codes)
+        self.assertIs(t.scales, scales)
+        # Planned, but the server sent the bytes inline: those are the result.
+        t = self.c._quantized_from_reply(self.reply(True, False), planned, "rowwise", self.cpu)
+        self.assertIs(t.codes, codes)
+        self.assertIsNot(t.scales, scales)
+        self.assertEqual(t.scales.tolist(), [[0, 1], [2, 3], [4, 5], [6, 7]])
+        with self.assertRaisesRegex(fp4q.Fp4qError, r"reply columnwise.codes: written to a "
+                                    r"region this client did not ask for"):
+            self.c._quantized_from_reply(self.reply(True, False), planned, "columnwise", self.cpu)
 
 
 class ClientConstructionTest(unittest.TestCase):

@@ -34,6 +34,9 @@ _lib_lock = threading.Lock()
 
 def _driver():
     global _lib
+    lib = _lib
+    if lib is not None:  # set once, fully configured
+        return lib
     with _lib_lock:
         if _lib is None:
             try:
@@ -51,12 +54,13 @@ def _driver():
         return _lib
 
 
-def _check(result, what):
+def _check(result, what, *args):
+    """Raises DriverError naming `what % args` (formatted only then) unless result is 0."""
     if result != 0:
         name = ctypes.c_char_p()
         _driver().cuGetErrorName(result, ctypes.byref(name))
         label = name.value.decode() if name.value else "CUresult %d" % result
-        raise DriverError("%s failed: %s" % (what, label))
+        raise DriverError("%s failed: %s" % (what % args, label))
 
 
 def address_range(ptr):
@@ -64,7 +68,7 @@ def address_range(ptr):
     base = ctypes.c_uint64()
     size = ctypes.c_size_t()
     _check(_driver().cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ptr),
-           "cuMemGetAddressRange(0x%x)" % ptr)
+           "cuMemGetAddressRange(0x%x)", ptr)
     return base.value, size.value
 
 
@@ -72,15 +76,15 @@ def ipc_handle(base):
     """The 64-byte cudaIpcMemHandle of the allocation whose base is `base`."""
     handle = _IpcMemHandle()
     _check(_driver().cuIpcGetMemHandle(ctypes.byref(handle), base),
-           "cuIpcGetMemHandle(0x%x)" % base)
+           "cuIpcGetMemHandle(0x%x)", base)
     return ctypes.string_at(ctypes.addressof(handle), IPC_HANDLE_BYTES)
 
 
 def device_uuid_bytes(ordinal):
     """The 16 UUID bytes of the device with this (visible) ordinal."""
     dev = ctypes.c_int()
-    _check(_driver().cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet(%d)" % ordinal)
+    _check(_driver().cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet(%d)", ordinal)
     uuid = _Uuid()
     _check(_driver().cuDeviceGetUuid(ctypes.byref(uuid), dev.value),
-           "cuDeviceGetUuid(%d)" % ordinal)
+           "cuDeviceGetUuid(%d)", ordinal)
     return bytes(uuid.bytes)

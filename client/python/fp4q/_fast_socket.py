@@ -130,6 +130,51 @@ def reply_inline_bytes(rpc, req):
     return 0
 
 
+def _varint(n):
+    """Protobuf's base-128 varint of a non-negative integer."""
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _key(field, wire_type):
+    """The key of FastRequest's field `field`: its number << 3 | the wire type, as a varint."""
+    return _varint(pb.FastRequest.DESCRIPTOR.fields_by_name[field].number << 3 | wire_type)
+
+
+_OP_KEYS = {rpc: _key(field, 2) for rpc, field in OPS.items()}  # 2: length-delimited
+_HELLO_KEY = _key("hello", 2)
+_CALL_ID_KEY = _key("call_id", 0)  # 0: varint (uint64)
+_TIMEOUT_KEY = _key("timeout_micros", 0)
+
+
+class Frame:
+    """A FastRequest but for call_id and timeout_micros, which each send fills in.
+
+    Holds the serialized oneof member (key, length, the request's own serialization): data() puts
+    the two varint fields before it, byte for byte what FastRequest.SerializeToString() writes
+    (fields in number order, zero values left out), without copying the request into a
+    FastRequest and serializing it again."""
+
+    __slots__ = ("op_bytes",)
+
+    def __init__(self, key, body):
+        self.op_bytes = key + _varint(len(body)) + body
+
+    def __len__(self):
+        """The size of the frame without call_id and timeout_micros (FastRequest.ByteSize())."""
+        return len(self.op_bytes)
+
+    def data(self, call_id, timeout_micros):
+        head = _CALL_ID_KEY + _varint(call_id) if call_id else b""
+        if timeout_micros:
+            head += _TIMEOUT_KEY + _varint(timeout_micros)
+        return head + self.op_bytes
+
+
 class FrameTooLarge(Exception):
     """The request or its reply does not fit in one frame (the caller uses gRPC instead)."""
 
@@ -148,12 +193,20 @@ class _SendGone(Exception):
 
 
 class _Conn:
-    __slots__ = ("sock", "session_id", "generation")
+    __slots__ = ("sock", "session_id", "generation", "timeout")
 
     def __init__(self, sock, session_id, generation):
         self.sock = sock
         self.session_id = session_id
         self.generation = generation
+        self.timeout = sock.gettimeout()
+
+    def settimeout(self, seconds):
+        """sock.settimeout, skipped when unchanged (each one costs system calls)."""
+        if seconds is None and self.timeout is None:
+            return
+        self.sock.settimeout(seconds)
+        self.timeout = seconds
 
     def close(self):
         try:
@@ -242,7 +295,7 @@ class FastSocket:
     # ------------------------------------------------------------------ calls
 
     def frame(self, rpc, request):
-        """A FastRequest carrying `request` (call_id and timeout are filled in when it is sent).
+        """A Frame carrying `request` (call_id and timeout are filled in when it is sent).
         Raises FrameTooLarge when it cannot fit in a frame (checked exactly when sent), or when
         its reply might not: the server would do the work and then answer RESOURCE_EXHAUSTED."""
         if request.ByteSize() > MAX_FRAME_BYTES:
@@ -253,9 +306,8 @@ class FastSocket:
             out = None
         if out is None or out > MAX_FRAME_BYTES - REPLY_MARGIN_BYTES:
             raise FrameTooLarge()
-        msg = pb.FastRequest()
-        getattr(msg, OPS[rpc]).CopyFrom(request)
-        if msg.ByteSize() > MAX_FRAME_BYTES:
+        msg = Frame(_OP_KEYS[rpc], request.SerializeToString())
+        if len(msg) > MAX_FRAME_BYTES:
             raise FrameTooLarge()
         return msg
 
@@ -309,17 +361,16 @@ class FastSocket:
         conn = _Conn(sock, session_id, generation)
         ok = False
         try:
-            sock.settimeout(_remaining(deadline, rpc))
+            conn.settimeout(_remaining(deadline, rpc))
             try:
                 sock.connect(self.path)
             except socket.timeout:
                 raise _deadline_error(rpc) from None
             except OSError as e:
                 raise self._unavailable(rpc, "connect: %s" % (e.strerror or e)) from None
-            hello = pb.FastRequest()
-            hello.hello.session_id = session_id
-            hello.hello.auth_token = token or ""
-            reply = self._exchange(conn, rpc, hello, deadline, False)
+            hello = pb.FastHello(session_id=session_id, auth_token=token or "")
+            reply = self._exchange(conn, rpc, Frame(_HELLO_KEY, hello.SerializeToString()),
+                                   deadline, False)
             if reply.code != 0:
                 raise HelloRefused(status_code(reply.code), reply.message)
             self._payload(reply, "hello", rpc)
@@ -331,19 +382,17 @@ class FastSocket:
                 conn.close()
 
     def _exchange(self, conn, rpc, msg, deadline, reused):
-        """One frame out, one frame in: the FastReply with our call_id (its code unchecked).
-        Raising leaves `conn` out of step (the caller closes it)."""
+        """One frame (`msg`, a Frame) out, one frame in: the FastReply with our call_id (its code
+        unchecked). Raising leaves `conn` out of step (the caller closes it)."""
         sock = conn.sock
         call_id = self._next_id()
-        msg.call_id = call_id
         left = _remaining(deadline, rpc)
-        msg.timeout_micros = 0 if left is None else min(max(1, int(left * 1e6)),
-                                                        MAX_TIMEOUT_MICROS)
-        data = msg.SerializeToString()
+        timeout_micros = 0 if left is None else min(max(1, int(left * 1e6)), MAX_TIMEOUT_MICROS)
+        data = msg.data(call_id, timeout_micros)
         if len(data) > MAX_FRAME_BYTES:
             raise FrameTooLarge()
         try:
-            sock.settimeout(left)
+            conn.settimeout(left)
             sent = sock.send(data)
         except socket.timeout:
             raise _deadline_error(rpc) from None
@@ -354,7 +403,7 @@ class FastSocket:
         if sent != len(data):
             raise self._unavailable(rpc, "send: %d of %d bytes sent" % (sent, len(data)))
         try:
-            sock.settimeout(_remaining(deadline, rpc))
+            conn.settimeout(_remaining(deadline, rpc))
             data = sock.recv(MAX_FRAME_BYTES + 1)
         except socket.timeout:
             raise _deadline_error(rpc) from None

@@ -51,10 +51,10 @@ class Transfer:
         if not isinstance(tensor, torch.Tensor):
             raise tensors.ClientArgumentError("%s: expected a torch.Tensor, got %s" %
                                               (field, type(tensor).__name__))
-        t = tensor.detach()
+        t = tensor.detach() if tensor.requires_grad else tensor
         msg.dtype = tensors.proto_dtype(t, field)
         del msg.shape[:]
-        msg.shape.extend(int(d) for d in t.shape)
+        msg.shape.extend(t.shape)
         slot = self.input_region(t)
         if slot is None:
             msg.inline_data = tensors.tensor_bytes(t)
@@ -64,7 +64,7 @@ class Transfer:
 
     def input_region(self, t):
         """(region_id, offset) holding `t`'s bytes, or None to send it inline."""
-        if t.device.type != "cuda" or t.numel() == 0:
+        if not t.is_cuda or t.numel() == 0:
             return None
         try:
             src = t.contiguous()

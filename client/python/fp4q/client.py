@@ -92,6 +92,7 @@ class Client:
         self._epoch = None
         self._info = None
         self._uuids = {}
+        self._served = None  # (ServerInfoReply, {normalized GPU UUID: the server's spelling})
         self._arenas = {}
         self._ipc_disabled = None  # server's refusal message, once seen
         self._regions = ipc_mod.RegionCache(self._register_for_cache, self._unregister_quietly,
@@ -266,8 +267,15 @@ class Client:
         if self._ipc_disabled:
             raise ipc_mod.NoIpc(self._ipc_disabled)
         info = self._server_info_cached()
-        if "cuda_ipc" not in info.supported_modes:
-            raise ipc_mod.NoIpc("the server (backend %s) does not offer cuda_ipc" % info.backend)
+        served = self._served
+        if served is None or served[0] is not info:
+            if "cuda_ipc" not in info.supported_modes:
+                raise ipc_mod.NoIpc("the server (backend %s) does not offer cuda_ipc" %
+                                    info.backend)
+            by_uuid = {}
+            for gpu in info.gpus:
+                by_uuid.setdefault(ipc_mod.normalize_uuid(gpu.uuid), gpu.uuid)
+            served = self._served = (info, by_uuid)  # per ServerInfo reply, not per tensor
         index = device.index if device.index is not None else torch.cuda.current_device()
         uuid = self._uuids.get(index)
         if uuid is None:
@@ -276,13 +284,12 @@ class Client:
             except Exception as e:  # noqa: BLE001 - any driver failure means "no IPC"
                 raise ipc_mod.NoIpc("cannot read the UUID of cuda:%d: %s" % (index, e)) from e
             self._uuids[index] = uuid
-        for gpu in info.gpus:
-            if ipc_mod.normalize_uuid(gpu.uuid) == ipc_mod.normalize_uuid(uuid):
-                self._ensure_session()
-                return gpu.uuid
-        served = [g.uuid for g in info.gpus]
+        spelling = served[1].get(ipc_mod.normalize_uuid(uuid))
+        if spelling is not None:
+            self._ensure_session()
+            return spelling
         raise ipc_mod.NoIpc("cuda:%d (%s) is not a GPU this server serves (%s): another node "
-                            "or another GPU" % (index, uuid, served))
+                            "or another GPU" % (index, uuid, [g.uuid for g in info.gpus]))
 
     def _ipc_refused(self, device, reason):
         if self._ipc_mode == "require":
@@ -308,6 +315,8 @@ class Client:
             pass
 
     def _arena_for(self, device):
+        if not self._arenas:
+            return None
         return self._arenas.get(str(torch.device(device)))
 
     def enable_arena(self, device, nbytes=64 << 20, max_tensor_bytes=1 << 20):
@@ -446,29 +455,34 @@ class Client:
         return planned
 
     def _quantized_from_reply(self, q, planned, which, device):
-        if len(q.shape) != 2:
+        q_shape = q.shape
+        if len(q_shape) != 2:
             raise Fp4qError(grpc.StatusCode.INTERNAL,
-                            "reply %s.shape: %s is not [rows, cols]" % (which, list(q.shape)))
-        rows, cols = int(q.shape[0]), int(q.shape[1])
-        fmt = opts.enum_name("format", q.format)
-        layout = opts.enum_name("scale_layout", q.scale_layout)
-        sb = results.scale_bytes(q.format, 0, q.scale_layout, rows, cols)
+                            "reply %s.shape: %s is not [rows, cols]" % (which, list(q_shape)))
+        rows, cols = int(q_shape[0]), int(q_shape[1])
+        q_format, q_layout = q.format, q.scale_layout
+        fmt = opts.enum_name("format", q_format)
+        layout = opts.enum_name("scale_layout", q_layout)
+        sb = results.scale_bytes(q_format, 0, q_layout, rows, cols)
         if sb is None:
             raise Fp4qError(grpc.StatusCode.INTERNAL, "reply %s: shape %s cannot be quantized"
                             % (which, [rows, cols]))
         scale_shape = (sb,) if layout == "swizzled" else (rows, sb // rows)
         parts = {}
-        for name, shape, dtype in (("codes", (rows, cols // 2), pb.DType.DTYPE_U8),
-                                   ("scales", scale_shape, pb.DType.DTYPE_U8)):
-            kind = q.WhichOneof(name + "_data")
-            planned_t = planned.get("%s_%s" % (which, name))
-            if kind == name + "_region" and planned_t is None:
+        for name, data_oneof, region, shape in (
+                ("codes", "codes_data", "codes_region", (rows, cols // 2)),
+                ("scales", "scales_data", "scales_region", scale_shape)):
+            kind = q.WhichOneof(data_oneof)
+            planned_t = planned.get(which + "_" + name) if planned else None
+            if kind == region and planned_t is None:
                 raise Fp4qError(grpc.StatusCode.INTERNAL, "reply %s.%s: written to a region "
                                 "this client did not ask for" % (which, name))
-            use_planned = planned_t if kind != name else None
-            parts[name] = _transport.result_tensor(
-                use_planned, getattr(q, name), dtype, shape, device,
-                "%s.%s" % (which, name))
+            if kind != name and planned_t is not None:
+                parts[name] = planned_t  # the server wrote it by IPC
+            else:
+                parts[name] = _transport.result_tensor(
+                    None, getattr(q, name), pb.DType.DTYPE_U8, shape, device,
+                    which + "." + name)
         return results.QuantizedTensor(
             codes=parts["codes"], scales=parts["scales"], rows=rows, cols=cols,
             global_amax=q.global_amax, s_enc=q.s_enc, format=fmt,

@@ -26,11 +26,23 @@ _ENUMS = {
 }
 
 
+# (option, str value) -> enum number, for the strings accepted once (a per-call shortcut).
+_BY_STRING = {}
+_BY_STRING_MAX = 4096
+
+
 def enum_value(option, value):
     """The enum number for `value` of `option` (see the module doc)."""
-    enum, prefix, aliases = _ENUMS[option]
     if value is None:
         return 0
+    kind = type(value)
+    if kind is int:
+        return value
+    if kind is str:
+        number = _BY_STRING.get((option, value))
+        if number is not None:
+            return number
+    enum, prefix, aliases = _ENUMS[option]
     if isinstance(value, bool):
         raise ClientArgumentError("%s: %r is not a valid value" % (option, value))
     if isinstance(value, numbers.Integral):
@@ -42,6 +54,8 @@ def enum_value(option, value):
     if number is None or number == 0:
         accepted = sorted(n[len(prefix):].lower() for n, v in enum.by_name.items() if v)
         raise ClientArgumentError("%s: %r is not one of %s" % (option, value, accepted))
+    if kind is str and len(_BY_STRING) < _BY_STRING_MAX:
+        _BY_STRING[(option, value)] = number
     return number
 
 
@@ -95,7 +109,14 @@ class QuantOptions:
         return msg
 
 
+_FIELD_ORDER = tuple(f.name for f in dataclasses.fields(QuantOptions))
+_FIELD_NAMES = frozenset(_FIELD_ORDER)
+
+
 def _set_uint(msg, field, value):
+    if type(value) is int and 0 <= value < 2**64:
+        setattr(msg, field, value)
+        return
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ClientArgumentError("%s: %r is not an integer" % (field, value))
     if not 0 <= int(value) < 2**64:
@@ -109,9 +130,16 @@ def quant_options(options=None, **kwargs):
     if not isinstance(base, QuantOptions):
         raise ClientArgumentError("options: expected fp4q.QuantOptions, got %s" %
                                   type(base).__name__)
-    names = {f.name for f in dataclasses.fields(QuantOptions)}
-    unknown = sorted(set(kwargs) - names)
-    if unknown:
-        raise ClientArgumentError("unknown quantization option(s) %s; known: %s" %
-                                  (unknown, sorted(names)))
-    return dataclasses.replace(base, **kwargs)
+    if kwargs:
+        unknown = sorted(set(kwargs) - _FIELD_NAMES)
+        if unknown:
+            raise ClientArgumentError("unknown quantization option(s) %s; known: %s" %
+                                      (unknown, sorted(_FIELD_NAMES)))
+    if options is None and not kwargs:
+        return QuantOptions()
+    if type(base) is not QuantOptions:
+        return dataclasses.replace(base, **kwargs)
+    # dataclasses.replace(base, **kwargs), without its per-call field introspection.
+    values = {name: getattr(base, name) for name in _FIELD_ORDER}
+    values.update(kwargs)
+    return QuantOptions(**values)
