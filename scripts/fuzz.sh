@@ -4,7 +4,7 @@
 #                   [--seed] [--no-merge]
 # Default: each target for --seconds (300) on new inputs, the committed corpus
 # (tests/fuzz/corpus/<target>) extended with what it finds, then minimized (-merge=1).
-# --smoke (CI, ctest fp4q_fuzz_smoke): each target over its corpus plus 25 s of new inputs,
+# --smoke (CI, ctest fp4q_fuzz_smoke): each target over its corpus plus 15 s of new inputs,
 #   the corpus left as committed. Exit 77 (ctest: skipped) when clang or libFuzzer is missing.
 # --seed: (re)writes each target's built-in seeds (seed-*) into its corpus, then stops.
 # Environment: FP4Q_JOBS (build jobs, default nproc). Logs: <build-dir>/fuzz-<target>.log.
@@ -22,7 +22,7 @@ while (($#)); do
     --build-dir) build_dir="$2"; shift 2 ;;
     --target) [[ "$2" == all ]] || targets=("$2"); shift 2 ;;
     --seconds) seconds="$2"; shift 2 ;;
-    --smoke) smoke=1; seconds=25; shift ;;
+    --smoke) smoke=1; seconds=15; shift ;;
     --seed) seed=1; shift ;;
     --no-merge) merge=0; shift ;;
     -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
