@@ -19,6 +19,7 @@ import csv
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 
@@ -78,6 +79,37 @@ def check_handle_matches_torch(ipc):
     return {"ok": raw == ours and offset == st.data_ptr() - base and
             view.data_ptr() - base == 4096 + offset,
             "torch_handle_len": len(handle), "offset": offset, "allocation_bytes": size}
+
+
+def check_buffer_id_identifies_allocation(ipc):
+    """The RegionCache hit path: cuPointerGetAttributes gives the allocation's base and a
+    buffer id, also from a thread with no current context, and a new id after a re-allocation
+    at the same address; a cached tensor then costs no IPC handle export."""
+    torch.cuda.empty_cache()
+    a = torch.empty(32 << 20, dtype=torch.uint8, device="cuda")  # a segment of its own
+    ptr = a.data_ptr() + 4096
+    base, size = fp4q._cuda_driver.address_range(ptr)
+    start, range_size, buffer_id = fp4q._cuda_driver.allocation_identity(ptr)
+    other = []
+    t = threading.Thread(target=lambda: other.append(
+        fp4q._cuda_driver.allocation_identity(ptr)))
+    t.start()
+    t.join()
+    del a
+    torch.cuda.empty_cache()
+    b = torch.empty(32 << 20, dtype=torch.uint8, device="cuda")
+    start2, _, buffer_id2 = fp4q._cuda_driver.allocation_identity(b.data_ptr())
+    hits0, regs0 = ipc._regions.hits, ipc._regions.registrations
+    for _ in range(3):
+        ipc.register_tensor(b[256:])
+    hits, regs = ipc._regions.hits - hits0, ipc._regions.registrations - regs0
+    return {"ok": start == base and buffer_id != 0 and other == [(start, range_size, buffer_id)]
+            and (start2 != start or buffer_id2 != buffer_id) and hits == 2 and regs <= 1,
+            "range_start_is_base": start == base, "range_size": range_size,
+            "address_range_size": size, "buffer_id": buffer_id,
+            "same_from_thread_without_context": other == [(start, range_size, buffer_id)],
+            "realloc_same_base": start2 == start, "realloc_new_buffer_id": buffer_id2 != buffer_id,
+            "cache_hits": hits, "registrations": regs}
 
 
 def check_ipc_equals_inline(ipc, inline):
@@ -273,6 +305,8 @@ def main():
     try:
         checks.run("server_serves_this_gpu_with_ipc", lambda: check_server(ipc, server))
         checks.run("handle_matches_torch_sharing", lambda: check_handle_matches_torch(ipc))
+        checks.run("buffer_id_identifies_allocation",
+                   lambda: check_buffer_id_identifies_allocation(ipc))
         checks.run("ipc_bit_identical_to_inline", lambda: check_ipc_equals_inline(ipc, inline))
         checks.run("registration_cached_one_open_per_allocation",
                    lambda: check_registration_cached(ipc, inline, server))

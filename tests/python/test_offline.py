@@ -1,5 +1,6 @@
 """Client logic that needs no server: descriptor, options, conversions, region cache."""
 
+import ctypes
 import dataclasses
 import types
 import unittest
@@ -170,21 +171,48 @@ class RegionCacheTest(unittest.TestCase):
     """The cache logic with the driver replaced by a table of fake allocations."""
 
     def setUp(self):
-        self.allocs = {0x10000: (0x100000, b"A" * 64), 0x200000: (0x1000, b"B" * 64)}
+        # base -> (size, IPC handle, buffer id)
+        self.allocs = {0x10000: (0x100000, b"A" * 64, 1), 0x200000: (0x1000, b"B" * 64, 2)}
         self.registered, self.unregistered = [], []
+        self.calls = []  # driver calls made, in order
+        self.identity_works = True
+
+        def find(ptr):
+            for base, (size, handle, buffer_id) in self.allocs.items():
+                if base <= ptr < base + size:
+                    return base, size, handle, buffer_id
+            return None
+
+        def allocation_identity(ptr):
+            self.calls.append("cuPointerGetAttributes")
+            if not self.identity_works:
+                raise _cuda_driver.DriverError("cuPointerGetAttributes(0x%x) failed: "
+                                               "CUDA_ERROR_INVALID_CONTEXT" % ptr)
+            hit = find(ptr)
+            return (hit[0], hit[1], hit[3]) if hit else (0, 0, 0)  # unknown pointer: zeros
 
         def address_range(ptr):
-            for base, (size, _) in self.allocs.items():
-                if base <= ptr < base + size:
-                    return base, size
-            raise _cuda_driver.DriverError("cuMemGetAddressRange(0x%x) failed: "
-                                           "CUDA_ERROR_NOT_FOUND" % ptr)
+            self.calls.append("cuMemGetAddressRange")
+            hit = find(ptr)
+            if hit is None:
+                raise _cuda_driver.DriverError("cuMemGetAddressRange(0x%x) failed: "
+                                               "CUDA_ERROR_NOT_FOUND" % ptr)
+            return hit[0], hit[1]
 
         def ipc_handle(base):
+            self.calls.append("cuIpcGetMemHandle")
             return self.allocs[base][1]
 
-        patches = [mock.patch.object(_cuda_driver, "address_range", address_range),
-                   mock.patch.object(_cuda_driver, "ipc_handle", ipc_handle)]
+        real_current_device = ipc._current_device
+
+        def current_device(index):
+            self.calls.append("device switch")
+            return real_current_device(index)
+
+        patches = [mock.patch.object(_cuda_driver, "allocation_identity", allocation_identity),
+                   mock.patch.object(_cuda_driver, "address_range", address_range),
+                   mock.patch.object(_cuda_driver, "ipc_handle", ipc_handle),
+                   mock.patch.object(ipc, "_current_device", current_device)]
         for p in patches:
             p.start()
             self.addCleanup(p.stop)
@@ -201,29 +229,117 @@ class RegionCacheTest(unittest.TestCase):
         self.assertEqual(self.registered, [(b"A" * 64, 0x100000, "GPU-x")])
         self.assertEqual(self.cache.slice_for(FakeTensor(0x200010), "GPU-x"), ("r2", 16))
         self.assertEqual(self.cache.registrations, 2)
+        self.assertEqual(self.cache.hits, 1)
+
+    def test_a_hit_is_one_driver_call_without_export_or_device_switch(self):
+        self.cache.slice_for(FakeTensor(0x10000), "GPU-x")
+        self.assertEqual(self.calls, ["cuPointerGetAttributes", "device switch",
+                                      "cuMemGetAddressRange", "cuIpcGetMemHandle"])
+        del self.calls[:]
+        self.assertEqual(self.cache.slice_for(FakeTensor(0x10000 + 256), "GPU-x"), ("r1", 256))
+        self.assertEqual(self.calls, ["cuPointerGetAttributes"])
+        self.assertEqual((self.cache.registrations, self.cache.hits), (1, 1))
+        # The same address on another device is another allocation.
+        self.assertEqual(self.cache.slice_for(FakeTensor(0x10000, index=1), "GPU-y"), ("r2", 0))
 
     def test_reallocated_address_gets_a_new_region_and_drops_the_stale_one(self):
         self.cache.slice_for(FakeTensor(0x10000), "GPU-x")
-        self.allocs[0x10000] = (0x100000, b"C" * 64)  # freed and re-made at the same base
+        self.allocs[0x10000] = (0x100000, b"C" * 64, 3)  # freed and re-made at the same base
         self.assertEqual(self.cache.slice_for(FakeTensor(0x10000), "GPU-x"), ("r2", 0))
         self.assertEqual(self.unregistered, ["r1"])
 
+    def test_a_new_buffer_id_re_exports_even_with_an_equal_handle_and_size(self):
+        self.cache.slice_for(FakeTensor(0x10000), "GPU-x")
+        self.allocs[0x10000] = (0x100000, b"A" * 64, 7)
+        del self.calls[:]
+        self.assertEqual(self.cache.slice_for(FakeTensor(0x10040), "GPU-x"), ("r2", 0x40))
+        self.assertIn("cuIpcGetMemHandle", self.calls)
+        self.assertEqual(self.unregistered, ["r1"])
+        self.assertEqual(self.registered[-1], (b"A" * 64, 0x100000, "GPU-x"))
+        del self.calls[:]
+        self.assertEqual(self.cache.slice_for(FakeTensor(0x10000), "GPU-x"), ("r2", 0))
+        self.assertEqual(self.calls, ["cuPointerGetAttributes"])
+
+    def test_without_buffer_ids_the_handle_tells_staleness(self):
+        self.identity_works = False
+        self.assertEqual(self.cache.slice_for(FakeTensor(0x10000), "GPU-x"), ("r1", 0))
+        self.assertEqual(self.cache.slice_for(FakeTensor(0x10010), "GPU-x"), ("r1", 16))
+        self.assertEqual((self.cache.registrations, self.cache.hits), (1, 0))
+        self.allocs[0x10000] = (0x100000, b"C" * 64, 3)
+        self.assertEqual(self.cache.slice_for(FakeTensor(0x10000), "GPU-x"), ("r2", 0))
+        self.assertEqual(self.unregistered, ["r1"])
+        # Buffer ids readable again: the region is re-registered once, then hit.
+        self.identity_works = True
+        self.assertEqual(self.cache.slice_for(FakeTensor(0x10000), "GPU-x"), ("r3", 0))
+        self.assertEqual(self.cache.slice_for(FakeTensor(0x10000), "GPU-x"), ("r3", 0))
+        self.assertEqual((self.unregistered, self.cache.hits), (["r1", "r2"], 1))
+
     def test_lru_eviction_and_refusals(self):
-        self.allocs[0x300000] = (0x1000, b"D" * 64)
+        self.allocs[0x300000] = (0x1000, b"D" * 64, 4)
         self.cache.slice_for(FakeTensor(0x10000), "GPU-x")
         self.cache.slice_for(FakeTensor(0x200000), "GPU-x")
         self.cache.slice_for(FakeTensor(0x10000), "GPU-x")  # most recent now
         self.cache.slice_for(FakeTensor(0x300000), "GPU-x")
         self.assertEqual(self.unregistered, ["r2"])
+        hits = self.cache.hits
         with self.assertRaisesRegex(ipc.NoIpc, r"offset 8 in its allocation is not a multiple"):
-            self.cache.slice_for(FakeTensor(0x10008), "GPU-x")
+            self.cache.slice_for(FakeTensor(0x10008), "GPU-x")  # cached allocation
+        self.assertEqual(self.cache.hits, hits)
+        with self.assertRaisesRegex(ipc.NoIpc, r"offset 8 in its allocation is not a multiple"):
+            self.cache.slice_for(FakeTensor(0x200008), "GPU-x")  # evicted: exported again
+        with self.assertRaisesRegex(ipc.NoIpc, r"no IPC handle for this allocation \(.*"
+                                    r"CUDA_ERROR_NOT_FOUND\); expandable_segments"):
+            self.cache.slice_for(FakeTensor(0x900000), "GPU-x")
+        self.identity_works = False
         with self.assertRaisesRegex(ipc.NoIpc, r"CUDA_ERROR_NOT_FOUND"):
             self.cache.slice_for(FakeTensor(0x900000), "GPU-x")
+
+    def test_export_failure_is_no_ipc_and_caches_nothing(self):
+        def no_handle(base):
+            raise _cuda_driver.DriverError("cuIpcGetMemHandle(0x%x) failed: "
+                                           "CUDA_ERROR_INVALID_VALUE" % base)
+        with mock.patch.object(_cuda_driver, "ipc_handle", no_handle):
+            for _ in range(2):
+                with self.assertRaisesRegex(ipc.NoIpc, r"CUDA_ERROR_INVALID_VALUE.*"
+                                            r"expandable_segments allocations cannot be shared"):
+                    self.cache.slice_for(FakeTensor(0x10000), "GPU-x")
+        self.assertEqual((self.registered, self.cache.region_ids()), ([], []))
 
     def test_uuid_spelling(self):
         raw = bytes(range(16))
         self.assertEqual(ipc.format_uuid(raw), "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f")
         self.assertEqual(ipc.normalize_uuid("GPU-ABCD"), ipc.normalize_uuid("abcd"))
+
+
+class CudaDriverTest(unittest.TestCase):
+    """allocation_identity's ctypes marshalling against a fake libcuda."""
+
+    def test_one_cu_pointer_get_attributes_call_reads_start_size_and_buffer_id(self):
+        seen = []
+
+        class FakeLib:
+            def cuPointerGetAttributes(self, n, attrs, data, ptr):
+                seen.append((n, list(attrs[:n]), ptr))
+                values = {11: 0x7f0000000000, 12: 2 << 20, 7: 42}
+                if ptr == 0xdead:
+                    return 201  # CUDA_ERROR_INVALID_CONTEXT
+                for i in range(n):
+                    ctypes.c_uint64.from_address(data[i]).value = values[attrs[i]]
+                return 0
+
+            def cuGetErrorName(self, result, name):
+                return 0
+
+        with mock.patch.object(_cuda_driver, "_lib", FakeLib()):
+            self.assertEqual(_cuda_driver.allocation_identity(0x7f0000000100),
+                             (0x7f0000000000, 2 << 20, 42))
+            with self.assertRaisesRegex(_cuda_driver.DriverError,
+                                        r"cuPointerGetAttributes\(0xdead\) failed: CUresult 201"):
+                _cuda_driver.allocation_identity(0xdead)
+        self.assertEqual(seen[0], (3, [11, 12, 7], 0x7f0000000100))
+        self.assertEqual((_cuda_driver.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                          _cuda_driver.CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                          _cuda_driver.CU_POINTER_ATTRIBUTE_BUFFER_ID), (11, 12, 7))
 
 
 class FastFrameTest(unittest.TestCase):

@@ -15,6 +15,11 @@ import threading
 
 IPC_HANDLE_BYTES = 64
 
+# CUpointer_attribute values (cuda.h, CUDA 12 and 13; ABI-stable enum).
+CU_POINTER_ATTRIBUTE_BUFFER_ID = 7
+CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11
+CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12
+
 
 class DriverError(RuntimeError):
     pass
@@ -46,6 +51,9 @@ def _driver():
             lib.cuMemGetAddressRange_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64),
                                                     ctypes.POINTER(ctypes.c_size_t),
                                                     ctypes.c_uint64]
+            lib.cuPointerGetAttributes.argtypes = [ctypes.c_uint, ctypes.POINTER(ctypes.c_int),
+                                                   ctypes.POINTER(ctypes.c_void_p),
+                                                   ctypes.c_uint64]
             lib.cuIpcGetMemHandle.argtypes = [ctypes.POINTER(_IpcMemHandle), ctypes.c_uint64]
             lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
             lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
@@ -70,6 +78,38 @@ def address_range(ptr):
     _check(_driver().cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ptr),
            "cuMemGetAddressRange(0x%x)", ptr)
     return base.value, size.value
+
+
+_IDENTITY_ATTRS = (ctypes.c_int * 3)(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                     CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                     CU_POINTER_ATTRIBUTE_BUFFER_ID)
+
+
+class _IdentityBuffers(threading.local):
+    """Per-thread result slots for allocation_identity (no ctypes allocation per call)."""
+
+    def __init__(self):
+        self.values = (ctypes.c_uint64 * 3)()
+        at = ctypes.addressof(self.values)
+        self.data = (ctypes.c_void_p * 3)(at, at + 8, at + 16)
+
+
+_identity_buffers = _IdentityBuffers()
+
+
+def allocation_identity(ptr):
+    """(range start, range size, buffer id) of the allocation containing `ptr`, by one
+    cuPointerGetAttributes call (cuda.h states no current-context requirement for these
+    attributes, unlike CONTEXT/MEMORY_TYPE/DEVICE_POINTER; gpu_ipc_check.py checks it from a
+    thread with no context). The buffer id is
+    unique over the process lifetime (an allocation freed and re-made at the same address gets
+    a new one). All three are 0 for a pointer the driver does not know."""
+    b = _identity_buffers
+    result = _driver().cuPointerGetAttributes(3, _IDENTITY_ATTRS, b.data, ptr)
+    if result:
+        _check(result, "cuPointerGetAttributes(0x%x)", ptr)
+    v = b.values
+    return v[0], v[1], v[2]
 
 
 def ipc_handle(base):

@@ -26,8 +26,9 @@ class Transfer:
 
     def _region_for(self, tensor):
         """(region_id, offset) for a CUDA tensor, or raises ipc.NoIpc."""
-        uuid = self._client._ipc_uuid(tensor.device)
-        arena = self._client._arena_for(tensor.device)
+        device = tensor.device
+        uuid = self._client._ipc_uuid(device)
+        arena = self._client._arena_for(device)
         nbytes = tensor.numel() * tensor.element_size()
         if arena is not None and arena.fits(nbytes):
             if self._arena is None:

@@ -1,12 +1,15 @@
 """CUDA IPC transport: CUDA tensors travel as (region, offset) instead of bytes.
 
 A region is one cudaMalloc allocation (the caching allocator's segment holding the tensor),
-registered once with RegisterCudaRegion and cached under (device, base, handle); a tensor is
-sent as that region plus its byte offset from the allocation's base, which is exactly what
-PyTorch's own CUDA tensor sharing sends. The handle is re-read for every tensor (a cheap driver
-call): an allocation freed and re-made at the same address has a new handle, so a stale region
-is never used; it is unregistered when its address range is seen again with another handle, and
-the least recently used region goes when more than `max_regions` are held.
+registered once with RegisterCudaRegion and cached under (device, base) with the allocation's
+buffer id; a tensor is sent as that region plus its byte offset from the allocation's base,
+which is exactly what PyTorch's own CUDA tensor sharing sends. Every tensor costs one driver
+call (cuPointerGetAttributes: range start, range size, buffer id; no device switch): the buffer
+id is unique over the process lifetime, so an allocation freed and re-made at the same address
+has a new one and a stale region is never used. Only a miss exports the IPC handle (in the
+tensor's device's context) and registers it; a stale region is unregistered when its address
+range is seen again with another buffer id (or, where the driver reports no buffer id, another
+handle), and the least recently used region goes when more than `max_regions` are held.
 
 IPC is used only when all of these hold; otherwise the tensor goes inline and `reason` says why:
 the server offers "cuda_ipc", serves the tensor's GPU (same UUID, hence the same node), the
@@ -53,14 +56,23 @@ def device_uuid(index):
     return format_uuid(_cuda_driver.device_uuid_bytes(index))
 
 
-class _Region:
-    __slots__ = ("region_id", "base", "size", "handle")
+def _aligned_offset(offset):
+    if offset % REGION_ALIGNMENT:
+        raise NoIpc("offset %d in its allocation is not a multiple of %d" %
+                    (offset, REGION_ALIGNMENT))
+    return offset
 
-    def __init__(self, region_id, base, size, handle):
+
+class _Region:
+    __slots__ = ("region_id", "base", "size", "handle", "buffer_id", "range_size")
+
+    def __init__(self, region_id, base, size, handle, buffer_id, range_size):
         self.region_id = region_id
-        self.base = base
+        self.base = base              # cuMemGetAddressRange base: offsets are from here
         self.size = size
         self.handle = handle
+        self.buffer_id = buffer_id    # CU_POINTER_ATTRIBUTE_BUFFER_ID; 0 when unknown
+        self.range_size = range_size  # CU_POINTER_ATTRIBUTE_RANGE_SIZE at registration
 
 
 class RegionCache:
@@ -77,6 +89,7 @@ class RegionCache:
         self._lock = threading.Lock()
         self._regions = collections.OrderedDict()  # (device index, base) -> _Region
         self.registrations = 0  # RegisterCudaRegion calls made
+        self.hits = 0  # tensors served by the buffer-id check alone (no IPC handle export)
 
     def clear(self):
         """Forgets every region (the session that held them is gone)."""
@@ -89,27 +102,45 @@ class RegionCache:
 
     def slice_for(self, tensor, uuid):
         """(region_id, offset) for a contiguous, 16-byte aligned CUDA tensor; NoIpc if not."""
-        index = tensor.device.index if tensor.device.index is not None else 0
+        index = tensor.device.index
+        if index is None:
+            index = 0
         ptr = tensor.data_ptr()
+        # Hit path: one driver call that needs no current context names the allocation; the
+        # region registered for that very allocation (same buffer id) is reused as is.
         try:
-            # The driver calls act in the current context: make it the tensor's device's (as the
-            # C++ client does), whichever device the caller has current.
+            start, range_size, buffer_id = _cuda_driver.allocation_identity(ptr)
+        except _cuda_driver.DriverError:
+            start = range_size = buffer_id = 0  # the export path below says what is wrong
+        if buffer_id:
+            key = (index, start)
+            with self._lock:
+                region = self._regions.get(key)
+                if (region is not None and region.buffer_id == buffer_id
+                        and region.range_size == range_size
+                        and region.base <= ptr < region.base + region.size):
+                    offset = _aligned_offset(ptr - region.base)
+                    self._regions.move_to_end(key)
+                    self.hits += 1
+                    return region.region_id, offset
+        # Miss: export the allocation's handle. These driver calls act in the current context:
+        # make it the tensor's device's (as the C++ client does), whichever device is current.
+        try:
             with _current_device(index):
                 base, size = _cuda_driver.address_range(ptr)
                 handle = _cuda_driver.ipc_handle(base)
         except _cuda_driver.DriverError as e:
             raise NoIpc("no IPC handle for this allocation (%s); expandable_segments "
                         "allocations cannot be shared" % e) from e
-        offset = ptr - base
-        if offset % REGION_ALIGNMENT:
-            raise NoIpc("offset %d in its allocation is not a multiple of %d" %
-                        (offset, REGION_ALIGNMENT))
-        key = (index, base)
+        offset = _aligned_offset(ptr - base)
+        if not buffer_id:
+            key = (index, base)  # no buffer id from the driver: the handle tells staleness
         stale = []
         with self._lock:
             region = self._regions.get(key)
-            if region is not None and region.handle == handle and region.size == size:
-                self._regions.move_to_end(key)
+            if (region is not None and region.handle == handle and region.size == size
+                    and region.base == base and (not buffer_id or region.buffer_id == buffer_id)):
+                self._regions.move_to_end(key)  # another thread registered it meanwhile
                 return region.region_id, offset
             if region is not None:
                 stale.append(self._regions.pop(key))
@@ -119,7 +150,7 @@ class RegionCache:
         evicted = []
         with self._lock:
             self.registrations += 1
-            self._regions[key] = _Region(region_id, base, size, handle)
+            self._regions[key] = _Region(region_id, base, size, handle, buffer_id, range_size)
             while len(self._regions) > self._max:
                 evicted.append(self._regions.popitem(last=False)[1])
         for old in evicted:
