@@ -322,6 +322,40 @@ void FastSocketServer::Connection::HandleFrame(const char* data, size_t n, size_
       }
       return Send(reply, /*counted=*/false);
     }
+    case v1::FastRequest::kListTensors: {
+      if (server_->metrics_ != nullptr) server_->metrics_->RequestStarted();
+      absl::StatusOr<std::vector<TensorListing>> list = engine->ListTensors();
+      v1::FastReply reply;
+      reply.set_call_id(id);
+      if (list.ok()) {
+        FillReplyHeader(*engine, nullptr, reply.mutable_list_tensors()->mutable_header());
+        ToProto(std::move(*list), reply.mutable_list_tensors());
+      } else {
+        reply.set_code(static_cast<int32_t>(list.status().code()));
+        reply.set_message(std::string(list.status().message()));
+      }
+      if (server_->metrics_ != nullptr) {
+        server_->metrics_->RequestFinished(
+            "ListTensors", list.status().code(),
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - arrival).count(), 0,
+            0);
+      }
+      return Send(reply, /*counted=*/false);
+    }
+    case v1::FastRequest::kServerInfo: {
+      if (server_->metrics_ != nullptr) server_->metrics_->RequestStarted();
+      v1::FastReply reply;
+      reply.set_call_id(id);
+      FillServerInfo(*engine, server_->options_.max_message_bytes, peer_,
+                     reply.mutable_server_info());
+      if (server_->metrics_ != nullptr) {
+        server_->metrics_->RequestFinished(
+            "ServerInfo", absl::StatusCode::kOk,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - arrival).count(), 0,
+            0);
+      }
+      return Send(reply, /*counted=*/false);
+    }
     default:
       return ReplyError(id, absl::InternalError("FastRequest.op: unhandled operation"),
                         "FastSocket");

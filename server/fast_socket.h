@@ -57,6 +57,7 @@ struct FastSocketOptions {
   std::string auth_token;        // empty: hello needs none
   int max_connections = 64;
   int max_in_flight = 64;  // per connection
+  uint64_t max_message_bytes = uint64_t{512} << 20;  // fp4qd's gRPC limit, for ServerInfo
   // Busy-poll the connection for this long before sleeping in poll(): trades a CPU core per
   // busy connection for the wake-up latency of the reading thread. Zero: always sleep.
   absl::Duration spin = absl::ZeroDuration();

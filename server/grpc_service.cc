@@ -135,6 +135,19 @@ Fp4qService::Reactor* Fp4qService::Async(Ctx* ctx, const char* rpc, Reply* reply
   return reactor;
 }
 
+void FillServerInfo(Engine& engine, uint64_t max_message_bytes, const PeerInfo& peer,
+                    v1::ServerInfoReply* reply) {
+  FillReplyHeader(engine, nullptr, reply->mutable_header());
+  ToProto(engine.ServerInfo(), max_message_bytes, reply);
+  if (!engine.CudaIpcAllowedFor(peer)) {  // not for this caller
+    auto* modes = reply->mutable_supported_modes();
+    for (int i = modes->size() - 1; i >= 0; --i) {
+      if (modes->Get(i) == "cuda_ipc") modes->DeleteSubrange(i, 1);
+    }
+  }
+  reply->set_server_epoch(engine.epoch());
+}
+
 // ---------------------------------------------------------------- tensor operations
 
 Fp4qService::Reactor* Fp4qService::Quantize(Ctx* ctx, const v1::QuantizeRequest* req,
@@ -231,15 +244,7 @@ Fp4qService::Reactor* Fp4qService::ServerInfo(Ctx* ctx, const v1::ServerInfoRequ
   Reactor* reactor = nullptr;
   Call* call = Begin(ctx, "ServerInfo", &reactor);
   if (call == nullptr) return reactor;
-  SetHeader(rep->mutable_header(), nullptr);
-  ToProto(engine_->ServerInfo(), options_.max_message_bytes, rep);
-  if (!engine_->CudaIpcAllowedFor(call->request.peer)) {  // not for this caller
-    auto* modes = rep->mutable_supported_modes();
-    for (int i = modes->size() - 1; i >= 0; --i) {
-      if (modes->Get(i) == "cuda_ipc") modes->DeleteSubrange(i, 1);
-    }
-  }
-  rep->set_server_epoch(engine_->epoch());
+  FillServerInfo(*engine_, options_.max_message_bytes, call->request.peer, rep);
   call->Finish(absl::OkStatus(), nullptr);
   return reactor;
 }

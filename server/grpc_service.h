@@ -38,6 +38,9 @@ inline constexpr char kSessionMetadataKey[] = "fp4q-session";
 bool SameSecret(absl::string_view a, absl::string_view b);
 // ReplyHeader{server_epoch, backend} and, with a meta, {device_uuid, kernel/queue micros}.
 void FillReplyHeader(const Engine& engine, const ReplyMeta* meta, v1::ReplyHeader* header);
+// ServerInfo as `peer` may see it: "cuda_ipc" listed only when that peer may register regions.
+void FillServerInfo(Engine& engine, uint64_t max_message_bytes, const PeerInfo& peer,
+                    v1::ServerInfoReply* reply);
 
 struct ServiceOptions {
   std::string auth_token;                            // empty: no authentication

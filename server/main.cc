@@ -61,7 +61,8 @@ ABSL_FLAG(std::string, unix_socket_allowed_uids, "",
           "comma-separated uids that may connect to --unix_socket; empty = fp4qd's own uid "
           "(the socket file is then mode 0600, else 0666)");
 ABSL_FLAG(std::string, fast_socket, "",
-          "also serve Quantize/Dequantize/Qdq/Matmul/UpdateWeight/KeepAlive on this Unix socket "
+          "also serve Quantize/Dequantize/Qdq/Matmul/UpdateWeight/KeepAlive/ListTensors/ServerInfo "
+          "on this Unix socket "
           "path (SOCK_SEQPACKET, one protobuf frame per message, no gRPC: see FastRequest in "
           "fp4q.proto); peers checked like --unix_socket; empty = off");
 ABSL_FLAG(int32_t, fast_socket_spin_us, 0,
@@ -383,6 +384,7 @@ int Run(Logger& log) {
     fo.auth_token = auth_token;
     fo.max_connections = absl::GetFlag(FLAGS_fast_socket_max_connections);
     fo.spin = absl::Microseconds(absl::GetFlag(FLAGS_fast_socket_spin_us));
+    fo.max_message_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_message_bytes));
     absl::StatusOr<std::unique_ptr<FastSocketServer>> f =
         FastSocketServer::Create(&engine, &metrics, std::move(fo), &log);
     if (!f.ok()) {

@@ -72,7 +72,7 @@ constexpr char kBenchUsage[] =
     "                    list=1,info=1,keepalive=1)\n"
     "  --shape RxC       tensor shape of quantize/qdq/update/get (default "
     "16x256)\n"
-    "  --fast-socket P   send quantize, qdq, dequantize, update and keepalive over\n"
+    "  --fast-socket P   send quantize, qdq, dequantize, update, keepalive, list and info over\n"
     "                    fp4qd's --fast_socket P (one connection per client) instead\n"
     "                    of gRPC; the other RPCs stay on gRPC\n"
     "  --spin-us N       with --fast-socket: busy-poll each reply this long (default 0)\n"
@@ -256,6 +256,8 @@ absl::Status CallOnce(Worker& w, const std::string& rpc, double* kernel_us) {
       return r.status();
     }
     if (rpc == "keepalive") return w.fast->KeepAlive().status();
+    if (rpc == "list") return w.fast->ListTensors().status();
+    if (rpc == "info") return w.fast->ServerInfo().status();
   }
   if (rpc == "quantize") {
     auto r = w.client->Quantize(w.quantize);

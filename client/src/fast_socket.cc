@@ -205,4 +205,20 @@ absl::StatusOr<v1::KeepAliveReply> FastSocket::KeepAlive() {
   return std::move(*reply->mutable_keep_alive());
 }
 
+absl::StatusOr<v1::ListTensorsReply> FastSocket::ListTensors() {
+  v1::FastRequest r;
+  r.mutable_list_tensors();
+  absl::StatusOr<v1::FastReply> reply = Call(r);
+  if (!reply.ok()) return reply.status();
+  return std::move(*reply->mutable_list_tensors());
+}
+
+absl::StatusOr<v1::ServerInfoReply> FastSocket::ServerInfo() {
+  v1::FastRequest r;
+  r.mutable_server_info();
+  absl::StatusOr<v1::FastReply> reply = Call(r);
+  if (!reply.ok()) return reply.status();
+  return std::move(*reply->mutable_server_info());
+}
+
 }  // namespace fp4q::client

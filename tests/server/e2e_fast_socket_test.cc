@@ -284,6 +284,23 @@ TEST(E2eFastSocketTest, ResultsAreByteIdenticalToGrpcAndPipelinedCallsAllReturn)
   ASSERT_TRUE(k.ok()) << k.status();
   EXPECT_GT(k->lease_seconds(), 0u);
 
+  // The small calls: the same listing and server description as over gRPC.
+  absl::StatusOr<v1::ListTensorsReply> list_fast = f->ListTensors();
+  ASSERT_TRUE(list_fast.ok()) << list_fast.status();
+  v1::ListTensorsReply list_grpc;
+  auto lctx = Context(session);
+  ASSERT_TRUE(stub->ListTensors(lctx.get(), v1::ListTensorsRequest(), &list_grpc).ok());
+  ASSERT_EQ(list_fast->tensors_size(), 2);  // via-grpc and via-fast
+  EXPECT_EQ(list_fast->SerializeAsString(), list_grpc.SerializeAsString());
+  absl::StatusOr<v1::ServerInfoReply> info_fast = f->ServerInfo();
+  ASSERT_TRUE(info_fast.ok()) << info_fast.status();
+  v1::ServerInfoReply info_grpc;
+  auto ictx2 = Context(session);
+  ASSERT_TRUE(stub->ServerInfo(ictx2.get(), v1::ServerInfoRequest(), &info_grpc).ok());
+  EXPECT_EQ(info_fast->backend(), "cpu");
+  EXPECT_GT(info_fast->limits().max_message_bytes(), 0u);
+  EXPECT_EQ(info_fast->SerializeAsString(), info_grpc.SerializeAsString());
+
   // Pipelining: 200 frames sent before any reply is read (beyond the per-connection limit of
   // 64 in flight: back-pressure, no error); every id comes back once, OK.
   RawConnection raw(sock);

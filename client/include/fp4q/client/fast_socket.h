@@ -54,6 +54,8 @@ class FastSocket {
   absl::StatusOr<v1::MatmulReply> Matmul(const v1::MatmulRequest& request);
   absl::StatusOr<v1::UpdateWeightReply> UpdateWeight(const v1::UpdateWeightRequest& request);
   absl::StatusOr<v1::KeepAliveReply> KeepAlive();
+  absl::StatusOr<v1::ListTensorsReply> ListTensors();
+  absl::StatusOr<v1::ServerInfoReply> ServerInfo();
 
   uint32_t lease_seconds() const { return lease_seconds_; }
 
