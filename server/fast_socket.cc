@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "fp4q/common/status_macros.h"
 #include "fp4q/v1/fp4q.pb.h"
 #include "server/grpc_service.h"
 #include "server/proto_convert.h"
@@ -106,6 +107,11 @@ class FastSocketServer::Connection : public std::enable_shared_from_this<Connect
              const RequestContext& rc,
              ReplyMsg* (v1::FastReply::*op)(), std::chrono::steady_clock::time_point arrival,
              Call call);
+  // Answers a call the connection thread can answer at once (no device work): `fill` writes
+  // the reply's operation or returns the error.
+  template <typename ReplyMsg, typename Fill>
+  void AnswerNow(uint64_t call_id, const char* rpc, std::chrono::steady_clock::time_point arrival,
+                 ReplyMsg* (v1::FastReply::*op)(), Fill fill);
   void ReplyError(uint64_t call_id, const absl::Status& status, const char* rpc);
   // Sends (or queues) one reply; `counted`: it answers a call counted in in_flight_.
   void Send(const v1::FastReply& reply, bool counted);
@@ -302,60 +308,29 @@ void FastSocketServer::Connection::HandleFrame(const char* data, size_t n, size_
                                          engine->UpdateWeight(c, FromProto(req.update_weight()),
                                                               std::move(done));
                                        });
-    case v1::FastRequest::kKeepAlive: {
-      if (server_->metrics_ != nullptr) server_->metrics_->RequestStarted();
-      absl::StatusOr<uint32_t> lease = engine->KeepAlive(rc);
-      v1::FastReply reply;
-      reply.set_call_id(id);
-      if (lease.ok()) {
-        FillReplyHeader(*engine, nullptr, reply.mutable_keep_alive()->mutable_header());
-        reply.mutable_keep_alive()->set_lease_seconds(*lease);
-      } else {
-        reply.set_code(static_cast<int32_t>(lease.status().code()));
-        reply.set_message(std::string(lease.status().message()));
-      }
-      if (server_->metrics_ != nullptr) {
-        server_->metrics_->RequestFinished(
-            "KeepAlive", lease.status().code(),
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - arrival).count(), 0,
-            0);
-      }
-      return Send(reply, /*counted=*/false);
-    }
-    case v1::FastRequest::kListTensors: {
-      if (server_->metrics_ != nullptr) server_->metrics_->RequestStarted();
-      absl::StatusOr<std::vector<TensorListing>> list = engine->ListTensors();
-      v1::FastReply reply;
-      reply.set_call_id(id);
-      if (list.ok()) {
-        FillReplyHeader(*engine, nullptr, reply.mutable_list_tensors()->mutable_header());
-        ToProto(std::move(*list), reply.mutable_list_tensors());
-      } else {
-        reply.set_code(static_cast<int32_t>(list.status().code()));
-        reply.set_message(std::string(list.status().message()));
-      }
-      if (server_->metrics_ != nullptr) {
-        server_->metrics_->RequestFinished(
-            "ListTensors", list.status().code(),
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - arrival).count(), 0,
-            0);
-      }
-      return Send(reply, /*counted=*/false);
-    }
-    case v1::FastRequest::kServerInfo: {
-      if (server_->metrics_ != nullptr) server_->metrics_->RequestStarted();
-      v1::FastReply reply;
-      reply.set_call_id(id);
-      FillServerInfo(*engine, server_->options_.max_message_bytes, peer_,
-                     reply.mutable_server_info());
-      if (server_->metrics_ != nullptr) {
-        server_->metrics_->RequestFinished(
-            "ServerInfo", absl::StatusCode::kOk,
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - arrival).count(), 0,
-            0);
-      }
-      return Send(reply, /*counted=*/false);
-    }
+    case v1::FastRequest::kKeepAlive:
+      return AnswerNow(id, "KeepAlive", arrival, &v1::FastReply::mutable_keep_alive,
+                       [&](v1::KeepAliveReply* m) -> absl::Status {
+                         FP4Q_ASSIGN_OR_RETURN(const uint32_t lease, engine->KeepAlive(rc));
+                         FillReplyHeader(*engine, nullptr, m->mutable_header());
+                         m->set_lease_seconds(lease);
+                         return absl::OkStatus();
+                       });
+    case v1::FastRequest::kListTensors:
+      return AnswerNow(id, "ListTensors", arrival, &v1::FastReply::mutable_list_tensors,
+                       [&](v1::ListTensorsReply* m) -> absl::Status {
+                         FP4Q_ASSIGN_OR_RETURN(std::vector<TensorListing> list,
+                                               engine->ListTensors());
+                         FillReplyHeader(*engine, nullptr, m->mutable_header());
+                         ToProto(std::move(list), m);
+                         return absl::OkStatus();
+                       });
+    case v1::FastRequest::kServerInfo:
+      return AnswerNow(id, "ServerInfo", arrival, &v1::FastReply::mutable_server_info,
+                       [&](v1::ServerInfoReply* m) {
+                         FillServerInfo(*engine, server_->options_.max_message_bytes, peer_, m);
+                         return absl::OkStatus();
+                       });
     default:
       return ReplyError(id, absl::InternalError("FastRequest.op: unhandled operation"),
                         "FastSocket");
@@ -449,6 +424,28 @@ void FastSocketServer::Connection::Start(std::shared_ptr<const v1::FastRequest> 
     }
     self->Send(reply, /*counted=*/true);
   });
+}
+
+template <typename ReplyMsg, typename Fill>
+void FastSocketServer::Connection::AnswerNow(uint64_t call_id, const char* rpc,
+                                             std::chrono::steady_clock::time_point arrival,
+                                             ReplyMsg* (v1::FastReply::*op)(), Fill fill) {
+  Metrics* metrics = server_->metrics_;
+  if (metrics != nullptr) metrics->RequestStarted();
+  v1::FastReply reply;
+  const absl::Status status = fill((reply.*op)());
+  if (!status.ok()) {
+    reply.Clear();
+    reply.set_code(static_cast<int32_t>(status.code()));
+    reply.set_message(std::string(status.message()));
+  }
+  reply.set_call_id(call_id);
+  if (metrics != nullptr) {
+    metrics->RequestFinished(
+        rpc, status.code(),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - arrival).count(), 0, 0);
+  }
+  Send(reply, /*counted=*/false);
 }
 
 void FastSocketServer::Connection::ReplyError(uint64_t call_id, const absl::Status& status,

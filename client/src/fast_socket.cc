@@ -156,69 +156,53 @@ absl::Status FastSocket::Receive(absl::Time deadline, v1::FastReply* reply) {
   }
 }
 
-absl::StatusOr<v1::QuantizeReply> FastSocket::Quantize(const v1::QuantizeRequest& request) {
+template <typename Reply, typename Request>
+absl::StatusOr<Reply> FastSocket::Invoke(Request* (v1::FastRequest::*set_op)(),
+                                         const Request& request,
+                                         Reply* (v1::FastReply::*reply_op)()) {
   v1::FastRequest r;
-  *r.mutable_quantize() = request;
+  *(r.*set_op)() = request;
   absl::StatusOr<v1::FastReply> reply = Call(r);
   if (!reply.ok()) return reply.status();
-  return std::move(*reply->mutable_quantize());
+  return std::move(*((*reply).*reply_op)());
+}
+
+absl::StatusOr<v1::QuantizeReply> FastSocket::Quantize(const v1::QuantizeRequest& request) {
+  return Invoke(&v1::FastRequest::mutable_quantize, request, &v1::FastReply::mutable_quantize);
 }
 
 absl::StatusOr<v1::DequantizeReply> FastSocket::Dequantize(const v1::DequantizeRequest& request) {
-  v1::FastRequest r;
-  *r.mutable_dequantize() = request;
-  absl::StatusOr<v1::FastReply> reply = Call(r);
-  if (!reply.ok()) return reply.status();
-  return std::move(*reply->mutable_dequantize());
+  return Invoke(&v1::FastRequest::mutable_dequantize, request,
+                &v1::FastReply::mutable_dequantize);
 }
 
 absl::StatusOr<v1::QdqReply> FastSocket::Qdq(const v1::QdqRequest& request) {
-  v1::FastRequest r;
-  *r.mutable_qdq() = request;
-  absl::StatusOr<v1::FastReply> reply = Call(r);
-  if (!reply.ok()) return reply.status();
-  return std::move(*reply->mutable_qdq());
+  return Invoke(&v1::FastRequest::mutable_qdq, request, &v1::FastReply::mutable_qdq);
 }
 
 absl::StatusOr<v1::MatmulReply> FastSocket::Matmul(const v1::MatmulRequest& request) {
-  v1::FastRequest r;
-  *r.mutable_matmul() = request;
-  absl::StatusOr<v1::FastReply> reply = Call(r);
-  if (!reply.ok()) return reply.status();
-  return std::move(*reply->mutable_matmul());
+  return Invoke(&v1::FastRequest::mutable_matmul, request, &v1::FastReply::mutable_matmul);
 }
 
 absl::StatusOr<v1::UpdateWeightReply> FastSocket::UpdateWeight(
     const v1::UpdateWeightRequest& request) {
-  v1::FastRequest r;
-  *r.mutable_update_weight() = request;
-  absl::StatusOr<v1::FastReply> reply = Call(r);
-  if (!reply.ok()) return reply.status();
-  return std::move(*reply->mutable_update_weight());
+  return Invoke(&v1::FastRequest::mutable_update_weight, request,
+                &v1::FastReply::mutable_update_weight);
 }
 
 absl::StatusOr<v1::KeepAliveReply> FastSocket::KeepAlive() {
-  v1::FastRequest r;
-  r.mutable_keep_alive();
-  absl::StatusOr<v1::FastReply> reply = Call(r);
-  if (!reply.ok()) return reply.status();
-  return std::move(*reply->mutable_keep_alive());
+  return Invoke(&v1::FastRequest::mutable_keep_alive, v1::KeepAliveRequest(),
+                &v1::FastReply::mutable_keep_alive);
 }
 
 absl::StatusOr<v1::ListTensorsReply> FastSocket::ListTensors() {
-  v1::FastRequest r;
-  r.mutable_list_tensors();
-  absl::StatusOr<v1::FastReply> reply = Call(r);
-  if (!reply.ok()) return reply.status();
-  return std::move(*reply->mutable_list_tensors());
+  return Invoke(&v1::FastRequest::mutable_list_tensors, v1::ListTensorsRequest(),
+                &v1::FastReply::mutable_list_tensors);
 }
 
 absl::StatusOr<v1::ServerInfoReply> FastSocket::ServerInfo() {
-  v1::FastRequest r;
-  r.mutable_server_info();
-  absl::StatusOr<v1::FastReply> reply = Call(r);
-  if (!reply.ok()) return reply.status();
-  return std::move(*reply->mutable_server_info());
+  return Invoke(&v1::FastRequest::mutable_server_info, v1::ServerInfoRequest(),
+                &v1::FastReply::mutable_server_info);
 }
 
 }  // namespace fp4q::client

@@ -18,16 +18,6 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string OpenSession(v1::Fp4q::Stub& stub, const std::string& name) {
-  v1::OpenSessionRequest r;
-  r.set_client_name(name);
-  v1::OpenSessionReply rep;
-  auto ctx = Context();
-  grpc::Status s = stub.OpenSession(ctx.get(), r, &rep);
-  EXPECT_TRUE(s.ok()) << s.error_message();
-  return rep.session_id();
-}
-
 TEST(E2eBadInputTest, EachBadInputGetsItsCodeAndFieldAndChangesNothing) {
   // Budget: room for the baseline state only. IPC over TCP is allowed so that
   // the region RPCs' field checks are reached (the CPU backend then refuses to

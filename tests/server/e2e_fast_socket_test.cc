@@ -35,16 +35,6 @@ using ::fp4q::client::FastSocketOptions;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string OpenSession(v1::Fp4q::Stub& stub, const std::string& name) {
-  v1::OpenSessionRequest r;
-  r.set_client_name(name);
-  v1::OpenSessionReply rep;
-  auto ctx = Context();
-  grpc::Status s = stub.OpenSession(ctx.get(), r, &rep);
-  EXPECT_TRUE(s.ok()) << s.error_message();
-  return rep.session_id();
-}
-
 grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }

@@ -29,16 +29,6 @@ using Code = grpc::StatusCode;
 constexpr size_t kRegionBytes = 1 << 16;
 constexpr uint64_t kWrap = std::numeric_limits<uint64_t>::max() - 15;  // 2^64 - 16, aligned
 
-std::string OpenSession(v1::Fp4q::Stub& stub, const std::string& name) {
-  v1::OpenSessionRequest r;
-  r.set_client_name(name);
-  v1::OpenSessionReply rep;
-  auto ctx = Context();
-  grpc::Status s = stub.OpenSession(ctx.get(), r, &rep);
-  EXPECT_TRUE(s.ok()) << s.error_message();
-  return rep.session_id();
-}
-
 std::string Register(v1::Fp4q::Stub& stub, const std::string& session, const std::string& handle,
                      uint64_t size) {
   v1::RegisterCudaRegionRequest r;

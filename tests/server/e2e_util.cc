@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "fp4q/kernels/backend.h"
+#include "gtest/gtest.h"
 
 #ifndef FP4QD_PATH
 #error "FP4QD_PATH must name the fp4qd binary"
@@ -288,6 +289,16 @@ std::unique_ptr<grpc::ClientContext> Context(const std::string& session, absl::D
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + deadline));
   if (!session.empty()) ctx->AddMetadata("fp4q-session", session);
   return ctx;
+}
+
+std::string OpenSession(v1::Fp4q::Stub& stub, const std::string& name) {
+  v1::OpenSessionRequest r;
+  r.set_client_name(name);
+  v1::OpenSessionReply rep;
+  auto ctx = Context();
+  grpc::Status s = stub.OpenSession(ctx.get(), r, &rep);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return rep.session_id();
 }
 
 std::string RandomF32(int64_t n, uint32_t seed, float scale) {

@@ -87,6 +87,8 @@ absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> CheckHealth
 // Calls with a client context carrying `session` as "fp4q-session" metadata when non-empty.
 std::unique_ptr<grpc::ClientContext> Context(const std::string& session = "",
                                              absl::Duration deadline = absl::Seconds(60));
+// OpenSession with `name` as client_name; the session id ("" and a gtest failure if refused).
+std::string OpenSession(v1::Fp4q::Stub& stub, const std::string& name);
 
 // ---- Tensors.
 std::string RandomF32(int64_t n, uint32_t seed, float scale = 1.0f);

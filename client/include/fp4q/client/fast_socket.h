@@ -64,6 +64,10 @@ class FastSocket {
   // Sends `request` (its call_id is set here) and returns the matching reply, or its error.
   absl::StatusOr<v1::FastReply> Call(v1::FastRequest& request);
   absl::Status Receive(absl::Time deadline, v1::FastReply* reply);
+  // One call of the operation `set_op` / `reply_op` names (the FastRequest/FastReply oneofs).
+  template <typename Reply, typename Request>
+  absl::StatusOr<Reply> Invoke(Request* (v1::FastRequest::*set_op)(), const Request& request,
+                               Reply* (v1::FastReply::*reply_op)());
 
   const int fd_;
   const FastSocketOptions options_;
