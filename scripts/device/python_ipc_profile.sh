@@ -19,7 +19,7 @@ pid=$!
 for _ in $(seq 100); do grep -q "listening on" "$work/fp4qd.out" 2>/dev/null && break; sleep 0.1; done
 report="$out/python-ipc-profile.txt"
 echo "commit: $(tr '\n' ' ' < "$b/COMMIT")" > "$report"
-for t in fast grpc; do
+for t in ${PROFILE_TRANSPORTS:-fast grpc}; do
   extra=()
   [[ $t == fast ]] && extra=(--fast-socket "$work/f.sock")
   PYTHONPATH=client/python timeout 200 python3 -m cProfile -o "$work/$t.prof" \
@@ -34,6 +34,10 @@ print({k: round(r[k]['p50'], 1) for k in ('wall_us', 'kernel_us', 'overhead_us')
 s = pstats.Stats(sys.argv[1])
 s.sort_stats('tottime').print_stats(35)
 s.sort_stats('cumulative').print_stats(45)
+# Where the client's own per-call time goes: the callees of its per-call functions.
+s.sort_stats('cumulative').print_callees(
+    r'client\.py:\d+\((quantize|build|_call|_raw_fast|_plan_quantize_outputs|_quantized_from_reply)\)|'
+    r'_transport\.py:\d+\((input|input_region|output|_region_for|before_send|after_reply)\)')
 PY
 done
 kill -TERM "$pid"; wait "$pid"
