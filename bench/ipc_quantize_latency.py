@@ -76,6 +76,8 @@ def main():
     p.add_argument("--ipc", default=None, choices=["auto", "never", "require"])
     p.add_argument("--fast-socket", metavar="PATH", default=None,
                    help="fp4qd's --fast_socket path: Quantize goes there instead of gRPC")
+    p.add_argument("--spin-us", type=int, default=0,
+                   help="with --fast-socket: busy-poll each reply this long (microseconds)")
     p.add_argument("--json", help="write the results here")
     a = p.parse_args()
     rows, cols = (int(v) for v in a.shape.split("x"))
@@ -85,7 +87,7 @@ def main():
     x = torch.randn(rows, cols, generator=gen).to(dtype=dtype).to(a.device)
 
     with fp4q.Client(a.server, ipc=ipc, client_name="ipc-quantize-latency",
-                     fast_socket=a.fast_socket) as client:
+                     fast_socket=a.fast_socket, fast_socket_spin_us=a.spin_us) as client:
         info = client.server_info()
         wall, kernel, queue, server = [], [], [], []
         timed_stats = None
@@ -127,6 +129,7 @@ def main():
                 percentile(wall, 0.5) <= percentile(kernel, 0.5) + 100.0,
             "client_stats": dict(client.stats),
             "ipc_mode": ipc, "rpc_transport": rpc_transport, "fast_socket": a.fast_socket,
+            "spin_us": a.spin_us,
             "timed_client_stats": timed,
             "python": {"version": platform.python_version(), "torch": torch.__version__,
                        "grpc": grpc.__version__, "protobuf": protobuf_version(),

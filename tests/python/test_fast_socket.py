@@ -202,6 +202,27 @@ class ResultParityTest(Counting):
         self.assertLessEqual(after["fast_socket_connects"] - before["fast_socket_connects"], 4)
 
 
+class SpinTest(Counting):
+    def test_busy_polling_clients_get_the_same_results(self):
+        x = randn(32, 64, seed=5)
+        with fp4q.Client(SERVER.target, timeout=60, fast_socket=FAST_PATH,
+                         fast_socket_spin_us=2000) as spinning:
+            for kwargs in (dict(), dict(rounding="stochastic", seed=3)):
+                before = self.snapshot(spinning)
+                f = spinning.quantize(x, **kwargs)
+                self.assertCounts(spinning, before, calls=1, connects=1 if not kwargs else 0)
+                self.assertSameQuantized(f.rowwise, GRPC.quantize(x, **kwargs).rowwise)
+            # A reply slower than the spin (a 1 us spin) still arrives, by the blocking path.
+            spinning._fast._spin = 1e-6
+            self.assertSameTensor(spinning.qdq(x), GRPC.qdq(x))
+
+    def test_bad_spin_values_are_refused(self):
+        for bad in (-1, 1000001, 1.5, True, "10"):
+            with self.subTest(bad=bad), self.assertRaises(fp4q.ClientArgumentError) as cm:
+                fp4q.Client(SERVER.target, fast_socket=FAST_PATH, fast_socket_spin_us=bad)
+            self.assertIn("fast_socket_spin_us", str(cm.exception))
+
+
 class ErrorParityTest(Counting):
     def test_server_errors_match_grpc(self):
         qa = GRPC.quantize(randn(8, 32, seed=7)).rowwise

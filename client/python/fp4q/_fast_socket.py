@@ -239,8 +239,9 @@ def _readable(sock):
 class FastSocket:
     """A pool of fast-socket connections to one fp4qd. Thread-safe."""
 
-    def __init__(self, path, count=None, max_idle=8):
+    def __init__(self, path, count=None, max_idle=8, spin=0.0):
         self.path = path
+        self._spin = spin  # seconds of busy-polling for each reply before blocking
         self._count = count or (lambda key, n=1: None)
         self._max_idle = max_idle
         self._lock = threading.Lock()
@@ -381,6 +382,18 @@ class FastSocket:
             if not ok:
                 conn.close()
 
+    def _spin_recv(self, conn):
+        """The reply frame when it arrives within the spin time (busy-polling a non-blocking
+        socket, the GIL held: the thread is not put to sleep and woken), else None."""
+        conn.settimeout(0.0)
+        until = time.monotonic() + self._spin
+        while True:
+            try:
+                return conn.sock.recv(MAX_FRAME_BYTES + 1)
+            except (BlockingIOError, InterruptedError):
+                if time.monotonic() >= until:
+                    return None
+
     def _exchange(self, conn, rpc, msg, deadline, reused):
         """One frame (`msg`, a Frame) out, one frame in: the FastReply with our call_id (its code
         unchecked). Raising leaves `conn` out of step (the caller closes it)."""
@@ -403,8 +416,10 @@ class FastSocket:
         if sent != len(data):
             raise self._unavailable(rpc, "send: %d of %d bytes sent" % (sent, len(data)))
         try:
-            conn.settimeout(_remaining(deadline, rpc))
-            data = sock.recv(MAX_FRAME_BYTES + 1)
+            data = self._spin_recv(conn) if self._spin > 0 else None
+            if data is None:
+                conn.settimeout(_remaining(deadline, rpc))
+                data = sock.recv(MAX_FRAME_BYTES + 1)
         except socket.timeout:
             raise _deadline_error(rpc) from None
         except OSError as e:
