@@ -297,6 +297,15 @@ void Engine::Dispatch(const RequestContext& ctx, Req req, Done<Res> done,
   }
   auto call = std::make_shared<Call<Req, Res>>();
   call->ctx = ctx;
+  {
+    absl::StatusOr<std::string> ns = ResolveNamespace(ctx);
+    if (!ns.ok()) {
+      done(ns.status());
+      Release();
+      return;
+    }
+    call->ctx.ns = *std::move(ns);
+  }
   call->req = std::move(req);
   call->done = std::move(done);
   auto finish = [this, call](absl::StatusOr<Res> r) {
@@ -318,8 +327,9 @@ void Engine::Dispatch(const RequestContext& ctx, Req req, Done<Res> done,
     absl::Status s = where.Agree(it->second.device(), use.field);
     if (!s.ok()) return finish(s);
   }
-  for (const auto& [name, field] : route.names) {
+  for (auto& [name, field] : route.names) {
     if (name.empty()) continue;
+    name = QualifiedName(call->ctx.ns, name);
     std::shared_ptr<StateEntry> e = store_->Find(name);
     if (e == nullptr) continue;  // the body answers NOT_FOUND or creates it
     absl::Status s = where.Agree(e->device, field);
@@ -351,7 +361,7 @@ void Engine::Dispatch(const RequestContext& ctx, Req req, Done<Res> done,
     if (!name_field.first.empty()) keys.push_back(Executor::KeyOf(name_field.first));
   }
   for (const std::string& name : route.serial) {
-    if (!name.empty()) keys.push_back(Executor::KeyOf(name));
+    if (!name.empty()) keys.push_back(Executor::KeyOf(QualifiedName(call->ctx.ns, name)));
   }
 
   ScratchPool* pool = pools_[device->index].get();
@@ -365,6 +375,7 @@ void Engine::Dispatch(const RequestContext& ctx, Req req, Done<Res> done,
         call->result.meta.device_uuid = device->label;
         call->result.meta.queue_micros = waited * 1e6;
         OpEnv env(device, stream, &call->scope, observer_, &call->result.meta, pool);
+        env.set_namespace(call->ctx.ns);
         s = (this->*body)(env, call->req, &call->result);
         CheckHealth(*device);
         call->scope.pins.clear();  // the reply means client memory is no longer touched
@@ -513,9 +524,34 @@ void Engine::Checkpoint(const RequestContext& ctx, Done<CheckpointResult> done) 
 
 // ---------------------------------------------------------------- sessions and regions
 
-absl::StatusOr<OpenSessionResult> Engine::OpenSession(const std::string& client_name) {
+absl::StatusOr<OpenSessionResult> Engine::OpenSession(const RequestContext& ctx,
+                                                      const std::string& client_name,
+                                                      const std::string& ns) {
   if (draining_.load()) return Draining();
-  return regions_->OpenSession(client_name);
+  FP4Q_RETURN_IF_ERROR(CheckNamespace(ns, "namespace"));
+  if (ctx.namespace_bound && ns != ctx.bound_namespace) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "namespace: '", ns, "' is not the namespace this caller's token is bound to ('",
+        ctx.bound_namespace, "')"));
+  }
+  return regions_->OpenSession(client_name, ns);
+}
+
+absl::StatusOr<std::string> Engine::ResolveNamespace(const RequestContext& ctx) const {
+  if (ctx.session_id.empty()) return ctx.namespace_bound ? ctx.bound_namespace : std::string();
+  absl::StatusOr<std::string> ns = regions_->SessionNamespace(ctx.session_id);
+  if (!ns.ok()) {
+    return absl::NotFoundError(
+        "metadata fp4q-session: unknown or expired session (its namespace is unknown; open a "
+        "new session with OpenSession and send its id)");
+  }
+  if (ctx.namespace_bound && *ns != ctx.bound_namespace) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("metadata fp4q-session: the session's namespace '", *ns,
+                     "' is not the one this caller's token is bound to ('", ctx.bound_namespace,
+                     "')"));
+  }
+  return ns;
 }
 
 absl::StatusOr<uint32_t> Engine::KeepAlive(const RequestContext& ctx) {
@@ -573,7 +609,10 @@ bool Engine::CudaIpcAllowedFor(const PeerInfo& peer) const {
          (options_.cuda_ipc_over_tcp || peer.transport == PeerInfo::Transport::kUnix);
 }
 
-absl::StatusOr<std::vector<TensorListing>> Engine::ListTensors() { return store_->List(); }
+absl::StatusOr<std::vector<TensorListing>> Engine::ListTensors(const RequestContext& ctx) {
+  FP4Q_ASSIGN_OR_RETURN(const std::string ns, ResolveNamespace(ctx));
+  return store_->List(ns);
+}
 
 ServerInfoResult Engine::ServerInfo() const {
   ServerInfoResult r;

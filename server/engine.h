@@ -79,6 +79,11 @@ struct EngineOptions {
   std::string version = "0.1.0";
   absl::Duration maintenance_period = absl::Seconds(1);
   std::function<absl::Time()> clock;  // sessions' clock (tests); absl::Now when empty
+  int max_step_items = 4096;   // items in one Step
+  int max_world_size = 64;     // ranks in one replica group
+  // CPU backend: requests whose estimated multiply-adds pass this are RESOURCE_EXHAUSTED up
+  // front (0: no limit).
+  uint64_t cpu_max_request_flops = uint64_t{200000000000};
 };
 
 template <typename T>
@@ -118,7 +123,15 @@ class Engine {
   void Checkpoint(const RequestContext& ctx, Done<CheckpointResult> done);
 
   // ---- Sessions and regions.
-  absl::StatusOr<OpenSessionResult> OpenSession(const std::string& client_name);
+  // `ns`: the session's namespace (CheckNamespace rules); a caller whose token binds it to a
+  // namespace may open sessions of that namespace only (PERMISSION_DENIED).
+  absl::StatusOr<OpenSessionResult> OpenSession(const RequestContext& ctx,
+                                                const std::string& client_name,
+                                                const std::string& ns);
+  // A session of the default namespace.
+  absl::StatusOr<OpenSessionResult> OpenSession(const std::string& client_name) {
+    return OpenSession(RequestContext{}, client_name, "");
+  }
   absl::StatusOr<uint32_t> KeepAlive(const RequestContext& ctx);  // lease seconds
   void CloseSession(const RequestContext& ctx, Done<uint32_t> done);
   // With allow_cuda_ipc and without cuda_ipc_over_tcp, only callers whose ctx.peer came over
@@ -127,7 +140,13 @@ class Engine {
   void UnregisterRegion(const RequestContext& ctx, std::string region_id, Done<EmptyResult> done);
 
   // ---- Inspection.
-  absl::StatusOr<std::vector<TensorListing>> ListTensors();
+  // The state of the caller's namespace, names as the caller spells them.
+  absl::StatusOr<std::vector<TensorListing>> ListTensors(const RequestContext& ctx);
+  // The default namespace's state.
+  absl::StatusOr<std::vector<TensorListing>> ListTensors() { return ListTensors(RequestContext{}); }
+  // The namespace a request's names live in: its session's (NOT_FOUND for an unknown or
+  // expired session), else the one its token binds, else the default namespace "".
+  absl::StatusOr<std::string> ResolveNamespace(const RequestContext& ctx) const;
   // Lists "cuda_ipc" among supported_modes when a caller could register regions at all
   // (--allow_cuda_ipc on a CUDA backend); the adapter drops it for callers that
   // CudaIpcAllowedFor refuses, so each client sees what it may use.

@@ -105,7 +105,10 @@ absl::StatusOr<CheckpointStats> Engine::CheckpointNow() {
 
 absl::Status Engine::RestoreRecord(CheckpointRecord r) {
   if (r.kind != 1 && r.kind != 2) return Corrupt(r, absl::StrCat("kind ", r.kind));
-  if (!CheckName(r.name, "name").ok()) return Corrupt(r, "bad name");
+  if (!CheckName(LocalName(r.name), "name").ok() ||
+      !CheckNamespace(NamespaceOf(r.name), "namespace").ok()) {
+    return Corrupt(r, "bad name");
+  }
   if (r.rows < 1 || r.cols < 1) return Corrupt(r, "bad shape");
   const EntryKind kind = static_cast<EntryKind>(r.kind);
   WeightParams params;

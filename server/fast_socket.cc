@@ -17,8 +17,6 @@
 #include "absl/time/clock.h"
 #include "fp4q/common/status_macros.h"
 #include "fp4q/v1/fp4q.pb.h"
-#include "server/grpc_service.h"
-#include "server/proto_convert.h"
 #include "server/unix_listener.h"
 
 namespace fp4q::server {
@@ -39,46 +37,9 @@ void Drain(int fd) {
   }
 }
 
-// Elements of `shape`, or 0 when a dimension is not positive or the product passes 2^40
-// (the engine refuses such shapes itself, before it changes anything).
-uint64_t Elements(const google::protobuf::RepeatedField<int64_t>& shape) {
-  uint64_t n = 1;
-  for (int64_t d : shape) {
-    if (d <= 0 || d > (int64_t{1} << 40) || n > (uint64_t{1} << 40) / static_cast<uint64_t>(d)) {
-      return 0;
-    }
-    n *= static_cast<uint64_t>(d);
-  }
-  return shape.empty() ? 0 : n;
-}
-
-// A call that changes state (UpdateWeight, Qdq with a residual key) and returns a tensor
-// inline must be refused before it runs when that tensor cannot fit a reply frame: afterwards
-// the step would be applied and its reply lost. 4 bytes per element unless the dtype is known
-// to be bf16; 4 KiB are left for the rest of the reply.
-absl::Status StatefulReplyFits(const v1::FastRequest& req) {
-  uint64_t inline_bytes = 0;
-  if (req.op_case() == v1::FastRequest::kUpdateWeight) {
-    const v1::UpdateWeightRequest& u = req.update_weight();
-    if (u.return_dequantized() && !u.dequantized_out().has_region()) {
-      inline_bytes = Elements(u.update().shape()) * 4;
-    }
-  } else if (req.op_case() == v1::FastRequest::kQdq) {
-    const v1::QdqRequest& q = req.qdq();
-    if (!q.options().residual_key().empty() && !q.out().has_region()) {
-      const bool bf16 = q.out_dtype() == v1::DTYPE_BF16 ||
-                        (q.out_dtype() == v1::DTYPE_UNSPECIFIED &&
-                         q.input().dtype() == v1::DTYPE_BF16);
-      inline_bytes = Elements(q.input().shape()) * (bf16 ? 2 : 4);
-    }
-  }
-  constexpr uint64_t kRoom = FastSocketServer::kMaxFrameBytes - 4096;
-  if (inline_bytes <= kRoom) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "reply: the inline output (", inline_bytes, " bytes) would not fit the fast socket's ",
-      FastSocketServer::kMaxFrameBytes,
-      "-byte frame; nothing was run: write it into a CUDA IPC region, or call over gRPC"));
-}
+// Bytes a FastReply adds around the method's reply (call_id, code, the reply field's tag and
+// length): the call layer's reply limit is the frame less this.
+constexpr size_t kFastReplyFraming = 32;
 
 }  // namespace
 
@@ -100,18 +61,8 @@ class FastSocketServer::Connection : public std::enable_shared_from_this<Connect
   Read ReadFrame(std::vector<char>* buf);
   void HandleFrame(const char* data, size_t n, size_t real_size);
   void Hello(const v1::FastRequest& req, std::chrono::steady_clock::time_point arrival);
-
-  // Hands a request to the engine; the completion replies from the engine's thread.
-  template <typename Res, typename ReplyMsg, typename Call>
-  void Start(std::shared_ptr<const v1::FastRequest> request, const char* rpc,
-             const RequestContext& rc,
-             ReplyMsg* (v1::FastReply::*op)(), std::chrono::steady_clock::time_point arrival,
-             Call call);
-  // Answers a call the connection thread can answer at once (no device work): `fill` writes
-  // the reply's operation or returns the error.
-  template <typename ReplyMsg, typename Fill>
-  void AnswerNow(uint64_t call_id, const char* rpc, std::chrono::steady_clock::time_point arrival,
-                 ReplyMsg* (v1::FastReply::*op)(), Fill fill);
+  // Hands a call to the call layer; the completion replies from the engine's thread.
+  void Start(const v1::FastRequest& req, std::chrono::steady_clock::time_point arrival);
   void ReplyError(uint64_t call_id, const absl::Status& status, const char* rpc);
   // Sends (or queues) one reply; `counted`: it answers a call counted in in_flight_.
   void Send(const v1::FastReply& reply, bool counted);
@@ -123,6 +74,8 @@ class FastSocketServer::Connection : public std::enable_shared_from_this<Connect
   const int wake_fd_;  // eventfd: the outbox has replies, or a call slot freed up
   const PeerInfo peer_;
   std::string session_id_;  // bound by hello; connection thread only
+  std::string bound_namespace_;  // the namespace the hello's token binds (with namespace_bound_)
+  bool namespace_bound_ = false;
 
   std::mutex mu_;
   std::condition_variable idle_cv_;
@@ -218,8 +171,8 @@ void FastSocketServer::Connection::HandleFrame(const char* data, size_t n, size_
   if (real_size == 0) {
     return ReplyError(0,
                       absl::InvalidArgumentError(
-                          "frame: empty (a FastRequest needs an operation; call_id 0 and no op "
-                          "serialize to zero bytes)"),
+                          "frame: empty (a FastRequest needs a method or a hello; call_id 0 and "
+                          "nothing else serialize to zero bytes)"),
                       "FastSocket");
   }
   if (real_size > kMaxFrameBytes) {
@@ -229,23 +182,14 @@ void FastSocketServer::Connection::HandleFrame(const char* data, size_t n, size_
                           kMaxFrameBytes, " bytes (send large inline tensors over gRPC)")),
                       "FastSocket");
   }
-  // Shared: the engine's converted request points into its bytes (inline tensors) until the
-  // call completes, so the completion keeps it alive.
-  auto owned = std::make_shared<v1::FastRequest>();
-  const v1::FastRequest& req = *owned;
-  if (!owned->ParseFromArray(data, static_cast<int>(n))) {
+  v1::FastRequest req;
+  if (!req.ParseFromArray(data, static_cast<int>(n))) {
     return ReplyError(0,
                       absl::InvalidArgumentError(absl::StrCat(
                           "frame: ", n, " bytes are not a fp4q.v1.FastRequest")),
                       "FastSocket");
   }
   const uint64_t id = req.call_id();
-  if (req.op_case() == v1::FastRequest::OP_NOT_SET) {
-    return ReplyError(id,
-                      absl::InvalidArgumentError(
-                          "FastRequest.op: no operation set (or one this server does not know)"),
-                      "FastSocket");
-  }
   if (req.timeout_micros() > kMaxTimeoutMicros) {
     return ReplyError(id,
                       absl::InvalidArgumentError(absl::StrCat(
@@ -253,88 +197,31 @@ void FastSocketServer::Connection::HandleFrame(const char* data, size_t n, size_
                           " exceeds one day (", kMaxTimeoutMicros, "); 0 means no deadline")),
                       "FastSocket");
   }
-  if (req.op_case() == v1::FastRequest::kHello) return Hello(req, arrival);
+  if (req.has_hello()) {
+    if (!req.method().empty()) {
+      return ReplyError(id,
+                        absl::InvalidArgumentError(
+                            "FastRequest.method: set beside hello (the hello frame carries no "
+                            "call)"),
+                        "FastHello");
+    }
+    return Hello(req, arrival);
+  }
+  if (req.method().empty()) {
+    return ReplyError(id,
+                      absl::InvalidArgumentError(
+                          "FastRequest.method: empty (name a method of fp4q.v1.Fp4q, e.g. "
+                          "\"Step\", or send a hello)"),
+                      "FastSocket");
+  }
   if (session_id_.empty()) {
     return ReplyError(id,
                       absl::FailedPreconditionError(
-                          "FastRequest.op: the connection is not bound to a session; its "
+                          "FastRequest.method: the connection is not bound to a session; its "
                           "first frame must be a hello naming an open session"),
                       "FastSocket");
   }
-  RequestContext rc;
-  rc.deadline = req.timeout_micros() == 0
-                    ? absl::InfiniteFuture()
-                    : absl::Now() + absl::Microseconds(static_cast<int64_t>(req.timeout_micros()));
-  rc.session_id = session_id_;
-  rc.peer = peer_;
-  {
-    std::weak_ptr<Connection> weak = weak_from_this();
-    rc.is_cancelled = [weak] {
-      std::shared_ptr<Connection> c = weak.lock();
-      return c == nullptr || c->gone_.load();
-    };
-  }
-  if (absl::Status fits = StatefulReplyFits(req); !fits.ok()) {
-    return ReplyError(id, fits, "FastSocket");
-  }
-  Engine* engine = server_->engine_;
-  switch (req.op_case()) {
-    case v1::FastRequest::kQuantize:
-      return Start<QuantizeResult>(owned, "Quantize", rc, &v1::FastReply::mutable_quantize, arrival,
-                                   [&](const RequestContext& c, auto done) {
-                                     engine->Quantize(c, FromProto(req.quantize()),
-                                                      std::move(done));
-                                   });
-    case v1::FastRequest::kDequantize:
-      return Start<DequantizeResult>(owned, "Dequantize", rc, &v1::FastReply::mutable_dequantize,
-                                     arrival, [&](const RequestContext& c, auto done) {
-                                       engine->Dequantize(c, FromProto(req.dequantize()),
-                                                          std::move(done));
-                                     });
-    case v1::FastRequest::kQdq:
-      return Start<QdqResult>(owned, "Qdq", rc, &v1::FastReply::mutable_qdq, arrival,
-                              [&](const RequestContext& c, auto done) {
-                                engine->Qdq(c, FromProto(req.qdq()), std::move(done));
-                              });
-    case v1::FastRequest::kMatmul:
-      return Start<MatmulResult>(owned, "Matmul", rc, &v1::FastReply::mutable_matmul, arrival,
-                                 [&](const RequestContext& c, auto done) {
-                                   engine->Matmul(c, FromProto(req.matmul()), std::move(done));
-                                 });
-    case v1::FastRequest::kUpdateWeight:
-      return Start<UpdateWeightResult>(owned, "UpdateWeight", rc,
-                                       &v1::FastReply::mutable_update_weight, arrival,
-                                       [&](const RequestContext& c, auto done) {
-                                         engine->UpdateWeight(c, FromProto(req.update_weight()),
-                                                              std::move(done));
-                                       });
-    case v1::FastRequest::kKeepAlive:
-      return AnswerNow(id, "KeepAlive", arrival, &v1::FastReply::mutable_keep_alive,
-                       [&](v1::KeepAliveReply* m) -> absl::Status {
-                         FP4Q_ASSIGN_OR_RETURN(const uint32_t lease, engine->KeepAlive(rc));
-                         FillReplyHeader(*engine, nullptr, m->mutable_header());
-                         m->set_lease_seconds(lease);
-                         return absl::OkStatus();
-                       });
-    case v1::FastRequest::kListTensors:
-      return AnswerNow(id, "ListTensors", arrival, &v1::FastReply::mutable_list_tensors,
-                       [&](v1::ListTensorsReply* m) -> absl::Status {
-                         FP4Q_ASSIGN_OR_RETURN(std::vector<TensorListing> list,
-                                               engine->ListTensors());
-                         FillReplyHeader(*engine, nullptr, m->mutable_header());
-                         ToProto(std::move(list), m);
-                         return absl::OkStatus();
-                       });
-    case v1::FastRequest::kServerInfo:
-      return AnswerNow(id, "ServerInfo", arrival, &v1::FastReply::mutable_server_info,
-                       [&](v1::ServerInfoReply* m) {
-                         FillServerInfo(*engine, server_->options_.max_message_bytes, peer_, m);
-                         return absl::OkStatus();
-                       });
-    default:
-      return ReplyError(id, absl::InternalError("FastRequest.op: unhandled operation"),
-                        "FastSocket");
-  }
+  Start(req, arrival);
 }
 
 void FastSocketServer::Connection::Hello(const v1::FastRequest& req,
@@ -347,11 +234,10 @@ void FastSocketServer::Connection::Hello(const v1::FastRequest& req,
                           "connection; open another connection for another session)"),
                       "FastHello");
   }
-  const std::string& token = server_->options_.auth_token;
-  if (!token.empty() && !SameSecret(req.hello().auth_token(), token)) {
-    return ReplyError(id, absl::UnauthenticatedError("hello.auth_token: missing or wrong token"),
-                      "FastHello");
-  }
+  CallLayer* layer = server_->layer_;
+  absl::StatusOr<std::string> bound =
+      layer->Authenticate({req.hello().auth_token()}, "hello.auth_token");
+  if (!bound.ok()) return ReplyError(id, bound.status(), "FastHello");
   if (req.hello().session_id().empty()) {
     return ReplyError(id,
                       absl::InvalidArgumentError(
@@ -361,14 +247,12 @@ void FastSocketServer::Connection::Hello(const v1::FastRequest& req,
   RequestContext rc;
   rc.session_id = req.hello().session_id();
   rc.peer = peer_;
-  Engine* engine = server_->engine_;
-  if (server_->metrics_ != nullptr) server_->metrics_->RequestStarted();
-  absl::StatusOr<uint32_t> lease = engine->KeepAlive(rc);
-  if (server_->metrics_ != nullptr) {
-    server_->metrics_->RequestFinished(
-        "FastHello", lease.status().code(),
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - arrival).count(), 0, 0);
-  }
+  rc.namespace_bound = !bound->empty();
+  rc.bound_namespace = *bound;
+  Engine& engine = layer->engine();
+  absl::StatusOr<uint32_t> lease = engine.KeepAlive(rc);
+  layer->Record("FastHello", lease.status().code(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - arrival).count());
   v1::FastReply reply;
   reply.set_call_id(id);
   if (!lease.ok()) {
@@ -381,79 +265,57 @@ void FastSocketServer::Connection::Hello(const v1::FastRequest& req,
     return Send(reply, /*counted=*/false);
   }
   session_id_ = rc.session_id;
-  FillReplyHeader(*engine, nullptr, reply.mutable_hello()->mutable_header());
+  namespace_bound_ = rc.namespace_bound;
+  bound_namespace_ = rc.bound_namespace;
+  reply.mutable_hello()->mutable_header()->set_server_epoch(engine.epoch());
+  reply.mutable_hello()->mutable_header()->set_backend(engine.backend_kind());
   reply.mutable_hello()->set_lease_seconds(*lease);
   Send(reply, /*counted=*/false);
 }
 
-template <typename Res, typename ReplyMsg, typename Call>
-void FastSocketServer::Connection::Start(std::shared_ptr<const v1::FastRequest> request,
-                                         const char* rpc, const RequestContext& rc,
-                                         ReplyMsg* (v1::FastReply::*op)(),
-                                         std::chrono::steady_clock::time_point arrival,
-                                         Call call) {
+void FastSocketServer::Connection::Start(const v1::FastRequest& req,
+                                         std::chrono::steady_clock::time_point arrival) {
+  CallLayer* layer = server_->layer_;
+  IncomingCall call;
+  call.method = req.method();
+  call.arrival = arrival;
+  call.fast_socket = true;
+  call.authenticated = true;  // at hello
+  call.reply_limit = kMaxFrameBytes - kFastReplyFraming;
+  RequestContext& rc = call.context;
+  rc.session_id = session_id_;
+  rc.peer = peer_;
+  rc.namespace_bound = namespace_bound_;
+  rc.bound_namespace = bound_namespace_;
+  if (req.timeout_micros() > 0) {
+    rc.deadline = absl::Now() + absl::Microseconds(static_cast<int64_t>(req.timeout_micros()));
+  }
+  std::shared_ptr<Connection> self = shared_from_this();
+  rc.is_cancelled = [self] { return self->gone_.load(); };
+  std::unique_ptr<google::protobuf::Message> request = layer->NewRequest(call.method);
+  const bool parsed = request != nullptr && request->ParseFromString(req.request());
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++in_flight_;
   }
-  Metrics* metrics = server_->metrics_;
-  if (metrics != nullptr) metrics->RequestStarted();
-  std::shared_ptr<Connection> self = shared_from_this();
-  call(rc, [self, request, rpc, op, arrival, metrics](absl::StatusOr<Res> r) {
-    v1::FastReply reply;
-    reply.set_call_id(request->call_id());
-    ReplyMeta meta;
-    absl::StatusCode code = r.status().code();
-    if (r.ok()) {
-      meta = r->meta;
-      ReplyMsg* m = (reply.*op)();
-      ToProto(std::move(*r), m);
-      FillReplyHeader(*self->server_->engine_, &meta, m->mutable_header());
-      m->mutable_header()->set_server_micros(
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - arrival)
-              .count());
-    } else {
-      reply.set_code(static_cast<int32_t>(code));
-      reply.set_message(std::string(r.status().message()));
-    }
-    if (metrics != nullptr) {
-      metrics->RequestFinished(
-          rpc, code,
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - arrival).count(),
-          meta.processed_bytes, meta.processed_elements);
-    }
-    self->Send(reply, /*counted=*/true);
-  });
-}
-
-template <typename ReplyMsg, typename Fill>
-void FastSocketServer::Connection::AnswerNow(uint64_t call_id, const char* rpc,
-                                             std::chrono::steady_clock::time_point arrival,
-                                             ReplyMsg* (v1::FastReply::*op)(), Fill fill) {
-  Metrics* metrics = server_->metrics_;
-  if (metrics != nullptr) metrics->RequestStarted();
-  v1::FastReply reply;
-  const absl::Status status = fill((reply.*op)());
-  if (!status.ok()) {
-    reply.Clear();
-    reply.set_code(static_cast<int32_t>(status.code()));
-    reply.set_message(std::string(status.message()));
-  }
-  reply.set_call_id(call_id);
-  if (metrics != nullptr) {
-    metrics->RequestFinished(
-        rpc, status.code(),
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - arrival).count(), 0, 0);
-  }
-  Send(reply, /*counted=*/false);
+  const uint64_t id = req.call_id();
+  layer->Run(std::move(call), std::move(request), parsed, req.request().size(),
+             [self, id](const absl::Status& s, std::unique_ptr<google::protobuf::Message> rep) {
+               v1::FastReply reply;
+               reply.set_call_id(id);
+               if (s.ok()) {
+                 rep->SerializeToString(reply.mutable_reply());
+               } else {
+                 reply.set_code(static_cast<int32_t>(s.code()));
+                 reply.set_message(std::string(s.message()));
+               }
+               self->Send(reply, /*counted=*/true);
+             });
 }
 
 void FastSocketServer::Connection::ReplyError(uint64_t call_id, const absl::Status& status,
                                               const char* rpc) {
-  if (server_->metrics_ != nullptr) {
-    server_->metrics_->RequestStarted();
-    server_->metrics_->RequestFinished(rpc, status.code(), 0.0, 0, 0);
-  }
+  server_->layer_->Record(rpc, status.code(), 0.0);
   v1::FastReply reply;
   reply.set_call_id(call_id);
   reply.set_code(static_cast<int32_t>(status.code()));
@@ -520,7 +382,7 @@ void FastSocketServer::Connection::ReleaseLocked(bool counted) {
 // ---------------------------------------------------------------- the server
 
 absl::StatusOr<std::unique_ptr<FastSocketServer>> FastSocketServer::Create(
-    Engine* engine, Metrics* metrics, FastSocketOptions options, Logger* logger) {
+    CallLayer* layer, Metrics* metrics, FastSocketOptions options, Logger* logger) {
   if (options.allowed_uids.empty()) {
     return absl::InvalidArgumentError("--unix_socket_allowed_uids: no uid allowed");
   }
@@ -539,7 +401,7 @@ absl::StatusOr<std::unique_ptr<FastSocketServer>> FastSocketServer::Create(
   absl::StatusOr<int> fd = ListenUnix(options.path, SOCK_SEQPACKET, owner_only, "fast_socket");
   if (!fd.ok()) return fd.status();
   std::unique_ptr<FastSocketServer> s(
-      new FastSocketServer(engine, metrics, std::move(options), logger));
+      new FastSocketServer(layer, metrics, std::move(options), logger));
   s->listen_fd_ = *fd;
   s->stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (s->stop_fd_ < 0) {

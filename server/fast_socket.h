@@ -4,26 +4,26 @@
 // several thread hand-offs per call inside gRPC), more than the whole budget of an IPC call
 // beyond its kernel. Here a call is one sendmsg, the engine's work, and one sendmsg back.
 // The wire format is in proto/fp4q/v1/fp4q.proto ("the fast socket"): one message is one
-// frame, a FastRequest or FastReply of at most kMaxFrameBytes.
+// frame, a FastRequest (method name + serialized request) or FastReply of at most
+// kMaxFrameBytes. Calls go through the call layer (call_layer.h) exactly as gRPC's do: the
+// same op table, authentication, metrics, errors and reply header.
 //
 // Contract
 // - Create binds `path` (ListenUnix; mode 0600 when only fp4qd's own uid is allowed) and Start
 //   accepts. Each connection's uid is checked at accept against `allowed_uids`; a refused or
 //   surplus connection (more than max_connections) is closed at once and logged.
-// - One thread per connection reads frames and hands each call to the engine, exactly as the
-//   gRPC adapter does (same conversions, validation, metrics under the same method names). The
+// - One thread per connection reads frames and hands each call to the call layer. The
 //   engine's completion sends the reply itself from its thread (non-blocking; when the peer's
 //   queue is full the reply waits in the connection's outbox, flushed by the connection thread).
 // - At most max_in_flight calls per connection are started and not yet answered; beyond that
 //   the connection thread stops reading (back-pressure, no error).
-// - The first frame must be a hello naming an open session (and the bearer token when
-//   `auth_token` is set); until then every call is FAILED_PRECONDITION. Undecodable, oversized
-//   or empty frames get INVALID_ARGUMENT and the connection stays usable (a zero-byte frame is
-//   told from the peer's close by RDHUP).
-// - Replies are at most kMaxFrameBytes: a bigger one becomes RESOURCE_EXHAUSTED. Calls that
-//   change state (UpdateWeight returning DQ(W) inline, Qdq with a residual key and an inline
-//   output) are refused with that code before they run when their inline output cannot fit,
-//   so no step is applied without its reply.
+// - The first frame must be a hello naming an open session (and a bearer token the call layer
+//   accepts, when one is configured); until then every call is FAILED_PRECONDITION.
+//   Undecodable, oversized or empty frames get INVALID_ARGUMENT and the connection stays usable
+//   (a zero-byte frame is told from the peer's close by RDHUP).
+// - Replies are at most kMaxFrameBytes: the call layer refuses state-changing calls whose
+//   inline outputs could not fit before they run, and answers others over the limit with
+//   RESOURCE_EXHAUSTED.
 // - A closed connection cancels its calls that have not started; its thread waits for the rest
 //   before closing the fd. Stop stops accepting, closes every connection and joins the threads;
 //   the engine must still be running then. Thread-safe.
@@ -45,7 +45,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/engine.h"
+#include "fp4q/v1/fp4q.pb.h"
+#include "server/call_layer.h"
 #include "server/logging.h"
 #include "server/metrics.h"
 
@@ -54,10 +55,8 @@ namespace fp4q::server {
 struct FastSocketOptions {
   std::string path;
   std::set<uid_t> allowed_uids;  // must not be empty
-  std::string auth_token;        // empty: hello needs none
   int max_connections = 64;
   int max_in_flight = 64;  // per connection
-  uint64_t max_message_bytes = uint64_t{512} << 20;  // fp4qd's gRPC limit, for ServerInfo
   // Busy-poll the connection for this long before sleeping in poll(): trades a CPU core per
   // busy connection for the wake-up latency of the reading thread. Zero: always sleep.
   absl::Duration spin = absl::ZeroDuration();
@@ -65,10 +64,10 @@ struct FastSocketOptions {
 
 class FastSocketServer {
  public:
-  static constexpr size_t kMaxFrameBytes = 65536;
+  static constexpr size_t kMaxFrameBytes = v1::FAST_SOCKET_MAX_FRAME_BYTES;
 
-  // `engine`, `metrics` (may be null) and `logger` are not owned and outlive the server.
-  static absl::StatusOr<std::unique_ptr<FastSocketServer>> Create(Engine* engine,
+  // `layer`, `metrics` (may be null) and `logger` are not owned and outlive the server.
+  static absl::StatusOr<std::unique_ptr<FastSocketServer>> Create(CallLayer* layer,
                                                                    Metrics* metrics,
                                                                    FastSocketOptions options,
                                                                    Logger* logger);
@@ -90,14 +89,14 @@ class FastSocketServer {
     std::shared_ptr<std::atomic<bool>> done;
   };
 
-  FastSocketServer(Engine* engine, Metrics* metrics, FastSocketOptions options, Logger* logger)
-      : engine_(engine), metrics_(metrics), options_(std::move(options)), logger_(logger) {}
+  FastSocketServer(CallLayer* layer, Metrics* metrics, FastSocketOptions options, Logger* logger)
+      : layer_(layer), metrics_(metrics), options_(std::move(options)), logger_(logger) {}
   void AcceptLoop();
   void Accept(int fd);
   void Refuse(int fd, absl::string_view why, const std::optional<PeerInfo>& peer);
   void ReapFinished();
 
-  Engine* const engine_;
+  CallLayer* const layer_;
   Metrics* const metrics_;
   const FastSocketOptions options_;
   Logger* const logger_;

@@ -58,6 +58,10 @@ class OpEnv {
   OpEnv& operator=(const OpEnv&) = delete;
 
   Device& device() { return *device_; }
+  // The namespace of the request's names (Engine::ResolveNamespace) and a name's store key.
+  void set_namespace(std::string ns) { ns_ = std::move(ns); }
+  const std::string& ns() const { return ns_; }
+  std::string Key(absl::string_view name) const { return QualifiedName(ns_, name); }
   kernels::Backend& backend() { return *device_->backend; }
   kernels::Stream stream() const { return stream_; }
   ReplyMeta& meta() { return *meta_; }
@@ -127,6 +131,7 @@ class OpEnv {
   EngineObserver* observer_;
   ReplyMeta* meta_;
   ScratchPool* pool_;
+  std::string ns_;
   std::vector<DeviceBuffer> scratch_;
   std::vector<std::function<void()>> deferred_;
   std::vector<PendingCopy> pending_;

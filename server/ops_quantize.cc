@@ -68,7 +68,7 @@ absl::Status ResolveOperand(OpEnv& env, StateStore& store, const QuantizedOperan
   if (in.is_weight) {
     const std::string f = absl::StrCat(field, ".weight_name");
     FP4Q_RETURN_IF_ERROR(CheckName(in.weight_name, f));
-    out->entry = store.Find(in.weight_name);
+    out->entry = store.Find(env.Key(in.weight_name));
     if (out->entry == nullptr) {
       return absl::NotFoundError(absl::StrCat(f, ": no weight ", Quote(in.weight_name)));
     }
@@ -139,7 +139,7 @@ absl::Status LockOperands(std::vector<Operand*> ops,
     last = op->entry.get();
     if (!op->entry->live.load()) {
       return absl::NotFoundError(
-          absl::StrCat(op->field, ".weight_name: no weight ", Quote(op->entry->name)));
+          absl::StrCat(op->field, ".weight_name: no weight ", Quote(LocalName(op->entry->name))));
     }
     op->q = kernels::AsConst(op->entry->Weight());
   }
@@ -164,7 +164,7 @@ absl::StatusOr<std::shared_ptr<StateEntry>> Engine::ResidualFor(OpEnv& env, cons
                                                                 bool* created) {
   const std::string field = "options.residual_key";
   for (int attempt = 0; attempt < 4; ++attempt) {
-    std::shared_ptr<StateEntry> e = store_->Find(key);
+    std::shared_ptr<StateEntry> e = store_->Find(env.Key(key));
     if (e != nullptr) {
       std::unique_lock<std::mutex> l(e->op_mu);
       if (!e->live.load()) continue;  // deleted (or its creation failed) meanwhile
@@ -200,8 +200,8 @@ absl::StatusOr<std::shared_ptr<StateEntry>> Engine::ResidualFor(OpEnv& env, cons
     }
     FP4Q_ASSIGN_OR_RETURN(EntrySizes sizes,
                           SizesFor(EntryKind::kResidual, rows, cols, WeightParams{}, field));
-    auto fresh = std::make_shared<StateEntry>(key, EntryKind::kResidual, &env.device(), rows, cols,
-                                              WeightParams{}, sizes);
+    auto fresh = std::make_shared<StateEntry>(env.Key(key), EntryKind::kResidual, &env.device(),
+                                              rows, cols, WeightParams{}, sizes);
     std::unique_lock<std::mutex> l;
     absl::Status s = store_->Reserve(fresh, &l, field);
     if (s.code() == absl::StatusCode::kAlreadyExists) continue;  // a concurrent creator won

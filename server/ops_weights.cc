@@ -65,7 +65,7 @@ kernels::QuantizeOptions WeightQuantOptions(const WeightParams& p, int64_t step)
 
 WeightInfo InfoOf(const StateEntry& e) {
   WeightInfo w;
-  w.name = e.name;
+  w.name = std::string(LocalName(e.name));
   w.shape = {e.rows, e.cols};
   w.options.block = ToWireBlock(e.params.block);
   w.options.rounding = e.params.rounding == kernels::Rounding::kStochastic ? 2 : 1;
@@ -78,11 +78,12 @@ WeightInfo InfoOf(const StateEntry& e) {
   return w;
 }
 
-// The named stored weight, locked and live.
-absl::StatusOr<std::shared_ptr<StateEntry>> LockedWeight(StateStore& store, const std::string& name,
+// The named stored weight of the request's namespace, locked and live.
+absl::StatusOr<std::shared_ptr<StateEntry>> LockedWeight(StateStore& store, const OpEnv& env,
+                                                         const std::string& name,
                                                          std::unique_lock<std::mutex>* lock) {
   FP4Q_RETURN_IF_ERROR(CheckName(name, "name"));
-  std::shared_ptr<StateEntry> e = store.Find(name);
+  std::shared_ptr<StateEntry> e = store.Find(env.Key(name));
   if (e != nullptr) {
     *lock = std::unique_lock<std::mutex>(e->op_mu);
     if (e->live.load()) {
@@ -117,7 +118,8 @@ absl::Status Engine::RunCreateWeight(OpEnv& env, const CreateWeightRequest& req,
   FP4Q_ASSIGN_OR_RETURN(EntrySizes sizes, SizesFor(EntryKind::kWeight, shape.rows, shape.cols,
                                                    params, "initial.shape"));
 
-  auto e = std::make_shared<StateEntry>(req.name, EntryKind::kWeight, &env.device(), shape.rows,
+  auto e = std::make_shared<StateEntry>(env.Key(req.name), EntryKind::kWeight, &env.device(),
+                                        shape.rows,
                                         shape.cols, params, sizes);
   std::unique_lock<std::mutex> lock;
   FP4Q_RETURN_IF_ERROR(store_->Reserve(e, &lock, "name"));
@@ -170,11 +172,11 @@ absl::Status Engine::RunUpdateWeight(OpEnv& env, const UpdateWeightRequest& req,
     return absl::InvalidArgumentError(absl::StrCat("lr: ", req.lr, " is not finite"));
   }
   std::unique_lock<std::mutex> lock;
-  FP4Q_ASSIGN_OR_RETURN(std::shared_ptr<StateEntry> e, LockedWeight(*store_, req.name, &lock));
+  FP4Q_ASSIGN_OR_RETURN(std::shared_ptr<StateEntry> e, LockedWeight(*store_, env, req.name, &lock));
   if (shape.rows != e->rows || shape.cols != e->cols) {
     return absl::InvalidArgumentError(absl::StrCat(
         "update.shape: ", ShapeString({shape.rows, shape.cols}), " does not match weight ",
-        Quote(e->name), " of shape ", ShapeString({e->rows, e->cols})));
+        Quote(LocalName(e->name)), " of shape ", ShapeString({e->rows, e->cols})));
   }
   const bool want_dq = req.dequantized_out.has_region || req.return_dequantized;
   FP4Q_ASSIGN_OR_RETURN(size_t dq_bytes,
@@ -210,7 +212,7 @@ absl::Status Engine::RunUpdateWeight(OpEnv& env, const UpdateWeightRequest& req,
   }
   if (req.step < last) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "step: ", req.step, " is older than the last step ", last, " of weight ", Quote(e->name)));
+        "step: ", req.step, " is older than the last step ", last, " of weight ", Quote(LocalName(e->name))));
   }
   FP4Q_ASSIGN_OR_RETURN(const void* hx, env.HostView(x.data, shape.bytes));
   FP4Q_RETURN_IF_ERROR(CheckFinite(hx, shape.dtype, shape.rows * shape.cols, "update"));
@@ -238,7 +240,7 @@ absl::Status Engine::RunUpdateWeight(OpEnv& env, const UpdateWeightRequest& req,
 
 absl::Status Engine::RunGetWeight(OpEnv& env, const GetWeightRequest& req, GetWeightResult* res) {
   std::unique_lock<std::mutex> lock;
-  FP4Q_ASSIGN_OR_RETURN(std::shared_ptr<StateEntry> e, LockedWeight(*store_, req.name, &lock));
+  FP4Q_ASSIGN_OR_RETURN(std::shared_ptr<StateEntry> e, LockedWeight(*store_, env, req.name, &lock));
   FP4Q_ASSIGN_OR_RETURN(kernels::DType dt,
                         DenseDType(req.out_dtype, "out_dtype", true, e->params.dtype));
   if (!req.dequantized && req.out.has_region) {
@@ -246,7 +248,7 @@ absl::Status Engine::RunGetWeight(OpEnv& env, const GetWeightRequest& req, GetWe
   }
   if (req.residual && !e->params.error_feedback) {
     return absl::FailedPreconditionError(
-        absl::StrCat("residual: weight ", Quote(e->name),
+        absl::StrCat("residual: weight ", Quote(LocalName(e->name)),
                      " keeps no residual (its options.error_feedback is off)"));
   }
   kernels::QuantizedTensor w = e->Weight();
@@ -293,9 +295,9 @@ absl::Status Engine::RunGetWeight(OpEnv& env, const GetWeightRequest& req, GetWe
   return absl::OkStatus();
 }
 
-absl::Status Engine::RunDeleteWeight(OpEnv& /*env*/, const NameRequest& req, EmptyResult* /*res*/) {
+absl::Status Engine::RunDeleteWeight(OpEnv& env, const NameRequest& req, EmptyResult* /*res*/) {
   FP4Q_RETURN_IF_ERROR(CheckName(req.name, "name"));
-  std::shared_ptr<StateEntry> e = store_->Find(req.name);
+  std::shared_ptr<StateEntry> e = store_->Find(env.Key(req.name));
   if (e != nullptr) {
     std::unique_lock<std::mutex> lock(e->op_mu);
     if (e->live.load()) {
@@ -312,7 +314,7 @@ absl::Status Engine::RunDeleteWeight(OpEnv& /*env*/, const NameRequest& req, Emp
 
 absl::Status Engine::RunResetResidual(OpEnv& env, const NameRequest& req, EmptyResult* /*res*/) {
   FP4Q_RETURN_IF_ERROR(CheckName(req.name, "name"));
-  std::shared_ptr<StateEntry> e = store_->Find(req.name);
+  std::shared_ptr<StateEntry> e = store_->Find(env.Key(req.name));
   std::unique_lock<std::mutex> lock;
   if (e != nullptr) lock = std::unique_lock<std::mutex>(e->op_mu);
   if (e == nullptr || !e->live.load()) {

@@ -120,14 +120,30 @@ void RegionManager::ReportLocked() {
   observer_->CudaOpenHandles(static_cast<int64_t>(mappings_.size()));
 }
 
-OpenSessionResult RegionManager::OpenSession(absl::string_view client_name) {
+OpenSessionResult RegionManager::OpenSession(absl::string_view client_name,
+                                             absl::string_view ns) {
   std::string id = RandomHex128();
   std::lock_guard<std::mutex> lock(mu_);
   Session& s = sessions_[id];
   s.client_name = std::string(client_name.substr(0, 256));
+  s.ns = std::string(ns);
   s.renewed = Now();
   ReportLocked();
-  return OpenSessionResult{id, static_cast<uint32_t>(absl::ToInt64Seconds(options_.lease))};
+  return OpenSessionResult{id, static_cast<uint32_t>(absl::ToInt64Seconds(options_.lease)),
+                           std::string(ns)};
+}
+
+absl::StatusOr<std::string> RegionManager::SessionNamespace(absl::string_view session_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end() || Now() - it->second.renewed > options_.lease) {
+    return UnknownSession();
+  }
+  return it->second.ns;
+}
+
+void RegionManager::SetSessionEndHandler(std::function<void(const std::string&)> handler) {
+  on_session_end_ = std::move(handler);
 }
 
 absl::Status RegionManager::KeepAlive(absl::string_view session_id) {
@@ -188,11 +204,13 @@ absl::StatusOr<uint32_t> RegionManager::CloseSession(absl::string_view session_i
     ReportLocked();
   }
   for (const auto& r : detached) WaitAndRelease(r);
+  if (on_session_end_) on_session_end_(std::string(session_id));
   return static_cast<uint32_t>(detached.size());
 }
 
 int RegionManager::ExpireSessions() {
   std::vector<std::shared_ptr<RegionRecord>> detached;
+  std::vector<std::string> ended_ids;
   int ended = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -204,12 +222,16 @@ int RegionManager::ExpireSessions() {
       }
       std::vector<std::string> ids(it->second.regions.begin(), it->second.regions.end());
       for (const auto& id : ids) detached.push_back(DetachLocked(id));
+      ended_ids.push_back(it->first);
       it = sessions_.erase(it);
       ++ended;
     }
     if (ended > 0) ReportLocked();
   }
   for (const auto& r : detached) WaitAndRelease(r);
+  if (on_session_end_) {
+    for (const std::string& id : ended_ids) on_session_end_(id);
+  }
   return ended;
 }
 

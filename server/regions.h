@@ -82,9 +82,15 @@ class RegionManager {
   RegionManager(DeviceSet* devices, RegionsOptions options, EngineObserver* observer);
   ~RegionManager();  // closes every session
 
-  OpenSessionResult OpenSession(absl::string_view client_name);
+  // `ns` is the session's namespace (already checked).
+  OpenSessionResult OpenSession(absl::string_view client_name, absl::string_view ns = "");
   // NOT_FOUND for an unknown or expired session.
   absl::Status KeepAlive(absl::string_view session_id);
+  // The session's namespace; NOT_FOUND for an unknown or expired session.
+  absl::StatusOr<std::string> SessionNamespace(absl::string_view session_id) const;
+  // Called (outside the manager's lock) with the id of every session that ends: closed,
+  // expired, or at destruction. Set once, before sessions are opened.
+  void SetSessionEndHandler(std::function<void(const std::string& session_id)> handler);
   // Number of regions released; NOT_FOUND for an unknown session. Waits for pinned regions.
   absl::StatusOr<uint32_t> CloseSession(absl::string_view session_id);
   // Ends sessions whose lease lapsed (waits for their pinned regions); returns how many.
@@ -109,6 +115,7 @@ class RegionManager {
   friend class RegionPin;
   struct Session {
     std::string client_name;
+    std::string ns;
     absl::Time renewed;
     std::set<std::string> regions;
   };
@@ -126,6 +133,7 @@ class RegionManager {
 
   DeviceSet* const devices_;
   const RegionsOptions options_;
+  std::function<void(const std::string&)> on_session_end_;
   EngineObserver* const observer_;
 
   std::mutex open_mu_;  // serializes Register (handle opens happen outside mu_)

@@ -59,6 +59,30 @@ absl::Status CheckName(absl::string_view name, absl::string_view field) {
   return absl::OkStatus();
 }
 
+absl::Status CheckNamespace(absl::string_view ns, absl::string_view field) {
+  if (ns.empty()) return absl::OkStatus();
+  if (ns.size() > kMaxNamespaceBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", ns.size(), " bytes, at most ", kMaxNamespaceBytes));
+  }
+  return CheckName(ns, field);
+}
+
+std::string QualifiedName(absl::string_view ns, absl::string_view name) {
+  if (ns.empty()) return std::string(name);
+  return absl::StrCat(ns, std::string(1, kNamespaceSeparator), name);
+}
+
+absl::string_view NamespaceOf(absl::string_view key) {
+  const size_t bar = key.find(kNamespaceSeparator);
+  return bar == absl::string_view::npos ? absl::string_view() : key.substr(0, bar);
+}
+
+absl::string_view LocalName(absl::string_view key) {
+  const size_t bar = key.find(kNamespaceSeparator);
+  return bar == absl::string_view::npos ? key : key.substr(bar + 1);
+}
+
 absl::StatusOr<kernels::DType> DenseDType(int dtype, absl::string_view field,
                                           bool allow_unspecified, kernels::DType dflt) {
   switch (dtype) {

@@ -25,6 +25,17 @@ std::string WireDTypeName(int dtype);
 // A state tensor name: 1..256 bytes of [A-Za-z0-9._:/-].
 absl::Status CheckName(absl::string_view name, absl::string_view field);
 
+// A job namespace: 0..64 bytes of the name characters (empty: the default namespace).
+inline constexpr size_t kMaxNamespaceBytes = 64;
+absl::Status CheckNamespace(absl::string_view ns, absl::string_view field);
+// The store's key of `name` in namespace `ns`: "ns|name" ('|' is in neither), or `name` alone in
+// the default namespace.
+inline constexpr char kNamespaceSeparator = '|';
+std::string QualifiedName(absl::string_view ns, absl::string_view name);
+// The parts of a store key.
+absl::string_view NamespaceOf(absl::string_view key);
+absl::string_view LocalName(absl::string_view key);
+
 // A dense F32/BF16 dtype number -> kernels::DType. `allow_unspecified` maps 0 to `dflt`.
 absl::StatusOr<kernels::DType> DenseDType(int dtype, absl::string_view field,
                                           bool allow_unspecified = false,

@@ -155,6 +155,12 @@ struct RequestContext {
   std::function<bool()> is_cancelled;
   std::string session_id;  // metadata "fp4q-session"; empty when absent
   PeerInfo peer;
+  // The caller's token binds it to this namespace (call layer, --namespace_tokens_file).
+  bool namespace_bound = false;
+  std::string bound_namespace;
+  // The namespace the request's names live in: resolved by the engine from the session (or the
+  // bound namespace) before the request is routed. Transports leave it empty.
+  std::string ns;
 };
 
 // ---------------------------------------------------------------- operations
@@ -298,6 +304,7 @@ struct CheckpointResult {
 struct OpenSessionResult {
   std::string session_id;
   uint32_t lease_seconds = 0;
+  std::string ns;
 };
 
 struct RegisterRegionRequest {

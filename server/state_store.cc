@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "fp4q/common/status_macros.h"
+#include "server/request_checks.h"
 
 namespace fp4q::server {
 
@@ -104,11 +105,12 @@ std::vector<std::shared_ptr<StateEntry>> StateStore::Entries() const {
   return out;
 }
 
-std::vector<TensorListing> StateStore::List() const {
+std::vector<TensorListing> StateStore::List(absl::string_view ns) const {
   std::vector<TensorListing> out;
   for (const auto& e : Entries()) {
+    if (NamespaceOf(e->name) != ns) continue;
     TensorListing l;
-    l.name = e->name;
+    l.name = std::string(LocalName(e->name));
     l.kind = e->kind == EntryKind::kWeight ? kWireKindWeight : kWireKindResidual;
     l.shape = {e->rows, e->cols};
     l.dtype = e->kind == EntryKind::kWeight ? kWireU8 : kWireF32;

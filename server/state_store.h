@@ -105,7 +105,8 @@ class StateStore {
   std::shared_ptr<StateEntry> Find(absl::string_view name) const;
   // Live entries sorted by name.
   std::vector<std::shared_ptr<StateEntry>> Entries() const;
-  std::vector<TensorListing> List() const;
+  // Live entries of namespace `ns`, sorted by name, named without the namespace.
+  std::vector<TensorListing> List(absl::string_view ns) const;
 
   uint64_t budget_bytes() const { return budget_; }
   uint64_t used_bytes() const;

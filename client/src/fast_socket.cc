@@ -108,11 +108,10 @@ absl::StatusOr<v1::FastReply> FastSocket::Call(v1::FastRequest& request) {
     }
   }
   if (absl::Status s = StatusOf(reply); !s.ok()) return s;
-  if (reply.op_case() == v1::FastReply::OP_NOT_SET ||
-      static_cast<int>(reply.op_case()) != static_cast<int>(request.op_case())) {
+  if (request.has_hello() != reply.has_hello()) {
     return absl::InternalError(absl::StrCat("fast socket ", options_.path, ": reply to call ", id,
-                                            " carries operation ", reply.op_case(),
-                                            ", not the request's ", request.op_case()));
+                                            request.has_hello() ? " carries no hello reply"
+                                                                : " is a hello reply"));
   }
   return reply;
 }
@@ -156,53 +155,71 @@ absl::Status FastSocket::Receive(absl::Time deadline, v1::FastReply* reply) {
   }
 }
 
-template <typename Reply, typename Request>
-absl::StatusOr<Reply> FastSocket::Invoke(Request* (v1::FastRequest::*set_op)(),
-                                         const Request& request,
-                                         Reply* (v1::FastReply::*reply_op)()) {
+absl::Status FastSocket::Invoke(absl::string_view method, const google::protobuf::Message& request,
+                               google::protobuf::Message* reply) {
   v1::FastRequest r;
-  *(r.*set_op)() = request;
-  absl::StatusOr<v1::FastReply> reply = Call(r);
-  if (!reply.ok()) return reply.status();
-  return std::move(*((*reply).*reply_op)());
+  r.set_method(std::string(method));
+  if (!request.SerializeToString(r.mutable_request())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request: a ", request.GetDescriptor()->full_name(), " cannot be serialized"));
+  }
+  absl::StatusOr<v1::FastReply> frame = Call(r);
+  if (!frame.ok()) return frame.status();
+  if (!reply->ParseFromString(frame->reply())) {
+    return absl::InternalError(absl::StrCat("fast socket ", options_.path, ": the reply to ",
+                                            method, " is not a ",
+                                            reply->GetDescriptor()->full_name()));
+  }
+  return absl::OkStatus();
+}
+
+template <typename Reply>
+absl::StatusOr<Reply> FastSocket::Typed(absl::string_view method,
+                                        const google::protobuf::Message& request) {
+  Reply reply;
+  if (absl::Status s = Invoke(method, request, &reply); !s.ok()) return s;
+  return reply;
 }
 
 absl::StatusOr<v1::QuantizeReply> FastSocket::Quantize(const v1::QuantizeRequest& request) {
-  return Invoke(&v1::FastRequest::mutable_quantize, request, &v1::FastReply::mutable_quantize);
+  return Typed<v1::QuantizeReply>("Quantize", request);
 }
 
 absl::StatusOr<v1::DequantizeReply> FastSocket::Dequantize(const v1::DequantizeRequest& request) {
-  return Invoke(&v1::FastRequest::mutable_dequantize, request,
-                &v1::FastReply::mutable_dequantize);
+  return Typed<v1::DequantizeReply>("Dequantize", request);
 }
 
 absl::StatusOr<v1::QdqReply> FastSocket::Qdq(const v1::QdqRequest& request) {
-  return Invoke(&v1::FastRequest::mutable_qdq, request, &v1::FastReply::mutable_qdq);
+  return Typed<v1::QdqReply>("Qdq", request);
 }
 
 absl::StatusOr<v1::MatmulReply> FastSocket::Matmul(const v1::MatmulRequest& request) {
-  return Invoke(&v1::FastRequest::mutable_matmul, request, &v1::FastReply::mutable_matmul);
+  return Typed<v1::MatmulReply>("Matmul", request);
 }
 
 absl::StatusOr<v1::UpdateWeightReply> FastSocket::UpdateWeight(
     const v1::UpdateWeightRequest& request) {
-  return Invoke(&v1::FastRequest::mutable_update_weight, request,
-                &v1::FastReply::mutable_update_weight);
+  return Typed<v1::UpdateWeightReply>("UpdateWeight", request);
+}
+
+absl::StatusOr<v1::StepReply> FastSocket::Step(const v1::StepRequest& request) {
+  return Typed<v1::StepReply>("Step", request);
+}
+
+absl::StatusOr<v1::GetWeightReply> FastSocket::GetWeight(const v1::GetWeightRequest& request) {
+  return Typed<v1::GetWeightReply>("GetWeight", request);
 }
 
 absl::StatusOr<v1::KeepAliveReply> FastSocket::KeepAlive() {
-  return Invoke(&v1::FastRequest::mutable_keep_alive, v1::KeepAliveRequest(),
-                &v1::FastReply::mutable_keep_alive);
+  return Typed<v1::KeepAliveReply>("KeepAlive", v1::KeepAliveRequest());
 }
 
 absl::StatusOr<v1::ListTensorsReply> FastSocket::ListTensors() {
-  return Invoke(&v1::FastRequest::mutable_list_tensors, v1::ListTensorsRequest(),
-                &v1::FastReply::mutable_list_tensors);
+  return Typed<v1::ListTensorsReply>("ListTensors", v1::ListTensorsRequest());
 }
 
 absl::StatusOr<v1::ServerInfoReply> FastSocket::ServerInfo() {
-  return Invoke(&v1::FastRequest::mutable_server_info, v1::ServerInfoRequest(),
-                &v1::FastReply::mutable_server_info);
+  return Typed<v1::ServerInfoReply>("ServerInfo", v1::ServerInfoRequest());
 }
 
 }  // namespace fp4q::client

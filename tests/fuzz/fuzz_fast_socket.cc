@@ -6,7 +6,8 @@
 //   FastSocketServer in this process, over the fuzz fixture's engine (fuzz_fixture.h) -> the
 //   reply is read.
 //
-// A frame that parses as a FastRequest gets its placeholders replaced (by protobuf reflection,
+// A frame that parses as a FastRequest naming a known method gets the placeholders in its
+// request replaced (the request bytes parsed as that method's request, by protobuf reflection,
 // at any depth) before it is sent: a string field "session_id" equal to "M" or "O" becomes the
 // caller's or the other session's id, a "region_id" of "R" or "S" the caller's or the other
 // session's region, so the fuzzer reaches the checks behind them without guessing 128-bit ids.
@@ -14,8 +15,8 @@
 // What counts as a bug: any sanitizer report, a crash, a hang, or a broken invariant:
 // - every frame gets exactly one reply, within 10 s, that parses as a FastReply;
 // - the reply's call_id is the request's (0 when the frame was not a FastRequest);
-// - code 0 carries the request's operation; any other code is a google.rpc.Code with a
-//   message and no operation;
+// - code 0 carries a reply that parses as the method's reply (or the hello reply); any other
+//   code is a google.rpc.Code with a message and no reply;
 // - the other session's region is never written;
 // - after the client closes, the server's connection count returns to 0 and Stop() returns.
 //
@@ -43,7 +44,9 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/reflection.h"
+#include "server/call_layer.h"
 #include "server/fast_socket.h"
+#include "server/op_table.h"
 #include "server/logging.h"
 
 namespace fp4q::server {
@@ -132,11 +135,18 @@ void Exchange(int fd, const std::string& frame) {
   Check(reply.call_id() == (is_request ? request.call_id() : 0), "the reply's call_id");
   Check(reply.code() >= 0 && reply.code() <= 16, "a google.rpc.Code");
   if (reply.code() == 0) {
-    Check(is_request && static_cast<int>(reply.op_case()) == static_cast<int>(request.op_case()),
-          "OK carries the request's operation");
+    Check(is_request, "OK answers a request");
+    if (request.has_hello()) {
+      Check(reply.has_hello(), "OK to a hello carries the hello reply");
+    } else {
+      const Op* op = FindOp(request.method());
+      Check(op != nullptr, "OK answers a known method");
+      std::unique_ptr<Message> m(op->reply_prototype->New());
+      Check(m->ParseFromString(reply.reply()), "OK carries the method's reply");
+    }
   } else {
     Check(!reply.message().empty(), "an error names what is wrong");
-    Check(reply.op_case() == v1::FastReply::OP_NOT_SET, "an error carries no operation");
+    Check(reply.reply().empty() && !reply.has_hello(), "an error carries no reply");
   }
   if (std::getenv("FP4Q_FUZZ_VERBOSE") != nullptr) {
     std::fprintf(stderr, "fuzz_fast_socket: %d %s\n", reply.code(), reply.message().c_str());
@@ -151,8 +161,9 @@ void RunOne(const uint8_t* data, size_t size) {
   FastSocketOptions o;
   o.path = absl::StrCat("/tmp/fp4q-fuzz-fast-", ::getpid(), ".sock");
   o.allowed_uids = {::geteuid()};
+  CallLayer layer(f->engine.get(), nullptr, CallLayerOptions{});
   absl::StatusOr<std::unique_ptr<FastSocketServer>> server =
-      FastSocketServer::Create(f->engine.get(), nullptr, o, &logger);
+      FastSocketServer::Create(&layer, nullptr, o, &logger);
   Check(server.ok(), "fast socket server");
   (*server)->Start();
   const int fd = Connect(o.path);
@@ -173,7 +184,14 @@ void RunOne(const uint8_t* data, size_t size) {
     at += len;
     v1::FastRequest request;
     if (!frame.empty() && request.ParseFromString(frame)) {
-      Substitute(&request, ids);
+      Substitute(&request, ids);  // the hello's session id
+      if (const Op* op = FindOp(request.method()); op != nullptr) {
+        std::unique_ptr<Message> inner(op->request_prototype->New());
+        if (inner->ParseFromString(request.request())) {
+          Substitute(inner.get(), ids);
+          inner->SerializeToString(request.mutable_request());
+        }
+      }
       frame = request.SerializeAsString();
       if (frame.empty()) continue;  // an empty FastRequest: zero bytes (tested by e2e)
     }
@@ -201,10 +219,17 @@ void Seed(const char* dir, const std::string& name, uint8_t flags,
 }
 
 void WriteSeeds(const char* dir) {
-  auto frame = [](uint64_t id, auto fill) {
+  auto frame = [](uint64_t id, const std::string& method, const Message& request) {
     v1::FastRequest r;
     r.set_call_id(id);
-    fill(&r);
+    r.set_method(method);
+    request.SerializeToString(r.mutable_request());
+    return r.SerializeAsString();
+  };
+  auto hello = [](uint64_t id, const std::string& session) {
+    v1::FastRequest r;
+    r.set_call_id(id);
+    r.mutable_hello()->set_session_id(session);
     return r.SerializeAsString();
   };
   v1::Tensor t;
@@ -212,54 +237,55 @@ void WriteSeeds(const char* dir) {
   t.add_shape(2);
   t.add_shape(32);
   t.set_inline_data(testing::RandomF32(64, 3));
-  const std::string hello_mine =
-      frame(2, [](v1::FastRequest* r) { r->mutable_hello()->set_session_id("M"); });
-  const std::string hello_other =
-      frame(3, [](v1::FastRequest* r) { r->mutable_hello()->set_session_id("O"); });
-  const std::string quantize = frame(4, [&](v1::FastRequest* r) {
-    *r->mutable_quantize()->mutable_input() = t;
-    r->mutable_quantize()->mutable_options()->set_rounding(v1::ROUNDING_STOCHASTIC);
-  });
-  const std::string quantize_region = frame(5, [&](v1::FastRequest* r) {
-    v1::Tensor* in = r->mutable_quantize()->mutable_input();
-    in->set_dtype(v1::DTYPE_F32);
-    in->add_shape(16);
-    in->add_shape(32);
-    in->mutable_region()->set_region_id("R");
-    r->mutable_quantize()->mutable_rowwise_codes()->mutable_region()->set_region_id("R");
-    r->mutable_quantize()->mutable_rowwise_codes()->mutable_region()->set_offset(4096);
-    r->mutable_quantize()->mutable_rowwise_scales()->mutable_region()->set_region_id("S");
-  });
-  const std::string qdq_residual = frame(6, [&](v1::FastRequest* r) {
-    *r->mutable_qdq()->mutable_input() = t;
-    r->mutable_qdq()->mutable_options()->set_residual_key("r");
-    r->mutable_qdq()->mutable_options()->set_step(4);
-  });
-  const std::string update = frame(7, [&](v1::FastRequest* r) {
-    v1::UpdateWeightRequest* u = r->mutable_update_weight();
-    u->set_name("w");
-    u->set_step(6);
-    u->mutable_update()->set_dtype(v1::DTYPE_F32);
-    u->mutable_update()->add_shape(16);
-    u->mutable_update()->add_shape(32);
-    u->mutable_update()->set_inline_data(testing::RandomF32(16 * 32, 4, 0.01f));
-    u->set_return_dequantized(true);
-  });
-  const std::string dequantize = frame(8, [&](v1::FastRequest* r) {
-    r->mutable_dequantize()->mutable_input()->set_weight_name("plain");
-  });
-  const std::string matmul = frame(9, [&](v1::FastRequest* r) {
-    r->mutable_matmul()->mutable_a()->set_weight_name("w");
-    r->mutable_matmul()->mutable_b()->set_weight_name("plain");
-  });
-  const std::string keepalive = frame(10, [](v1::FastRequest* r) { r->mutable_keep_alive(); });
-  const std::string deadline =
-      frame(11, [](v1::FastRequest* r) { r->set_timeout_micros(uint64_t{1} << 40); });
-  Seed(dir, "hello-quantize", 0, {hello_mine, quantize, keepalive});
-  Seed(dir, "before-hello", 0, {quantize, hello_other, hello_mine});
-  Seed(dir, "regions", 1, {quantize_region, qdq_residual});
-  Seed(dir, "state", 1, {update, dequantize, matmul, update});
-  Seed(dir, "garbage", 1, {std::string("\xff\xfe garbage"), deadline, std::string(3, '\0')});
+  v1::QuantizeRequest q;
+  *q.mutable_input() = t;
+  q.mutable_options()->set_rounding(v1::ROUNDING_STOCHASTIC);
+  v1::QuantizeRequest qr;
+  qr.mutable_input()->set_dtype(v1::DTYPE_F32);
+  qr.mutable_input()->add_shape(16);
+  qr.mutable_input()->add_shape(32);
+  qr.mutable_input()->mutable_region()->set_region_id("R");
+  qr.mutable_rowwise_codes()->mutable_region()->set_region_id("R");
+  qr.mutable_rowwise_codes()->mutable_region()->set_offset(4096);
+  qr.mutable_rowwise_scales()->mutable_region()->set_region_id("S");
+  v1::QdqRequest qdq;
+  *qdq.mutable_input() = t;
+  qdq.mutable_options()->set_residual_key("r");
+  qdq.mutable_options()->set_step(4);
+  v1::UpdateWeightRequest u;
+  u.set_name("w");
+  u.set_step(6);
+  u.mutable_update()->set_dtype(v1::DTYPE_F32);
+  u.mutable_update()->add_shape(16);
+  u.mutable_update()->add_shape(32);
+  u.mutable_update()->set_inline_data(testing::RandomF32(16 * 32, 4, 0.01f));
+  u.set_return_dequantized(true);
+  v1::StepRequest step;
+  step.set_step(7);
+  step.add_groups()->set_lr(0.1f);
+  v1::StepItem* item = step.add_items();
+  item->set_name("w");
+  *item->mutable_update() = u.update();
+  item->set_return_dequantized(true);
+  v1::DequantizeRequest dq;
+  dq.mutable_input()->set_weight_name("plain");
+  v1::MatmulRequest mm;
+  mm.mutable_a()->set_weight_name("w");
+  mm.mutable_b()->set_weight_name("plain");
+  v1::FastRequest deadline;
+  deadline.set_call_id(11);
+  deadline.set_timeout_micros(uint64_t{1} << 40);
+  deadline.set_method("KeepAlive");
+  Seed(dir, "hello-quantize", 0,
+       {hello(2, "M"), frame(4, "Quantize", q), frame(10, "KeepAlive", v1::KeepAliveRequest())});
+  Seed(dir, "before-hello", 0, {frame(4, "Quantize", q), hello(3, "O"), hello(2, "M")});
+  Seed(dir, "regions", 1, {frame(5, "Quantize", qr), frame(6, "Qdq", qdq)});
+  Seed(dir, "state", 1,
+       {frame(7, "UpdateWeight", u), frame(8, "Dequantize", dq), frame(9, "Matmul", mm),
+        frame(12, "Step", step), frame(13, "OpenSession", v1::OpenSessionRequest())});
+  Seed(dir, "garbage", 1,
+       {std::string("\xff\xfe garbage"), deadline.SerializeAsString(), std::string(3, '\0'),
+        frame(14, "NoSuchMethod", v1::KeepAliveRequest())});
 }
 
 }  // namespace

@@ -82,10 +82,12 @@ grpc::Status Call(v1::Fp4q::Stub& s, const v1::UnregisterCudaRegionRequest& r,
                   const std::string& session = "");
 
 // While a route is set, Call() hands Quantize, Dequantize, Qdq, Matmul and UpdateWeight to it
-// (as the FastRequest op) instead of the stub: e2e_fast_socket_test.cc runs the table over
+// (method name and request) instead of the stub: e2e_fast_socket_test.cc runs the table over
 // fp4qd's --fast_socket. Null: back to gRPC.
 struct TensorRoute {
-  std::function<grpc::Status(const v1::FastRequest& request, const std::string& session)> send;
+  std::function<grpc::Status(const std::string& method, const google::protobuf::Message& request,
+                             const std::string& session)>
+      send;
 };
 void SetTensorRoute(const TensorRoute* route);
 

@@ -29,11 +29,7 @@ void SetTensorRoute(const TensorRoute* route) { g_route = route; }
 
 #define FP4Q_E2E_ROUTED_CALL(Req, Rep, Method, field)                                  \
   grpc::Status Call(v1::Fp4q::Stub& s, const v1::Req& r, const std::string& session) { \
-    if (g_route != nullptr) {                                                          \
-      v1::FastRequest f;                                                               \
-      *f.mutable_##field() = r;                                                        \
-      return g_route->send(f, session);                                                \
-    }                                                                                  \
+    if (g_route != nullptr) return g_route->send(#Method, r, session);                 \
     v1::Rep rep;                                                                       \
     auto ctx = Context(session);                                                       \
     return s.Method(ctx.get(), r, &rep);                                               \

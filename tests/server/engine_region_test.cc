@@ -199,7 +199,9 @@ TEST_F(EngineRegionTest, CloseSessionReleasesRegionsAndHandles) {
   EXPECT_EQ(engine_->regions().open_handles(), 0);
   QuantizeRequest r;
   r.input = RegionF32(region_, 0, 2, 16);
-  EXPECT_THAT(Quantize(r), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no region")));
+  // The session is gone, and with it the namespace its names lived in.
+  EXPECT_THAT(Quantize(r), StatusIs(absl::StatusCode::kNotFound,
+                                    HasSubstr("fp4q-session: unknown or expired session")));
 }
 
 TEST_F(EngineRegionTest, StickyDeviceErrorPoisonsTheEngineOnce) {

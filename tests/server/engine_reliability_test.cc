@@ -167,7 +167,8 @@ TEST_F(EngineReliabilityTest, LapsedLeaseReleasesRegionsAndHandlesOnceNoRequestU
   QuantizeRequest r;
   r.input = RegionF32(*b, 0, 2, 16);
   EXPECT_THAT(Await<QuantizeResult>([&](auto done) { engine_->Quantize(ctx, r, done); }),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no region")));
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("fp4q-session: unknown or expired session")));
   EXPECT_THAT(engine_->KeepAlive(ctx),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("unknown or expired session")));
   EXPECT_EQ(engine_->in_flight(), 0);

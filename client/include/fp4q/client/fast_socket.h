@@ -6,10 +6,10 @@
 //   (from Session::id(); the session itself stays open and renewed over gRPC) and returns
 //   once the server accepted it; the server's refusal comes back as its status (NOT_FOUND for
 //   an unknown session, UNAUTHENTICATED for a wrong token).
-// - Each call sends one frame and waits for its reply: the same request and reply messages,
-//   and the same error codes and messages, as the gRPC method of the same name. A request
-//   whose frame would exceed kMaxFrameBytes is refused here with INVALID_ARGUMENT (use gRPC or
-//   regions for large inline tensors).
+// - Each call sends one frame (the method's name and its serialized request) and waits for its
+//   reply: the same request and reply messages, and the same error codes and messages, as the
+//   gRPC method of the same name. A request whose frame would exceed kMaxFrameBytes is refused
+//   here with INVALID_ARGUMENT (use gRPC or regions for large inline tensors).
 // - Waiting: the reply is busy-polled for FastSocketOptions::spin, then waited for in poll()
 //   until `timeout` (DEADLINE_EXCEEDED; the server gets the same deadline). A lost connection
 //   is UNAVAILABLE; the object is then unusable (Connect again).
@@ -40,7 +40,7 @@ struct FastSocketOptions {
 
 class FastSocket {
  public:
-  static constexpr size_t kMaxFrameBytes = 65536;
+  static constexpr size_t kMaxFrameBytes = v1::FAST_SOCKET_MAX_FRAME_BYTES;
 
   static absl::StatusOr<std::unique_ptr<FastSocket>> Connect(const FastSocketOptions& options,
                                                              absl::string_view session_id);
@@ -53,21 +53,25 @@ class FastSocket {
   absl::StatusOr<v1::QdqReply> Qdq(const v1::QdqRequest& request);
   absl::StatusOr<v1::MatmulReply> Matmul(const v1::MatmulRequest& request);
   absl::StatusOr<v1::UpdateWeightReply> UpdateWeight(const v1::UpdateWeightRequest& request);
+  absl::StatusOr<v1::StepReply> Step(const v1::StepRequest& request);
+  absl::StatusOr<v1::GetWeightReply> GetWeight(const v1::GetWeightRequest& request);
   absl::StatusOr<v1::KeepAliveReply> KeepAlive();
   absl::StatusOr<v1::ListTensorsReply> ListTensors();
   absl::StatusOr<v1::ServerInfoReply> ServerInfo();
 
   uint32_t lease_seconds() const { return lease_seconds_; }
 
+  // Any method of service Fp4q by name ("Step"): `reply` receives the reply message.
+  absl::Status Invoke(absl::string_view method, const google::protobuf::Message& request,
+                      google::protobuf::Message* reply);
+
  private:
   FastSocket(int fd, FastSocketOptions options) : fd_(fd), options_(std::move(options)) {}
   // Sends `request` (its call_id is set here) and returns the matching reply, or its error.
   absl::StatusOr<v1::FastReply> Call(v1::FastRequest& request);
   absl::Status Receive(absl::Time deadline, v1::FastReply* reply);
-  // One call of the operation `set_op` / `reply_op` names (the FastRequest/FastReply oneofs).
-  template <typename Reply, typename Request>
-  absl::StatusOr<Reply> Invoke(Request* (v1::FastRequest::*set_op)(), const Request& request,
-                               Reply* (v1::FastReply::*reply_op)());
+  template <typename Reply>
+  absl::StatusOr<Reply> Typed(absl::string_view method, const google::protobuf::Message& request);
 
   const int fd_;
   const FastSocketOptions options_;
