@@ -51,13 +51,9 @@ struct Engine::Call {
   absl::Time queued_at;
 };
 
-namespace {
-
-absl::Status Draining() {
+absl::Status DrainingStatus() {
   return absl::UnavailableError("the server is draining (shutting down); retry elsewhere or later");
 }
-
-}  // namespace
 
 Engine::Engine(std::unique_ptr<DeviceSet> devices, EngineOptions options, EngineObserver* observer,
                Logger* logger)
@@ -102,6 +98,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<DeviceSet
   ro.lease = e->options_.session_lease;
   ro.now = e->options_.clock;
   e->regions_ = std::make_unique<RegionManager>(e->devices_.get(), ro, observer);
+  Engine* engine = e.get();
+  e->regions_->SetSessionEndHandler(
+      [engine](const std::string& session) { engine->GroupSessionEnded(session); });
   for (int i = 0; i < e->devices_->size(); ++i) {
     const Device& d = e->devices_->device(i);
     Executor::Options xo;
@@ -142,6 +141,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<DeviceSet
   co.threads = 2;
   co.max_queue_depth = e->options_.max_queue_depth;
   e->control_ = std::make_unique<Executor>(co, /*observer=*/nullptr);
+  e->groups_thread_ = std::thread([engine] { engine->GroupDeadlineLoop(); });
   return e;
 }
 
@@ -191,6 +191,12 @@ void Engine::Shutdown() {
   }
   maintenance_cv_.notify_all();
   if (maintenance_.joinable()) maintenance_.join();
+  {
+    std::lock_guard<std::mutex> lock(groups_mu_);
+    stop_groups_ = true;
+  }
+  groups_cv_.notify_all();
+  if (groups_thread_.joinable()) groups_thread_.join();
   if (control_ != nullptr) control_->Shutdown();
   for (auto& x : executors_) x->Shutdown();
 }
@@ -292,7 +298,7 @@ void Engine::Dispatch(const RequestContext& ctx, Req req, Done<Res> done,
                       void (*route_fn)(const Req&, Route*),
                       absl::Status (Engine::*body)(OpEnv&, const Req&, Res*)) {
   if (!Admit()) {
-    done(Draining());
+    done(DrainingStatus());
     return;
   }
   auto call = std::make_shared<Call<Req, Res>>();
@@ -511,6 +517,38 @@ void Engine::ResetResidual(const RequestContext& ctx, NameRequest req, Done<Empt
       &Engine::RunResetResidual);
 }
 
+void Engine::ResetOptimizer(const RequestContext& ctx, ResetOptimizerRequest req,
+                            Done<ResetOptimizerResult> done) {
+  Dispatch<ResetOptimizerRequest, ResetOptimizerResult>(
+      ctx, std::move(req), std::move(done),
+      [](const ResetOptimizerRequest& r, Route* route) { route->names.emplace_back(r.name, "name"); },
+      &Engine::RunResetOptimizer);
+}
+
+void Engine::DeleteNamespace(const RequestContext& ctx, Done<DeleteNamespaceResult> done) {
+  absl::StatusOr<std::string> ns = ResolveNamespace(ctx);
+  if (!ns.ok()) return done(ns.status());
+  if (ns->empty()) {
+    return done(absl::FailedPreconditionError(
+        "namespace: the default namespace cannot be deleted at once (delete its names one by "
+        "one; open sessions with a namespace for jobs)"));
+  }
+  const std::string target = *ns;
+  Control<DeleteNamespaceResult>(
+      ctx, std::move(done), [this, target]() -> absl::StatusOr<DeleteNamespaceResult> {
+        DeleteNamespaceResult r;
+        for (const std::shared_ptr<StateEntry>& e : store_->Entries()) {
+          if (NamespaceOf(e->name) != target) continue;
+          std::unique_lock<std::mutex> lock(e->op_mu);
+          if (!e->live.load()) continue;
+          store_->Drop(e);
+          ++r.deleted;
+        }
+        r.deleted += DropGroupsOf(target);
+        return r;
+      });
+}
+
 void Engine::Checkpoint(const RequestContext& ctx, Done<CheckpointResult> done) {
   Control<CheckpointResult>(ctx, std::move(done), [this]() -> absl::StatusOr<CheckpointResult> {
     FP4Q_ASSIGN_OR_RETURN(CheckpointStats stats, CheckpointNow());
@@ -527,7 +565,7 @@ void Engine::Checkpoint(const RequestContext& ctx, Done<CheckpointResult> done) 
 absl::StatusOr<OpenSessionResult> Engine::OpenSession(const RequestContext& ctx,
                                                       const std::string& client_name,
                                                       const std::string& ns) {
-  if (draining_.load()) return Draining();
+  if (draining_.load()) return DrainingStatus();
   FP4Q_RETURN_IF_ERROR(CheckNamespace(ns, "namespace"));
   if (ctx.namespace_bound && ns != ctx.bound_namespace) {
     return absl::PermissionDeniedError(absl::StrCat(
@@ -567,7 +605,7 @@ void Engine::CloseSession(const RequestContext& ctx, Done<uint32_t> done) {
 void Engine::RegisterRegion(const RequestContext& ctx, RegisterRegionRequest req,
                             Done<std::string> done) {
   if (draining_.load()) {
-    done(Draining());
+    done(DrainingStatus());
     return;
   }
   if (options_.allow_cuda_ipc && !CudaIpcAllowedFor(ctx.peer)) {
@@ -641,13 +679,22 @@ ServerInfoResult Engine::ServerInfo() const {
                        "swizzled_scales",
                        "columnwise",
                        "error_feedback",
-                       "stored_weights"};
+                       "stored_weights",
+                       "step",
+                       "sgd",
+                       "adamw",
+                       "delayed_scaling",
+                       "replica_groups",
+                       "namespaces"};
   if (options_.allow_cuda_ipc && devices_->kind() == "cuda")
     r.supported_modes.push_back("cuda_ipc");
   r.state_budget_bytes = options_.state_budget_bytes;
   r.max_queue_depth = static_cast<uint32_t>(options_.max_queue_depth);
   r.max_open_handles = static_cast<uint32_t>(options_.max_open_handles);
   r.session_lease_seconds = static_cast<uint32_t>(absl::ToInt64Seconds(options_.session_lease));
+  r.max_step_items = static_cast<uint32_t>(options_.max_step_items);
+  r.max_world_size = static_cast<uint32_t>(options_.max_world_size);
+  r.cpu_max_request_flops = devices_->kind() == "cpu" ? options_.cpu_max_request_flops : 0;
   return r;
 }
 

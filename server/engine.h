@@ -29,6 +29,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -47,11 +48,13 @@
 #include "server/requests.h"
 #include "server/scratch_pool.h"
 #include "server/state_store.h"
+#include "server/step_job.h"
 
 namespace fp4q::server {
 
 class OpEnv;
 struct Operand;
+
 
 struct EngineOptions {
   uint64_t state_budget_bytes = uint64_t{4} << 30;
@@ -86,8 +89,8 @@ struct EngineOptions {
   uint64_t cpu_max_request_flops = uint64_t{200000000000};
 };
 
-template <typename T>
-using Done = std::function<void(absl::StatusOr<T>)>;
+// UNAVAILABLE: the server is draining.
+absl::Status DrainingStatus();
 
 class Engine {
  public:
@@ -121,6 +124,18 @@ class Engine {
   void ResetResidual(const RequestContext& ctx, NameRequest req, Done<EmptyResult> done);
   // FAILED_PRECONDITION without a state directory.
   void Checkpoint(const RequestContext& ctx, Done<CheckpointResult> done);
+  // The trainer's step (fp4q.v1.StepRequest): every item of the step is checked on the device
+  // before any is written, and applied as a unit; a replica-group contribution waits for the
+  // group's other ranks (engine_groups.cc).
+  void Step(const RequestContext& ctx, StepRequest req, Done<StepResult> done);
+  // Replaces a weight's optimizer state with a zeroed one of `req.optimizer`.
+  void ResetOptimizer(const RequestContext& ctx, ResetOptimizerRequest req,
+                      Done<ResetOptimizerResult> done);
+  // Replica groups (a session per rank) and namespaces.
+  void JoinGroup(const RequestContext& ctx, JoinGroupRequest req, Done<JoinGroupResult> done);
+  void LeaveGroup(const RequestContext& ctx, NameRequest req, Done<EmptyResult> done);
+  // Deletes every weight, residual and group of the caller's namespace.
+  void DeleteNamespace(const RequestContext& ctx, Done<DeleteNamespaceResult> done);
 
   // ---- Sessions and regions.
   // `ns`: the session's namespace (CheckNamespace rules); a caller whose token binds it to a
@@ -214,6 +229,22 @@ class Engine {
   absl::Status RunGetWeight(OpEnv& env, const GetWeightRequest& req, GetWeightResult* res);
   absl::Status RunDeleteWeight(OpEnv& env, const NameRequest& req, EmptyResult* res);
   absl::Status RunResetResidual(OpEnv& env, const NameRequest& req, EmptyResult* res);
+  absl::Status RunResetOptimizer(OpEnv& env, const ResetOptimizerRequest& req,
+                                 ResetOptimizerResult* res);
+  // The step (ops_step.cc): the items of `job` held on env's device; with `sync` (several
+  // devices) it checks, meets the other parts, then applies.
+  absl::Status RunStepPart(OpEnv& env, StepJob& job, const std::vector<size_t>& items,
+                           StepPartSync* sync);
+  // Routes a step to the device(s) holding its weights and answers its ranks (engine_step.cc).
+  void StartStep(std::shared_ptr<StepJob> job);
+  // Replica groups (engine_groups.cc).
+  void Contribute(const RequestContext& ctx, StepRequest req, Done<StepResult> done);
+  void FailRanks(std::vector<std::unique_ptr<StepJob::Rank>> ranks, const absl::Status& s);
+  void GroupSessionEnded(const std::string& session_id);
+  void GroupDeadlineLoop();
+  void DropEmptyGroupsLocked();
+  // Ends every group of namespace `ns` (their pending steps fail); returns how many.
+  uint32_t DropGroupsOf(const std::string& ns);
 
   // A Quantize/QDQ residual key: found (checked against shape and step) or created; returned
   // with its op_mu locked in *lock. `created` says whether it is new (not yet published).
@@ -256,6 +287,13 @@ class Engine {
   std::condition_variable maintenance_cv_;
   bool stop_maintenance_ = false;
   std::thread maintenance_;
+
+  std::mutex step_order_mu_;  // queues the parts of a multi-device step together
+  std::mutex groups_mu_;
+  std::condition_variable groups_cv_;
+  std::map<std::string, std::unique_ptr<ReplicaGroup>, std::less<>> groups_;  // key ns|name
+  bool stop_groups_ = false;  // groups_mu_
+  std::thread groups_thread_;
 };
 
 }  // namespace fp4q::server

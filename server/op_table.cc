@@ -32,6 +32,16 @@ std::shared_ptr<const Msg> As(const std::shared_ptr<const pb::Message>& m) {
   return std::static_pointer_cast<const Msg>(m);
 }
 
+// FromProto's result as a StatusOr (some conversions refuse unknown enum values).
+template <typename T>
+absl::StatusOr<T> Converted(T v) {
+  return v;
+}
+template <typename T>
+absl::StatusOr<T> Converted(absl::StatusOr<T> v) {
+  return v;
+}
+
 // An entry whose engine operation completes through Done<Res> with a ReplyMeta.
 template <typename ReqMsg, typename RepMsg, typename EngReq, typename Res>
 Op Async(const char* name, void (Engine::*method)(const RequestContext&, EngReq, Done<Res>)) {
@@ -42,7 +52,9 @@ Op Async(const char* name, void (Engine::*method)(const RequestContext&, EngReq,
   op.start = [method](const OpEnvironment& env, const RequestContext& ctx,
                       std::shared_ptr<const pb::Message> m, OpReply reply) {
     std::shared_ptr<const ReqMsg> req = As<ReqMsg>(m);
-    (env.engine->*method)(ctx, FromProto(*req), [req, reply](absl::StatusOr<Res> r) {
+    absl::StatusOr<EngReq> converted = Converted(FromProto(*req));
+    if (!converted.ok()) return reply(converted.status(), nullptr, nullptr);
+    (env.engine->*method)(ctx, *std::move(converted), [req, reply](absl::StatusOr<Res> r) {
       if (!r.ok()) return reply(r.status(), nullptr, nullptr);
       const ReplyMeta meta = r->meta;
       auto out = std::make_unique<RepMsg>();
@@ -178,6 +190,52 @@ std::vector<Op> MakeTable() {
           env.engine->ResetResidual(ctx, NameRequest{r.name()}, std::move(done));
         },
         [](EmptyResult&&, v1::ResetResidualReply*) {});
+    op.inline_reply_bound = [](const pb::Message&) -> uint64_t { return 0; };
+    t.push_back(std::move(op));
+  }
+  {
+    Op op = Async<v1::ResetOptimizerRequest, v1::ResetOptimizerReply>("ResetOptimizer",
+                                                                       &Engine::ResetOptimizer);
+    op.inline_reply_bound = [](const pb::Message&) -> uint64_t { return 0; };
+    t.push_back(std::move(op));
+  }
+  {
+    Op op = Async<v1::StepRequest, v1::StepReply>("Step", &Engine::Step);
+    op.inline_reply_bound = [](const pb::Message& m) -> uint64_t {
+      const auto& r = static_cast<const v1::StepRequest&>(m);
+      uint64_t bytes = 0;
+      for (const v1::StepItem& it : r.items()) {
+        bytes += it.name().size() + 48;  // an item result's fixed fields
+        if (it.return_dequantized() && !it.dequantized_out().has_region()) {
+          bytes += DenseInline(it.update().shape(), /*bf16=*/false) + 16;
+        }
+      }
+      return bytes;
+    };
+    t.push_back(std::move(op));
+  }
+  t.push_back(Later<v1::JoinGroupRequest, v1::JoinGroupReply, JoinGroupResult>(
+      "JoinGroup",
+      [](const OpEnvironment& env, const RequestContext& ctx, const v1::JoinGroupRequest& r,
+         Done<JoinGroupResult> done) { env.engine->JoinGroup(ctx, FromProto(r), std::move(done)); },
+      [](JoinGroupResult&& r, v1::JoinGroupReply* m) { m->set_members(r.members); }));
+  t.push_back(Later<v1::LeaveGroupRequest, v1::LeaveGroupReply, EmptyResult>(
+      "LeaveGroup",
+      [](const OpEnvironment& env, const RequestContext& ctx, const v1::LeaveGroupRequest& r,
+         Done<EmptyResult> done) {
+        env.engine->LeaveGroup(ctx, NameRequest{r.group()}, std::move(done));
+      },
+      [](EmptyResult&&, v1::LeaveGroupReply*) {}));
+  {
+    Op op = Later<v1::DeleteNamespaceRequest, v1::DeleteNamespaceReply, DeleteNamespaceResult>(
+        "DeleteNamespace",
+        [](const OpEnvironment& env, const RequestContext& ctx, const v1::DeleteNamespaceRequest&,
+           Done<DeleteNamespaceResult> done) {
+          env.engine->DeleteNamespace(ctx, std::move(done));
+        },
+        [](DeleteNamespaceResult&& r, v1::DeleteNamespaceReply* m) {
+          m->set_deleted(r.deleted);
+        });
     op.inline_reply_bound = [](const pb::Message&) -> uint64_t { return 0; };
     t.push_back(std::move(op));
   }

@@ -38,6 +38,30 @@ absl::Status CheckStep(uint64_t step, absl::string_view field) {
   return absl::OkStatus();
 }
 
+// The refusal a failed device-side check of an error-feedback call answers with (nothing was
+// written and the residual is unchanged).
+absl::Status GuardStatus(const kernels::FiniteGuard& g, absl::string_view key) {
+  switch (g.outcome) {
+    case kernels::StepOutcome::kOk:
+      return absl::OkStatus();
+    case kernels::StepOutcome::kNonFiniteUpdate:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input: element ", g.index, " is ", std::isnan(g.value) ? "NaN" : "infinite",
+          " (a call with options.residual_key changes state and refuses non-finite values); "
+          "the residual is unchanged"));
+    case kernels::StepOutcome::kNonFiniteResult:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input: element ", g.index, " plus residual '", key,
+          "' would be infinite (overflows f32); the residual is unchanged"));
+    case kernels::StepOutcome::kOutOfRange:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input: with residual '", key, "' the result could dequantize to ", g.bound,
+          ", past the output's range; the residual is unchanged"));
+    default:
+      return absl::InternalError("guard: an outcome this server does not know");
+  }
+}
+
 // Sizes and views of a quantized output [rows, cols] in `options`' format and layout.
 absl::StatusOr<kernels::QuantizedTensor> OutputTensor(const kernels::QuantizeOptions& o,
                                                       int64_t rows, int64_t cols) {
@@ -339,22 +363,31 @@ absl::Status Engine::RunQuantize(OpEnv& env, const QuantizeRequest& req, Quantiz
   std::shared_ptr<StateEntry> residual;
   std::unique_lock<std::mutex> residual_lock;
   bool created = false;
+  kernels::FiniteGuard* guard = nullptr;  // error feedback: checked on the device, gated there
   if (ef) {
-    FP4Q_ASSIGN_OR_RETURN(const void* hx, env.HostView(x.data, shape.bytes));
-    FP4Q_RETURN_IF_ERROR(CheckFinite(hx, shape.dtype, shape.rows * shape.cols, "input"));
     FP4Q_ASSIGN_OR_RETURN(residual,
                           ResidualFor(env, req.options.residual_key, shape.rows, shape.cols,
                                       req.options.step, &residual_lock, &created));
     env.AddProcessed(2 * residual->sizes.residual);
+    absl::StatusOr<void*> g = env.Scratch(sizeof(kernels::FiniteGuard));
+    if (!g.ok()) {
+      if (created) store_->Drop(residual);
+      return g.status();
+    }
+    guard = static_cast<kernels::FiniteGuard*>(*g);
   }
   float rg[2] = {0, 0};
   float cg[2] = {0, 0};
-  // The global records' copies ride on the kernel's synchronization (one wait, not three).
+  kernels::FiniteGuard seen;
+  // The global records' and the guard's copies ride on the kernel's synchronization.
   absl::Status s = env.Kernel("quantize", [&] {
     absl::Status k =
         env.backend().Quantize(x, opts, residual ? residual->residual_data() : nullptr,
                                opts.rowwise ? &rq : nullptr, opts.columnwise ? &cq : nullptr,
-                               env.stream());
+                               env.stream(), guard);
+    if (k.ok() && guard != nullptr) {
+      k = env.backend().CopyToHost(&seen, guard, sizeof(seen), env.stream());
+    }
     if (k.ok() && rglobal != nullptr) {
       k = env.backend().CopyToHost(rg, rglobal, sizeof(rg), env.stream());
     }
@@ -363,6 +396,7 @@ absl::Status Engine::RunQuantize(OpEnv& env, const QuantizeRequest& req, Quantiz
     }
     return k;
   });
+  if (s.ok() && guard != nullptr) s = GuardStatus(seen, req.options.residual_key);
   if (s.ok()) s = env.FinishOutputs();
   if (!s.ok()) {
     if (created) store_->Drop(residual);
@@ -461,31 +495,24 @@ absl::Status Engine::RunQdq(OpEnv& env, const QdqRequest& req, QdqResult* res) {
     return RenameField(s, "x", "input");
   }
 
-  // Error feedback: Q (with the residual step) then DQ, so the reply can carry the amax of
-  // v = x + r that Q used.
-  FP4Q_ASSIGN_OR_RETURN(const void* hx, env.HostView(x.data, shape.bytes));
-  FP4Q_RETURN_IF_ERROR(CheckFinite(hx, shape.dtype, shape.rows * shape.cols, "input"));
-  FP4Q_ASSIGN_OR_RETURN(kernels::QuantizedTensor q, OutputTensor(opts, shape.rows, shape.cols));
-  FP4Q_ASSIGN_OR_RETURN(void* codes, env.Scratch(q.codes_capacity));
-  FP4Q_ASSIGN_OR_RETURN(void* scales, env.Scratch(q.scales_capacity));
-  FP4Q_ASSIGN_OR_RETURN(void* global, env.Scratch(kernels::kGlobalFloats * sizeof(float)));
-  q.codes = static_cast<uint8_t*>(codes);
-  q.scales = static_cast<uint8_t*>(scales);
-  q.global = static_cast<float*>(global);
+  // Error feedback: one QDQ pass with the residual step, checked on the device first (the
+  // guard also carries the amax of v = x + r it used, for the reply).
+  FP4Q_ASSIGN_OR_RETURN(void* g, env.Scratch(sizeof(kernels::FiniteGuard)));
+  auto* guard = static_cast<kernels::FiniteGuard*>(g);
   std::unique_lock<std::mutex> residual_lock;
   bool created = false;
   FP4Q_ASSIGN_OR_RETURN(std::shared_ptr<StateEntry> residual,
                         ResidualFor(env, req.options.residual_key, shape.rows, shape.cols,
                                     req.options.step, &residual_lock, &created));
   env.AddProcessed(2 * residual->sizes.residual);
+  kernels::FiniteGuard seen;
   absl::Status s = env.Kernel("qdq", [&] {
     FP4Q_RETURN_IF_ERROR(
-        env.backend().Quantize(x, opts, residual->residual_data(), &q, nullptr, env.stream()));
-    return env.backend().Dequantize(kernels::AsConst(q), m, env.stream());
+        env.backend().Qdq(x, opts, residual->residual_data(), m, env.stream(), guard));
+    return env.backend().CopyToHost(&seen, guard, sizeof(seen), env.stream());
   });
+  if (s.ok()) s = GuardStatus(seen, req.options.residual_key);
   if (s.ok()) s = env.FinishOutputs();
-  float g[2] = {0, 0};
-  if (s.ok()) s = env.ToHost(g, global, sizeof(g));
   if (!s.ok()) {
     if (created) store_->Drop(residual);
     return RenameField(s, "x", "input");
@@ -493,7 +520,7 @@ absl::Status Engine::RunQdq(OpEnv& env, const QdqRequest& req, QdqResult* res) {
   residual->last_step.store(static_cast<int64_t>(req.options.step));
   residual->has_step.store(true);
   if (created) store_->Publish(residual);
-  res->global_amax = g[0];
+  res->global_amax = opts.has_amax ? opts.amax : seen.amax;
   return absl::OkStatus();
 }
 

@@ -1,4 +1,5 @@
 // Engine bodies of the stored-weight operations (run on the weight's device executor).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -8,6 +9,7 @@
 #include "server/engine.h"
 #include "server/op_env.h"
 #include "server/request_checks.h"
+#include "server/step_job.h"
 
 namespace fp4q::server {
 namespace {
@@ -47,6 +49,7 @@ absl::StatusOr<WeightParams> ToWeightParams(const WeightOptionsIn& in) {
   }
   p.seed = in.seed;
   p.error_feedback = in.error_feedback;
+  p.scaling = in.scaling;
   FP4Q_ASSIGN_OR_RETURN(p.dtype, DenseDType(in.dtype, "options.dtype", true));
   return p;
 }
@@ -63,6 +66,34 @@ kernels::QuantizeOptions WeightQuantOptions(const WeightParams& p, int64_t step)
   return o;
 }
 
+OptimizerSpecIn SpecIn(const OptimizerSpec& s) {
+  OptimizerSpecIn o;
+  o.set = true;
+  o.kind = s.kind;
+  o.momentum = s.momentum;
+  o.amsgrad = s.amsgrad;
+  o.dtype = s.dtype;
+  return o;
+}
+
+// A requested optimizer spec, checked: momentum is SGD's, amsgrad AdamW's.
+absl::StatusOr<OptimizerSpec> ToOptimizerSpec(const OptimizerSpecIn& in, absl::string_view field) {
+  OptimizerSpec s;
+  s.kind = in.kind;
+  s.momentum = in.momentum;
+  s.amsgrad = in.amsgrad;
+  s.dtype = in.dtype;
+  if (s.kind == kernels::OptimizerKind::kAdamW && s.momentum) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".momentum: AdamW keeps its own moments (momentum is an SGD option)"));
+  }
+  if (s.kind == kernels::OptimizerKind::kSgd && s.amsgrad) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".amsgrad: an AdamW option; this spec is SGD"));
+  }
+  return s;
+}
+
 WeightInfo InfoOf(const StateEntry& e) {
   WeightInfo w;
   w.name = std::string(LocalName(e.name));
@@ -72,9 +103,12 @@ WeightInfo InfoOf(const StateEntry& e) {
   w.options.seed = e.params.seed;
   w.options.error_feedback = e.params.error_feedback;
   w.options.dtype = ToWireDType(e.params.dtype);
+  w.options.scaling = e.params.scaling;
+  w.options.optimizer = SpecIn(e.optimizer.spec());
   w.last_step = e.last_step.load();
   w.device_uuid = e.device->label;
-  w.bytes = e.sizes.total();
+  w.bytes = e.total_bytes();
+  w.optimizer_steps = e.optimizer_steps;
   return w;
 }
 
@@ -105,38 +139,68 @@ absl::Status Engine::RunCreateWeight(OpEnv& env, const CreateWeightRequest& req,
   FP4Q_RETURN_IF_ERROR(CheckName(req.name, "name"));
   FP4Q_ASSIGN_OR_RETURN(DenseShape shape, CheckDenseTensor(req.initial, "initial"));
   FP4Q_ASSIGN_OR_RETURN(WeightParams params, ToWeightParams(req.options));
+  FP4Q_ASSIGN_OR_RETURN(OptimizerSpec spec,
+                        ToOptimizerSpec(req.options.optimizer, "options.optimizer"));
   if (req.step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("step: ", req.step, " must be >= 0"));
   }
-  const kernels::QuantizeOptions opts = WeightQuantOptions(params, req.step);
+  kernels::QuantizeOptions opts = WeightQuantOptions(params, req.step);
   FP4Q_RETURN_IF_ERROR(RenameField(
       kernels::ValidateQuantizeInput({kProbe, shape.dtype, shape.rows, shape.cols}, opts), "x",
       "initial"));
   FP4Q_ASSIGN_OR_RETURN(kernels::ConstTensor x, env.Input(req.initial, shape, "initial"));
-  FP4Q_ASSIGN_OR_RETURN(const void* hx, env.HostView(x.data, shape.bytes));
-  FP4Q_RETURN_IF_ERROR(CheckFinite(hx, shape.dtype, shape.rows * shape.cols, "initial"));
   FP4Q_ASSIGN_OR_RETURN(EntrySizes sizes, SizesFor(EntryKind::kWeight, shape.rows, shape.cols,
                                                    params, "initial.shape"));
+  FP4Q_ASSIGN_OR_RETURN(const uint64_t state_bytes,
+                        OptimizerStorage::BytesFor(spec, shape.rows, shape.cols));
 
   auto e = std::make_shared<StateEntry>(env.Key(req.name), EntryKind::kWeight, &env.device(),
-                                        shape.rows,
-                                        shape.cols, params, sizes);
+                                        shape.rows, shape.cols, params, sizes);
+  e->optimizer_bytes.store(state_bytes);  // counted by Reserve
   std::unique_lock<std::mutex> lock;
   FP4Q_RETURN_IF_ERROR(store_->Reserve(e, &lock, "name"));
+  kernels::Backend& b = env.backend();
   auto fill = [&]() -> absl::Status {
-    FP4Q_ASSIGN_OR_RETURN(e->codes, DeviceBuffer::Allocate(&env.backend(), sizes.codes));
-    FP4Q_ASSIGN_OR_RETURN(e->scales, DeviceBuffer::Allocate(&env.backend(), sizes.scales));
-    FP4Q_ASSIGN_OR_RETURN(e->global, DeviceBuffer::Allocate(&env.backend(), sizes.global));
+    FP4Q_ASSIGN_OR_RETURN(e->codes, DeviceBuffer::Allocate(&b, sizes.codes));
+    FP4Q_ASSIGN_OR_RETURN(e->scales, DeviceBuffer::Allocate(&b, sizes.scales));
+    FP4Q_ASSIGN_OR_RETURN(e->global, DeviceBuffer::Allocate(&b, sizes.global));
+    FP4Q_ASSIGN_OR_RETURN(e->stats, DeviceBuffer::Allocate(&b, sizes.stats));
+    FP4Q_RETURN_IF_ERROR(b.Memset(e->stats.data(), 0, sizes.stats, env.stream()));
     if (params.error_feedback) {
-      FP4Q_ASSIGN_OR_RETURN(e->residual, DeviceBuffer::Allocate(&env.backend(), sizes.residual));
-      FP4Q_RETURN_IF_ERROR(
-          env.backend().Memset(e->residual.data(), 0, sizes.residual, env.stream()));
+      FP4Q_ASSIGN_OR_RETURN(e->residual, DeviceBuffer::Allocate(&b, sizes.residual));
+      FP4Q_RETURN_IF_ERROR(b.Memset(e->residual.data(), 0, sizes.residual, env.stream()));
     }
+    FP4Q_ASSIGN_OR_RETURN(e->optimizer, OptimizerStorage::Create(&b, env.stream(), spec,
+                                                                 shape.rows, shape.cols));
+    // The device checks the initial value while it takes its amax (one pass, one small copy):
+    // the amax lands in stats[kStatNextAmax], where delayed scaling reads it at the first step.
+    FP4Q_ASSIGN_OR_RETURN(void* bad, env.Scratch(sizeof(int64_t)));
+    float* amax = e->stats_data() + kernels::kStatNextAmax;
+    struct {
+      float amax;
+      int64_t bad;
+    } seen{};
+    FP4Q_RETURN_IF_ERROR(env.Kernel("amax", [&] {
+      FP4Q_RETURN_IF_ERROR(b.Amax(x, amax, env.stream(), static_cast<int64_t*>(bad)));
+      FP4Q_RETURN_IF_ERROR(b.CopyToHost(&seen.amax, amax, sizeof(float), env.stream()));
+      return b.CopyToHost(&seen.bad, bad, sizeof(int64_t), env.stream());
+    }));
+    if (seen.bad >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "initial: element ", seen.bad, " is not finite (a stored weight must start finite)"));
+    }
+    opts.has_amax = true;
+    opts.amax = seen.amax;
     kernels::QuantizedTensor w = e->Weight();
-    absl::Status s = env.Kernel("quantize", [&] {
-      return env.backend().Quantize(x, opts, e->residual_data(), &w, nullptr, env.stream());
-    });
-    return RenameField(s, "x", "initial");
+    FP4Q_RETURN_IF_ERROR(RenameField(env.Kernel("quantize", [&] {
+      FP4Q_RETURN_IF_ERROR(b.Quantize(x, opts, e->residual_data(), &w, nullptr, env.stream()));
+      if (!params.error_feedback) return absl::OkStatus();
+      // The residual's largest magnitude: the bound delayed scaling's first check starts from.
+      const kernels::ConstTensor r{e->residual_data(), kernels::DType::kF32, shape.rows,
+                                   shape.cols};
+      return b.Amax(r, e->stats_data() + kernels::kStatMaxResidual, env.stream());
+    }), "x", "initial"));
+    return absl::OkStatus();
   };
   absl::Status s = fill();
   if (!s.ok()) {
@@ -146,7 +210,7 @@ absl::Status Engine::RunCreateWeight(OpEnv& env, const CreateWeightRequest& req,
   e->last_step.store(req.step);
   e->has_step.store(true);
   store_->Publish(e);
-  env.AddProcessed(sizes.total());
+  env.AddProcessed(sizes.total() + state_bytes);
   res->meta.processed_elements = static_cast<uint64_t>(shape.rows * shape.cols);
   res->weight = InfoOf(*e);
   return absl::OkStatus();
@@ -154,87 +218,67 @@ absl::Status Engine::RunCreateWeight(OpEnv& env, const CreateWeightRequest& req,
 
 absl::Status Engine::RunUpdateWeight(OpEnv& env, const UpdateWeightRequest& req,
                                      UpdateWeightResult* res) {
+  // A one-item step: the same checks, kernels and retry rules as Step (ops_step.cc).
   FP4Q_RETURN_IF_ERROR(CheckName(req.name, "name"));
-  FP4Q_ASSIGN_OR_RETURN(DenseShape shape, CheckDenseTensor(req.update, "update"));
-  kernels::UpdateKind kind;
+  auto step = std::make_shared<StepRequest>();
+  step->step = req.step;
   switch (req.kind) {
     case 0:
     case 1:
-      kind = kernels::UpdateKind::kGradient;
+      step->kind = kernels::UpdateKind::kGradient;
       break;
     case 2:
-      kind = kernels::UpdateKind::kDelta;
+      step->kind = kernels::UpdateKind::kDelta;
       break;
     default:
       return absl::InvalidArgumentError(absl::StrCat("kind: unknown value ", req.kind));
   }
-  if (kind == kernels::UpdateKind::kGradient && !std::isfinite(req.lr)) {
-    return absl::InvalidArgumentError(absl::StrCat("lr: ", req.lr, " is not finite"));
+  if (step->kind == kernels::UpdateKind::kGradient &&
+      (!std::isfinite(req.lr) || req.lr < 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lr: ", req.lr, " must be finite and >= 0"));
   }
-  std::unique_lock<std::mutex> lock;
-  FP4Q_ASSIGN_OR_RETURN(std::shared_ptr<StateEntry> e, LockedWeight(*store_, env, req.name, &lock));
-  if (shape.rows != e->rows || shape.cols != e->cols) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "update.shape: ", ShapeString({shape.rows, shape.cols}), " does not match weight ",
-        Quote(LocalName(e->name)), " of shape ", ShapeString({e->rows, e->cols})));
+  HyperIn h;
+  h.lr = step->kind == kernels::UpdateKind::kGradient ? req.lr : 0.0f;
+  step->groups.push_back(h);
+  StepItemIn item;
+  item.name = req.name;
+  item.update = req.update;
+  item.dequantized_out = req.dequantized_out;
+  item.return_dequantized = req.return_dequantized;
+  step->items.push_back(std::move(item));
+  StepJob job;
+  job.ns = env.ns();
+  job.step = req.step;
+  job.update_weight = true;
+  job.world_size = 1;
+  StepJob::Rank r;
+  r.req = step;
+  job.ranks.push_back(std::move(r));
+  job.results.resize(1);
+  job.results[0].items.resize(1);
+  std::shared_ptr<StateEntry> e = store_->Find(env.Key(req.name));
+  if (e == nullptr || !e->live.load()) {
+    return absl::NotFoundError(absl::StrCat("name: no weight ", Quote(req.name)));
   }
-  const bool want_dq = req.dequantized_out.has_region || req.return_dequantized;
-  FP4Q_ASSIGN_OR_RETURN(size_t dq_bytes,
-                        kernels::DenseBytes(e->rows, e->cols, e->params.dtype, "update.shape"));
-  FP4Q_ASSIGN_OR_RETURN(kernels::ConstTensor x, env.Input(req.update, shape, "update"));
-  kernels::MutTensor dq{nullptr, e->params.dtype, e->rows, e->cols, dq_bytes};
-  if (want_dq) {
-    FP4Q_ASSIGN_OR_RETURN(
-        dq.data, env.Output(req.dequantized_out, dq_bytes, "dequantized_out", &res->dequantized));
-    res->has_dequantized = true;
-    res->dequantized.dtype = ToWireDType(e->params.dtype);
-    res->dequantized.shape = {e->rows, e->cols};
+  if (e->kind != EntryKind::kWeight) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("name: ", Quote(req.name), " is a residual key, not a weight"));
   }
-  FP4Q_RETURN_IF_ERROR(env.CheckNoOverlap());
-  kernels::QuantizedTensor w = e->Weight();
-  res->meta.processed_elements = static_cast<uint64_t>(e->rows * e->cols);
-  const int64_t last = e->last_step.load();
-  if (req.step == last) {
-    // A retry of an applied step: nothing changes; the reply repeats the current weight.
-    if (observer_ != nullptr) observer_->UpdateNotApplied();
-    if (want_dq) {
-      FP4Q_RETURN_IF_ERROR(env.Kernel("dequantize", [&] {
-        return env.backend().Dequantize(kernels::AsConst(w), dq, env.stream());
-      }));
-      FP4Q_RETURN_IF_ERROR(env.FinishOutputs());
-    }
-    float g[2];
-    FP4Q_RETURN_IF_ERROR(env.ToHost(g, w.global, sizeof(g)));
-    res->applied = false;
-    res->last_step = last;
-    res->global_amax = g[0];
-    return absl::OkStatus();
-  }
-  if (req.step < last) {
+  if (e->optimizer.spec().stateful()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "step: ", req.step, " is older than the last step ", last, " of weight ", Quote(LocalName(e->name))));
+        "name: weight ", Quote(req.name), " keeps ", e->optimizer.spec().ToString(),
+        " state; update it with Step and its hyperparameters"));
   }
-  FP4Q_ASSIGN_OR_RETURN(const void* hx, env.HostView(x.data, shape.bytes));
-  FP4Q_RETURN_IF_ERROR(CheckFinite(hx, shape.dtype, shape.rows * shape.cols, "update"));
-  const kernels::QuantizeOptions opts = WeightQuantOptions(e->params, req.step);
-  {
-    absl::Status s =
-        kernels::ValidateUpdateWeightArgs(w, x, req.lr, kind, opts, want_dq ? &dq : nullptr);
-    FP4Q_RETURN_IF_ERROR(RenameField(s, "weight", "name"));
-  }
-  env.AddProcessed(2 * e->sizes.total());
-  absl::Status s = env.Kernel("update_weight", [&] {
-    return env.backend().UpdateWeight(w, e->residual_data(), x, req.lr, kind, opts,
-                                      want_dq ? &dq : nullptr, env.stream());
-  });
-  if (s.ok()) s = env.FinishOutputs();
-  FP4Q_RETURN_IF_ERROR(s);
-  float g[2];
-  FP4Q_RETURN_IF_ERROR(env.ToHost(g, w.global, sizeof(g)));
-  e->last_step.store(req.step);
-  res->applied = true;
-  res->last_step = req.step;
-  res->global_amax = g[0];
+  job.entries.push_back(e);
+  FP4Q_RETURN_IF_ERROR(RunStepPart(env, job, {0}, nullptr));
+  StepItemResult& out = job.results[0].items[0];
+  res->meta.processed_elements = static_cast<uint64_t>(e->rows * e->cols);
+  res->applied = out.applied;
+  res->last_step = out.last_step;
+  res->global_amax = out.global_amax;
+  res->has_dequantized = out.has_dequantized;
+  res->dequantized = std::move(out.dequantized);
   return absl::OkStatus();
 }
 
@@ -250,6 +294,11 @@ absl::Status Engine::RunGetWeight(OpEnv& env, const GetWeightRequest& req, GetWe
     return absl::FailedPreconditionError(
         absl::StrCat("residual: weight ", Quote(LocalName(e->name)),
                      " keeps no residual (its options.error_feedback is off)"));
+  }
+  if (req.optimizer_state && !e->optimizer.spec().stateful()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "optimizer_state: weight ", Quote(LocalName(e->name)),
+        " keeps no optimizer state (plain SGD; see CreateWeight's options.optimizer)"));
   }
   kernels::QuantizedTensor w = e->Weight();
   if (req.dequantized) {
@@ -290,7 +339,68 @@ absl::Status Engine::RunGetWeight(OpEnv& env, const GetWeightRequest& req, GetWe
     res->has_residual = true;
     env.AddProcessed(e->sizes.residual);
   }
+  if (req.optimizer_state) {
+    const OptimizerStorage& st = e->optimizer;
+    res->has_optimizer_state = true;
+    res->optimizer_spec = SpecIn(st.spec());
+    res->optimizer_steps = e->optimizer_steps;
+    for (int i = 0; i < st.spec().moments(); ++i) {
+      MomentResult m;
+      m.name = MomentName(st.spec(), i);
+      m.dtype = st.spec().dtype;
+      const OptimizerStorage::Moment& src = st.moments()[static_cast<size_t>(i)];
+      if (st.spec().dtype == kernels::StateDType::kNvfp4) {
+        const kernels::QuantizedTensor q = st.QuantizedView(i);
+        m.quantized.codes.inline_data.resize(q.codes_capacity);
+        m.quantized.scales.inline_data.resize(q.scales_capacity);
+        FP4Q_RETURN_IF_ERROR(env.ToHost(m.quantized.codes.inline_data.data(), q.codes,
+                                        q.codes_capacity));
+        FP4Q_RETURN_IF_ERROR(env.ToHost(m.quantized.scales.inline_data.data(), q.scales,
+                                        q.scales_capacity));
+        float g[kernels::kGlobalFloats];
+        FP4Q_RETURN_IF_ERROR(env.ToHost(g, q.global, sizeof(g)));
+        m.quantized.format = ToWireFormat(q.format);
+        m.quantized.block = ToWireBlock(q.block);
+        m.quantized.scale_layout = ToWireLayout(q.scale_layout);
+        m.quantized.shape = {e->rows, e->cols};
+        m.quantized.global_amax = g[0];
+        m.quantized.s_enc = g[1];
+        env.AddProcessed(q.codes_capacity + q.scales_capacity);
+      } else {
+        m.dense.inline_data.resize(src.dense.size());
+        FP4Q_RETURN_IF_ERROR(
+            env.ToHost(m.dense.inline_data.data(), src.dense.data(), src.dense.size()));
+        m.dense.dtype = st.spec().dtype == kernels::StateDType::kF32 ? kWireF32 : kWireBF16;
+        m.dense.shape = {e->rows, e->cols};
+        env.AddProcessed(src.dense.size());
+      }
+      res->moments.push_back(std::move(m));
+    }
+  }
   res->meta.processed_elements = static_cast<uint64_t>(e->rows * e->cols);
+  res->weight = InfoOf(*e);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::RunResetOptimizer(OpEnv& env, const ResetOptimizerRequest& req,
+                                       ResetOptimizerResult* res) {
+  std::unique_lock<std::mutex> lock;
+  FP4Q_ASSIGN_OR_RETURN(OptimizerSpec spec, ToOptimizerSpec(req.optimizer, "optimizer"));
+  FP4Q_ASSIGN_OR_RETURN(std::shared_ptr<StateEntry> e, LockedWeight(*store_, env, req.name, &lock));
+  FP4Q_ASSIGN_OR_RETURN(const uint64_t bytes, OptimizerStorage::BytesFor(spec, e->rows, e->cols));
+  // The budget first (nothing changes when it does not fit), then the new zeroed state.
+  const uint64_t old_bytes = e->optimizer_bytes.load();
+  FP4Q_RETURN_IF_ERROR(store_->SetOptimizerBytes(e, std::max(bytes, old_bytes), "optimizer"));
+  absl::StatusOr<OptimizerStorage> fresh =
+      OptimizerStorage::Create(&env.backend(), env.stream(), spec, e->rows, e->cols);
+  if (!fresh.ok()) {
+    store_->SetOptimizerBytes(e, old_bytes, "optimizer").IgnoreError();
+    return fresh.status();
+  }
+  e->optimizer = *std::move(fresh);
+  FP4Q_RETURN_IF_ERROR(store_->SetOptimizerBytes(e, bytes, "optimizer"));
+  e->optimizer_steps = 0;
+  env.AddProcessed(bytes);
   res->weight = InfoOf(*e);
   return absl::OkStatus();
 }
@@ -305,7 +415,9 @@ absl::Status Engine::RunDeleteWeight(OpEnv& env, const NameRequest& req, EmptyRe
       e->codes.Reset();
       e->scales.Reset();
       e->global.Reset();
+      e->stats.Reset();
       e->residual.Reset();
+      e->optimizer = OptimizerStorage();
       return absl::OkStatus();
     }
   }
@@ -327,6 +439,10 @@ absl::Status Engine::RunResetResidual(OpEnv& env, const NameRequest& req, EmptyR
   }
   FP4Q_RETURN_IF_ERROR(
       env.backend().Memset(e->residual.data(), 0, e->sizes.residual, env.stream()));
+  if (!e->stats.empty()) {  // the residual's bound for delayed scaling's check is 0 again
+    FP4Q_RETURN_IF_ERROR(env.backend().Memset(e->stats_data() + kernels::kStatMaxResidual, 0,
+                                              sizeof(float), env.stream()));
+  }
   return env.backend().Synchronize(env.stream());
 }
 

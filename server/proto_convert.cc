@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace fp4q::server {
 namespace {
 
@@ -128,12 +130,42 @@ void ToProto(QuantizedResult&& r, v1::QuantizedTensor* m) {
   }
 }
 
+absl::Status UnknownEnum(const std::string& field, int v) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": unknown value ", v));
+}
+
+v1::OptimizerKind ToWire(kernels::OptimizerKind k) {
+  return k == kernels::OptimizerKind::kAdamW ? v1::OPTIMIZER_KIND_ADAMW : v1::OPTIMIZER_KIND_SGD;
+}
+
+v1::StateDType ToWire(kernels::StateDType d) {
+  switch (d) {
+    case kernels::StateDType::kBF16:
+      return v1::STATE_DTYPE_BF16;
+    case kernels::StateDType::kNvfp4:
+      return v1::STATE_DTYPE_NVFP4;
+    case kernels::StateDType::kF32:
+      break;
+  }
+  return v1::STATE_DTYPE_F32;
+}
+
+void ToProto(const OptimizerSpecIn& o, v1::OptimizerSpec* m) {
+  m->set_kind(ToWire(o.kind));
+  m->set_momentum(o.momentum);
+  m->set_amsgrad(o.amsgrad);
+  m->set_state_dtype(ToWire(o.dtype));
+}
+
 void ToProto(const WeightOptionsIn& o, v1::WeightOptions* m) {
   m->set_block(static_cast<v1::BlockShape>(o.block));
   m->set_rounding(static_cast<v1::Rounding>(o.rounding));
   m->set_seed(o.seed);
   m->set_error_feedback(o.error_feedback);
   m->set_dtype(static_cast<v1::DType>(o.dtype));
+  m->set_scaling(o.scaling == kernels::Scaling::kDelayed ? v1::SCALING_DELAYED
+                                                         : v1::SCALING_CURRENT);
+  ToProto(o.optimizer, m->mutable_optimizer());
 }
 
 void ToProto(const WeightInfo& w, v1::WeightInfo* m) {
@@ -143,9 +175,43 @@ void ToProto(const WeightInfo& w, v1::WeightInfo* m) {
   m->set_last_step(w.last_step);
   m->set_device_uuid(w.device_uuid);
   m->set_bytes(w.bytes);
+  m->set_optimizer_steps(w.optimizer_steps);
 }
 
 }  // namespace
+
+absl::StatusOr<OptimizerSpecIn> FromProto(const v1::OptimizerSpec& m, const std::string& field) {
+  OptimizerSpecIn o;
+  o.set = true;
+  switch (m.kind()) {
+    case v1::OPTIMIZER_KIND_UNSPECIFIED:
+    case v1::OPTIMIZER_KIND_SGD:
+      o.kind = kernels::OptimizerKind::kSgd;
+      break;
+    case v1::OPTIMIZER_KIND_ADAMW:
+      o.kind = kernels::OptimizerKind::kAdamW;
+      break;
+    default:
+      return UnknownEnum(field + ".kind", m.kind());
+  }
+  switch (m.state_dtype()) {
+    case v1::STATE_DTYPE_UNSPECIFIED:
+    case v1::STATE_DTYPE_F32:
+      o.dtype = kernels::StateDType::kF32;
+      break;
+    case v1::STATE_DTYPE_BF16:
+      o.dtype = kernels::StateDType::kBF16;
+      break;
+    case v1::STATE_DTYPE_NVFP4:
+      o.dtype = kernels::StateDType::kNvfp4;
+      break;
+    default:
+      return UnknownEnum(field + ".state_dtype", m.state_dtype());
+  }
+  o.momentum = m.momentum();
+  o.amsgrad = m.amsgrad();
+  return o;
+}
 
 QuantizeRequest FromProto(const v1::QuantizeRequest& m) {
   QuantizeRequest r;
@@ -184,7 +250,7 @@ MatmulRequest FromProto(const v1::MatmulRequest& m) {
   return r;
 }
 
-CreateWeightRequest FromProto(const v1::CreateWeightRequest& m) {
+absl::StatusOr<CreateWeightRequest> FromProto(const v1::CreateWeightRequest& m) {
   CreateWeightRequest r;
   r.name = m.name();
   r.initial = FromProto(m.initial());
@@ -193,8 +259,96 @@ CreateWeightRequest FromProto(const v1::CreateWeightRequest& m) {
   r.options.seed = m.options().seed();
   r.options.error_feedback = m.options().error_feedback();
   r.options.dtype = static_cast<int>(m.options().dtype());
+  switch (m.options().scaling()) {
+    case v1::SCALING_UNSPECIFIED:
+    case v1::SCALING_CURRENT:
+      r.options.scaling = kernels::Scaling::kCurrent;
+      break;
+    case v1::SCALING_DELAYED:
+      r.options.scaling = kernels::Scaling::kDelayed;
+      break;
+    default:
+      return UnknownEnum("options.scaling", m.options().scaling());
+  }
+  if (m.options().has_optimizer()) {
+    absl::StatusOr<OptimizerSpecIn> spec = FromProto(m.options().optimizer(), "options.optimizer");
+    if (!spec.ok()) return spec.status();
+    r.options.optimizer = *spec;
+  }
   r.step = m.step();
   r.device_uuid = m.device_uuid();
+  return r;
+}
+
+absl::StatusOr<ResetOptimizerRequest> FromProto(const v1::ResetOptimizerRequest& m) {
+  ResetOptimizerRequest r;
+  r.name = m.name();
+  absl::StatusOr<OptimizerSpecIn> spec = FromProto(m.optimizer(), "optimizer");
+  if (!spec.ok()) return spec.status();
+  r.optimizer = *spec;
+  return r;
+}
+
+absl::StatusOr<StepRequest> FromProto(const v1::StepRequest& m) {
+  StepRequest r;
+  r.step = m.step();
+  switch (m.kind()) {
+    case v1::UPDATE_KIND_UNSPECIFIED:
+    case v1::UPDATE_KIND_GRADIENT:
+      r.kind = kernels::UpdateKind::kGradient;
+      break;
+    case v1::UPDATE_KIND_DELTA:
+      r.kind = kernels::UpdateKind::kDelta;
+      break;
+    default:
+      return UnknownEnum("kind", m.kind());
+  }
+  for (const v1::Hyperparameters& g : m.groups()) {
+    HyperIn h;
+    h.lr = g.lr();
+    switch (g.optimizer_case()) {
+      case v1::Hyperparameters::kAdamw:
+        h.optimizer = kernels::OptimizerKind::kAdamW;
+        h.beta1 = g.adamw().beta1();
+        h.beta2 = g.adamw().beta2();
+        h.eps = g.adamw().eps();
+        h.weight_decay = g.adamw().weight_decay();
+        break;
+      case v1::Hyperparameters::kSgd:
+        h.has_sgd = true;
+        h.momentum = g.sgd().momentum();
+        h.dampening = g.sgd().dampening();
+        h.nesterov = g.sgd().nesterov();
+        h.weight_decay = g.sgd().weight_decay();
+        break;
+      default:
+        break;
+    }
+    r.groups.push_back(h);
+  }
+  for (const v1::StepItem& it : m.items()) {
+    StepItemIn i;
+    i.name = it.name();
+    i.update = FromProto(it.update());
+    i.dequantized_out = Target(it.has_dequantized_out(), it.dequantized_out());
+    i.return_dequantized = it.return_dequantized();
+    i.group = it.group();
+    r.items.push_back(std::move(i));
+  }
+  if (m.has_replica()) {
+    r.has_replica = true;
+    r.replica_group = m.replica().group();
+    r.rank = m.replica().rank();
+  }
+  return r;
+}
+
+JoinGroupRequest FromProto(const v1::JoinGroupRequest& m) {
+  JoinGroupRequest r;
+  r.group = m.group();
+  r.world_size = m.world_size();
+  r.rank = m.rank();
+  r.deadline_ms = m.deadline_ms();
   return r;
 }
 
@@ -218,6 +372,7 @@ GetWeightRequest FromProto(const v1::GetWeightRequest& m) {
   r.quantized = m.quantized();
   r.residual = m.residual();
   r.out = Target(m.has_out(), m.out());
+  r.optimizer_state = m.optimizer_state();
   return r;
 }
 
@@ -259,6 +414,37 @@ void ToProto(GetWeightResult&& r, v1::GetWeightReply* m) {
   if (r.has_dequantized) ToProto(std::move(r.dequantized), m->mutable_dequantized());
   if (r.has_quantized) ToProto(std::move(r.quantized), m->mutable_quantized());
   if (r.has_residual) ToProto(std::move(r.residual), m->mutable_residual());
+  if (r.has_optimizer_state) {
+    v1::OptimizerStateResult* o = m->mutable_optimizer_state();
+    ToProto(r.optimizer_spec, o->mutable_spec());
+    o->set_steps(r.optimizer_steps);
+    for (MomentResult& mo : r.moments) {
+      v1::MomentState* s = o->add_moments();
+      s->set_name(std::move(mo.name));
+      s->set_dtype(ToWire(mo.dtype));
+      if (mo.dtype == kernels::StateDType::kNvfp4) {
+        ToProto(std::move(mo.quantized), s->mutable_quantized());
+      } else {
+        ToProto(std::move(mo.dense), s->mutable_dense());
+      }
+    }
+  }
+}
+
+void ToProto(StepResult&& r, v1::StepReply* m) {
+  for (StepItemResult& it : r.items) {
+    v1::StepItemResult* o = m->add_items();
+    o->set_name(std::move(it.name));
+    o->set_applied(it.applied);
+    o->set_last_step(it.last_step);
+    o->set_global_amax(it.global_amax);
+    if (it.has_dequantized) ToProto(std::move(it.dequantized), o->mutable_dequantized());
+  }
+  m->set_world_size(r.world_size);
+}
+
+void ToProto(ResetOptimizerResult&& r, v1::ResetOptimizerReply* m) {
+  ToProto(r.weight, m->mutable_weight());
 }
 
 void ToProto(CheckpointResult&& r, v1::CheckpointReply* m) {
@@ -299,6 +485,9 @@ void ToProto(ServerInfoResult&& r, uint64_t max_message_bytes, v1::ServerInfoRep
   l->set_max_queue_depth(r.max_queue_depth);
   l->set_max_open_handles(r.max_open_handles);
   l->set_session_lease_seconds(r.session_lease_seconds);
+  l->set_max_step_items(r.max_step_items);
+  l->set_max_world_size(r.max_world_size);
+  l->set_cpu_max_request_flops(r.cpu_max_request_flops);
 }
 
 }  // namespace fp4q::server

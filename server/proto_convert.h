@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "fp4q/v1/fp4q.pb.h"
 #include "server/requests.h"
 
@@ -18,10 +19,15 @@ QuantizeRequest FromProto(const v1::QuantizeRequest& m);
 DequantizeRequest FromProto(const v1::DequantizeRequest& m);
 QdqRequest FromProto(const v1::QdqRequest& m);
 MatmulRequest FromProto(const v1::MatmulRequest& m);
-CreateWeightRequest FromProto(const v1::CreateWeightRequest& m);
+absl::StatusOr<CreateWeightRequest> FromProto(const v1::CreateWeightRequest& m);
 UpdateWeightRequest FromProto(const v1::UpdateWeightRequest& m);
 GetWeightRequest FromProto(const v1::GetWeightRequest& m);
 RegisterRegionRequest FromProto(const v1::RegisterCudaRegionRequest& m);
+// These convert enums at the edge: an unknown value is INVALID_ARGUMENT naming the field.
+absl::StatusOr<StepRequest> FromProto(const v1::StepRequest& m);
+absl::StatusOr<ResetOptimizerRequest> FromProto(const v1::ResetOptimizerRequest& m);
+JoinGroupRequest FromProto(const v1::JoinGroupRequest& m);
+absl::StatusOr<OptimizerSpecIn> FromProto(const v1::OptimizerSpec& m, const std::string& field);
 
 void ToProto(QuantizeResult&& r, v1::QuantizeReply* m);
 void ToProto(DequantizeResult&& r, v1::DequantizeReply* m);
@@ -31,6 +37,8 @@ void ToProto(CreateWeightResult&& r, v1::CreateWeightReply* m);
 void ToProto(UpdateWeightResult&& r, v1::UpdateWeightReply* m);
 void ToProto(GetWeightResult&& r, v1::GetWeightReply* m);
 void ToProto(CheckpointResult&& r, v1::CheckpointReply* m);
+void ToProto(StepResult&& r, v1::StepReply* m);
+void ToProto(ResetOptimizerResult&& r, v1::ResetOptimizerReply* m);
 inline void ToProto(EmptyResult&& /*r*/, v1::DeleteWeightReply* /*m*/) {}
 inline void ToProto(EmptyResult&& /*r*/, v1::ResetResidualReply* /*m*/) {}
 void ToProto(std::vector<TensorListing>&& r, v1::ListTensorsReply* m);

@@ -306,30 +306,5 @@ absl::Status RenameField(const absl::Status& status, absl::string_view from, abs
   return absl::InvalidArgumentError(absl::StrCat(to, rest));
 }
 
-absl::Status CheckFinite(const void* data, kernels::DType dtype, int64_t count,
-                         absl::string_view field) {
-  const auto* bytes = static_cast<const uint8_t*>(data);
-  for (int64_t i = 0; i < count; ++i) {
-    bool bad = false;
-    bool nan = false;
-    if (dtype == kernels::DType::kF32) {
-      uint32_t u;
-      std::memcpy(&u, bytes + 4 * i, 4);
-      bad = (u & 0x7F800000u) == 0x7F800000u;
-      nan = bad && (u & 0x007FFFFFu) != 0;
-    } else {
-      uint16_t u;
-      std::memcpy(&u, bytes + 2 * i, 2);
-      bad = (u & 0x7F80u) == 0x7F80u;
-      nan = bad && (u & 0x007Fu) != 0;
-    }
-    if (bad) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": element ", i, " is ", nan ? "NaN" : "Inf",
-                       "; non-finite values would corrupt stored state"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace fp4q::server

@@ -73,10 +73,6 @@ int ToWireLayout(kernels::ScaleLayout l);
 // "to.shape[0]" / "to.shape[1]". Non-INVALID_ARGUMENT statuses pass through unchanged.
 absl::Status RenameField(const absl::Status& status, absl::string_view from, absl::string_view to);
 
-// Finite-values check on host data (state-changing requests refuse NaN/Inf: they would poison
-// stored weights and residuals). `data` holds rows * cols values of `dtype`.
-absl::Status CheckFinite(const void* data, kernels::DType dtype, int64_t count,
-                         absl::string_view field);
 
 }  // namespace fp4q::server
 

@@ -15,10 +15,17 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "fp4q/kernels/step.h"
+#include "fp4q/kernels/types.h"
 
 namespace fp4q::server {
+
+// An asynchronous operation's completion: called exactly once with the result or the error.
+template <typename T>
+using Done = std::function<void(absl::StatusOr<T>)>;
 
 // Enum numbers as in proto/fp4q/v1/fp4q.proto. 0 is "unspecified" (the field's default).
 enum WireDType : int {
@@ -210,6 +217,15 @@ struct MatmulResult {
   TensorResult output;
 };
 
+// fp4q.v1.OptimizerSpec, converted at the edge (proto_convert).
+struct OptimizerSpecIn {
+  bool set = false;  // the message was present
+  kernels::OptimizerKind kind = kernels::OptimizerKind::kSgd;
+  bool momentum = false;
+  bool amsgrad = false;
+  kernels::StateDType dtype = kernels::StateDType::kF32;
+};
+
 // fp4q.v1.WeightOptions. In results, normalized (defaults filled in).
 struct WeightOptionsIn {
   int block = 0;
@@ -217,6 +233,8 @@ struct WeightOptionsIn {
   uint64_t seed = 0;
   bool error_feedback = false;
   int dtype = 0;
+  kernels::Scaling scaling = kernels::Scaling::kCurrent;
+  OptimizerSpecIn optimizer;
 };
 
 struct WeightInfo {
@@ -226,6 +244,7 @@ struct WeightInfo {
   int64_t last_step = 0;
   std::string device_uuid;
   uint64_t bytes = 0;
+  int64_t optimizer_steps = 0;
 };
 
 struct CreateWeightRequest {
@@ -265,6 +284,14 @@ struct GetWeightRequest {
   bool quantized = false;
   bool residual = false;
   OutputTarget out;
+  bool optimizer_state = false;
+};
+// One moment tensor as stored (GetWeight's optimizer_state).
+struct MomentResult {
+  std::string name;  // torch's state name: "momentum_buffer", "exp_avg", ...
+  kernels::StateDType dtype = kernels::StateDType::kF32;
+  TensorResult dense;         // F32 / BF16
+  QuantizedResult quantized;  // NVFP4
 };
 struct GetWeightResult {
   ReplyMeta meta;
@@ -275,6 +302,82 @@ struct GetWeightResult {
   QuantizedResult quantized;
   bool has_residual = false;
   TensorResult residual;
+  bool has_optimizer_state = false;
+  OptimizerSpecIn optimizer_spec;
+  int64_t optimizer_steps = 0;
+  std::vector<MomentResult> moments;
+};
+
+struct ResetOptimizerRequest {
+  std::string name;
+  OptimizerSpecIn optimizer;
+};
+struct ResetOptimizerResult {
+  ReplyMeta meta;
+  WeightInfo weight;
+};
+
+// ---------------------------------------------------------------- the trainer's step
+
+// One parameter group's hyperparameters (fp4q.v1.Hyperparameters).
+struct HyperIn {
+  float lr = 0.0f;
+  kernels::OptimizerKind optimizer = kernels::OptimizerKind::kSgd;
+  bool has_sgd = false;  // the sgd message was set (else plain SGD)
+  float momentum = 0.0f;
+  float dampening = 0.0f;
+  bool nesterov = false;
+  float weight_decay = 0.0f;
+  float beta1 = 0.0f;
+  float beta2 = 0.0f;
+  float eps = 0.0f;
+};
+
+struct StepItemIn {
+  std::string name;
+  TensorIn update;
+  OutputTarget dequantized_out;
+  bool return_dequantized = false;
+  uint32_t group = 0;
+};
+
+struct StepRequest {
+  int64_t step = 0;
+  std::vector<HyperIn> groups;
+  std::vector<StepItemIn> items;
+  kernels::UpdateKind kind = kernels::UpdateKind::kGradient;
+  bool has_replica = false;
+  std::string replica_group;
+  uint32_t rank = 0;
+};
+
+struct StepItemResult {
+  std::string name;
+  bool applied = false;
+  int64_t last_step = 0;
+  float global_amax = 0.0f;
+  bool has_dequantized = false;
+  TensorResult dequantized;
+};
+struct StepResult {
+  ReplyMeta meta;
+  std::vector<StepItemResult> items;
+  uint32_t world_size = 1;
+};
+
+// ---------------------------------------------------------------- replica groups, namespaces
+
+struct JoinGroupRequest {
+  std::string group;
+  uint32_t world_size = 0;
+  uint32_t rank = 0;
+  uint32_t deadline_ms = 0;  // 0: 30000
+};
+struct JoinGroupResult {
+  uint32_t members = 0;
+};
+struct DeleteNamespaceResult {
+  uint32_t deleted = 0;
 };
 
 struct NameRequest {
@@ -331,6 +434,9 @@ struct ServerInfoResult {
   uint32_t max_queue_depth = 0;
   uint32_t max_open_handles = 0;
   uint32_t session_lease_seconds = 0;
+  uint32_t max_step_items = 0;
+  uint32_t max_world_size = 0;
+  uint64_t cpu_max_request_flops = 0;
 };
 
 }  // namespace fp4q::server

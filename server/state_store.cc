@@ -17,6 +17,7 @@ absl::StatusOr<EntrySizes> SizesFor(EntryKind kind, int64_t rows, int64_t cols,
     FP4Q_ASSIGN_OR_RETURN(s.scales, kernels::ScaleBytes(rows, cols, kernels::Format::kNvfp4,
                                                         kernels::ScaleLayout::kPlain, what));
     s.global = kernels::kGlobalFloats * sizeof(float);
+    s.stats = kernels::kStepStatFloats * sizeof(float);
     if (params.error_feedback) {
       FP4Q_ASSIGN_OR_RETURN(s.residual,
                             kernels::DenseBytes(rows, cols, kernels::DType::kF32, what));
@@ -55,14 +56,15 @@ StateStore::StateStore(uint64_t budget_bytes, EngineObserver* observer,
 
 absl::Status StateStore::Reserve(const std::shared_ptr<StateEntry>& entry,
                                  std::unique_lock<std::mutex>* lock, absl::string_view field) {
-  const uint64_t need = entry->sizes.total();
+  const uint64_t need = entry->total_bytes();
   std::lock_guard<std::mutex> guard(mu_);
   if (entries_.count(entry->name) != 0) {
-    return absl::AlreadyExistsError(absl::StrCat(field, ": '", entry->name, "' already exists"));
+    return absl::AlreadyExistsError(
+        absl::StrCat(field, ": '", LocalName(entry->name), "' already exists"));
   }
   if (need > budget_ || used_ > budget_ - need) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(field, ": '", entry->name, "' needs ", need, " bytes of state; ",
+        absl::StrCat(field, ": '", LocalName(entry->name), "' needs ", need, " bytes of state; ",
                      budget_ - used_, " of the ", budget_, "-byte state budget are free"));
   }
   *lock = std::unique_lock<std::mutex>(entry->op_mu);  // uncontended: nobody else has it
@@ -85,9 +87,32 @@ void StateStore::Drop(const std::shared_ptr<StateEntry>& entry) {
   entry->live.store(false);
   if (it == entries_.end() || it->second != entry) return;
   entries_.erase(it);
-  used_ -= entry->sizes.total();
-  device_bytes_[entry->device->label] -= entry->sizes.total();
+  used_ -= entry->total_bytes();
+  device_bytes_[entry->device->label] -= entry->total_bytes();
   ReportLocked(entry->device->label);
+}
+
+absl::Status StateStore::SetOptimizerBytes(const std::shared_ptr<StateEntry>& entry,
+                                           uint64_t bytes, absl::string_view field) {
+  std::lock_guard<std::mutex> guard(mu_);
+  const uint64_t old = entry->optimizer_bytes.load();
+  auto it = entries_.find(entry->name);
+  const bool counted = it != entries_.end() && it->second == entry;
+  if (counted && bytes > old) {
+    const uint64_t more = bytes - old;
+    if (more > budget_ || used_ > budget_ - more) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          field, ": the optimizer state of '", LocalName(entry->name), "' needs ", more,
+          " more bytes; ", budget_ - used_, " of the ", budget_, "-byte state budget are free"));
+    }
+  }
+  entry->optimizer_bytes.store(bytes);
+  if (counted) {
+    used_ = used_ - old + bytes;
+    device_bytes_[entry->device->label] = device_bytes_[entry->device->label] - old + bytes;
+    ReportLocked(entry->device->label);
+  }
+  return absl::OkStatus();
 }
 
 std::shared_ptr<StateEntry> StateStore::Find(absl::string_view name) const {
@@ -114,7 +139,7 @@ std::vector<TensorListing> StateStore::List(absl::string_view ns) const {
     l.kind = e->kind == EntryKind::kWeight ? kWireKindWeight : kWireKindResidual;
     l.shape = {e->rows, e->cols};
     l.dtype = e->kind == EntryKind::kWeight ? kWireU8 : kWireF32;
-    l.bytes = e->sizes.total();
+    l.bytes = e->total_bytes();
     l.device_uuid = e->device->label;
     l.last_step = e->has_step.load() ? e->last_step.load() : -1;
     out.push_back(std::move(l));

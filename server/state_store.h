@@ -27,6 +27,7 @@
 #include "server/device_buffer.h"
 #include "server/devices.h"
 #include "server/observer.h"
+#include "server/optimizer_state.h"
 #include "server/requests.h"
 
 namespace fp4q::server {
@@ -40,15 +41,17 @@ struct WeightParams {
   uint64_t seed = 0;
   bool error_feedback = false;
   kernels::DType dtype = kernels::DType::kF32;  // GetWeight's default output dtype
+  kernels::Scaling scaling = kernels::Scaling::kCurrent;
 };
 
-// Byte sizes of an entry's parts.
+// Byte sizes of an entry's fixed parts (the optimizer state is counted apart: it can change).
 struct EntrySizes {
   size_t codes = 0;
   size_t scales = 0;
   size_t global = 0;  // kGlobalFloats floats for weights
+  size_t stats = 0;   // kStepStatFloats floats for weights
   size_t residual = 0;
-  uint64_t total() const { return codes + scales + global + residual; }
+  uint64_t total() const { return codes + scales + global + stats + residual; }
 };
 absl::StatusOr<EntrySizes> SizesFor(EntryKind kind, int64_t rows, int64_t cols,
                                     const WeightParams& params, absl::string_view field);
@@ -75,14 +78,24 @@ class StateEntry {
 
   std::mutex op_mu;
   // Guarded by op_mu.
-  DeviceBuffer codes, scales, global, residual;
+  DeviceBuffer codes, scales, global, stats, residual;
+  OptimizerStorage optimizer;  // weights; no moments for plain SGD
+  int64_t optimizer_steps = 0;  // applied optimizer steps since creation or ResetOptimizer
+  // The last applied step's update fingerprints (one per data-parallel rank, NUMERICS 10.7) and
+  // a hash of its hyperparameters: a retry of that step must match them.
+  std::vector<uint64_t> last_fingerprints;
+  uint64_t last_hyper_hash = 0;
   std::atomic<bool> live{false};
   std::atomic<int64_t> last_step{0};
   std::atomic<bool> has_step{false};  // false: no step applied yet (any step is accepted)
+  // Bytes of the optimizer state (StateStore::SetOptimizerBytes); readable without op_mu.
+  std::atomic<uint64_t> optimizer_bytes{0};
 
+  uint64_t total_bytes() const { return sizes.total() + optimizer_bytes.load(); }
   // Views of a weight's tensors (op_mu held).
   kernels::QuantizedTensor Weight() const;
   float* residual_data() const { return residual.as<float>(); }
+  float* stats_data() const { return stats.as<float>(); }
 };
 
 class StateStore {
@@ -100,6 +113,10 @@ class StateStore {
   void Publish(const std::shared_ptr<StateEntry>& entry);
   // Removes an entry (reserved or live; caller holds op_mu) and releases its budget.
   void Drop(const std::shared_ptr<StateEntry>& entry);
+  // Sets the bytes an entry's optimizer state takes (caller holds op_mu): RESOURCE_EXHAUSTED
+  // naming `field` when the change does not fit the budget, and then nothing changes.
+  absl::Status SetOptimizerBytes(const std::shared_ptr<StateEntry>& entry, uint64_t bytes,
+                                 absl::string_view field);
 
   // Null when absent (the entry may still be not live: lock it and check).
   std::shared_ptr<StateEntry> Find(absl::string_view name) const;

@@ -1,0 +1,248 @@
+// Engine::Step: routing of a trainer's step (one worker's, or a replica group's combined
+// contributions) to the devices that hold its weights, and its completion. The body is
+// ops_step.cc; replica groups are engine_groups.cc.
+#include <algorithm>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "fp4q/common/status_macros.h"
+#include "server/engine.h"
+#include "server/op_env.h"
+#include "server/request_checks.h"
+#include "server/step_job.h"
+
+namespace fp4q::server {
+namespace {
+
+std::string Quote(absl::string_view s) { return absl::StrCat("'", s, "'"); }
+
+// The checks of a step request that need no state: sizes, names, groups, hyperparameters.
+absl::Status CheckStepShape(const StepRequest& req, int max_items) {
+  if (req.step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("step: ", req.step, " must be >= 0"));
+  }
+  if (req.items.empty()) return absl::InvalidArgumentError("items: empty (a step updates >= 1)");
+  if (req.items.size() > static_cast<size_t>(max_items)) {
+    return absl::InvalidArgumentError(absl::StrCat("items: ", req.items.size(),
+                                                   " items, at most ", max_items,
+                                                   " (fp4qd --max_step_items); split the step"));
+  }
+  if (req.groups.empty()) {
+    return absl::InvalidArgumentError("groups: empty (send the hyperparameters of >= 1 group)");
+  }
+  if (req.groups.size() > req.items.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("groups: ", req.groups.size(),
+                                                   " groups for ", req.items.size(), " items"));
+  }
+  for (size_t g = 0; g < req.groups.size(); ++g) {
+    FP4Q_RETURN_IF_ERROR(CheckStepHyper(req.groups[g], absl::StrCat("groups[", g, "]")));
+  }
+  std::set<absl::string_view> seen;
+  for (size_t i = 0; i < req.items.size(); ++i) {
+    const StepItemIn& it = req.items[i];
+    FP4Q_RETURN_IF_ERROR(CheckName(it.name, absl::StrCat("items[", i, "].name")));
+    if (!seen.insert(it.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "items[", i, "].name: ", Quote(it.name), " appears twice in one step"));
+    }
+    if (it.group >= req.groups.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("items[", i, "].group: ", it.group,
+                                                     " but the step has ", req.groups.size(),
+                                                     " groups"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void Engine::Step(const RequestContext& ctx, StepRequest req, Done<StepResult> done) {
+  if (req.has_replica) return Contribute(ctx, std::move(req), std::move(done));
+  auto job = std::make_shared<StepJob>();
+  StepJob::Rank r;
+  r.rank = 0;
+  r.ctx = ctx;
+  r.req = std::make_shared<const StepRequest>(std::move(req));
+  r.done = std::move(done);
+  job->ranks.push_back(std::move(r));
+  job->world_size = 1;
+  StartStep(std::move(job));
+}
+
+void Engine::StartStep(std::shared_ptr<StepJob> job) {
+  // Every rank is answered exactly once, with its own result or the step's one error.
+  auto answer_all = [job](const absl::Status& s) {
+    for (StepJob::Rank& r : job->ranks) {
+      if (r.done) std::exchange(r.done, nullptr)(s);
+    }
+  };
+  if (!Admit()) return answer_all(DrainingStatus());
+  auto refuse = [this, answer_all](const absl::Status& s) {
+    answer_all(s);
+    Release();
+  };
+  const StepRequest& first = *job->ranks[0].req;
+  job->step = first.step;
+  {
+    absl::StatusOr<std::string> ns = ResolveNamespace(job->ranks[0].ctx);
+    if (!ns.ok()) return refuse(ns.status());
+    job->ns = *ns;
+  }
+  for (size_t r = 1; r < job->ranks.size(); ++r) {
+    absl::StatusOr<std::string> ns = ResolveNamespace(job->ranks[r].ctx);
+    if (!ns.ok()) return refuse(ns.status());
+    if (*ns != job->ns) {
+      return refuse(absl::PermissionDeniedError(absl::StrCat(
+          "replica: rank ", job->ranks[r].rank, " is in another namespace than rank ",
+          job->ranks[0].rank)));
+    }
+  }
+  if (absl::Status s = CheckStepShape(first, options_.max_step_items); !s.ok()) return refuse(s);
+  // The weights.
+  job->entries.resize(first.items.size());
+  for (size_t i = 0; i < first.items.size(); ++i) {
+    std::shared_ptr<StateEntry> e = store_->Find(QualifiedName(job->ns, first.items[i].name));
+    if (e == nullptr || !e->live.load()) {
+      return refuse(absl::NotFoundError(absl::StrCat(
+          job->update_weight ? "name" : absl::StrCat("items[", i, "].name"), ": no weight ",
+          Quote(first.items[i].name))));
+    }
+    if (e->kind != EntryKind::kWeight) {
+      return refuse(absl::InvalidArgumentError(absl::StrCat(
+          job->update_weight ? "name" : absl::StrCat("items[", i, "].name"), ": ",
+          Quote(first.items[i].name), " is a residual key, not a weight")));
+    }
+    job->entries[i] = std::move(e);
+  }
+  // Every rank's regions, pinned under its own session, on the device of the weight they feed.
+  for (StepJob::Rank& r : job->ranks) {
+    for (size_t i = 0; i < r.req->items.size(); ++i) {
+      const StepItemIn& it = r.req->items[i];
+      Device* d = job->entries[i]->device;
+      const std::string prefix =
+          job->ranks.size() > 1 ? absl::StrCat("rank ", r.rank, "'s ") : std::string();
+      const std::string item = job->update_weight ? "" : absl::StrCat("items[", i, "].");
+      std::vector<std::pair<std::string, std::string>> uses;
+      if (it.update.data.source == Source::kRegion) {
+        uses.emplace_back(it.update.data.region.region_id,
+                          absl::StrCat(item, "update.region"));
+      }
+      if (it.dequantized_out.has_region) {
+        uses.emplace_back(it.dequantized_out.region.region_id,
+                          absl::StrCat(item, "dequantized_out.region"));
+      }
+      for (const auto& [id, field] : uses) {
+        auto pin = job->scope.pins.find(id);
+        if (pin == job->scope.pins.end()) {
+          absl::StatusOr<RegionPin> p = regions_->Acquire(r.ctx.session_id, id, field);
+          if (!p.ok()) return refuse(p.status());
+          pin = job->scope.pins.emplace(id, std::move(*p)).first;
+        }
+        if (pin->second.device() != d) {
+          return refuse(absl::InvalidArgumentError(absl::StrCat(
+              prefix, field, ": on device ", pin->second.device()->label, ", but weight ",
+              Quote(it.name), " is on device ", d->label,
+              " (a step reads and writes client memory on the weight's device)")));
+        }
+      }
+    }
+  }
+  // One part per device, each run on that device's executor.
+  std::map<int, std::vector<size_t>> by_device;
+  for (size_t i = 0; i < job->entries.size(); ++i) {
+    by_device[job->entries[i]->device->index].push_back(i);
+  }
+  job->results.resize(job->ranks.size());
+  for (size_t r = 0; r < job->ranks.size(); ++r) {
+    job->results[r].items.resize(first.items.size());
+    job->results[r].world_size = job->world_size;
+  }
+  const int parts = static_cast<int>(by_device.size());
+  auto barrier = parts > 1 ? std::make_shared<StepBarrier>(parts) : nullptr;
+  struct Completion {
+    std::mutex mu;
+    int left = 0;
+    absl::Status error;
+    ReplyMeta meta;
+  };
+  auto completion = std::make_shared<Completion>();
+  completion->left = parts;
+  auto part_done = [this, job, completion, answer_all](const absl::Status& s,
+                                                        const ReplyMeta& meta) {
+    bool last = false;
+    {
+      std::lock_guard<std::mutex> lock(completion->mu);
+      if (!s.ok() && completion->error.ok()) completion->error = s;
+      if (completion->meta.device_uuid.empty()) completion->meta.device_uuid = meta.device_uuid;
+      completion->meta.kernel_micros += meta.kernel_micros;
+      completion->meta.queue_micros = std::max(completion->meta.queue_micros, meta.queue_micros);
+      completion->meta.processed_bytes += meta.processed_bytes;
+      completion->meta.processed_elements += meta.processed_elements;
+      last = --completion->left == 0;
+    }
+    if (!last) return;
+    job->scope.pins.clear();  // client memory is no longer touched
+    if (!completion->error.ok()) {
+      answer_all(completion->error);
+    } else {
+      for (size_t r = 0; r < job->ranks.size(); ++r) {
+        job->results[r].meta = completion->meta;
+        std::exchange(job->ranks[r].done, nullptr)(std::move(job->results[r]));
+      }
+    }
+    Release();
+  };
+  // Parts of one step are queued together, so parts of different steps are queued in the same
+  // order on every device (a part waiting at the barrier never waits for a part queued behind
+  // another step's waiting part).
+  std::unique_lock<std::mutex> order_lock(step_order_mu_, std::defer_lock);
+  if (parts > 1) order_lock.lock();
+  const absl::Time queued_at = absl::Now();
+  for (auto& [index, items] : by_device) {
+    Device* device = &devices_->device(index);
+    Executor::Keys keys;
+    for (size_t i : items) keys.push_back(Executor::KeyOf(job->entries[i]->name));
+    ScratchPool* pool = pools_[device->index].get();
+    std::vector<size_t> mine = items;
+    absl::Status queued = ExecutorFor(*device).Submit(
+        job->ranks[0].ctx,
+        [this, job, device, pool, mine, barrier, queued_at, part_done](kernels::Stream stream) {
+          ReplyMeta meta;
+          meta.device_uuid = device->label;
+          const double waited = absl::ToDoubleSeconds(absl::Now() - queued_at);
+          meta.queue_micros = waited * 1e6;
+          if (observer_ != nullptr) observer_->QueueWait(device->label, waited);
+          absl::Status s;
+          {
+            OpEnv env(device, stream, &job->scope, observer_, &meta, pool);
+            env.set_namespace(job->ns);
+            StepPartSync sync{barrier.get()};
+            s = RunStepPart(env, *job, mine, barrier != nullptr ? &sync : nullptr);
+            if (barrier != nullptr && !sync.arrived) barrier->Failed(s);
+            CheckHealth(*device);
+            int64_t elements = 0;
+            for (size_t i : mine) elements += job->entries[i]->rows * job->entries[i]->cols;
+            meta.processed_elements = static_cast<uint64_t>(elements);
+          }
+          part_done(s, meta);
+        },
+        [part_done, barrier, device](absl::Status s) {
+          // Refused before it ran (deadline, cancellation, shutdown): its peers must not apply.
+          if (barrier != nullptr) barrier->Failed(s);
+          ReplyMeta meta;
+          meta.device_uuid = device->label;
+          part_done(s, meta);
+        },
+        /*bypass_bound=*/false, std::move(keys));
+    if (!queued.ok()) {
+      if (barrier != nullptr) barrier->Failed(queued);
+      ReplyMeta meta;
+      part_done(queued, meta);
+    }
+  }
+}
+
+}  // namespace fp4q::server

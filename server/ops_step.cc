@@ -1,0 +1,359 @@
+// Engine bodies of the trainer's step (Step, and UpdateWeight as a one-item step): every item of
+// a step is checked on the device before any is written, and the step is applied as a unit.
+// Numerics: docs/NUMERICS.md section 10; kernels: fp4q/kernels/step.h.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "fp4q/common/status_macros.h"
+#include "fp4q/kernels/validate.h"
+#include "server/engine.h"
+#include "server/op_env.h"
+#include "server/request_checks.h"
+#include "server/step_job.h"
+
+namespace fp4q::server {
+namespace {
+
+std::string Quote(absl::string_view name) { return absl::StrCat("'", name, "'"); }
+
+// The item's field path as the request spells it ("items[3]"), with the rank for groups.
+std::string ItemField(const StepJob& job, size_t i) {
+  return absl::StrCat(job.update_weight ? "" : absl::StrCat("items[", i, "]"));
+}
+
+std::string Sub(const StepJob& job, size_t i, absl::string_view part) {
+  if (job.update_weight) return std::string(part);
+  return absl::StrCat("items[", i, "].", part);
+}
+
+bool Finite(float v) { return std::isfinite(v); }
+
+}  // namespace
+
+absl::Status CheckStepHyper(const HyperIn& h, const std::string& f) {
+  auto bad = [&](absl::string_view field, float v, absl::string_view rule) {
+    return absl::InvalidArgumentError(absl::StrCat(f, ".", field, ": ", v, " ", rule));
+  };
+  if (!Finite(h.lr) || h.lr < 0.0f) return bad("lr", h.lr, "must be finite and >= 0");
+  if (h.optimizer == kernels::OptimizerKind::kAdamW) {
+    if (!Finite(h.beta1) || h.beta1 < 0.0f || h.beta1 >= 1.0f) {
+      return bad("adamw.beta1", h.beta1, "must be in [0, 1)");
+    }
+    if (!Finite(h.beta2) || h.beta2 < 0.0f || h.beta2 >= 1.0f) {
+      return bad("adamw.beta2", h.beta2, "must be in [0, 1)");
+    }
+    if (!Finite(h.eps) || h.eps <= 0.0f) {
+      return bad("adamw.eps", h.eps,
+                 "must be finite and > 0 (with 0 a zero gradient divides 0 by 0)");
+    }
+    if (!Finite(h.weight_decay) || h.weight_decay < 0.0f) {
+      return bad("adamw.weight_decay", h.weight_decay, "must be finite and >= 0");
+    }
+    return absl::OkStatus();
+  }
+  if (!Finite(h.momentum) || h.momentum < 0.0f) {
+    return bad("sgd.momentum", h.momentum, "must be finite and >= 0");
+  }
+  if (!Finite(h.dampening)) return bad("sgd.dampening", h.dampening, "must be finite");
+  if (!Finite(h.weight_decay) || h.weight_decay < 0.0f) {
+    return bad("sgd.weight_decay", h.weight_decay, "must be finite and >= 0");
+  }
+  if (h.nesterov && (h.momentum <= 0.0f || h.dampening != 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        f, ".sgd.nesterov: needs momentum > 0 and dampening 0 (momentum ", h.momentum,
+        ", dampening ", h.dampening, "), as torch.optim.SGD"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// A hash of a group's hyperparameters and the update kind: a retry must send the same.
+uint64_t HyperHash(const HyperIn& h, kernels::UpdateKind kind) {
+  uint64_t x = 0x6a09e667f3bcc909ull ^ static_cast<uint64_t>(kind);
+  auto mix = [&x](uint64_t v) {
+    x ^= v + 0x9e3779b97f4a7c15ull + (x << 6) + (x >> 2);
+  };
+  auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return static_cast<uint64_t>(u);
+  };
+  mix(static_cast<uint64_t>(h.optimizer));
+  mix(bits(h.lr));
+  mix(bits(h.momentum));
+  mix(bits(h.dampening));
+  mix(h.nesterov ? 1 : 0);
+  mix(bits(h.weight_decay));
+  mix(bits(h.beta1));
+  mix(bits(h.beta2));
+  mix(bits(h.eps));
+  return x;
+}
+
+const char* QuantityName(kernels::StepQuantity q) {
+  switch (q) {
+    case kernels::StepQuantity::kUpdateSum:
+      return "the update (rank sum)";
+    case kernels::StepQuantity::kWeight:
+      return "the new weight value";
+    case kernels::StepQuantity::kResidual:
+      return "the residual";
+    case kernels::StepQuantity::kMoment1:
+      return "the first moment / momentum buffer";
+    case kernels::StepQuantity::kMoment2:
+      return "the second moment";
+    case kernels::StepQuantity::kDequantized:
+      return "the dequantized output";
+    case kernels::StepQuantity::kNone:
+      break;
+  }
+  return "a result";
+}
+
+// The error for the first refused item of a report, naming the item, the weight and where.
+absl::Status Refusal(const StepJob& job, const std::vector<size_t>& items,
+                     const kernels::StepReport& report) {
+  for (size_t k = 0; k < items.size(); ++k) {
+    const kernels::StepItemReport& r = report.items[k];
+    if (r.outcome == kernels::StepOutcome::kOk) continue;
+    const size_t i = items[k];
+    const std::string weight = Quote(job.Name(i));
+    const std::string rank =
+        job.ranks.size() > 1 ? absl::StrCat("rank ", job.RankOf(r.rank), "'s ") : "";
+    const std::string nothing = "; nothing was applied";
+    switch (r.outcome) {
+      case kernels::StepOutcome::kNonFiniteUpdate:
+        return absl::InvalidArgumentError(absl::StrCat(
+            rank, Sub(job, i, "update"), ": element ", r.index, " is ",
+            std::isnan(r.value) ? "NaN" : (r.value > 0 ? "+Inf" : "-Inf"), " (weight ", weight,
+            ", step ", job.step, ")", nothing));
+      case kernels::StepOutcome::kNonFiniteResult:
+        return absl::InvalidArgumentError(absl::StrCat(
+            ItemField(job, i), job.update_weight ? "" : ": ", QuantityName(r.quantity),
+            " of weight ", weight, " at element ", r.index, " would be ",
+            std::isnan(r.value) ? "NaN" : "infinite",
+            " (lr, the update or the state overflow f32)", nothing));
+      case kernels::StepOutcome::kOutOfRange:
+        return absl::InvalidArgumentError(absl::StrCat(
+            ItemField(job, i), job.update_weight ? "" : ": ", QuantityName(r.quantity),
+            " of weight ", weight, " could pass the f32 range (bound ", r.bound,
+            " >= 2^127; lr, the update or the state are too large)", nothing));
+      case kernels::StepOutcome::kFingerprintMismatch:
+        return absl::FailedPreconditionError(absl::StrCat(
+            rank, Sub(job, i, "update"), ": weight ", weight, " already applied step ", job.step,
+            " with a different update; a retry must resend the same update", nothing));
+      case kernels::StepOutcome::kOk:
+        break;
+    }
+  }
+  return absl::InternalError("step: the device refused the batch without naming an item");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- the body
+
+absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<size_t>& items,
+                                 StepPartSync* barrier) {
+  const size_t K = job.ranks.size();
+  const StepRequest& first = *job.ranks[0].req;
+  // Lock the part's weights in name order (every multi-weight operation does).
+  std::vector<size_t> order = items;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return job.entries[a]->name < job.entries[b]->name; });
+  std::vector<std::unique_lock<std::mutex>> locks;
+  for (size_t i : order) {
+    locks.emplace_back(job.entries[i]->op_mu);
+    if (!job.entries[i]->live.load()) {
+      return absl::NotFoundError(
+          absl::StrCat(Sub(job, i, "name"), ": no weight ", Quote(job.Name(i))));
+    }
+  }
+
+  std::vector<kernels::StepItem> kitems;
+  std::vector<bool> apply(items.size(), false);
+  kitems.reserve(items.size());
+  for (size_t k = 0; k < items.size(); ++k) {
+    const size_t i = items[k];
+    StateEntry& e = *job.entries[i];
+    const StepItemIn& in = first.items[i];
+    const HyperIn& h = first.groups[in.group];
+    const std::string group_field =
+        job.update_weight ? std::string("lr") : absl::StrCat("groups[", in.group, "]");
+    const OptimizerSpec& spec = e.optimizer.spec();
+    // The hyperparameters must match the state the weight keeps.
+    if (h.optimizer != spec.kind) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          ItemField(job, i), job.update_weight ? "" : ": ", "weight ", Quote(job.Name(i)),
+          " keeps ", spec.ToString(), " state, but ", group_field, " sends ",
+          h.optimizer == kernels::OptimizerKind::kAdamW ? "AdamW" : "SGD",
+          " hyperparameters; switch optimizers with ResetOptimizer"));
+    }
+    if (h.optimizer == kernels::OptimizerKind::kSgd && h.momentum > 0.0f && !spec.momentum) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          group_field, ".sgd.momentum: ", h.momentum, " but weight ", Quote(job.Name(i)),
+          " keeps no momentum buffer (create it with optimizer.momentum, or ResetOptimizer)"));
+    }
+    if (first.kind == kernels::UpdateKind::kDelta &&
+        (spec.stateful() || h.weight_decay != 0.0f)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "kind: UPDATE_KIND_DELTA adds the update as it is, so it takes plain SGD without "
+          "weight decay; weight ",
+          Quote(job.Name(i)), " keeps ", spec.ToString(), " state"));
+    }
+    // The step: newer applies, equal retries (checked), older is refused.
+    const int64_t last = e.last_step.load();
+    const bool has_step = e.has_step.load();
+    bool retry = false;
+    if (has_step && job.step < last) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step: ", job.step, " is older than the last step ", last, " of weight ",
+          Quote(job.Name(i))));
+    }
+    if (has_step && job.step == last) {
+      retry = true;
+      const std::vector<uint64_t> expect = job.ExpectedFingerprints(e);
+      if (expect.empty() || e.last_hyper_hash != HyperHash(h, first.kind)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "step: ", job.step, " was already applied to weight ", Quote(job.Name(i)),
+            expect.empty() ? " by a different set of ranks" : " with other hyperparameters",
+            "; a retry must resend the same step"));
+      }
+    }
+    kernels::StepItem it;
+    it.weight = e.Weight();
+    it.residual = e.residual_data();
+    it.stats = e.stats_data();
+    it.scaling = e.params.scaling;
+    it.rounding = e.params.rounding;
+    it.seed = e.params.seed;
+    it.step = static_cast<uint64_t>(job.step);
+    it.state = e.optimizer.View();
+    if (h.optimizer == kernels::OptimizerKind::kSgd && h.momentum == 0.0f) {
+      it.state.momentum = false;  // torch: momentum 0 leaves the buffer alone
+      it.state.moment1 = kernels::MomentTensor{};
+    }
+    it.hyper.lr = h.lr;
+    it.hyper.weight_decay = h.weight_decay;
+    it.hyper.momentum = h.momentum;
+    it.hyper.dampening = h.dampening;
+    it.hyper.nesterov = h.nesterov;
+    it.hyper.beta1 = h.beta1;
+    it.hyper.beta2 = h.beta2;
+    it.hyper.eps = h.eps;
+    it.hyper.t = e.optimizer_steps + 1;
+    it.kind = first.kind;
+    it.check_only = retry;
+    if (retry) it.expect_fingerprints = job.ExpectedFingerprints(e);
+    const size_t dq_bytes = static_cast<size_t>(e.rows * e.cols) * kernels::DTypeSize(e.params.dtype);
+    for (size_t r = 0; r < K; ++r) {
+      const StepItemIn& ri = job.ranks[r].req->items[i];
+      const std::string f = job.ranks.size() > 1
+                                ? absl::StrCat("rank ", job.ranks[r].rank, "'s ",
+                                               Sub(job, i, "update"))
+                                : Sub(job, i, "update");
+      FP4Q_ASSIGN_OR_RETURN(DenseShape shape, CheckDenseTensor(ri.update, f));
+      if (shape.rows != e.rows || shape.cols != e.cols) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            f, ".shape: ", ShapeString({shape.rows, shape.cols}), " does not match weight ",
+            Quote(job.Name(i)), " of shape ", ShapeString({e.rows, e.cols})));
+      }
+      FP4Q_ASSIGN_OR_RETURN(kernels::ConstTensor x, env.Input(ri.update, shape, f));
+      it.updates.push_back(x);
+      StepItemResult& out = job.results[r].items[i];
+      out.name = job.Name(i);
+      if (ri.dequantized_out.has_region || ri.return_dequantized) {
+        FP4Q_ASSIGN_OR_RETURN(
+            uint8_t * p, env.Output(ri.dequantized_out, dq_bytes, Sub(job, i, "dequantized_out"),
+                                    &out.dequantized));
+        out.has_dequantized = true;
+        out.dequantized.dtype = ToWireDType(e.params.dtype);
+        out.dequantized.shape = {e.rows, e.cols};
+        it.dequantized_out.push_back(
+            kernels::MutTensor{p, e.params.dtype, e.rows, e.cols, dq_bytes});
+      }
+    }
+    apply[k] = !retry;
+    env.AddProcessed(retry ? 0 : 2 * (e.total_bytes()));
+    kitems.push_back(std::move(it));
+  }
+  FP4Q_RETURN_IF_ERROR(env.CheckNoOverlap());
+  for (size_t k = 0; k < kitems.size(); ++k) {
+    absl::Status s = kernels::ValidateStepItem(kitems[k], ItemField(job, items[k]));
+    if (!s.ok()) return absl::InternalError(absl::StrCat("step: ", s.message()));
+  }
+  const size_t ws_bytes = kernels::StepWorkspaceBytes(kitems);
+  FP4Q_ASSIGN_OR_RETURN(void* ws, env.Scratch(ws_bytes));
+  kernels::StepReport report;
+  kernels::Backend& b = env.backend();
+  const kernels::Stream st = env.stream();
+  if (barrier == nullptr) {
+    // One device: check, apply (gated on the device by the check) and one small copy back.
+    FP4Q_RETURN_IF_ERROR(env.Kernel("step", [&] {
+      FP4Q_RETURN_IF_ERROR(b.StepCheck(kitems, ws, ws_bytes, st));
+      FP4Q_RETURN_IF_ERROR(b.StepApply(kitems, ws, st));
+      return b.StepReadReport(kitems, ws, &report, st);
+    }));
+    if (!report.ok) return Refusal(job, items, report);
+  } else {
+    // Several devices: every part checks and reads its report; all apply or none do.
+    FP4Q_RETURN_IF_ERROR(env.Kernel("step", [&] {
+      FP4Q_RETURN_IF_ERROR(b.StepCheck(kitems, ws, ws_bytes, st));
+      return b.StepReadReport(kitems, ws, &report, st);
+    }));
+    const absl::Status mine = report.ok ? absl::OkStatus() : Refusal(job, items, report);
+    absl::Status all = barrier->Checked(mine);
+    if (!all.ok()) return all;
+    FP4Q_RETURN_IF_ERROR(env.Kernel("step", [&] {
+      FP4Q_RETURN_IF_ERROR(b.StepApply(kitems, ws, st));
+      return b.Synchronize(st);
+    }));
+  }
+  // A retried item writes nothing in the step; its outputs repeat the current weight.
+  bool repeated = false;
+  for (size_t k = 0; k < kitems.size(); ++k) {
+    if (apply[k]) continue;
+    for (const kernels::MutTensor& out : kitems[k].dequantized_out) {
+      FP4Q_RETURN_IF_ERROR(b.Dequantize(kernels::AsConst(kitems[k].weight), out, st));
+      repeated = true;
+    }
+  }
+  if (repeated) FP4Q_RETURN_IF_ERROR(b.Synchronize(st));
+  FP4Q_RETURN_IF_ERROR(env.FinishOutputs());
+  // Applied: the host-side state follows.
+  for (size_t k = 0; k < items.size(); ++k) {
+    const size_t i = items[k];
+    StateEntry& e = *job.entries[i];
+    const HyperIn& h = first.groups[first.items[i].group];
+    if (apply[k]) {
+      e.last_step.store(job.step);
+      e.has_step.store(true);
+      ++e.optimizer_steps;
+      e.last_fingerprints = report.fingerprints[k];
+      e.last_hyper_hash = HyperHash(h, first.kind);
+    } else if (observer_ != nullptr) {
+      observer_->UpdateNotApplied();
+    }
+    float amax = report.items[k].amax;
+    if (!apply[k]) {  // a retry: the weight as it is
+      float g[kernels::kGlobalFloats];
+      FP4Q_RETURN_IF_ERROR(env.ToHost(g, e.global.data(), sizeof(g)));
+      amax = g[0];
+    }
+    for (size_t r = 0; r < K; ++r) {
+      StepItemResult& out = job.results[r].items[i];
+      out.applied = apply[k];
+      out.last_step = e.last_step.load();
+      out.global_amax = amax;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fp4q::server
