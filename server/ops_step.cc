@@ -216,6 +216,11 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
           "step: ", job.step, " is older than the last step ", last, " of weight ",
           Quote(job.Name(i))));
     }
+    if (has_step && job.step == last && e.last_fingerprints.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step: ", job.step, " is not newer than the last step ", last, " of weight ",
+          Quote(job.Name(i)), " (its creation or restored step); steps must increase"));
+    }
     if (has_step && job.step == last) {
       retry = true;
       const std::vector<uint64_t> expect = job.ExpectedFingerprints(e);

@@ -236,6 +236,31 @@ absl::StatusOr<v1::CheckpointReply> Client::Checkpoint(const v1::CheckpointReque
   return impl_->Unary(&v1::Fp4q::Stub::Checkpoint, request, call);
 }
 
+absl::StatusOr<v1::ResetOptimizerReply> Client::ResetOptimizer(
+    const v1::ResetOptimizerRequest& request, const CallOptions& call) const {
+  return impl_->Unary(&v1::Fp4q::Stub::ResetOptimizer, request, call);
+}
+
+absl::StatusOr<v1::StepReply> Client::Step(const v1::StepRequest& request,
+                                           const CallOptions& call) const {
+  return impl_->Unary(&v1::Fp4q::Stub::Step, request, call);
+}
+
+absl::StatusOr<v1::JoinGroupReply> Client::JoinGroup(const v1::JoinGroupRequest& request,
+                                                     const CallOptions& call) const {
+  return impl_->Unary(&v1::Fp4q::Stub::JoinGroup, request, call);
+}
+
+absl::StatusOr<v1::LeaveGroupReply> Client::LeaveGroup(const v1::LeaveGroupRequest& request,
+                                                       const CallOptions& call) const {
+  return impl_->Unary(&v1::Fp4q::Stub::LeaveGroup, request, call);
+}
+
+absl::StatusOr<v1::DeleteNamespaceReply> Client::DeleteNamespace(
+    const v1::DeleteNamespaceRequest& request, const CallOptions& call) const {
+  return impl_->Unary(&v1::Fp4q::Stub::DeleteNamespace, request, call);
+}
+
 absl::StatusOr<v1::OpenSessionReply> Client::OpenSession(const v1::OpenSessionRequest& request,
                                                          const CallOptions& call) const {
   return impl_->Unary(&v1::Fp4q::Stub::OpenSession, request, call);

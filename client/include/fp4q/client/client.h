@@ -167,6 +167,20 @@ class Client {
                                                    const CallOptions& call = {}) const;
   absl::StatusOr<v1::CheckpointReply> Checkpoint(const v1::CheckpointRequest& request = {},
                                                  const CallOptions& call = {}) const;
+  absl::StatusOr<v1::ResetOptimizerReply> ResetOptimizer(const v1::ResetOptimizerRequest& request,
+                                                         const CallOptions& call = {}) const;
+
+  // ---- The trainer's step: many weights' updates as one unit (fp4q.v1.StepRequest). One
+  // attempt; a retry with the same request is safe (an applied step answers applied=false).
+  absl::StatusOr<v1::StepReply> Step(const v1::StepRequest& request,
+                                     const CallOptions& call = {}) const;
+  // Replica groups and namespaces (need CallOptions::session_id).
+  absl::StatusOr<v1::JoinGroupReply> JoinGroup(const v1::JoinGroupRequest& request,
+                                               const CallOptions& call = {}) const;
+  absl::StatusOr<v1::LeaveGroupReply> LeaveGroup(const v1::LeaveGroupRequest& request,
+                                                 const CallOptions& call = {}) const;
+  absl::StatusOr<v1::DeleteNamespaceReply> DeleteNamespace(
+      const v1::DeleteNamespaceRequest& request = {}, const CallOptions& call = {}) const;
 
   // ---- Sessions and regions (session.h wraps these; KeepAlive, CloseSession and the region
   // calls need CallOptions::session_id).
