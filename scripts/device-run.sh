@@ -28,7 +28,7 @@ if [[ ! -e "$cuda_lib/libcublasLt.so.13" ]]; then
   extra=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null || true)
   if [[ -n "$extra" ]]; then export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$extra"; fi
 fi
-export FP4Q_SHARED_DIR="$bundle/shared"
+export FP4Q_GOLDEN_DIR="$bundle/golden"
 export FP4Q_CUDA_MODULE="$bundle/bin/libfp4q_cuda.so"
 commit=$(head -n1 "$bundle/COMMIT" 2>/dev/null || echo unknown)
 if grep -q dirty "$bundle/COMMIT" 2>/dev/null; then commit="$commit+dirty"; fi
