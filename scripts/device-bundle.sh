@@ -76,11 +76,7 @@ source scripts/lib/bundle.sh
 bundle_binaries "$out" "$build_dir" "${bins[@]}"
 bundle_libraries "$out"
 cp "$build_dir/fp4q_v1.binpb" "$out/python/"
-if [[ -d tests/data/golden ]]; then
-  cp -r tests/data/golden "$out/golden"
-elif [[ -d ../shared/golden ]]; then  # where the golden vectors lived before tests/data
-  mkdir -p "$out/shared" && cp -r ../shared/golden "$out/shared/"
-fi
+cp -r tests/data/golden "$out/golden"
 chmod -R u+w "$out"
 if compgen -G "docs/results/cpu-*" > /dev/null; then cp -r docs/results/cpu-* "$out/cpu/"; fi
 if compgen -G ".whl/cuda/*.whl" > /dev/null; then

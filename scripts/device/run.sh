@@ -106,7 +106,6 @@ fi
 export FP4QD_BINARY="$b/bin/fp4qd" FP4Q_FP4QD="$b/bin/fp4qd" FP4Q_CLI="$b/bin/fp4q"
 export FP4Q_CUDA_MODULE="$b/bin/libfp4q_cuda.so"
 [[ -d "$b/golden" ]] && export FP4Q_GOLDEN_DIR="$b/golden"
-[[ -d "$b/shared" ]] && export FP4Q_SHARED_DIR="$b/shared"
 export PYTHONPATH="$PWD/client/python:$PWD/tests/python${PYTHONPATH:+:$PYTHONPATH}"
 [[ -f "$b/python/fp4q_v1.binpb" ]] && export FP4Q_PROTO_DESCRIPTOR="$b/python/fp4q_v1.binpb"
 export PYTHONUNBUFFERED=1
