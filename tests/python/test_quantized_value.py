@@ -181,6 +181,71 @@ class Fp4MmTest(unittest.TestCase):
         blackwell = fp4q.fp4_mm_path(on_gpu, on_gpu, capability=(10, 0))
         self.assertEqual(blackwell.kind, "scaled_mm")
 
+    def test_tensor_core_plumbing_with_a_stand_in_for_scaled_mm(self):
+        """No GPU here has FP4 tensor cores: a stand-in for torch._scaled_mm (the product of the
+        decoded operands, from the swizzled scales it is handed) checks what fp4_mm hands it
+        (codes, B transposed, swizzled scales, alpha = S_dec_a * S_dec_b) and the fallback."""
+        calls = []
+
+        def unswizzle(sw, rows, cols):  # docs/NUMERICS.md 3, read backwards
+            cp = -(-cols // 4) * 4
+            r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+            pos = ((r // 128) * (cp // 4) + c // 4) * 512 + (r % 32) * 16 + ((r // 32) % 4) * 4 \
+                + c % 4
+            return sw.numpy()[pos]
+
+        def decode(codes, scales):
+            return R.e2m1_value(R.unpack(codes)) * np.repeat(R.e4m3_decode(scales), 16, axis=1)
+
+        def stand_in(a, bt, scale_a, scale_b, out_dtype):
+            b = bt.t()
+            m, n, k = a.shape[0], b.shape[0], a.shape[1] * 2
+            calls.append((tuple(a.shape), tuple(bt.shape), tuple(scale_a.shape), out_dtype))
+            va = decode(a.numpy(), unswizzle(scale_a, m, k // 16)).astype(np.float64)
+            vb = decode(b.contiguous().numpy(), unswizzle(scale_b, n, k // 16)).astype(np.float64)
+            return torch.from_numpy((va @ vb.T).astype(np.float32)).to(out_dtype)
+
+        functional = fp4q.functional
+        for name, value in (("float4_e2m1fn_x2", torch.uint8), ("float8_e4m3fn", torch.uint8),
+                            ("_scaled_mm", stand_in)):
+            if not hasattr(torch, name):
+                setattr(torch, name, value)
+                self.addCleanup(delattr, torch, name)
+        chosen = fp4q.Fp4MmPath("scaled_mm", "stand-in")
+        original_path = functional.fp4_mm_path
+        functional.fp4_mm_path = lambda a, b: chosen
+        self.addCleanup(setattr, functional, "fp4_mm_path", original_path)
+        if torch._scaled_mm is not stand_in:
+            self.skipTest("this torch has a real _scaled_mm; the GPU checks cover it")
+
+        a, b = randn(40, 64, seed=20), randn(24, 64, seed=21)
+        qa, qb = R.quantize_nvfp4(a.numpy()), R.quantize_nvfp4(b.numpy())
+        alpha = np.float32(qa["s_dec"]) * np.float32(qb["s_dec"])
+        va = R.e2m1_value(qa["codes"]) * np.repeat(R.e4m3_decode(qa["scales"]), 16, axis=1)
+        vb = R.e2m1_value(qb["codes"]) * np.repeat(R.e4m3_decode(qb["scales"]), 16, axis=1)
+        expected = (va.astype(np.float64) @ vb.astype(np.float64).T).astype(np.float32) * alpha
+        for operands in ((a, b), (fp4q.quantize(a), fp4q.quantize(b))):
+            y = fp4q.fp4_mm(*operands)
+            self.assertEqual(fp4q.last_fp4_mm_path(), chosen)
+            self.assertTrue(np.array_equal(y.numpy(), expected))
+        self.assertEqual(calls[0], ((40, 32), (32, 24), (128 * 4,), torch.float32))
+        server = fp4q.fp4_mm(a, b, path="server")
+        self.assertLess(float((server - y).abs().max() / server.abs().max()), 1e-6)
+
+        def refuses(*args, **kwargs):
+            raise RuntimeError("CUDA error: no kernel image for this device\nmore")
+        torch._scaled_mm = refuses
+        self.addCleanup(setattr, torch, "_scaled_mm", stand_in)
+        y = fp4q.fp4_mm(a, b)
+        self.assertEqual(fp4q.last_fp4_mm_path(), fp4q.Fp4MmPath(
+            "server", "torch._scaled_mm refused the operands (CUDA error: no kernel image for "
+            "this device)"))
+        self.assertTrue(torch.equal(y, server))
+        with self.assertRaises(fp4q.Fp4qError) as cm:
+            fp4q.fp4_mm(a, b, path="scaled_mm")
+        self.assertEqual(cm.exception.message, "fp4_mm: torch._scaled_mm refused the operands: "
+                         "CUDA error: no kernel image for this device\nmore")
+
     def test_swizzle_is_the_tensor_core_layout(self):
         s = torch.randint(0, 255, (200, 12), dtype=torch.uint8,
                           generator=torch.Generator().manual_seed(7))

@@ -404,8 +404,13 @@ def _scaled_mm(c, a, b, stochastic, seed, step, out_dtype):
     ops = []
     for t, field, key in ((a, "a", _key(seed)), (b, "b", _key(seed, _SEED_SPLIT))):
         if isinstance(t, QuantizedTensor):
-            t = Fp4Tensor.from_quantized(t)
-        if isinstance(t, Fp4Tensor):
+            if t.format != "nvfp4":
+                raise ClientArgumentError("%s.format: %s; fp4_mm multiplies NVFP4 operands" %
+                                          (field, t.format))
+            scales = t.scales if t.scale_layout == "swizzled" else swizzle_scales(
+                t.scales.reshape(t.rows, -1))
+            codes, s_dec = t.codes, t.s_dec
+        elif isinstance(t, Fp4Tensor):
             codes, scales, s_dec = t.packed, swizzle_scales(t.scale.view(torch.uint8)), t.s_dec
         else:
             q = c.quantize(_rows(t, field), rounding=_rounding(stochastic), seed=key,
