@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The fp4q demo ("main job"): builds what is missing, starts fp4qd on a free port (backend auto:
 # CUDA where a GPU is usable, else CPU), shows it working (fp4q health, fp4q info), runs the short
-# version of the three training examples (RTN / SR / EF tables, docs/TRAINING.md), and stops the
-# server with SIGTERM.
+# version of the three training examples (RTN / SR / EF tables, docs/TRAINING.md), then the path a
+# PyTorch team takes: the Python client pip-installed into a venv, its fp4-train functions and a
+# small model trained with fp4q.nn.Linear (scripts/demo_pytorch.py), and the CLI turning that
+# model's weights into an NVFP4 checkpoint inference engines load (and back). Then it stops the
+# server with SIGTERM. A yes/NO verdict is printed only for an asserted check: the examples'
+# by CI (tests/examples, examples.demo_results), the Python part's by this demo itself.
 #
 #   scripts/demo.sh [--build-dir DIR] [--no-build] [--steps N] [--seed N] [--out DIR]
 #                   [--backend auto|cpu|cuda] [--transport inline|cuda_ipc]
@@ -40,6 +44,10 @@ case "$backend" in auto|cpu|cuda) ;; *) echo "demo.sh: --backend '$backend' is n
 case "$transport" in inline|cuda_ipc) ;; *) echo "demo.sh: --transport '$transport' is not inline or cuda_ipc" >&2; exit 2 ;; esac
 out="${out:-$build_dir/demo}"
 bin="$build_dir/bin"
+repo=$(pwd)
+# Debian's interpreter (python3-torch, -grpcio, -protobuf, -numpy, -venv), or $FP4Q_PYTHON.
+python="${FP4Q_PYTHON:-python3}"
+if [[ -z "${FP4Q_PYTHON:-}" && -x /usr/bin/python3 ]]; then python=/usr/bin/python3; fi
 examples=(linear mlp linear_qdq)
 
 step() { printf '\n=== %s\n' "$*"; }
@@ -104,6 +112,34 @@ for e in "${examples[@]}"; do
   ((rc == 0)) || die "example $e (exit status $rc)"
 done
 
+step "the Python client, installed as a PyTorch team would: pip install ./client/python"
+"$python" -c "import torch, grpc, google.protobuf, numpy" 2> /dev/null ||
+  die "$python lacks torch, grpcio, protobuf or numpy (Debian: scripts/install-deps.sh)"
+# A venv that sees the distribution's torch; no package index (scripts/demo.sh runs offline):
+# build with the installed setuptools, take the dependencies from what is installed.
+"$python" -m venv --system-site-packages "$out/venv" || die "python3 -m venv $out/venv"
+"$out/venv/bin/pip" install --quiet --disable-pip-version-check --no-build-isolation \
+  --no-index ./client/python || die "pip install ./client/python"
+echo "installed fp4q into $out/venv"
+
+# (fp4q.optim, the server-side optimizer, joins this step where scripts/demo_pytorch.py marks
+# its spot, once the client has it.)
+step "PyTorch: the fp4-train functions and a small model trained with fp4q.nn.Linear"
+"$out/venv/bin/python" "$repo/scripts/demo_pytorch.py" train --server "$addr" \
+  --out "$out/pytorch" --seed "$seed" | tee "$out/pytorch.txt"
+((PIPESTATUS[0] == 0)) || die "scripts/demo_pytorch.py train"
+
+step "the CLI on that model's file: fp4q quantize (NVFP4, ModelOpt layout), fp4q dequantize"
+mkdir -p "$out/pytorch/nvfp4"
+rm -f "$out/pytorch/nvfp4/hf_quant_config.json"
+"$bin/fp4q" --server "$addr" quantize "$out/pytorch/model.safetensors" \
+  "$out/pytorch/nvfp4/model.safetensors" || die "fp4q quantize"
+cat "$out/pytorch/nvfp4/hf_quant_config.json"
+"$bin/fp4q" --server "$addr" dequantize "$out/pytorch/nvfp4/model.safetensors" \
+  "$out/pytorch/dequantized.safetensors" || die "fp4q dequantize"
+"$out/venv/bin/python" "$repo/scripts/demo_pytorch.py" check-checkpoint --out "$out/pytorch" ||
+  die "scripts/demo_pytorch.py check-checkpoint"
+
 step "stop fp4qd (SIGTERM)"
 kill -TERM "$server_pid"
 set +e
@@ -114,5 +150,5 @@ server_pid=""
 ((rc == 0)) || die "fp4qd exited with status $rc on SIGTERM (log: $out/fp4qd.log)"
 echo "fp4qd stopped cleanly (exit status 0)"
 
-step "done: tables, CSV loss curves and JSON results in $out"
+step "done: tables, CSV loss curves, JSON results and the Python part's files in $out"
 ls "$out"

@@ -1,55 +1,88 @@
 #!/usr/bin/env bash
-# Builds here what the GPU machine runs and collects it into ./.bundle/ (git-ignored):
-#   bin/   libfp4q_cuda.so, fp4q_cuda_test, fp4q_bench (stripped of debug info)
-#   lib/   every non-system shared library they need (ldd), i.e. Abseil and friends; not glibc,
-#          libstdc++/libgcc, the CUDA driver, nor the CUDA toolkit libraries (cudart, cuBLAS(Lt))
-#          that the GPU machine has in /usr/local/cuda
-#   shared/ NUMERICS.md and golden/ from ../shared (the GPU machine does not get ../shared)
-#   device-run.sh, torchao_peer.py, COMMIT
-# and checks that it stays under 64 MiB and that every library resolves under the bundle's
-# LD_LIBRARY_PATH. Then:   run(carry=[".bundle"], command=".bundle/device-run.sh all")
+# Builds here everything the device suites run (scripts/device/run.sh) and collects it into one
+# folder, by default .bundle/ (git-ignored), which the device tool carries to the GPU machine:
+#   bin/     fp4qd, fp4q, libfp4q_cuda.so, fp4q_cuda_test, fp4q_bench, fp4q_ipc_gpu_test,
+#            fp4q_multigpu_test, fp4q_client_live_test, fp4q_example_{linear,mlp,linear_qdq}
+#            (debug info stripped)
+#   lib/     every non-system shared library they need (gRPC, protobuf, Abseil, prometheus-cpp
+#            and friends): the GPU machine has glibc, libstdc++, the CUDA driver and the CUDA 13
+#            toolkit, none of those (scripts/lib/bundle.sh)
+#   golden/  the golden vectors (tests/data/golden) for fp4q_cuda_test
+#   cpu/     the CPU backend's training results (docs/results/cpu-*), which the examples suite
+#            compares the GPU's with
+#   python/  fp4q_v1.binpb, the Python client's service descriptor (the GPU machine has no
+#            protoc; the client itself runs from the repository's client/python)
+#   wheels/  only when .whl/cuda/*.whl exist (e.g. torchao for the bench suite's peer)
+#   run.sh   scripts/device/run.sh;  COMMIT  HEAD, and "dirty" with uncommitted source changes
+# It checks that every library resolves with only lib/ and the CUDA toolkit on the path and
+# that the folder stays under --max-mib (the device tool carries 64 MiB, working tree included).
 #
-#   scripts/device-bundle.sh [--build-dir DIR] [--archs "90a-real"]
-# Default build dir: build-bundle; default architectures: the project's (CMakeLists.txt).
+#   scripts/device-bundle.sh [--build-dir DIR] [--out DIR] [--archs LIST] [--cpu-only]
+#                            [--max-mib N] [--jobs N]
+# Defaults: build dir build-device, out .bundle, CUDA architectures 90a-real (the H200; one
+# architecture keeps the CUDA module small), max 60 MiB, jobs $FP4Q_JOBS or nproc.
+# --cpu-only builds without CUDA (no libfp4q_cuda.so and no GPU test binaries): a bundle for a
+# dry run of run.sh here (run.sh --backend cpu).
+# Then, with the device tool, from the repository root:
+#   run(carry=[".bundle"], command="bash .bundle/run.sh gpu-tests bench")
+#   run(kind="nvidia-h200-x2", carry=[".bundle"], command="bash .bundle/run.sh multigpu")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-build_dir=build-bundle
-archs=""
+build_dir=build-device
+out=.bundle
+archs=90a-real
+cpu_only=0
+max_mib=60
+jobs=${FP4Q_JOBS:-$(nproc)}
 while (($#)); do
   case "$1" in
     --build-dir) build_dir="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
     --archs) archs="$2"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
-    *) echo "device-bundle.sh: unknown argument '$1'" >&2; exit 2 ;;
+    --cpu-only) cpu_only=1; shift ;;
+    --max-mib) max_mib="$2"; shift 2 ;;
+    --jobs) jobs="$2"; shift 2 ;;
+    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "device-bundle.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 
-extra=()
-if [[ -n "$archs" ]]; then extra=(-DCMAKE_CUDA_ARCHITECTURES="$archs"); fi
-FP4Q_CMAKE_ARGS="${extra[*]:-}" \
-  scripts/build.sh --no-deps --build-dir "$build_dir" \
-  --target fp4q_cuda --target fp4q_cuda_test --target fp4q_bench
+bins=(fp4qd fp4q fp4q_client_live_test fp4q_example_linear fp4q_example_mlp
+      fp4q_example_linear_qdq)
+cmake_args=()
+if ((cpu_only)); then
+  cmake_args+=(-DFP4Q_WITH_CUDA=OFF)
+else
+  command -v nvcc > /dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] ||
+    { echo "device-bundle.sh: no nvcc here: the CUDA module cannot be built (--cpu-only?)" >&2; exit 1; }
+  cmake_args+=(-DFP4Q_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$archs")
+  bins+=(libfp4q_cuda.so fp4q_cuda_test fp4q_bench fp4q_ipc_gpu_test fp4q_multigpu_test)
+fi
+targets=()
+for t in "${bins[@]}"; do
+  [[ $t == libfp4q_cuda.so ]] && t=fp4q_cuda
+  targets+=(--target "$t")
+done
+# shellcheck disable=SC2086
+cmake -S . -B "$build_dir" -G Ninja "${cmake_args[@]}" ${FP4Q_CMAKE_ARGS:-} > /dev/null
+cmake --build "$build_dir" -j "$jobs" "${targets[@]}"
+/usr/bin/python3 client/python/fp4q/_protogen.py --out "$build_dir/fp4q_v1.binpb" > /dev/null
 
-out=.bundle
 rm -rf "$out"
-mkdir -p "$out/shared"
+mkdir -p "$out/python" "$out/cpu"
 # shellcheck source=scripts/lib/bundle.sh
 source scripts/lib/bundle.sh
-bundle_binaries "$out" "$build_dir" libfp4q_cuda.so fp4q_cuda_test fp4q_bench
+bundle_binaries "$out" "$build_dir" "${bins[@]}"
 bundle_libraries "$out"
-
-shared_src=../shared
-cp "$shared_src/NUMERICS.md" "$out/shared/"
-cp -r "$shared_src/golden" "$out/shared/"
-chmod -R u+w "$out/shared"
-cp scripts/device-run.sh bench/torchao_peer.py "$out/"
-# Wheels for the torchao peer (the GPU machine cannot download): put them in .whl/cuda/ first,
-# e.g. pip download --no-deps --only-binary=:all: --python-version 3.12 ... torchao
+cp "$build_dir/fp4q_v1.binpb" "$out/python/"
+cp -r tests/data/golden "$out/golden"
+chmod -R u+w "$out"
+if compgen -G "docs/results/cpu-*" > /dev/null; then cp -r docs/results/cpu-* "$out/cpu/"; fi
 if compgen -G ".whl/cuda/*.whl" > /dev/null; then
-  mkdir -p "$out/wheels"
-  cp .whl/cuda/*.whl "$out/wheels/"
+  mkdir -p "$out/wheels" && cp .whl/cuda/*.whl "$out/wheels/"
 fi
-bundle_commit "$out" kernels/src/cuda bench tests/kernels/cuda scripts
-
-bundle_check "$out" 60 device-bundle.sh
+cp scripts/device/run.sh "$out/run.sh"
+bundle_commit "$out" common kernels proto server client examples bench tests scripts
+bundle_check "$out" "$max_mib" device-bundle.sh
+echo "device-bundle.sh: then run(carry=[\"$out\"], command=\"bash $out/run.sh SUITE\"); suites: bash $out/run.sh --help"

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (tests/fuzz) with clang + ASan + UBSan and runs them.
-#   scripts/fuzz.sh [--build-dir DIR] [--target request|parsers|all] [--seconds N] [--smoke]
-#                   [--seed] [--no-merge]
-# Default: each target for --seconds (300) on new inputs, the committed corpus
-# (tests/fuzz/corpus/<target>) extended with what it finds, then minimized (-merge=1).
+#   scripts/fuzz.sh [--build-dir DIR] [--target request|fast_socket|parsers|all] [--seconds N]
+#                   [--smoke] [--seed] [--no-merge]
+# Each target's seed corpus is one archive, tests/fuzz/corpus/<target>.tar.gz, unpacked into
+# <build-dir>/corpus/<target> before a run.
+# Default: each target for --seconds (300) on new inputs, the corpus extended with what it
+# finds, then minimized into a fresh folder (-merge=1 -set_cover_merge=1: the fewest inputs that
+# keep every feature) and packed back into the archive (commit it).
 # --smoke (CI, ctest fp4q_fuzz_smoke): each target over its corpus plus 15 s of new inputs,
-#   the corpus left as committed. Exit 77 (ctest: skipped) when clang or libFuzzer is missing.
-# --seed: (re)writes each target's built-in seeds (seed-*) into its corpus, then stops.
+#   the archive left as committed. Exit 77 (ctest: skipped) when clang or libFuzzer is missing.
+# --seed: adds each target's built-in seeds (seed-*) to its archive, then stops.
 # Environment: FP4Q_JOBS (build jobs, default nproc). Logs: <build-dir>/fuzz-<target>.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +28,7 @@ while (($#)); do
     --smoke) smoke=1; seconds=15; shift ;;
     --seed) seed=1; shift ;;
     --no-merge) merge=0; shift ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "fuzz.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -62,18 +65,35 @@ cmake --build "$build_dir" -j "$jobs" "${build_targets[@]}"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:symbolize=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 declare -A max_len=([request]=4096 [fast_socket]=4096 [parsers]=8192)
+
+# pack DIR ARCHIVE: the folder's files as a reproducible tar.gz (sorted, no owners or times).
+pack() {
+  (cd "$1" && find . -maxdepth 1 -type f -printf '%f\n' | LC_ALL=C sort |
+    tar --mtime=@0 --owner=0 --group=0 --numeric-owner --mode=u=rw,go=r -cf - -T -) |
+    gzip -9n > "$2.tmp"
+  mv "$2.tmp" "$2"
+}
+# unpack ARCHIVE DIR: a fresh DIR holding the archive's files (none when there is no archive).
+unpack() {
+  rm -rf "$2" && mkdir -p "$2"
+  if [[ -f "$1" ]]; then tar -xzf "$1" -C "$2"; fi
+}
+
 rc=0
 for t in "${targets[@]}"; do
   bin="$build_dir/bin/fp4q_fuzz_$t"
-  corpus="tests/fuzz/corpus/$t"
-  mkdir -p "$corpus"
+  archive="tests/fuzz/corpus/$t.tar.gz"
+  corpus="$build_dir/corpus/$t"
+  unpack "$archive" "$corpus"
   if ((seed)); then
     FP4Q_FUZZ_WRITE_SEEDS="$corpus" "$bin"
+    pack "$corpus" "$archive"
+    echo "fuzz.sh: $t: $archive holds $(ls "$corpus" | wc -l) inputs"
     continue
   fi
   new="$(mktemp -d)"
   log="$build_dir/fuzz-$t.log"
-  # Smoke: new inputs go to a scratch dir (first directory), the committed corpus is only read.
+  # Smoke: new inputs go to a scratch dir (first directory), the corpus is only read.
   dirs=("$new" "$corpus")
   ((smoke)) || dirs=("$corpus")
   echo "fuzz.sh: $t for ${seconds}s over $(ls "$corpus" | wc -l) corpus inputs (log: $log)"
@@ -90,11 +110,11 @@ for t in "${targets[@]}"; do
     rc=1
   elif ((!smoke && merge)); then
     merged="$(mktemp -d)"
-    "$bin" -merge=1 -max_len="${max_len[$t]}" "$merged" "$corpus" >> "$log" 2>&1
-    rm -f "$corpus"/*
-    cp "$merged"/* "$corpus"/
+    "$bin" -merge=1 -set_cover_merge=1 -timeout=10 -max_len="${max_len[$t]}" "$merged" \
+      "$corpus" >> "$log" 2>&1
+    pack "$merged" "$archive"
+    echo "fuzz.sh: $t: corpus minimized to $(ls "$merged" | wc -l) inputs in $archive"
     rm -rf "$merged"
-    echo "fuzz.sh: $t: corpus minimized to $(ls "$corpus" | wc -l) inputs"
   fi
   rm -rf "$new"
 done

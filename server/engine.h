@@ -18,7 +18,7 @@
 //   Quantize/QDQ residual step already applied. UNAVAILABLE: draining.
 // - Requests that change stored state (CreateWeight, UpdateWeight, residual_key) refuse
 //   non-finite input values (INVALID_ARGUMENT); stateless requests quantize NaN/Inf exactly as
-//   shared/NUMERICS.md defines.
+//   docs/NUMERICS.md defines.
 // Steps
 // - UpdateWeight steps strictly increase per weight: a repeated step is answered applied=false
 //   (and nothing changes), an older one FAILED_PRECONDITION. Residual keys likewise, with

@@ -54,7 +54,8 @@ absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args, size_
       }
       continue;
     }
-    if (spec.valued.count(name) == 0) {
+    const bool repeated = spec.repeated.count(name) != 0;
+    if (spec.valued.count(name) == 0 && !repeated) {
       return absl::InvalidArgumentError(absl::StrCat("unknown option '--", name, "'"));
     }
     if (!has_value) {
@@ -62,6 +63,10 @@ absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args, size_
         return absl::InvalidArgumentError(absl::StrCat("option '--", name, "' needs a value"));
       }
       value = args[++i];
+    }
+    if (repeated) {
+      out.lists[name].push_back(value);
+      continue;
     }
     if (!out.values.emplace(name, value).second) {
       return absl::InvalidArgumentError(absl::StrCat("option '--", name, "' given twice"));

@@ -21,6 +21,7 @@ inline constexpr int kExitUsage = 2;
 
 struct ParsedArgs {
   std::map<std::string, std::string> values;  // options given a value
+  std::map<std::string, std::vector<std::string>> lists;  // repeatable options, in order
   std::set<std::string> flags;                // boolean options given
   std::vector<std::string> positional;
   bool help = false;                          // -h / --help
@@ -30,13 +31,15 @@ struct ParsedArgs {
 struct ArgSpec {
   std::set<std::string> valued;
   std::set<std::string> boolean;
+  // Options that take a value and may be given any number of times (ParsedArgs::lists).
+  std::set<std::string> repeated;
   // Stop at the first positional argument and leave it and everything after in `positional`
   // unparsed (for the global options before a command).
   bool stop_at_positional = false;
 };
 
 // Parses args[begin..]. INVALID_ARGUMENT for an unknown option, a missing value, a value given
-// to a boolean option, or an option given twice.
+// to a boolean option, or a non-repeatable option given twice.
 absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args, size_t begin,
                                      const ArgSpec& spec);
 

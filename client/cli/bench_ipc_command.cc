@@ -1,8 +1,8 @@
 // fp4q bench-ipc: the latency of one big Quantize by CUDA IPC, from C++ (what
 // bench/ipc_quantize_latency.py measures from Python, without Python's own cost).
 //
-// It loads the CUDA runtime with dlopen (as client/src/cuda_ipc.cc does: the CLI links no
-// CUDA), allocates a bf16 (or f32) RxC tensor with random non-zero values and the row-wise
+// It loads the CUDA runtime with dlopen (client::CudaRuntime: the CLI links no CUDA),
+// allocates a bf16 (or f32) RxC tensor with random non-zero values and the row-wise
 // codes/scales outputs on GPU 0, registers them as IPC regions of one session, and calls
 // Quantize in place --iters times (after --warmup calls). Per call it records the wall time and
 // the reply header's kernel_micros, queue_micros and server_micros, and reports p50/p99 of each
@@ -10,7 +10,6 @@
 //
 // Without a CUDA runtime, a GPU, or a server that offers cuda_ipc it exits 1 with the reason:
 // it never reports figures it did not measure.
-#include <dlfcn.h>
 #include <sys/utsname.h>
 
 #include <chrono>
@@ -25,12 +24,11 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "args.h"
 #include "bench_stats.h"
 #include "commands.h"
-#include "fp4q/client/cuda_ipc.h"
+#include "fp4q/client/cuda_runtime.h"
 #include "fp4q/client/fast_socket.h"
 #include "fp4q/client/session.h"
 
@@ -61,86 +59,24 @@ constexpr char kUsage[] =
     "  --spin-us N        with --fast-socket: busy-poll each reply this long (default 0)\n"
     "Exit code 0 when every call succeeded; 1 on any error, or without a GPU (said why).\n";
 
-// The few CUDA runtime calls this needs, by dlsym.
-struct Cudart {
-  void* lib = nullptr;
-  int (*get_device_count)(int*) = nullptr;
-  int (*set_device)(int) = nullptr;
-  int (*malloc)(void**, size_t) = nullptr;
-  int (*free)(void*) = nullptr;
-  int (*memcpy)(void*, const void*, size_t, int) = nullptr;
-  int (*device_synchronize)() = nullptr;
-  const char* (*error_string)(int) = nullptr;
-  std::string path;
-
-  ~Cudart() {
-    if (lib != nullptr) dlclose(lib);
+// The runtime with the calls this tool makes, device 0 current.
+absl::StatusOr<std::unique_ptr<CudaRuntime>> LoadCuda(const std::string& wanted) {
+  absl::StatusOr<std::unique_ptr<CudaRuntime>> cuda =
+      CudaRuntime::Load(wanted.empty() ? std::vector<std::string>{}
+                                       : std::vector<std::string>{wanted});
+  if (!cuda.ok()) return cuda.status();
+  if (absl::Status s = (*cuda)->Require({CudaCall::kGetErrorName, CudaCall::kGetErrorString,
+                                          CudaCall::kGetDeviceCount, CudaCall::kSetDevice,
+                                          CudaCall::kMalloc, CudaCall::kFree, CudaCall::kMemcpy,
+                                          CudaCall::kDeviceSynchronize});
+      !s.ok()) {
+    return s;
   }
-  std::string Error(int e) const {
-    return absl::StrCat("CUDA error ", e, " (", error_string ? error_string(e) : "?", ")");
+  if (absl::StatusOr<int> n = (*cuda)->DeviceCount(); !n.ok()) return n.status();
+  if (absl::Status s = (*cuda)->Check("cudaSetDevice(0)", (*cuda)->SetDevice(0)); !s.ok()) {
+    return s;
   }
-};
-
-absl::Status LoadCudart(const std::string& wanted, Cudart* c) {
-  std::vector<std::string> candidates =
-      wanted.empty() ? CudaIpc::DefaultRuntimeLibraries() : std::vector<std::string>{wanted};
-  std::vector<std::string> failures;
-  for (const std::string& p : candidates) {
-    c->lib = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (c->lib != nullptr) {
-      c->path = p;
-      break;
-    }
-    const char* e = dlerror();
-    failures.push_back(absl::StrCat(p, ": ", e ? e : "dlopen failed"));
-  }
-  if (c->lib == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("no CUDA runtime (tried ", absl::StrJoin(failures, "; "), ")"));
-  }
-  std::vector<std::string> missing;
-  auto sym = [&](const char* name, auto* fn) {
-    *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(c->lib, name));
-    if (*fn == nullptr) missing.push_back(name);
-  };
-  sym("cudaGetDeviceCount", &c->get_device_count);
-  sym("cudaSetDevice", &c->set_device);
-  sym("cudaMalloc", &c->malloc);
-  sym("cudaFree", &c->free);
-  sym("cudaMemcpy", &c->memcpy);
-  sym("cudaDeviceSynchronize", &c->device_synchronize);
-  sym("cudaGetErrorString", &c->error_string);
-  if (!missing.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("CUDA runtime ", c->path, " lacks ", absl::StrJoin(missing, ", ")));
-  }
-  int n = 0;
-  if (int e = c->get_device_count(&n); e != 0 || n < 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no usable CUDA device (cudaGetDeviceCount: ", e != 0 ? c->Error(e) : "0 devices", ")"));
-  }
-  if (int e = c->set_device(0); e != 0) {
-    return absl::FailedPreconditionError(absl::StrCat("cudaSetDevice(0): ", c->Error(e)));
-  }
-  return absl::OkStatus();
-}
-
-// Device memory freed on scope exit.
-struct DeviceMemory {
-  const Cudart* cuda = nullptr;
-  void* ptr = nullptr;
-  ~DeviceMemory() {
-    if (ptr != nullptr) cuda->free(ptr);
-  }
-};
-
-absl::Status Allocate(const Cudart& c, size_t bytes, DeviceMemory* m) {
-  m->cuda = &c;
-  if (int e = c.malloc(&m->ptr, bytes); e != 0) {
-    m->ptr = nullptr;
-    return absl::ResourceExhaustedError(absl::StrCat("cudaMalloc(", bytes, "): ", c.Error(e)));
-  }
-  return absl::OkStatus();
+  return cuda;
 }
 
 uint16_t ToBf16(float f) {
@@ -197,10 +133,10 @@ int RunBenchIpc(const CommandContext& context) {
     return UsageFailure("bench-ipc", "option '--spin-us': 0-1000000, with --fast-socket");
   }
 
-  Cudart cuda;
-  if (absl::Status s = LoadCudart(GetString(*args, "cuda-runtime", ""), &cuda); !s.ok()) {
-    return Failure("bench-ipc", s);
-  }
+  absl::StatusOr<std::unique_ptr<CudaRuntime>> loaded =
+      LoadCuda(GetString(*args, "cuda-runtime", ""));
+  if (!loaded.ok()) return Failure("bench-ipc", loaded.status());
+  const CudaRuntime& cuda = **loaded;
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(context.client);
   if (!client.ok()) return UsageFailure("bench-ipc", std::string(client.status().message()));
   absl::StatusOr<v1::ServerInfoReply> info = (*client)->ServerInfo();
@@ -239,17 +175,15 @@ int RunBenchIpc(const CommandContext& context) {
   }
   const size_t codes_bytes = n / 2;
   const size_t scales_bytes = n / 16;  // NVFP4 1x16, plain layout: one E4M3 per 16 elements
-  DeviceMemory x, codes, scales;
+  DeviceBuffer x, codes, scales;
   for (auto [m, bytes] : {std::pair{&x, n * elem}, std::pair{&codes, codes_bytes},
                           std::pair{&scales, scales_bytes}}) {
-    if (absl::Status s = Allocate(cuda, bytes, m); !s.ok()) return Failure("bench-ipc", s);
+    absl::StatusOr<DeviceBuffer> b = cuda.Allocate(bytes);
+    if (!b.ok()) return Failure("bench-ipc", b.status());
+    *m = *std::move(b);
   }
-  if (int e = cuda.memcpy(x.ptr, host.data(), host.size(), /*cudaMemcpyHostToDevice=*/1); e != 0) {
-    return Failure("bench-ipc", absl::InternalError(absl::StrCat("cudaMemcpy: ", cuda.Error(e))));
-  }
-  if (int e = cuda.device_synchronize(); e != 0) {
-    return Failure("bench-ipc",
-                   absl::InternalError(absl::StrCat("cudaDeviceSynchronize: ", cuda.Error(e))));
+  if (absl::Status s = cuda.CopyToDevice(x, 0, host.data(), host.size()); !s.ok()) {
+    return Failure("bench-ipc", s);
   }
 
   v1::QuantizeRequest req;
@@ -260,9 +194,9 @@ int RunBenchIpc(const CommandContext& context) {
     const void* ptr;
     size_t bytes;
     v1::RegionSlice* slice;
-  } slots[] = {{x.ptr, n * elem, req.mutable_input()->mutable_region()},
-               {codes.ptr, codes_bytes, req.mutable_rowwise_codes()->mutable_region()},
-               {scales.ptr, scales_bytes, req.mutable_rowwise_scales()->mutable_region()}};
+  } slots[] = {{x.data(), n * elem, req.mutable_input()->mutable_region()},
+               {codes.data(), codes_bytes, req.mutable_rowwise_codes()->mutable_region()},
+               {scales.data(), scales_bytes, req.mutable_rowwise_scales()->mutable_region()}};
   for (const Slot& s : slots) {
     absl::StatusOr<v1::RegionSlice> r = (*session)->RegionFor(s.ptr, s.bytes);
     if (!r.ok()) return Failure("bench-ipc", r.status());
@@ -330,7 +264,7 @@ int RunBenchIpc(const CommandContext& context) {
       "\",\n  \"transport\": \"", fast_path.empty() ? "grpc" : "fast_socket",
       "\",\n  \"spin_us\": ", *spin_us, ",\n  \"backend\": \"", info->backend(), "\",\n  \"server_version\": \"", info->version(),
       "\",\n  \"gpus\": [", gpus, "],\n  \"host\": \"", host_name, "\",\n  \"cuda_runtime\": \"",
-      cuda.path, "\",\n  \"shape\": [", rows, ", ", cols, "],\n  \"dtype\": \"", dtype,
+      cuda.library(), "\",\n  \"shape\": [", rows, ", ", cols, "],\n  \"dtype\": \"", dtype,
       "\",\n  \"iters\": ", *iters, ",\n  \"warmup\": ", *warmup,
       ",\n  \"wall_us\": ", SummaryJson(sw, wall), ",\n  \"kernel_us\": ", SummaryJson(sk, kernel),
       ",\n  \"queue_us\": ", SummaryJson(sq, queue), ",\n  \"server_us\": ",

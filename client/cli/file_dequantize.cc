@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "file_convert.h"
 #include "file_convert_internal.h"
+#include "file_select.h"
 #include "fp4q/client/tensors.h"
 #include "fp4q/common/safetensors.h"
 #include "fp4q/common/status_macros.h"
@@ -141,6 +142,7 @@ absl::StatusOr<ConvertStats> DequantizeFile(const Client& client, const std::str
     return absl::InvalidArgumentError(
         absl::StrCat("dequantize: out dtype must be F32 or BF16, got ", DTypeName(out_dtype)));
   }
+  FP4Q_RETURN_IF_ERROR(CheckPaths(in_path, out_path));
   FP4Q_ASSIGN_OR_RETURN(SafetensorsFile in, SafetensorsFile::ReadFile(in_path));
   std::map<std::string, const StTensorInfo*> by_name;
   for (const StTensorInfo& t : in.tensors()) by_name[t.name] = &t;
@@ -154,13 +156,23 @@ absl::StatusOr<ConvertStats> DequantizeFile(const Client& client, const std::str
     consumed.insert(tr.codes->name);
     consumed.insert(tr.scales->name);
     consumed.insert(tr.scale_2->name);
+    // The activation scale quantize wrote for "M.weight" describes the quantized checkpoint.
+    if (const std::string module = ModuleOf(tr.codes->name); module != tr.codes->name) {
+      auto input_scale = by_name.find(module + ".input_scale");
+      if (input_scale != by_name.end() && input_scale->second->dtype == StDType::kF32 &&
+          input_scale->second->num_elements() == 1) {
+        consumed.insert(input_scale->first);
+      }
+    }
     total += tr.codes->num_bytes() + tr.scales->num_bytes();
     triples.push_back(tr);
   }
 
   ConvertStats stats;
   SafetensorsWriter out;
-  CopyMetadata(in, &out);
+  for (const auto& [key, value] : in.metadata()) {
+    if (key.rfind("fp4q.", 0) != 0) out.SetMetadata(key, value);  // quantize's record dropped
+  }
   for (const StTensorInfo& t : in.tensors()) {
     if (consumed.count(t.name) != 0) continue;
     FP4Q_RETURN_IF_ERROR(out.Add(t.name, t.dtype, t.shape, in.Data(t)));

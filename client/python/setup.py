@@ -1,10 +1,16 @@
 """Build hook: compiles proto/ into the package's service descriptor (see fp4q/_protogen.py).
 
 Everything else is declared in pyproject.toml. From a checkout:
-    pip install --no-build-isolation ./client/python     (Debian: inside a venv with
-                                                          --system-site-packages)
+    pip install ./client/python                 (fetches setuptools for the isolated build)
+    pip install --no-build-isolation --no-index ./client/python
+                                                (offline, e.g. Debian 12 inside a venv made with
+                                                 --system-site-packages: setuptools, grpcio,
+                                                 protobuf, numpy and torch come from Debian)
+build_py writes fp4q/_proto/fp4q_v1.binpb before the package's files are collected; the file is
+package data of `fp4q` (pyproject.toml), so no step needs the folder to exist beforehand.
 protoc comes from $FP4Q_PROTOC, PATH or grpcio-tools. Without any, an already generated
-fp4q/_proto/fp4q_v1.binpb is packaged as it is; without that either, the build fails.
+fp4q/_proto/fp4q_v1.binpb is packaged as it is; without that either, the build fails naming
+what is missing.
 """
 
 import importlib.util

@@ -1,8 +1,8 @@
-// CudaIpc: the CUDA runtime through dlopen, and the export of an allocation's IPC handle.
+// CudaIpc: the export of an allocation's IPC handle, over the CUDA runtime (cuda_runtime.h)
+// and three driver calls reached through it.
 //
-// The few CUDA ABI types needed are declared here (layouts of CUDA 13's driver_types.h and
-// cuda.h; the fields used are unchanged since CUDA 10), so no CUDA header or library is needed
-// to build the client.
+// The driver ABI types needed are declared here (cuda.h's; unchanged since CUDA 10), so no CUDA
+// header or library is needed to build the client.
 #include "fp4q/client/cuda_ipc.h"
 
 #include <dlfcn.h>
@@ -13,44 +13,15 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "fp4q/common/status_macros.h"
 
 namespace fp4q::client {
 namespace {
 
-// ---- Runtime ABI (cuda_runtime_api.h / driver_types.h).
-using cudaError_t = int;
-constexpr cudaError_t kCudaSuccess = 0;
-constexpr cudaError_t kCudaErrorInvalidValue = 1;
-constexpr cudaError_t kCudaErrorInitializationError = 3;
-constexpr cudaError_t kCudaErrorInvalidDevicePointer = 17;
-constexpr cudaError_t kCudaErrorStubLibrary = 34;
-constexpr cudaError_t kCudaErrorInsufficientDriver = 35;
-constexpr cudaError_t kCudaErrorCallRequiresNewerDriver = 36;
-constexpr cudaError_t kCudaErrorDevicesUnavailable = 46;
-constexpr cudaError_t kCudaErrorNoDevice = 100;
-constexpr cudaError_t kCudaErrorNotSupported = 801;
-constexpr cudaError_t kCudaErrorSystemNotReady = 802;
-constexpr cudaError_t kCudaErrorSystemDriverMismatch = 803;
-constexpr cudaError_t kCudaErrorCompatNotSupportedOnDevice = 804;
-
 constexpr int kCudaMemoryTypeUnregistered = 0;
 constexpr int kCudaMemoryTypeHost = 1;
 constexpr int kCudaMemoryTypeDevice = 2;
 constexpr int kCudaMemoryTypeManaged = 3;
-
-struct CudaPointerAttributes {
-  int type;
-  int device;
-  void* device_pointer;
-  void* host_pointer;
-  long reserved[8];  // CUDA 13 ("must be zero"); older runtimes write less
-};
-
-struct CudaIpcMemHandle {
-  char reserved[kCudaIpcHandleBytes];
-};
 
 // ---- Driver ABI (cuda.h).
 using CUresult = int;
@@ -65,27 +36,10 @@ constexpr CUresult kCuErrorNotInitialized = 3;
 constexpr CUresult kCuErrorNoDevice = 100;
 constexpr CUresult kCuErrorNotFound = 500;
 
-using GetErrorStrFn = const char* (*)(cudaError_t);
-using GetDeviceFn = cudaError_t (*)(int*);
-using SetDeviceFn = cudaError_t (*)(int);
-using FreeFn = cudaError_t (*)(void*);
-using PointerGetAttributesFn = cudaError_t (*)(CudaPointerAttributes*, const void*);
-using IpcGetMemHandleFn = cudaError_t (*)(CudaIpcMemHandle*, void*);
-using GetDriverEntryPointByVersionFn = cudaError_t (*)(const char*, void**, unsigned int,
-                                                       unsigned long long, int*);
 using CuMemGetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
 using CuDeviceGetFn = CUresult (*)(CUdevice*, int);
 using CuDeviceGetUuidFn = CUresult (*)(CUuuid*, CUdevice);
 using CuGetErrorNameFn = CUresult (*)(CUresult, const char**);
-
-// Runtime errors that mean "no usable CUDA here" rather than a bad argument.
-bool IsUnavailable(cudaError_t e) {
-  return e == kCudaErrorInitializationError || e == kCudaErrorStubLibrary ||
-         e == kCudaErrorInsufficientDriver || e == kCudaErrorCallRequiresNewerDriver ||
-         e == kCudaErrorDevicesUnavailable || e == kCudaErrorNoDevice ||
-         e == kCudaErrorSystemNotReady || e == kCudaErrorSystemDriverMismatch ||
-         e == kCudaErrorCompatNotSupportedOnDevice;
-}
 
 }  // namespace
 
@@ -101,17 +55,8 @@ std::string FormatGpuUuid(const unsigned char bytes[16], const std::string& pref
 }
 
 struct CudaIpc::Api {
-  std::string path;
-  void* runtime = nullptr;
+  std::unique_ptr<CudaRuntime> cuda;
   void* driver = nullptr;  // libcuda.so.1, only when the runtime lacks the entry-point call
-  GetErrorStrFn get_error_name = nullptr;
-  GetErrorStrFn get_error_string = nullptr;
-  GetDeviceFn get_device = nullptr;
-  SetDeviceFn set_device = nullptr;
-  FreeFn free = nullptr;
-  PointerGetAttributesFn pointer_get_attributes = nullptr;
-  IpcGetMemHandleFn ipc_get_mem_handle = nullptr;
-  GetDriverEntryPointByVersionFn get_driver_entry_point = nullptr;  // optional
 
   std::mutex mu;  // guards the driver functions below while they are resolved
   bool driver_resolved = false;
@@ -122,28 +67,14 @@ struct CudaIpc::Api {
 
   ~Api() {
     if (driver != nullptr) dlclose(driver);
-    if (runtime != nullptr) dlclose(runtime);
   }
 
-  std::string RuntimeError(cudaError_t e) const {
-    return absl::StrCat(get_error_name(e), " (", get_error_string(e), ")");
-  }
   std::string DriverError(CUresult r) const {
     const char* name = nullptr;
     if (cu_get_error_name != nullptr && cu_get_error_name(r, &name) == kCuSuccess && name) {
       return absl::StrCat(name, " (", r, ")");
     }
     return absl::StrCat("CUresult ", r);
-  }
-
-  absl::Status RuntimeStatus(const char* call, cudaError_t e) const {
-    const std::string msg = absl::StrCat(call, ": ", RuntimeError(e));
-    if (IsUnavailable(e)) return absl::FailedPreconditionError("CUDA unavailable: " + msg);
-    if (e == kCudaErrorInvalidValue || e == kCudaErrorInvalidDevicePointer ||
-        e == kCudaErrorNotSupported) {
-      return absl::InvalidArgumentError(msg);
-    }
-    return absl::InternalError(msg);
   }
 
   absl::Status DriverStatus(const char* call, CUresult r) const {
@@ -159,11 +90,12 @@ struct CudaIpc::Api {
   absl::Status ResolveDriver() {
     std::lock_guard<std::mutex> lock(mu);
     if (driver_resolved) return absl::OkStatus();
-    if (get_driver_entry_point != nullptr) {
+    if (cuda->Has(CudaCall::kGetDriverEntryPointByVersion)) {
       auto get = [&](const char* name, unsigned int version, void** fn) -> absl::Status {
         int query = -1;
-        const cudaError_t e = get_driver_entry_point(name, fn, version, 0, &query);
-        if (e != kCudaSuccess) return RuntimeStatus("cudaGetDriverEntryPointByVersion", e);
+        FP4Q_RETURN_IF_ERROR(cuda->Check("cudaGetDriverEntryPointByVersion",
+                                         cuda->GetDriverEntryPointByVersion(name, fn, version,
+                                                                            0, &query)));
         if (query != 0 || *fn == nullptr) {
           return absl::FailedPreconditionError(absl::StrCat(
               "CUDA driver lacks ", name, " (version ", version, "; query result ", query, ")"));
@@ -205,67 +137,40 @@ struct CudaIpc::Api {
 };
 
 std::vector<std::string> CudaIpc::DefaultRuntimeLibraries() {
-  return {"libcudart.so.13", "libcudart.so"};
+  return CudaRuntime::DefaultLibraries();
 }
 
 absl::StatusOr<std::unique_ptr<CudaIpc>> CudaIpc::Load(
     const std::vector<std::string>& runtime_candidates) {
-  const std::vector<std::string> candidates =
-      runtime_candidates.empty() ? DefaultRuntimeLibraries() : runtime_candidates;
-  auto api = std::make_unique<Api>();
-  std::vector<std::string> failures;
-  for (const std::string& path : candidates) {
-    dlerror();
-    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) {
-      const char* err = dlerror();
-      failures.push_back(absl::StrCat(path, ": ", err ? err : "unknown dlopen error"));
-      continue;
-    }
-    api->runtime = handle;
-    api->path = path;
-    break;
-  }
-  if (api->runtime == nullptr) {
+  absl::StatusOr<std::unique_ptr<CudaRuntime>> cuda = CudaRuntime::Load(runtime_candidates);
+  if (!cuda.ok()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("CUDA runtime not found; CUDA IPC needs libcudart (tried ",
-                     absl::StrJoin(failures, "; "), ")"));
+        absl::StrCat("CUDA runtime not found, which CUDA IPC needs: ", cuda.status().message()));
   }
-  std::vector<std::string> missing;
-  auto sym = [&](const char* name, auto* fn) {
-    *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(api->runtime, name));
-    if (*fn == nullptr) missing.push_back(name);
-  };
-  sym("cudaGetErrorName", &api->get_error_name);
-  sym("cudaGetErrorString", &api->get_error_string);
-  sym("cudaGetDevice", &api->get_device);
-  sym("cudaSetDevice", &api->set_device);
-  sym("cudaFree", &api->free);
-  sym("cudaPointerGetAttributes", &api->pointer_get_attributes);
-  sym("cudaIpcGetMemHandle", &api->ipc_get_mem_handle);
-  if (!missing.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "CUDA runtime ", api->path, " lacks ", absl::StrJoin(missing, ", ")));
-  }
-  api->get_driver_entry_point = reinterpret_cast<GetDriverEntryPointByVersionFn>(
-      dlsym(api->runtime, "cudaGetDriverEntryPointByVersion"));
+  FP4Q_RETURN_IF_ERROR((*cuda)->Require(
+      {CudaCall::kGetErrorName, CudaCall::kGetErrorString, CudaCall::kGetDevice,
+       CudaCall::kSetDevice, CudaCall::kFree, CudaCall::kPointerGetAttributes,
+       CudaCall::kIpcGetMemHandle}));
+  auto api = std::make_unique<Api>();
+  api->cuda = *std::move(cuda);
   return std::unique_ptr<CudaIpc>(new CudaIpc(std::move(api)));
 }
 
 CudaIpc::CudaIpc(std::unique_ptr<Api> api) : api_(std::move(api)) {}
 CudaIpc::~CudaIpc() = default;
 
-const std::string& CudaIpc::runtime_library() const { return api_->path; }
+const std::string& CudaIpc::runtime_library() const { return api_->cuda->library(); }
 
 absl::StatusOr<CudaIpcExport> CudaIpc::Export(const void* device_ptr) const {
   Api& api = *api_;
+  const CudaRuntime& cuda = *api.cuda;
   if (device_ptr == nullptr) {
     return absl::InvalidArgumentError("device pointer is null");
   }
   CudaPointerAttributes attrs;
   std::memset(&attrs, 0, sizeof(attrs));
-  cudaError_t e = api.pointer_get_attributes(&attrs, device_ptr);
-  if (e != kCudaSuccess) return api.RuntimeStatus("cudaPointerGetAttributes", e);
+  FP4Q_RETURN_IF_ERROR(
+      cuda.Check("cudaPointerGetAttributes", cuda.PointerGetAttributes(&attrs, device_ptr)));
   const std::string where = absl::StrCat("pointer ", absl::Hex(reinterpret_cast<uintptr_t>(
                                                          device_ptr), absl::kZeroPad16));
   switch (attrs.type) {
@@ -282,23 +187,20 @@ absl::StatusOr<CudaIpcExport> CudaIpc::Export(const void* device_ptr) const {
   }
 
   int previous = -1;
-  e = api.get_device(&previous);
-  if (e != kCudaSuccess) return api.RuntimeStatus("cudaGetDevice", e);
+  FP4Q_RETURN_IF_ERROR(cuda.Check("cudaGetDevice", cuda.GetDevice(&previous)));
   if (previous != attrs.device) {
-    e = api.set_device(attrs.device);
-    if (e != kCudaSuccess) return api.RuntimeStatus("cudaSetDevice", e);
+    FP4Q_RETURN_IF_ERROR(cuda.Check("cudaSetDevice", cuda.SetDevice(attrs.device)));
   }
   struct Restore {
-    const Api& api;
+    const CudaRuntime& cuda;
     int previous;
     int current;
     ~Restore() {
-      if (previous != current) api.set_device(previous);
+      if (previous != current) cuda.SetDevice(previous);
     }
-  } restore{api, previous, attrs.device};
+  } restore{cuda, previous, attrs.device};
   // Makes the device's primary context current for the driver calls below.
-  e = api.free(nullptr);
-  if (e != kCudaSuccess) return api.RuntimeStatus("cudaFree(nullptr)", e);
+  FP4Q_RETURN_IF_ERROR(cuda.Check("cudaFree(nullptr)", cuda.Free(nullptr)));
   FP4Q_RETURN_IF_ERROR(api.ResolveDriver());
 
   CudaIpcExport out;
@@ -319,8 +221,8 @@ absl::StatusOr<CudaIpcExport> CudaIpc::Export(const void* device_ptr) const {
 
   CudaIpcMemHandle handle;
   std::memset(&handle, 0, sizeof(handle));
-  e = api.ipc_get_mem_handle(&handle, reinterpret_cast<void*>(out.base));
-  if (e != kCudaSuccess) return api.RuntimeStatus("cudaIpcGetMemHandle", e);
+  FP4Q_RETURN_IF_ERROR(cuda.Check("cudaIpcGetMemHandle",
+                                  cuda.IpcGetMemHandle(&handle, reinterpret_cast<void*>(out.base))));
   out.handle.assign(handle.reserved, sizeof(handle.reserved));
 
   CUdevice dev = 0;

@@ -141,8 +141,11 @@ void PrintTable(const ExperimentResult& r, std::ostream& out) {
                      : "also measured (not asserted; docs/TRAINING.md):\n");
     for (const ShapeCheck& check : checks) {
       if (check.asserted != asserted) continue;
-      out << absl::StrFormat("  %-36s %-4s (%.6g vs %.6g)\n", check.text,
-                             check.passed ? "yes" : "NO", check.lhs, check.rhs);
+      // A verdict only where CI asserts one; the rest reads as a measurement, not a failure.
+      const char* verdict = asserted ? (check.passed ? "yes" : "NO")
+                                     : (check.passed ? "holds" : "does not hold");
+      out << absl::StrFormat("  %-36s %-4s (%.6g vs %.6g)\n", check.text, verdict, check.lhs,
+                             check.rhs);
     }
   }
   out.flush();

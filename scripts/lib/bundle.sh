@@ -1,6 +1,6 @@
+# shellcheck shell=bash
 # Shared by the scripts that pack binaries for the lent GPU machine (scripts/device-bundle.sh,
-# scripts/device/examples-bundle.sh, tests/server/device_bundle.sh). Source it; each function
-# exits the script on error.
+# tests/server/device_bundle.sh). Source it; each function exits the script on error.
 #
 # The GPU machine has glibc, libstdc++, the CUDA driver and the CUDA 13 toolkit in
 # /usr/local/cuda, but none of gRPC, protobuf, Abseil or prometheus-cpp: those travel in lib/.
@@ -37,10 +37,14 @@ bundle_libraries() {
 }
 
 # bundle_commit OUT PATH...: writes OUT/COMMIT: HEAD, and "dirty" when PATHs have uncommitted
-# changes.
+# changes ("unknown" outside a git checkout).
 bundle_commit() {
   local out=$1
   shift
+  if ! git rev-parse HEAD > /dev/null 2>&1; then
+    echo "unknown (not a git checkout)" > "$out/COMMIT"
+    return
+  fi
   {
     git rev-parse HEAD
     if [[ -n "$(git status --porcelain -- "$@")" ]]; then echo "dirty"; fi

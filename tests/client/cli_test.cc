@@ -1,10 +1,13 @@
 // The fp4q CLI end to end against a real fp4qd (CPU backend): health/info/list/checkpoint,
 // `fp4q quantize` reproducing the golden codes and scales byte for byte, dequantize round
-// trips, chunked == one-shot, stochastic rounding, F16 inputs, progress, and errors.
+// trips, chunked == one-shot, stochastic rounding, F16 inputs, progress, and errors. What is
+// selected, refused and written for inference engines: cli_select_test.cc and
+// cli_checkpoint_test.py.
 #include <unistd.h>
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -153,13 +156,14 @@ TEST_F(CliLiveTest, QuantizeReproducesTheGoldenCodesAndScalesByteForByte) {
   for (const std::string block : {"1x16", "16x16"}) {
     const std::string in = WriteGoldenInput(block, /*extras=*/true);
     const std::string out = dir_->File("golden_out_" + block + ".safetensors");
-    RunResult r = Cli({"quantize", in, out, "--block", block});
+    RunResult r = Cli({"quantize", in, out, "--block", block, "--skip-unsupported"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const int n = block == "1x16" ? 8 : 2;
-    EXPECT_EQ(r.out, absl::StrCat("quantized ", n, " tensor(s), copied 3, in ", n,
-                                  " request(s) -> ", out, "\n"));
-    EXPECT_THAT(r.err, HasSubstr("fp4q quantize: note: kept \"odd\" unquantized: cols 10 is not "
-                                 "a multiple of 16"));
+    EXPECT_EQ(r.out, absl::StrCat("quantized ", n, " tensor(s), copied 3 (0 excluded, 1 "
+                                  "unsupported), in ", n, " request(s) -> ", out, "\nwrote ",
+                                  dir_->File("hf_quant_config.json"), "\n"));
+    EXPECT_EQ(r.err, "fp4q quantize: skipped (unsupported, copied unquantized) \"odd\" [3, 10] "
+                     "F32: cols 10 is not a multiple of 16\n");
     absl::StatusOr<SafetensorsFile> f = SafetensorsFile::ReadFile(out);
     ASSERT_THAT(f, IsOk());
     for (const GoldenCase& g : *golden_) {
@@ -192,7 +196,23 @@ TEST_F(CliLiveTest, QuantizeReproducesTheGoldenCodesAndScalesByteForByte) {
       EXPECT_EQ((*f->Find(name))->dtype, (*src->Find(name))->dtype) << name;
       EXPECT_EQ((*f->Find(name))->shape, (*src->Find(name))->shape) << name;
     }
-    EXPECT_EQ(f->metadata(), src->metadata());
+    // The input's metadata, plus the record of how it was quantized.
+    std::map<std::string, std::string> expected = src->metadata();
+    expected["fp4q.format"] = "nvfp4";
+    expected["fp4q.block"] = block;
+    expected["fp4q.rounding"] = "rtn";
+    expected["fp4q.rht"] = "off";
+    expected["fp4q.scale_selection"] = "map6";
+    expected["fp4q.input_scale"] = "1";
+    expected["fp4q.scale_groups"] = "{}";
+    std::string dtypes;
+    for (const GoldenCase& g : *golden_) {
+      if (g.block != block) continue;
+      absl::StrAppend(&dtypes, dtypes.empty() ? "" : ", ", "\"", g.key, ".x\": \"",
+                      common::StDTypeName(g.x_dtype), "\"");
+    }
+    expected["fp4q.original_dtypes"] = "{" + dtypes + "}";
+    EXPECT_EQ(f->metadata(), expected);
     EXPECT_EQ(f->tensors().size(), static_cast<size_t>(3 * n + 3));
   }
   EXPECT_EQ(checked, 10);
@@ -203,7 +223,7 @@ TEST_F(CliLiveTest, DequantizeRoundTrip) {
   const std::string q = dir_->File("rt_q.safetensors");
   const std::string d = dir_->File("rt_d.safetensors");
   const std::string b = dir_->File("rt_b.safetensors");
-  ASSERT_EQ(Cli({"quantize", in, q}).exit_code, 0);
+  ASSERT_EQ(Cli({"quantize", in, q, "--skip-unsupported"}).exit_code, 0);
   RunResult r = Cli({"dequantize", q, d});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, absl::StrCat("dequantized 8 tensor(s), copied 3, in 8 request(s) -> ", d, "\n"));
@@ -354,9 +374,15 @@ TEST_F(CliLiveTest, F16InputsAreWidenedExactly) {
                 .exit_code, 0);
   ASSERT_EQ(Cli({"quantize", dir_->File("f32.safetensors"), dir_->File("q32.safetensors")})
                 .exit_code, 0);
-  const std::string a = ReadAll(dir_->File("q16.safetensors"));
-  ASSERT_FALSE(a.empty());
-  EXPECT_EQ(a, ReadAll(dir_->File("q32.safetensors")));
+  // The same tensors; only the recorded original dtype differs.
+  absl::StatusOr<SafetensorsFile> q16 = SafetensorsFile::ReadFile(dir_->File("q16.safetensors"));
+  absl::StatusOr<SafetensorsFile> q32 = SafetensorsFile::ReadFile(dir_->File("q32.safetensors"));
+  ASSERT_THAT(q16, IsOk());
+  ASSERT_THAT(q32, IsOk());
+  ASSERT_EQ(q16->tensors().size(), 3u);
+  for (const char* t : {"w", "w_scale", "w_scale_2"}) EXPECT_EQ(Bytes(*q16, t), Bytes(*q32, t)) << t;
+  EXPECT_EQ(*q16->Metadata("fp4q.original_dtypes"), "{\"w\": \"F16\"}");
+  EXPECT_EQ(*q32->Metadata("fp4q.original_dtypes"), "{\"w\": \"F32\"}");
 }
 
 TEST_F(CliLiveTest, ProgressLinesOnRequest) {

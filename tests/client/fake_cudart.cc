@@ -1,8 +1,10 @@
 // A stand-in for libcudart (and, through cudaGetDriverEntryPointByVersion, the three driver
-// calls CudaIpc uses), loaded by CudaIpc::Load in tests where no GPU exists. It tracks fake
-// "allocations" (ranges of host addresses that are never dereferenced), the current device
-// per process, and hands out deterministic IPC handles that change when an allocation is
-// replaced. Test hooks are the fake_cuda_* functions.
+// calls CudaIpc uses), loaded through client::CudaRuntime (CudaIpc::Load, Session) in tests
+// where no GPU exists. It has the calls CudaIpc needs but not cudaGetDeviceCount, cudaMalloc
+// or cudaMemcpy, so the examples' runtime refuses it ("lacks cudaGetDeviceCount, ...").
+// It tracks fake "allocations" (ranges of host addresses that are never dereferenced), the
+// current device per process, and hands out deterministic IPC handles that change when an
+// allocation is replaced. Test hooks are the fake_cuda_* functions.
 //
 // Like the real driver, cuMemGetAddressRange here only finds allocations of the current
 // device, so a test sees whether CudaIpc makes the pointer's device current.

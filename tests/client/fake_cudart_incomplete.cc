@@ -1,4 +1,5 @@
-// A "libcudart" lacking most of the calls CudaIpc needs, to test Load's missing-symbol error.
+// A "libcudart" lacking most of the calls CudaIpc needs, to test the missing-call error of
+// CudaRuntime::Require through CudaIpc::Load.
 extern "C" {
 const char* cudaGetErrorName(int) { return "cudaErrorUnknown"; }
 const char* cudaGetErrorString(int) { return "fake"; }

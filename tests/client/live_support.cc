@@ -33,7 +33,7 @@ std::string FromEnv(const char* name, const char* fallback) {
 
 std::string Fp4qdPath() { return FromEnv("FP4Q_FP4QD", FP4Q_FP4QD); }
 std::string CliPath() { return FromEnv("FP4Q_CLI", FP4Q_CLI); }
-std::string SharedDir() { return FromEnv("FP4Q_SHARED_DIR", FP4Q_SHARED_DIR); }
+std::string GoldenDir() { return FromEnv("FP4Q_GOLDEN_DIR", FP4Q_GOLDEN_DIR); }
 std::string TestBackend() { return FromEnv("FP4Q_TEST_BACKEND", "cpu"); }
 
 std::unique_ptr<Client> ConnectTo(const std::string& address) {
@@ -46,7 +46,7 @@ std::unique_ptr<Client> ConnectTo(const std::string& address) {
 absl::StatusOr<std::vector<GoldenCase>> LoadGolden() {
   FP4Q_ASSIGN_OR_RETURN(
       common::SafetensorsFile file,
-      common::SafetensorsFile::ReadFile(SharedDir() + "/golden/nvfp4_rtn_public.safetensors"));
+      common::SafetensorsFile::ReadFile(GoldenDir() + "/nvfp4_rtn_public.safetensors"));
   FP4Q_ASSIGN_OR_RETURN(std::string cases_text, file.Metadata("cases"));
   FP4Q_ASSIGN_OR_RETURN(common::JsonValue cases, common::ParseJson(cases_text));
   std::vector<GoldenCase> out;

@@ -16,12 +16,12 @@
 
 namespace fp4q::client::testing {
 
-// Paths of fp4qd, the fp4q CLI and shared/: the environment variables FP4Q_FP4QD, FP4Q_CLI
-// and FP4Q_SHARED_DIR when set (e.g. on a GPU machine the build was copied to), else the paths
-// the build recorded.
+// Paths of fp4qd, the fp4q CLI and the golden vectors' folder: the environment variables
+// FP4Q_FP4QD, FP4Q_CLI and FP4Q_GOLDEN_DIR when set (e.g. on a GPU machine the build was copied
+// to), else the paths the build recorded (the golden folder: tests/data/golden).
 std::string Fp4qdPath();
 std::string CliPath();
-std::string SharedDir();
+std::string GoldenDir();
 // The backend the live tests run fp4qd with: $FP4Q_TEST_BACKEND ("cpu" or "cuda"), default cpu.
 std::string TestBackend();
 
@@ -32,7 +32,7 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> StartFp4qd(
 
 std::unique_ptr<Client> ConnectTo(const std::string& address);
 
-// One golden case (shared/golden/README.md).
+// One golden case (tests/data/golden/README.md).
 struct GoldenCase {
   std::string key;
   int64_t rows = 0;

@@ -122,9 +122,9 @@ TEST(SafetensorsTest, FileRoundTripAndMissingFile) {
 }
 
 TEST(SafetensorsTest, ReadsGoldenFile) {
-  const char* env = std::getenv("FP4Q_SHARED_DIR");
-  const std::string dir = env ? env : FP4Q_SHARED_DIR;
-  auto f = SafetensorsFile::ReadFile(dir + "/golden/nvfp4_rtn_public.safetensors");
+  const char* env = std::getenv("FP4Q_GOLDEN_DIR");
+  const std::string dir = env != nullptr && *env != '\0' ? env : FP4Q_GOLDEN_DIR;
+  auto f = SafetensorsFile::ReadFile(dir + "/nvfp4_rtn_public.safetensors");
   ASSERT_TRUE(f.ok()) << f.status();
   auto cases_text = f->Metadata("cases");
   ASSERT_TRUE(cases_text.ok());

@@ -10,7 +10,15 @@ check(objects) returns a list of error strings, empty when every rule holds:
     "readiness", terminationGracePeriodSeconds above drain plus checkpoint time, --state_dir
     and the socket directory on volumes that outlive the container, and what CUDA IPC needs;
   - Services, PodMonitors, PDBs select pods that exist, by ports those pods declare;
-  - alerts carry severity, summary and description; the dashboard ConfigMap holds JSON.
+  - alerts carry severity, summary and description; the dashboard ConfigMap holds JSON;
+  - access: an fp4qd listening beyond loopback requires a bearer token (--auth_token_file on a
+    Secret volume) and, as a node server, a NetworkPolicy admitting only chosen namespaces to
+    its gRPC port; containers of its pod that call it get the token; the fast socket and the
+    Unix socket live on volumes; $(VAR) references in args name env vars that exist (and the
+    ConfigMap keys behind them);
+  - the PodMonitor and PrometheusRule carry one `release` label (kube-prometheus-stack's
+    default selectors match nothing else);
+  - the trainer container of a sidecar pod has a /tmp of at least 8 GiB on disk.
 """
 
 import json
@@ -23,6 +31,7 @@ API_VERSIONS = {
     "PersistentVolumeClaim": "v1", "DaemonSet": "apps/v1", "Job": "batch/v1",
     "PodDisruptionBudget": "policy/v1", "ResourceClaimTemplate": "resource.k8s.io/v1",
     "PodMonitor": "monitoring.coreos.com/v1", "PrometheusRule": "monitoring.coreos.com/v1",
+    "NetworkPolicy": "networking.k8s.io/v1",
 }
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -34,6 +43,18 @@ CHECKPOINT_BYTES_PER_S = 100e6
 GRACE_MARGIN_S = 10
 REQUIRED_ALERT_WORDS = ("ErrorRatio", "LatencyP99", "QueueSaturated", "StateBudgetNearlyFull",
                         "NotServing")
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+# A PyTorch job's /tmp (compile and kernel caches): at least this much.
+TRAINER_TMP_BYTES = 8 * 2**30
+QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+QUANTITY_UNITS = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+                  "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+
+
+def quantity_bytes(text):
+    """A Kubernetes quantity ("64Mi", "20Gi", "1000") in bytes, or None when malformed."""
+    m = QUANTITY.match(str(text))
+    return float(m.group(1)) * QUANTITY_UNITS[m.group(2)] if m else None
 
 
 def _name(obj):
@@ -236,9 +257,33 @@ def _check_fp4qd(obj, spec, kind, c, volumes, by_kind, errors):
         vol = _mount_volume(c, volumes, state_dir)
         if not vol or not (vol.get("hostPath") or vol.get("persistentVolumeClaim")):
             errors.append(f"{where}: --state_dir {state_dir} is not on a hostPath or PVC volume")
-    sock = flags.get("--unix_socket", "")
-    if sock and not _mount_volume(c, volumes, sock.rsplit("/", 1)[0]):
-        errors.append(f"{where}: --unix_socket {sock} is not on a volume (read-only root)")
+    for flag in ("--unix_socket", "--fast_socket"):
+        sock = flags.get(flag, "")
+        if sock and not _mount_volume(c, volumes, sock.rsplit("/", 1)[0]):
+            errors.append(f"{where}: {flag} {sock} is not on a volume (read-only root)")
+    _check_env_references(c, by_kind, where, errors)
+    token = flags.get("--auth_token_file", "")
+    if host not in LOOPBACK:
+        if not token:
+            errors.append(f"{where}: --listen {host}:{grpc_port} is on the pod network without "
+                          "--auth_token_file: any pod could call DeleteWeight")
+        else:
+            vol = _mount_volume(c, volumes, token.rsplit("/", 1)[0])
+            if not vol or not vol.get("secret"):
+                errors.append(f"{where}: --auth_token_file {token} is not on a Secret volume")
+        if token and obj["kind"] == "DaemonSet" and not _network_policy_for(
+                obj, grpc_port, c, by_kind):
+            errors.append(f"{where}: no NetworkPolicy restricts who reaches the gRPC port "
+                          f"{grpc_port} of its pods")
+    if token:
+        for k2, other in _containers(spec):
+            env = {e.get("name"): e for e in other.get("env") or []}
+            if other is c or "FP4Q_SERVER" not in env:
+                continue
+            ref = ((env.get("FP4Q_TOKEN") or {}).get("valueFrom") or {}).get("secretKeyRef")
+            if not ref:
+                errors.append(f"{_name(obj)} {k2} {other.get('name')}: calls fp4qd "
+                              "(FP4Q_SERVER) but gets no FP4Q_TOKEN from a Secret")
 
     backend = flags.get("--backend", defaults["--backend"])
     ipc = flags.get("--allow_cuda_ipc", defaults["--allow_cuda_ipc"]) == "true"
@@ -250,6 +295,51 @@ def _check_fp4qd(obj, spec, kind, c, volumes, by_kind, errors):
     if ipc:
         _check_cuda_ipc(obj, spec, kind, c, by_kind, where, errors)
     return grpc_port, metrics_port
+
+
+def _check_env_references(c, by_kind, where, errors):
+    """$(VAR) in args must name an env var of the container (Kubernetes leaves unknown ones as
+    the literal text); a configMapKeyRef must name a ConfigMap and key that exist."""
+    env = {e.get("name"): e for e in c.get("env") or []}
+    for arg in c.get("args") or []:
+        for var in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", str(arg)):
+            if var not in env:
+                errors.append(f"{where}: argument {arg!r} uses $({var}), which is not an env "
+                              "var of the container")
+    for name, e in env.items():
+        ref = (e.get("valueFrom") or {}).get("configMapKeyRef")
+        if not ref:
+            continue
+        cm = by_kind.get("ConfigMap", {}).get(ref.get("name"))
+        if cm is None:
+            errors.append(f"{where}: env {name} reads missing ConfigMap {ref.get('name')!r}")
+        elif ref.get("key") not in (cm.get("data") or {}):
+            errors.append(f"{where}: env {name} reads key {ref.get('key')!r}, which ConfigMap "
+                          f"{ref.get('name')} does not have")
+
+
+def _network_policy_for(obj, grpc_port, c, by_kind):
+    """A NetworkPolicy selecting obj's pods, for Ingress, whose every rule names its sources and
+    whose rules reaching the gRPC port admit only selected namespaces or pods."""
+    labels = _pod_labels(obj)
+    names = {p.get("name"): p.get("containerPort") for p in c.get("ports") or []}
+    for np_ in by_kind.get("NetworkPolicy", {}).values():
+        spec = np_.get("spec") or {}
+        if np_["metadata"].get("namespace") != obj["metadata"].get("namespace"):
+            continue
+        if not _selects((spec.get("podSelector") or {}).get("matchLabels"), labels):
+            continue
+        if "Ingress" not in (spec.get("policyTypes") or []):
+            continue
+        rules = spec.get("ingress") or []
+        if any(not r.get("from") for r in rules):
+            continue  # a rule without sources admits every pod
+        reaching = [r for r in rules if any(
+            names.get(p.get("port"), p.get("port")) == grpc_port for p in r.get("ports") or [])]
+        if reaching and all(src.get("namespaceSelector") or src.get("podSelector")
+                            for r in reaching for src in r["from"]):
+            return np_
+    return None
 
 
 def _check_cuda_ipc(obj, spec, kind, c, by_kind, where, errors):
@@ -307,6 +397,19 @@ def _check_workload(obj, by_kind, errors):
             ports[p.get("containerPort")] = p.get("containerPort")
     for k, c in servers:
         _check_fp4qd(obj, spec, k, c, volumes, by_kind, errors)
+    if obj["kind"] == "Job" and servers:
+        for k, c in _containers(spec):
+            if (k, c) in servers or k != "container":
+                continue
+            vol = _mount_volume(c, volumes, "/tmp")
+            empty = (vol or {}).get("emptyDir")
+            size = quantity_bytes(empty.get("sizeLimit")) if empty and empty.get(
+                "sizeLimit") else None
+            if empty is None or empty.get("medium") == "Memory" or (
+                    empty.get("sizeLimit") and (size is None or size < TRAINER_TMP_BYTES)):
+                errors.append(f"{_name(obj)} container {c.get('name')}: /tmp must be a disk "
+                              f"emptyDir of at least {TRAINER_TMP_BYTES // 2**30}Gi (a PyTorch "
+                              "job's caches), got " + (str(empty) if vol else "no volume"))
     return {"labels": labels, "ports": ports, "servers": len(servers)}
 
 
@@ -344,6 +447,16 @@ def check(objects):
             if ep.get("port") != "metrics" or not all("metrics" in p["ports"] for p in targets):
                 errors.append(f"{_name(pm)}: endpoint port {ep.get('port')!r} is not the pods' "
                               "'metrics' port")
+    releases = {}
+    for kind in ("PodMonitor", "PrometheusRule"):
+        for o in by_kind.get(kind, {}).values():
+            release = (o["metadata"].get("labels") or {}).get("release")
+            if not release:
+                errors.append(f"{_name(o)}: no 'release' label: kube-prometheus-stack's default "
+                              "podMonitorSelector/ruleSelector would ignore it")
+            releases[_name(o)] = release
+    if len(set(releases.values())) > 1:
+        errors.append(f"PodMonitor and PrometheusRule carry different 'release' labels: {releases}")
     for pdb in by_kind.get("PodDisruptionBudget", {}).values():
         if not matching((pdb["spec"].get("selector") or {}).get("matchLabels")):
             errors.append(f"{_name(pdb)}: selector matches no pod template")

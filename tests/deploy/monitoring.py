@@ -8,7 +8,7 @@ import yaml
 
 import design_contract
 
-BASE = os.path.join(design_contract.REPO, "deploy", "base")
+BASE = os.path.join(design_contract.REPO, "deploy", "base", "monitoring")
 RULES = os.path.join(BASE, "prometheusrule.yaml")
 DASHBOARD = os.path.join(BASE, "dashboards", "fp4q.json")
 

@@ -525,7 +525,7 @@ TEST(CudaRuntimeTest, MissingLibraryIsFailedPreconditionNamingEachCandidate) {
       CudaRuntime::Load(
           {"libfp4q-no-such-cudart.so", "/nonexistent/libcudart.so"}),
       StatusIs(absl::StatusCode::kFailedPrecondition,
-               AllOf(HasSubstr("no CUDA runtime: libfp4q-no-such-cudart.so: "),
+               AllOf(HasSubstr("no CUDA runtime (tried libfp4q-no-such-cudart.so: "),
                      HasSubstr("/nonexistent/libcudart.so: "))));
 }
 

@@ -1,4 +1,4 @@
-// Reproduces every case of shared/golden/nvfp4_rtn_public.safetensors byte for byte: packed
+// Reproduces every case of tests/data/golden/nvfp4_rtn_public.safetensors byte for byte: packed
 // codes, E4M3 scale bytes, the global amax and S_enc, for f32 and bf16 inputs and 1x16 and
 // 16x16 blocks. The cases are those the file's `__metadata__.cases` lists (it may grow).
 #include <cstdint>
@@ -35,7 +35,7 @@ std::string Field(const JsonValue& c, const char* key) {
 }
 
 TEST(GoldenTest, ReproducesEveryCaseByteForByte) {
-  const std::string path = testing::SharedDir() + "/golden/nvfp4_rtn_public.safetensors";
+  const std::string path = testing::GoldenDir() + "/nvfp4_rtn_public.safetensors";
   auto file = SafetensorsFile::ReadFile(path);
   ASSERT_TRUE(file.ok()) << file.status();
   auto cases_text = file->Metadata("cases");

@@ -1,4 +1,4 @@
-// Awkward shapes x value ranges x dtypes (shared/STYLE.md "Tests"): every output byte is
+// Awkward shapes x value ranges x dtypes (the project's test style): every output byte is
 // written, the global record, each block scale and each code follow NUMERICS 2/8 as
 // re-derived here from the hand-tested format conversions, and the decode error stays within
 // half a grid step where the block scale is a normal E4M3 (or unclamped E8M0) value.

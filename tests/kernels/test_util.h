@@ -94,10 +94,10 @@ inline absl::Status QuantizeInto(Backend& backend, const ConstTensor& x,
                           columnwise ? &columnwise->view : nullptr, nullptr);
 }
 
-// Environment override or the CMake cache value of the shared/ folder.
-inline std::string SharedDir() {
-  const char* env = std::getenv("FP4Q_SHARED_DIR");
-  return env != nullptr && *env != '\0' ? env : FP4Q_SHARED_DIR;
+// The folder of the golden vectors: $FP4Q_GOLDEN_DIR, else the repository's tests/data/golden.
+inline std::string GoldenDir() {
+  const char* env = std::getenv("FP4Q_GOLDEN_DIR");
+  return env != nullptr && *env != '\0' ? env : FP4Q_GOLDEN_DIR;
 }
 
 }  // namespace fp4q::kernels::testing

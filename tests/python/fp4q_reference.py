@@ -1,9 +1,9 @@
-"""An independent numpy transcription of shared/NUMERICS.md, used as the tests' oracle.
+"""An independent numpy transcription of docs/NUMERICS.md, used as the tests' oracle.
 
 Written from the spec alone (no fp4q code): NVFP4 RTN and stochastic rounding (sections 1, 2,
 4), 16x16 blocks, the 128x4 scale swizzle (3), dequantization, the f64 matmul reference (9),
 error feedback (5) and the 16-point Hadamard transform with default signs (6). All arithmetic is
-numpy float32 (IEEE round-to-nearest-even per operation), in the order NUMERICS.md writes it.
+numpy float32 (IEEE round-to-nearest-even per operation), in the order docs/NUMERICS.md writes it.
 """
 
 import json

@@ -2,7 +2,7 @@
 
 Environment (set by tests/python/CMakeLists.txt; settable by hand):
   FP4Q_FP4QD             the fp4qd binary (default: <repo>/build/bin/fp4qd)
-  FP4Q_SHARED_DIR        the shared/ folder holding golden/ (default: <repo>/../shared)
+  FP4Q_GOLDEN_DIR        the folder of the golden vectors (default: <repo>/tests/data/golden)
   FP4Q_PROTO_DESCRIPTOR  the generated service descriptor (see fp4q/_protogen.py)
   FP4Q_KEEP_SERVER_LOGS  set: keep each server's stderr log (its path is Server.log_path)
 """
@@ -25,12 +25,12 @@ def fp4qd_path():
     return os.environ.get("FP4Q_FP4QD") or os.path.join(REPO, "build", "bin", "fp4qd")
 
 
-def shared_dir():
-    return os.environ.get("FP4Q_SHARED_DIR") or os.path.join(REPO, "..", "shared")
+def golden_dir():
+    return os.environ.get("FP4Q_GOLDEN_DIR") or os.path.join(REPO, "tests", "data", "golden")
 
 
 def golden_path():
-    return os.path.join(shared_dir(), "golden", "nvfp4_rtn_public.safetensors")
+    return os.path.join(golden_dir(), "nvfp4_rtn_public.safetensors")
 
 
 def socket_path(name):

@@ -1,7 +1,14 @@
 """Client logic that needs no server: descriptor, options, conversions, region cache."""
 
+import collections
 import ctypes
 import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
 import types
 import unittest
 from unittest import mock
@@ -12,6 +19,7 @@ import torch
 
 import fp4q
 from fp4q import _cuda_driver, _fast_socket, _messages, ipc, options, results, tensors
+from fp4q import _fast_frames, _regions, _requests, _session, _transport
 from fp4q._messages import pb
 
 
@@ -476,6 +484,479 @@ class ClientConstructionTest(unittest.TestCase):
         with self.assertRaisesRegex(fp4q.Fp4qError, r"ipc='require' but cuda:0 cannot"):
             c._ipc_refused(torch.device("cuda:0"), "no GPU here")
         c.close()
+
+
+# ---------------------------------------------------------------------- the client's parts
+
+
+def _reply_header(epoch):
+    return types.SimpleNamespace(header=pb.ReplyHeader(server_epoch=epoch))
+
+
+class LegacyFramesTest(unittest.TestCase):
+    """The fast socket's legacy frames are declared by the client, whatever proto/ holds."""
+
+    def test_the_legacy_messages_match_the_format_the_server_speaks(self):
+        req = _fast_frames.LegacyFastRequest.DESCRIPTOR
+        rep = _fast_frames.LegacyFastReply.DESCRIPTOR
+        self.assertEqual({f.name: f.number for f in req.fields},
+                         {"call_id": 1, "timeout_micros": 2, "hello": 10, "quantize": 11,
+                          "dequantize": 12, "qdq": 13, "matmul": 14, "update_weight": 15,
+                          "keep_alive": 16, "list_tensors": 17, "server_info": 18})
+        self.assertEqual([f.name for f in rep.fields][:3], ["call_id", "code", "message"])
+        self.assertEqual(rep.fields_by_name["qdq"].message_type.full_name, "fp4q.v1.QdqReply")
+        self.assertEqual(req.fields_by_name["hello"].message_type.full_name, "fp4q.v1.FastHello")
+        if "quantize" in pb.FastRequest.DESCRIPTOR.fields_by_name:  # proto/ still legacy
+            for mine, theirs in ((req, pb.FastRequest.DESCRIPTOR),
+                                 (rep, pb.FastReply.DESCRIPTOR)):
+                self.assertEqual(
+                    [(f.name, f.number, f.type, getattr(f.message_type, "full_name", None))
+                     for f in mine.fields],
+                    [(f.name, f.number, f.type, getattr(f.message_type, "full_name", None))
+                     for f in theirs.fields])
+
+    def test_frames_are_legacy_fast_requests_and_replies_parse(self):
+        for rpc, field in _fast_frames.OPS.items():
+            body = _messages.METHODS[rpc][1]().SerializeToString()
+            want = _fast_frames.LegacyFastRequest(call_id=7, timeout_micros=9)
+            getattr(want, field).SetInParent()
+            frame = _fast_frames.LEGACY.request(rpc, body)
+            self.assertEqual(frame.data(7, 9), want.SerializeToString(), rpc)
+        hello = _fast_frames.LEGACY.hello(pb.FastHello(session_id="s").SerializeToString())
+        self.assertEqual(hello.data(1, 0), _fast_frames.LegacyFastRequest(
+            call_id=1, hello=pb.FastHello(session_id="s")).SerializeToString())
+        reply = _fast_frames.LegacyFastReply(call_id=2**64 - 1, code=-5, message="m")
+        reply.qdq.global_amax = 3.0
+        got = _fast_frames.LEGACY.parse(reply.SerializeToString(), "Qdq")
+        self.assertEqual((got.call_id, got.code, got.message, got.carried),
+                         (2**64 - 1, -5, "m", "qdq"))
+        self.assertEqual(got.payload, pb.QdqReply(global_amax=3.0))
+        empty = _fast_frames.LEGACY.parse(b"", "Qdq")
+        self.assertEqual((empty.call_id, empty.code, empty.carried, empty.payload),
+                         (0, 0, None, None))
+        with self.assertRaises(Exception):
+            _fast_frames.LEGACY.parse(b"\xff" * 8, "Qdq")
+
+    def test_rpcs_without_a_reply_bound_go_by_grpc(self):
+        self.assertIsNone(_fast_frames.reply_inline_bytes("Step", pb.KeepAliveRequest()))
+        self.assertEqual(_fast_frames.reply_inline_bytes("KeepAlive", pb.KeepAliveRequest()), 0)
+        fs = _fast_socket.FastSocket("/nonexistent")
+        self.assertEqual([r for r in _messages.METHODS if fs.serves(r)],
+                         [r for r in _messages.METHODS if r in _fast_frames.OPS])
+
+    def test_quantize_sides_and_scale_shapes(self):
+        o = pb.Outputs
+        self.assertEqual(results.quantize_sides(0, 32, 64), [("rowwise", 32, 64)])
+        self.assertEqual(results.quantize_sides(o.OUTPUTS_BOTH, 32, 64),
+                         [("rowwise", 32, 64), ("columnwise", 64, 32)])
+        self.assertEqual(results.quantize_sides(o.OUTPUTS_COLUMNWISE, 32, 64),
+                         [("columnwise", 64, 32)])
+        self.assertEqual(results.scale_shape("nvfp4", None, "plain", 7, 48), (7, 3))
+        self.assertEqual(results.scale_shape("nvfp4", None, "swizzled", 130, 80), (256 * 8,))
+        self.assertEqual(results.scale_shape(pb.Format.FORMAT_MXFP4, 0, 0, 4, 64), (4, 2))
+        self.assertIsNone(results.scale_shape("nvfp4", None, "plain", 4, 24))
+
+
+_GENERIC_FRAMES_CHECK = r"""
+import json, fp4q
+from fp4q import _fast_frames
+from fp4q._messages import pb
+frame = _fast_frames.LEGACY.request("KeepAlive", b"")
+reply = _fast_frames.LegacyFastReply(call_id=3)
+reply.keep_alive.lease_seconds = 7
+got = _fast_frames.LEGACY.parse(reply.SerializeToString(), "KeepAlive")
+fp4q.Client("127.0.0.1:1").close()
+print(json.dumps({"fields": sorted(f.name for f in pb.FastRequest.DESCRIPTOR.fields),
+                  "frame": frame.data(5, 0).hex(), "lease": got.payload.lease_seconds}))
+"""
+
+
+class GenericFrameDescriptorTest(unittest.TestCase):
+    """proto/'s FastRequest/FastReply in the generic format (method + request bytes): the
+    package still loads and still speaks the legacy frames the server understands."""
+
+    def test_the_client_loads_a_descriptor_in_the_generic_frame_format(self):
+        with open(_messages.descriptor_path(), "rb") as f:
+            fds = _messages.descriptor_pb2.FileDescriptorSet.FromString(f.read())
+        F = _messages.descriptor_pb2.FieldDescriptorProto
+        (proto,) = [f for f in fds.file if f.name == "fp4q/v1/fp4q.proto"]
+        generic = {"FastRequest": [("call_id", 1, F.TYPE_UINT64, ""),
+                                   ("timeout_micros", 2, F.TYPE_UINT64, ""),
+                                   ("hello", 3, F.TYPE_MESSAGE, ".fp4q.v1.FastHello"),
+                                   ("method", 4, F.TYPE_STRING, ""),
+                                   ("request", 5, F.TYPE_BYTES, "")],
+                   "FastReply": [("call_id", 1, F.TYPE_UINT64, ""), ("code", 2, F.TYPE_INT32, ""),
+                                 ("message", 3, F.TYPE_STRING, ""), ("reply", 4, F.TYPE_BYTES, ""),
+                                 ("hello", 5, F.TYPE_MESSAGE, ".fp4q.v1.FastHelloReply")]}
+        for m in proto.message_type:
+            if m.name in generic:
+                del m.field[:]
+                del m.oneof_decl[:]
+                for name, number, kind, type_name in generic[m.name]:
+                    field = m.field.add(name=name, number=number, type=kind,
+                                        label=F.LABEL_OPTIONAL)
+                    if type_name:
+                        field.type_name = type_name
+        folder = tempfile.mkdtemp(prefix="fp4q-generic-")
+        self.addCleanup(lambda: (os.unlink(path), os.rmdir(folder)))
+        path = os.path.join(folder, "generic.binpb")
+        with open(path, "wb") as f:
+            f.write(fds.SerializeToString())
+        env = dict(os.environ, FP4Q_PROTO_DESCRIPTOR=path)
+        out = subprocess.run([sys.executable, "-c", _GENERIC_FRAMES_CHECK], env=env,
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        self.assertEqual(got["fields"], ["call_id", "hello", "method", "request",
+                                         "timeout_micros"])
+        self.assertEqual(got["frame"], "0805820100")  # call_id 5, keep_alive (16) empty
+        self.assertEqual(got["lease"], 7)
+
+
+class SessionPartTest(unittest.TestCase):
+    """fp4q._session against a scripted send."""
+
+    def setUp(self):
+        self.sent, self.replies, self.events = [], {}, []
+        self.session = _session.Session(self.send, "unit", lambda: self.events.append("forget"),
+                                        lambda: self.events.append("restart"))
+
+    def send(self, rpc, request):
+        self.sent.append(rpc)
+        reply = self.replies[rpc]
+        if isinstance(reply, Exception):
+            raise reply
+        return reply() if callable(reply) else reply
+
+    def test_open_ensure_and_reopen(self):
+        ids = iter(["a", "b"])
+        self.replies["OpenSession"] = lambda: pb.OpenSessionReply(session_id=next(ids))
+        self.assertIsNone(self.session.id)
+        self.assertEqual(self.session.ensure(), "a")
+        self.assertEqual(self.session.ensure(), "a")
+        self.assertEqual(self.sent, ["OpenSession"])
+        self.assertEqual(self.session.open(), "b")  # the old session is forgotten first
+        self.assertEqual((self.session.id, self.events), ("b", ["forget"]))
+        self.session.forget_if("a")  # another session's id: kept
+        self.assertEqual(self.session.id, "b")
+        self.session.forget_if("b")
+        self.assertEqual((self.session.id, self.events), (None, ["forget", "forget"]))
+
+    def test_close_forgets_even_when_the_server_refuses(self):
+        self.replies["OpenSession"] = pb.OpenSessionReply(session_id="a")
+        self.replies["CloseSession"] = fp4q.Fp4qError(grpc.StatusCode.UNAVAILABLE, "down")
+        self.session.open()
+        with self.assertRaises(fp4q.Fp4qError):
+            self.session.close()
+        self.assertIsNone(self.session.id)
+        self.replies["CloseSession"] = pb.CloseSessionReply(regions_released=3)
+        self.assertEqual(self.session.close(), 3)
+
+    def test_a_new_epoch_is_a_restart(self):
+        self.replies["OpenSession"] = pb.OpenSessionReply(session_id="a")
+        self.session.open()
+        self.session.see_header(_reply_header(1))
+        self.session.see_header(types.SimpleNamespace())  # a reply without a header
+        self.assertEqual((self.session.id, self.events), ("a", []))
+        self.assertEqual(self.session.last_header.server_epoch, 1)
+        self.session.see_header(_reply_header(2))
+        self.assertEqual((self.session.id, self.events), (None, ["forget", "restart"]))
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(self.session.last_header))
+        t.start()
+        t.join()
+        self.assertEqual(seen, [None])  # per thread
+
+    def test_lost_asks_with_a_keep_alive(self):
+        self.assertTrue(self.session.lost())  # no session: nothing to ask
+        self.assertEqual(self.sent, [])
+        self.replies["OpenSession"] = pb.OpenSessionReply(session_id="a")
+        self.session.open()
+        self.replies["KeepAlive"] = pb.KeepAliveReply(lease_seconds=30)
+        self.assertFalse(self.session.lost())
+        self.replies["KeepAlive"] = fp4q.Fp4qError(grpc.StatusCode.UNAVAILABLE, "down")
+        with self.assertRaises(fp4q.Fp4qError):
+            self.session.lost()
+        self.assertEqual(self.session.id, "a")
+        self.replies["KeepAlive"] = fp4q.Fp4qError(grpc.StatusCode.NOT_FOUND, "session")
+        self.assertTrue(self.session.lost())
+        self.assertIsNone(self.session.id)
+
+
+class _FakeTransfer:
+    def __init__(self, log, uses_regions):
+        self.log, self.uses_regions = log, uses_regions
+
+    def before_send(self):
+        self.log.append("before_send")
+
+    def after_reply(self):
+        self.log.append("after_reply")
+
+    def release(self):
+        self.log.append("release")
+
+
+class RequestsCallTest(unittest.TestCase):
+    """fp4q._requests.Requests.call: the rebuild-once rule for requests that name regions."""
+
+    def run_call(self, uses_regions, errors, lost=True):
+        log = []
+        regions = types.SimpleNamespace(transfer=lambda: _FakeTransfer(log, uses_regions))
+
+        def send(rpc, request, resend):
+            log.append(("send", request, resend))
+            if errors:
+                raise errors.pop(0)
+            return "reply"
+
+        def session_lost():
+            log.append("lost?")
+            return lost
+
+        def build(tr):
+            log.append("build")
+            return len([e for e in log if e == "build"]), "planned"
+
+        rq = _requests.Requests(send, session_lost, regions)
+        try:
+            return rq.call("Qdq", build), log
+        except fp4q.Fp4qError as e:
+            return e, log
+
+    def test_a_vanished_session_rebuilds_a_region_request_once(self):
+        not_found = fp4q.Fp4qError(grpc.StatusCode.NOT_FOUND, "region")
+        result, log = self.run_call(True, [not_found])
+        self.assertEqual(result, ("reply", "planned"))
+        self.assertEqual(log, ["build", "before_send", ("send", 1, False), "lost?", "release",
+                               "build", "before_send", ("send", 2, False), "after_reply",
+                               "release"])
+        result, log = self.run_call(True, [not_found, not_found])
+        self.assertIs(result.code, grpc.StatusCode.NOT_FOUND)
+        self.assertEqual(log.count("build"), 2)
+
+    def test_other_errors_and_inline_requests_are_not_rebuilt(self):
+        not_found = fp4q.Fp4qError(grpc.StatusCode.NOT_FOUND, "weight")
+        result, log = self.run_call(True, [not_found], lost=False)  # the session is fine
+        self.assertIs(result, not_found)
+        self.assertEqual(log.count("build"), 1)
+        result, log = self.run_call(False, [not_found])
+        self.assertIs(result, not_found)
+        self.assertEqual(log, ["build", "before_send", ("send", 1, True), "release"])
+        unavailable = fp4q.Fp4qError(grpc.StatusCode.UNAVAILABLE, "down")
+        result, log = self.run_call(True, [unavailable])
+        self.assertIs(result, unavailable)
+        self.assertNotIn("lost?", log)
+
+
+class _FakeFast:
+    """Stands in for a FastSocket: `script` holds one outcome per call (a reply or an error)."""
+
+    def __init__(self, script):
+        self.script, self.calls = script, []
+
+    def serves(self, rpc):
+        return rpc in _fast_frames.OPS
+
+    def frame(self, rpc, request):
+        if request.ByteSize() > 100:
+            raise _fast_socket.FrameTooLarge()
+        return "frame"
+
+    def call(self, rpc, msg, session_id, token, deadline):
+        self.calls.append((rpc, session_id, token))
+        outcome = self.script.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def reset(self):
+        self.calls.append("reset")
+
+    def close(self):
+        pass
+
+
+class TransportChoiceTest(unittest.TestCase):
+    """fp4q._transport.Transport: which transport a call takes and what it resends."""
+
+    def setUp(self):
+        self.counts = []
+        self.ids = ("s%d" % i for i in range(1, 100))
+        self.session = _session.Session(None, "unit", lambda: None, lambda: None)
+        self.session.ensure = self.ensure
+        self.grpc_calls = []
+        self.transport = _transport.Transport(
+            "127.0.0.1:1", session=self.session, timeout=None, token="tok", channel_options=(),
+            fast_socket=None, fast_socket_spin_us=0, count=lambda k, n=1: self.counts.append(k))
+        self.addCleanup(self.transport.close)
+        for rpc in ("Qdq", "KeepAlive", "ServerInfo"):
+            self.transport._stubs[rpc] = self.grpc_stub(rpc)
+
+    def ensure(self):
+        self.session._id = self.session._id or next(self.ids)
+        return self.session._id
+
+    def grpc_stub(self, rpc):
+        def stub(request, metadata, timeout):
+            self.grpc_calls.append((rpc, dict(metadata or ())))
+            return _messages.METHODS[rpc][2]()
+        return stub
+
+    def fast(self, *script):
+        self.transport.fast = _FakeFast(list(script))
+        return self.transport.fast
+
+    def test_small_calls_go_fast_large_ones_and_others_by_grpc(self):
+        fast = self.fast(pb.QdqReply(global_amax=1.0))
+        self.assertEqual(self.transport.send("Qdq", pb.QdqRequest()).global_amax, 1.0)
+        self.assertEqual(fast.calls, [("Qdq", "s1", "tok")])  # a session opened for it
+        big = pb.QdqRequest(input=pb.Tensor(inline_data=bytes(200)))
+        self.transport.send("Qdq", big)
+        self.transport.send("ServerInfo", pb.ServerInfoRequest())
+        self.assertEqual([c[0] for c in self.grpc_calls], ["Qdq", "ServerInfo"])
+        self.assertEqual(self.grpc_calls[0][1], {"fp4q-session": "s1",
+                                                 "authorization": "Bearer tok"})
+        self.assertEqual(self.counts, ["fast_socket_fallbacks"])
+
+    def test_keep_alive_without_a_session_goes_by_grpc(self):
+        fast = self.fast()
+        self.transport.send("KeepAlive", pb.KeepAliveRequest())
+        self.assertEqual((fast.calls, [c[0] for c in self.grpc_calls]), ([], ["KeepAlive"]))
+        self.assertIsNone(self.session.id)
+
+    def test_a_hello_refused_not_found_resends_only_what_may_be_resent(self):
+        gone = _fast_socket.HelloRefused(grpc.StatusCode.NOT_FOUND, "hello.session_id: gone")
+        fast = self.fast(gone, pb.QdqReply())
+        self.transport.send("Qdq", pb.QdqRequest(), resend=True)
+        self.assertEqual(fast.calls, [("Qdq", "s1", "tok"), ("Qdq", "s2", "tok")])
+        fast = self.fast(gone)
+        with self.assertRaises(fp4q.Fp4qError) as cm:
+            self.transport.send("Qdq", pb.QdqRequest(), resend=False)
+        self.assertEqual((cm.exception.code, cm.exception.message, cm.exception.rpc),
+                         (grpc.StatusCode.NOT_FOUND, "hello.session_id: gone", "Qdq"))
+        self.assertIsNone(self.session.id)  # forgotten: the next call opens another
+        fast = self.fast(gone, gone)
+        with self.assertRaises(fp4q.Fp4qError):
+            self.transport.send("Qdq", pb.QdqRequest(), resend=True)  # once, not twice more
+        self.assertEqual(len(fast.calls), 2)
+        refused = _fast_socket.HelloRefused(grpc.StatusCode.UNAUTHENTICATED, "hello.auth_token")
+        fast = self.fast(refused)
+        with self.assertRaises(fp4q.Fp4qError) as cm:
+            self.transport.send("Qdq", pb.QdqRequest(), resend=True)
+        self.assertEqual(cm.exception.code, grpc.StatusCode.UNAUTHENTICATED)
+        self.assertIsNotNone(self.session.id)  # not a session problem: kept
+
+
+
+class _FakeCudaTensor:
+    """What Transfer reads of a CUDA tensor, without a GPU (no bytes behind it)."""
+
+    is_cuda, requires_grad, dtype = True, False, torch.float32
+
+    def __init__(self, shape=(4, 16), device="cuda:0"):
+        self.shape, self.device = torch.Size(shape), torch.device(device)
+        self.copied_from = None
+
+    def numel(self):
+        return self.shape.numel()
+
+    def element_size(self):
+        return 4
+
+    def contiguous(self):
+        return self
+
+    def clone(self):
+        return _FakeCudaTensor(self.shape, self.device)
+
+    def copy_(self, src):
+        self.copied_from = src
+
+
+class TransferTest(unittest.TestCase):
+    """fp4q._regions: a CUDA tensor's way into a request (region slice, aligned copy, arena,
+    refusal), with the server's answers and the region cache scripted."""
+
+    def setUp(self):
+        self.stats, self.reasons, self.slices = collections.Counter(), {}, []
+        info = pb.ServerInfoReply(backend="cuda", supported_modes=["cuda_ipc"],
+                                  gpus=[pb.GpuInfo(uuid="GPU-00AA")])
+        self.regions = _regions.Regions(
+            "auto", 4, send=lambda rpc, req: info, ensure_session=lambda: "s",
+            count=lambda k, n=1: self.stats.update({k: n}), reasons=self.reasons)
+        patch = mock.patch.object(ipc, "device_uuid", return_value="gpu-00aa")
+        patch.start()
+        self.addCleanup(patch.stop)
+        self.regions.cache.slice_for = self.slice_for
+        self.misaligned = set()
+
+    def slice_for(self, tensor, uuid):
+        self.slices.append((tensor, uuid))
+        if id(tensor) in self.misaligned:
+            raise ipc.NoIpc("offset 4 in its allocation is not a multiple of 16")
+        return "r%d" % len(self.slices), 256
+
+    def test_an_input_travels_as_a_region_slice(self):
+        tr, t = self.regions.transfer(), _FakeCudaTensor()
+        self.assertEqual(tr.input_region(t), ("r1", 256))
+        self.assertEqual(self.slices, [(t, "GPU-00AA")])  # the server's spelling
+        self.assertTrue(tr.uses_regions)
+        self.assertEqual(self.stats, collections.Counter(ipc_tensors=1))
+        with mock.patch.object(torch.cuda, "current_stream") as stream:
+            tr.before_send()
+        stream.assert_called_once_with(torch.device("cuda:0"))
+        tr.release()
+
+    def test_a_misaligned_tensor_is_sent_as_an_aligned_copy(self):
+        tr, t = self.regions.transfer(), _FakeCudaTensor()
+        self.misaligned.add(id(t))
+        self.assertEqual(tr.input_region(t), ("r2", 256))
+        copy = self.slices[1][0]
+        self.assertIsNot(copy, t)
+        self.assertIsNone(copy.copied_from)  # clone() made it; nothing more to copy
+
+    def test_small_tensors_share_the_arena_for_the_whole_request(self):
+        arena = mock.Mock(lock=threading.Lock())
+        arena.fits.return_value = True
+        views = [_FakeCudaTensor(), _FakeCudaTensor()]
+        arena.take.side_effect = views
+        self.regions.arena_for = lambda device: arena
+        tr, a, b = self.regions.transfer(), _FakeCudaTensor(), _FakeCudaTensor()
+        self.assertEqual(tr.input_region(a), ("r1", 256))
+        self.assertEqual(tr.input_region(b), ("r2", 256))
+        self.assertEqual([s[0] for s in self.slices], views)
+        self.assertEqual((views[0].copied_from, views[1].copied_from), (a, b))
+        self.assertTrue(arena.lock.locked())  # held from the first slot to release()
+        tr.release()
+        self.assertFalse(arena.lock.locked())
+        arena.reset.assert_called_once_with()
+
+    def test_refusals_fall_back_inline_or_raise_under_require(self):
+        self.regions.info = pb.ServerInfoReply(backend="cpu", supported_modes=["nvfp4"])
+        tr = self.regions.transfer()
+        self.assertIsNone(tr.input_region(_FakeCudaTensor()))
+        self.assertFalse(tr.uses_regions)
+        self.assertIn("does not offer cuda_ipc", self.reasons["cuda:0"])
+        self.assertEqual(self.stats, collections.Counter(ipc_fallbacks=1))
+        self.regions.mode = "require"
+        with self.assertRaisesRegex(fp4q.Fp4qError, r"ipc='require' but cuda:0 cannot travel"):
+            tr.input_region(_FakeCudaTensor())
+        self.assertIsNone(self.regions.transfer().input_region(torch.ones(2)))  # CPU: inline
+
+    def test_a_server_refusing_registration_disables_ipc(self):
+        refusal = fp4q.Fp4qError(grpc.StatusCode.FAILED_PRECONDITION, "start with --allow_cuda_ipc")
+
+        def send(rpc, req):
+            if rpc == "RegisterCudaRegion":
+                raise refusal
+            return pb.ServerInfoReply(backend="cuda", supported_modes=["cuda_ipc"],
+                                      gpus=[pb.GpuInfo(uuid="GPU-00AA")])
+        self.regions._send = send
+        with self.assertRaisesRegex(ipc.NoIpc, r"refused RegisterCudaRegion: start with"):
+            self.regions._register_for_cache(b"h" * 64, 4096, "GPU-00AA")
+        with self.assertRaisesRegex(ipc.NoIpc, r"refused RegisterCudaRegion"):
+            self.regions.uuid_for(torch.device("cuda:0"))
 
 
 if __name__ == "__main__":

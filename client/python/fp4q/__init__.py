@@ -4,7 +4,8 @@
     client = fp4q.Client("127.0.0.1:50051")          # every RPC, torch tensors in and out
     q = client.quantize(x).rowwise                     # fp4q.QuantizedTensor
     fp4q.set_default_client(client)                    # for the fp4-train style functions:
-    packed, scale = fp4q.quantize(x, stochastic=True, seed=1, step=7)
+    packed, scale = fp4q.quantize(x, stochastic=True, seed=1, step=7)   # an fp4q.Fp4Tensor
+    y = fp4q.fp4_mm(a, b)                              # a @ b^T (tensor cores where there are)
     layer = fp4q.nn.Linear(1024, 4096)                 # drop-in nn.Linear, NVFP4 recipe
 
 Failures raise fp4q.Fp4qError (gRPC code + server message). See client.py for the transport
@@ -14,9 +15,10 @@ contract (inline vs CUDA IPC) and functional.py / nn.py for the numerics API.
 from fp4q import nn
 from fp4q.client import Client
 from fp4q.errors import Fp4qError
-from fp4q.functional import (ErrorFeedback, Fp4Operands, Fp4Pair, default_client, dequantize,
-                             fp4_linear, fp4_matmul, qdq, quantize, set_default_client,
-                             to_fp4_operands)
+from fp4q.functional import (ErrorFeedback, Fp4MmPath, Fp4Operands, Fp4Pair, Fp4Tensor,
+                             default_client, dequantize, fp4_linear, fp4_matmul, fp4_mm,
+                             fp4_mm_path, last_fp4_mm_path, qdq, quantize, set_default_client,
+                             swizzle_scales, to_fp4_operands)
 from fp4q.options import QuantOptions
 from fp4q.results import QuantizedTensor, QuantizeResult, UpdateResult, WeightState
 from fp4q.tensors import ClientArgumentError
@@ -24,8 +26,9 @@ from fp4q.tensors import ClientArgumentError
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "ClientArgumentError", "ErrorFeedback", "Fp4Operands", "Fp4Pair", "Fp4qError",
-    "QuantOptions", "QuantizeResult", "QuantizedTensor", "UpdateResult", "WeightState",
-    "default_client", "dequantize", "fp4_linear", "fp4_matmul", "nn", "qdq", "quantize",
-    "set_default_client", "to_fp4_operands",
+    "Client", "ClientArgumentError", "ErrorFeedback", "Fp4MmPath", "Fp4Operands", "Fp4Pair",
+    "Fp4Tensor", "Fp4qError", "QuantOptions", "QuantizeResult", "QuantizedTensor", "UpdateResult",
+    "WeightState", "default_client", "dequantize", "fp4_linear", "fp4_matmul", "fp4_mm",
+    "fp4_mm_path", "last_fp4_mm_path", "nn", "qdq", "quantize", "set_default_client",
+    "swizzle_scales", "to_fp4_operands",
 ]

@@ -1,10 +1,11 @@
 """The client end of fp4qd's fast socket (`fp4qd --fast_socket PATH`).
 
 Wire format (proto/fp4q/v1/fp4q.proto, "the fast socket"): a SOCK_SEQPACKET Unix socket where one
-message is one frame, a serialized fp4q.v1.FastRequest (here to the server) or FastReply (back),
-at most MAX_FRAME_BYTES each. The first frame of a connection is a hello binding it to a session.
+message is one frame, a FastRequest (here to the server) or FastReply (back), at most
+MAX_FRAME_BYTES each, in the format of a framing (fp4q._fast_frames: LEGACY, the one fp4qd
+speaks today). The first frame of a connection is a hello binding it to a session.
 
-What goes there (`frame()`): a request of OPS whose FastRequest fits in a frame, and whose reply's
+What goes there (`frame()`): a request the framing serves whose frame fits, and whose reply's
 inline tensors fit too, with REPLY_MARGIN_BYTES to spare (reply_inline_bytes; an output whose
 size the client cannot know, one of a server-held weight's shape, counts as too large). The
 server would do such a call's work and then answer RESOURCE_EXHAUSTED for its reply, which for
@@ -21,6 +22,8 @@ a residual or weight update is a step taken and an error seen; gRPC carries them
   never left) is tried once more on a fresh one.
 - `reset()` (the session was dropped or re-opened) closes the idle connections and makes the busy
   ones close when they come back, so every later call says hello again.
+- Thread-safe; it knows nothing of sessions beyond the id each call names (fp4q._transport
+  decides which calls come here and what a refused hello means for the session).
 
 Failures raise fp4q.Fp4qError exactly as a gRPC call would: the server's code (google.rpc.Code
 numbers are grpc.StatusCode values) and message; a failed connection is UNAVAILABLE; a missed
@@ -37,25 +40,15 @@ import time
 
 import grpc
 
-from fp4q import results
+from fp4q import _fast_frames
+from fp4q._fast_frames import (LEGACY, MAX_FRAME_BYTES, MAX_TIMEOUT_MICROS, REPLY_MARGIN_BYTES,
+                               reply_inline_bytes)
 from fp4q._messages import pb
 from fp4q.errors import Fp4qError
 
-MAX_FRAME_BYTES = 65536
-# Room in a reply frame for everything but the inline tensor bytes (header, shapes, amax).
-REPLY_MARGIN_BYTES = 1024
-# The server refuses timeout_micros over one day; a longer client timeout sends one day.
-MAX_TIMEOUT_MICROS = 86400 * 10**6
-
-# RPC name -> the FastRequest/FastReply oneof field carrying it.
-OPS = {
-    "Quantize": "quantize",
-    "Dequantize": "dequantize",
-    "Qdq": "qdq",
-    "Matmul": "matmul",
-    "UpdateWeight": "update_weight",
-    "KeepAlive": "keep_alive",
-}
+# The legacy format's names, here too: the frame tests build frames from them.
+Frame, OPS, _OP_KEYS, _HELLO_KEY = (_fast_frames.Frame, _fast_frames.OPS, _fast_frames._OP_KEYS,
+                                    _fast_frames._HELLO_KEY)
 
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 # send() errors that mean the frame did not leave: the peer is gone.
@@ -65,114 +58,6 @@ _SEND_GONE = (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.ECONNREFUSED)
 def status_code(number):
     """The grpc.StatusCode of a google.rpc.Code number (UNKNOWN for numbers it does not know)."""
     return _CODES.get(number, grpc.StatusCode.UNKNOWN)
-
-
-def _numel(shape):
-    n = 1
-    for d in shape:
-        n *= max(int(d), 0)
-    return n
-
-
-def _inline(target):
-    return not target.HasField("region")
-
-
-def _esize(dtype, default):
-    return {pb.DType.DTYPE_F32: 4, pb.DType.DTYPE_BF16: 2}.get(dtype or default, 4)
-
-
-def reply_inline_bytes(rpc, req):
-    """The inline tensor bytes the reply to `req` will carry, or None when the client cannot
-    tell (an output of a server-held weight's shape). Shapes the server will refuse count 0:
-    their reply is a short error."""
-    if rpc == "Quantize":
-        shape = list(req.input.shape)
-        if len(shape) != 2:
-            return 0
-        rows, cols = int(shape[0]), int(shape[1])
-        o = req.options
-        sides = []
-        if o.outputs in (0, pb.Outputs.OUTPUTS_ROWWISE, pb.Outputs.OUTPUTS_BOTH):
-            sides.append((req.rowwise_codes, req.rowwise_scales, rows, cols))
-        if o.outputs in (pb.Outputs.OUTPUTS_COLUMNWISE, pb.Outputs.OUTPUTS_BOTH):
-            sides.append((req.columnwise_codes, req.columnwise_scales, cols, rows))
-        total = 0
-        for codes, scales, r, c in sides:
-            if _inline(codes):
-                total += (max(r, 0) * max(c, 0) + 1) // 2
-            if _inline(scales):
-                total += results.scale_bytes(o.format, o.block, o.scale_layout, r, c) or 0
-        return total
-    if rpc == "Qdq":
-        if not _inline(req.out):
-            return 0
-        return _numel(req.input.shape) * _esize(req.out_dtype, req.input.dtype)
-    if rpc == "Dequantize":
-        if not _inline(req.out):
-            return 0
-        if req.input.WhichOneof("operand") != "tensor":
-            return None
-        return _numel(req.input.tensor.shape) * _esize(req.out_dtype, pb.DType.DTYPE_F32)
-    if rpc == "Matmul":
-        if not _inline(req.out):
-            return 0
-        if "weight_name" in (req.a.WhichOneof("operand"), req.b.WhichOneof("operand")):
-            return None
-        a, b = list(req.a.tensor.shape), list(req.b.tensor.shape)
-        if len(a) != 2 or len(b) != 2:
-            return 0
-        return max(int(a[0]), 0) * max(int(b[0]), 0) * _esize(req.out_dtype, pb.DType.DTYPE_F32)
-    if rpc == "UpdateWeight":
-        if not req.return_dequantized or not _inline(req.dequantized_out):
-            return 0
-        return _numel(req.update.shape) * 4  # the weight's dtype: at most f32
-    return 0
-
-
-def _varint(n):
-    """Protobuf's base-128 varint of a non-negative integer."""
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _key(field, wire_type):
-    """The key of FastRequest's field `field`: its number << 3 | the wire type, as a varint."""
-    return _varint(pb.FastRequest.DESCRIPTOR.fields_by_name[field].number << 3 | wire_type)
-
-
-_OP_KEYS = {rpc: _key(field, 2) for rpc, field in OPS.items()}  # 2: length-delimited
-_HELLO_KEY = _key("hello", 2)
-_CALL_ID_KEY = _key("call_id", 0)  # 0: varint (uint64)
-_TIMEOUT_KEY = _key("timeout_micros", 0)
-
-
-class Frame:
-    """A FastRequest but for call_id and timeout_micros, which each send fills in.
-
-    Holds the serialized oneof member (key, length, the request's own serialization): data() puts
-    the two varint fields before it, byte for byte what FastRequest.SerializeToString() writes
-    (fields in number order, zero values left out), without copying the request into a
-    FastRequest and serializing it again."""
-
-    __slots__ = ("op_bytes",)
-
-    def __init__(self, key, body):
-        self.op_bytes = key + _varint(len(body)) + body
-
-    def __len__(self):
-        """The size of the frame without call_id and timeout_micros (FastRequest.ByteSize())."""
-        return len(self.op_bytes)
-
-    def data(self, call_id, timeout_micros):
-        head = _CALL_ID_KEY + _varint(call_id) if call_id else b""
-        if timeout_micros:
-            head += _TIMEOUT_KEY + _varint(timeout_micros)
-        return head + self.op_bytes
 
 
 class FrameTooLarge(Exception):
@@ -239,8 +124,9 @@ def _readable(sock):
 class FastSocket:
     """A pool of fast-socket connections to one fp4qd. Thread-safe."""
 
-    def __init__(self, path, count=None, max_idle=8, spin=0.0):
+    def __init__(self, path, count=None, max_idle=8, spin=0.0, framing=LEGACY):
         self.path = path
+        self.framing = framing
         self._spin = spin  # seconds of busy-polling for each reply before blocking
         self._count = count or (lambda key, n=1: None)
         self._max_idle = max_idle
@@ -295,6 +181,10 @@ class FastSocket:
 
     # ------------------------------------------------------------------ calls
 
+    def serves(self, rpc):
+        """True when `rpc` may travel here (frame() may still refuse one call for its size)."""
+        return self.framing.serves(rpc)
+
     def frame(self, rpc, request):
         """A Frame carrying `request` (call_id and timeout are filled in when it is sent).
         Raises FrameTooLarge when it cannot fit in a frame (checked exactly when sent), or when
@@ -307,7 +197,7 @@ class FastSocket:
             out = None
         if out is None or out > MAX_FRAME_BYTES - REPLY_MARGIN_BYTES:
             raise FrameTooLarge()
-        msg = Frame(_OP_KEYS[rpc], request.SerializeToString())
+        msg = self.framing.request(rpc, request.SerializeToString())
         if len(msg) > MAX_FRAME_BYTES:
             raise FrameTooLarge()
         return msg
@@ -315,7 +205,7 @@ class FastSocket:
     def call(self, rpc, msg, session_id, token, deadline):
         """Sends `msg` (from frame()) as `rpc` on a connection bound to `session_id`; returns the
         reply message of the RPC. Raises FrameTooLarge (nothing sent), HelloRefused, Fp4qError."""
-        op = OPS[rpc]
+        op = self.framing.carried(rpc)
         for attempt in (0, 1):
             conn = self._take_idle(session_id)
             reused = conn is not None
@@ -346,11 +236,10 @@ class FastSocket:
         raise AssertionError("unreachable")
 
     def _payload(self, reply, op, rpc):
-        got = reply.WhichOneof("op")
-        if got != op:
+        if reply.carried != op:
             raise Fp4qError(grpc.StatusCode.INTERNAL, "fast socket %s: reply carries %s, not %s"
-                            % (self.path, got, op), rpc)
-        return getattr(reply, op)
+                            % (self.path, reply.carried, op), rpc)
+        return reply.payload
 
     def _unavailable(self, rpc, what):
         return Fp4qError(grpc.StatusCode.UNAVAILABLE, "fast socket %s: %s" % (self.path, what), rpc)
@@ -370,7 +259,7 @@ class FastSocket:
             except OSError as e:
                 raise self._unavailable(rpc, "connect: %s" % (e.strerror or e)) from None
             hello = pb.FastHello(session_id=session_id, auth_token=token or "")
-            reply = self._exchange(conn, rpc, Frame(_HELLO_KEY, hello.SerializeToString()),
+            reply = self._exchange(conn, rpc, self.framing.hello(hello.SerializeToString()),
                                    deadline, False)
             if reply.code != 0:
                 raise HelloRefused(status_code(reply.code), reply.message)
@@ -395,8 +284,9 @@ class FastSocket:
                     return None
 
     def _exchange(self, conn, rpc, msg, deadline, reused):
-        """One frame (`msg`, a Frame) out, one frame in: the FastReply with our call_id (its code
-        unchecked). Raising leaves `conn` out of step (the caller closes it)."""
+        """One frame (`msg`, a Frame) out, one frame in: the decoded reply (a _fast_frames.Reply)
+        with our call_id (its code unchecked). Raising leaves `conn` out of step (the caller
+        closes it)."""
         sock = conn.sock
         call_id = self._next_id()
         left = _remaining(deadline, rpc)
@@ -430,7 +320,7 @@ class FastSocket:
             raise Fp4qError(grpc.StatusCode.INTERNAL, "fast socket %s: a reply frame over %d "
                             "bytes" % (self.path, MAX_FRAME_BYTES), rpc)
         try:
-            reply = pb.FastReply.FromString(data)
+            reply = self.framing.parse(data, rpc)
         except Exception as e:  # noqa: BLE001 - protobuf's DecodeError differs across versions
             raise Fp4qError(grpc.StatusCode.INTERNAL, "fast socket %s: undecodable reply frame "
                             "(%d bytes): %s" % (self.path, len(data), e), rpc) from None

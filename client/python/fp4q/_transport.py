@@ -1,142 +1,138 @@
-"""One request's tensor transport: inline bytes, or CUDA IPC region slices.
+"""The client's call path: one request out, its reply back, by gRPC or by the fast socket.
 
-A `Transfer` is built per request by the client: `input()` fills a fp4q.v1.Tensor from a torch
-tensor, `output()` plans where an output goes (a region slice in a tensor allocated here, or
-inline), `before_send()` makes the client's GPU work on those tensors complete (the ordering
-contract of fp4q.proto), and `result()` turns a reply's TensorResult (or codes/scales bytes)
-into a torch tensor on the device the caller asked for (`result_tensor`).
+Contract
+- Owns the gRPC channel (no send/receive size limit; extra `channel_options` appended), one stub
+  per method of fp4q.v1.Fp4q (built from the descriptor's METHODS, so a new RPC needs nothing
+  here), the grpc.health.v1 stub, and the FastSocket when `fast_socket` is given.
+- send(rpc, request, resend=False) -> reply. Metadata: "fp4q-session" (the session's id, when
+  open) and "authorization: Bearer <token>" (when a token is set); deadline: `timeout` seconds
+  (None: none) for the whole call. Every reply passes through session.see_header (last_header,
+  restart detection).
+- Which transport: the fast socket when there is one, the framing serves the RPC and the call's
+  frame and reply fit (FastSocket.frame); else gRPC ("fast_socket_fallbacks" counts the calls
+  sent to gRPC for their size). A fast call needs a session: one is opened for it when none is
+  open, except KeepAlive (no session to keep: gRPC answers it, as it always did).
+- Resend rules (nothing else is ever sent twice):
+  - fast socket, the hello refused NOT_FOUND (the server no longer knows the session): the
+    session is forgotten, and a request with `resend` (one that names no region) is sent once
+    more in a new session; otherwise NOT_FOUND is raised with the hello's message.
+  - a send on a reused fast connection that finds the peer gone goes once more on a fresh
+    connection (the frame never left; fp4q._fast_socket).
+  - a request that names regions and is answered NOT_FOUND because its session vanished is
+    rebuilt and sent once more by fp4q._requests (only it can rebuild a request).
+- Errors: fp4q.Fp4qError with the gRPC code and the server's message, `rpc` set (a gRPC error
+  through errors.from_rpc_error; the fast socket's own as documented there). A
+  fast_socket_spin_us outside [0, 1000000] is a ClientArgumentError at construction.
+- Thread safety: any number of threads; each call is independent (the fast socket gives each
+  concurrent call its own connection).
 """
 
-import torch
+import os
+import time
 
-from fp4q import ipc
+import grpc
+
+from fp4q import _fast_socket
 from fp4q import tensors
+from fp4q._messages import HEALTH_CHECK_PATH, METHODS, loaded
+from fp4q.errors import Fp4qError, from_rpc_error
+
+SESSION_METADATA_KEY = "fp4q-session"
+AUTH_METADATA_KEY = "authorization"
 
 
-class Transfer:
-    def __init__(self, client):
-        self._client = client
-        self.uses_regions = False
-        self._devices = set()
-        self._keep = []          # tensors that must outlive the request
-        self._copy_back = []     # (arena view, destination tensor)
-        self._arena = None
+class Transport:
+    """`session` is the client's fp4q._session.Session; `count(key, n=1)` adds to its stats."""
 
-    # ------------------------------------------------------------------ plumbing
+    def __init__(self, target, *, session, timeout, token, channel_options, fast_socket,
+                 fast_socket_spin_us, count):
+        if (isinstance(fast_socket_spin_us, bool) or not isinstance(fast_socket_spin_us, int) or
+                not 0 <= fast_socket_spin_us <= 1000000):
+            raise tensors.ClientArgumentError(
+                "fast_socket_spin_us: %r is not an int in [0, 1000000]" % (fast_socket_spin_us,))
+        self._session = session
+        self._timeout = timeout
+        self._token = token or None
+        channel_opts = [("grpc.max_send_message_length", -1),
+                        ("grpc.max_receive_message_length", -1)] + list(channel_options)
+        self._channel = grpc.insecure_channel(target, options=channel_opts)
+        self._stubs = {
+            name: self._channel.unary_unary(path, request_serializer=req.SerializeToString,
+                                            response_deserializer=rep.FromString)
+            for name, (path, req, rep) in METHODS.items()}
+        self._health = self._channel.unary_unary(
+            HEALTH_CHECK_PATH, request_serializer=loaded().health_request.SerializeToString,
+            response_deserializer=loaded().health_response.FromString)
+        self.fast = (_fast_socket.FastSocket(os.fspath(fast_socket), count,
+                                             spin=fast_socket_spin_us * 1e-6)
+                     if fast_socket else None)
+        self._count = count
 
-    def _region_for(self, tensor):
-        """(region_id, offset) for a CUDA tensor, or raises ipc.NoIpc."""
-        device = tensor.device
-        uuid = self._client._ipc_uuid(device)
-        arena = self._client._arena_for(device)
-        nbytes = tensor.numel() * tensor.element_size()
-        if arena is not None and arena.fits(nbytes):
-            if self._arena is None:
-                arena.lock.acquire()
-                self._arena = arena
-            if self._arena is arena:
-                view = arena.take(nbytes, tensor.dtype, tuple(tensor.shape))
-                if view is not None:
-                    return view, self._client._regions.slice_for(view, uuid)
-        return tensor, self._client._regions.slice_for(tensor, uuid)
+    def close(self):
+        if self.fast is not None:
+            self.fast.close()
+        self._channel.close()
 
-    def _note_ipc(self, tensor):
-        self.uses_regions = True
-        self._devices.add(tensor.device)
-        self._client._count("ipc_tensors")
+    def session_changed(self):
+        """The session was forgotten: every fast connection says hello again, to the next."""
+        if self.fast is not None:
+            self.fast.reset()
 
-    # ------------------------------------------------------------------ inputs
+    def _metadata(self):
+        md = []
+        sid = self._session.id
+        if sid:
+            md.append((SESSION_METADATA_KEY, sid))
+        if self._token:
+            md.append((AUTH_METADATA_KEY, "Bearer " + self._token))
+        return tuple(md) or None
 
-    def input(self, msg, tensor, field):
-        """Fills `msg` (fp4q.v1.Tensor) from `tensor`; CUDA tensors by IPC when possible."""
-        if not isinstance(tensor, torch.Tensor):
-            raise tensors.ClientArgumentError("%s: expected a torch.Tensor, got %s" %
-                                              (field, type(tensor).__name__))
-        t = tensor.detach() if tensor.requires_grad else tensor
-        msg.dtype = tensors.proto_dtype(t, field)
-        del msg.shape[:]
-        msg.shape.extend(t.shape)
-        slot = self.input_region(t)
-        if slot is None:
-            msg.inline_data = tensors.tensor_bytes(t)
-            self._client._count("inline_tensors")
-        else:
-            msg.region.region_id, msg.region.offset = slot
-
-    def input_region(self, t):
-        """(region_id, offset) holding `t`'s bytes, or None to send it inline."""
-        if not t.is_cuda or t.numel() == 0:
-            return None
+    def send(self, rpc, request, resend=False):
+        """Sends one request (fast socket or gRPC); returns the reply or raises Fp4qError.
+        `resend`: the request names no region, so it may be sent again under a new session."""
+        if self.fast is not None and self.fast.serves(rpc):
+            reply = self._send_fast(rpc, request, resend)
+            if reply is not None:
+                self._session.see_header(reply)
+                return reply
         try:
-            src = t.contiguous()
+            reply = self._stubs[rpc](request, metadata=self._metadata(), timeout=self._timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, rpc) from None
+        self._session.see_header(reply)
+        return reply
+
+    def _send_fast(self, rpc, request, resend):
+        """The reply over the fast socket, or None where the call belongs on gRPC."""
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        try:
+            frame = self.fast.frame(rpc, request)
+        except _fast_socket.FrameTooLarge:
+            self._count("fast_socket_fallbacks")
+            return None
+        for attempt in (0, 1):
+            sid = self._session.id
+            if sid is None:
+                if rpc == "KeepAlive":
+                    return None  # no session to keep: gRPC answers as it always did
+                sid = self._session.ensure()  # a connection is bound to a session
             try:
-                dest, slot = self._region_for(src)
-            except ipc.NoIpc as e:
-                if "not a multiple" not in str(e):
-                    raise
-                src = src.clone()  # a fresh allocation is aligned
-                dest, slot = self._region_for(src)
-        except ipc.NoIpc as e:
-            self._client._ipc_refused(t.device, str(e))
-            return None
-        if dest is not src:
-            dest.copy_(src)
-        self._keep.append(dest)
-        self._note_ipc(dest)
-        return slot
+                return self.fast.call(rpc, frame, sid, self._token, deadline)
+            except _fast_socket.FrameTooLarge:
+                self._count("fast_socket_fallbacks")
+                return None
+            except _fast_socket.HelloRefused as e:
+                if e.code == grpc.StatusCode.NOT_FOUND:
+                    # The server no longer knows the session (expired, or a restarted server).
+                    self._session.forget_if(sid)
+                    if resend and attempt == 0:
+                        continue  # nothing was sent; a new session carries it
+                raise Fp4qError(e.code, e.message, rpc) from None
+        raise AssertionError("unreachable")
 
-    # ------------------------------------------------------------------ outputs
-
-    def output(self, target, shape, dtype, device):
-        """Plans an output of `shape`/`dtype` wanted on `device`.
-
-        Returns a tensor the server will write through IPC (and points `target`, a
-        fp4q.v1.OutputTarget, at it), or None for inline.
-        """
-        device = torch.device(device)
-        if device.type != "cuda":
-            return None
-        out = torch.empty(shape, dtype=dtype, device=device)
-        if out.numel() == 0:
-            return None
+    def health(self, service):
         try:
-            dest, slot = self._region_for(out)
-        except ipc.NoIpc as e:
-            self._client._ipc_refused(device, str(e))
-            return None
-        if dest is not out:
-            self._copy_back.append((dest, out))
-        self._keep.append(dest)
-        self._note_ipc(dest)
-        target.region.region_id, target.region.offset = slot
-        return out
-
-    # ------------------------------------------------------------------ ordering
-
-    def before_send(self):
-        for dev in self._devices:
-            torch.cuda.current_stream(dev).synchronize()
-
-    def after_reply(self):
-        for view, out in self._copy_back:
-            out.copy_(view)
-        self._copy_back = []
-        self.release()
-
-    def release(self):
-        if self._arena is not None:
-            self._arena.reset()
-            self._arena.lock.release()
-            self._arena = None
-        self._keep = []
-
-
-
-def result_tensor(planned, data, dtype, shape, device, field):
-    """An output as a torch tensor on `device`: `planned` when the server wrote it by IPC,
-    else the inline bytes (checked against dtype and shape) copied to `device`."""
-    if planned is not None:
-        return planned
-    t = tensors.from_bytes(data, dtype, shape, field)
-    device = torch.device(device)
-    return t if device.type == "cpu" else t.to(device)
+            reply = self._health(loaded().health_request(service=service), timeout=self._timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, "Health.Check") from None
+        return loaded().health_status.Name(reply.status)

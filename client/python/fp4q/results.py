@@ -79,6 +79,28 @@ def scale_bytes(fmt, block, layout, rows, cols):
     return rows * c
 
 
+def scale_shape(fmt, block, layout, rows, cols):
+    """The shape of the scales of a [rows, cols] quantization: [rows, cols / block] in the plain
+    layout, 1-D (the padded tiles) in the swizzled one; None if the shape is invalid."""
+    sb = scale_bytes(fmt, block, layout, rows, cols)
+    if sb is None:
+        return None
+    if opts.enum_value("scale_layout", layout) == pb.ScaleLayout.SCALE_LAYOUT_SWIZZLED:
+        return (sb,)
+    return (rows, sb // rows)
+
+
+def quantize_sides(outputs, rows, cols):
+    """The quantizations a Quantize of [rows, cols] returns for `outputs` (a fp4q.v1.Outputs
+    number): ("rowwise", rows, cols) and/or ("columnwise", cols, rows), in that order."""
+    sides = []
+    if outputs in (0, pb.Outputs.OUTPUTS_ROWWISE, pb.Outputs.OUTPUTS_BOTH):
+        sides.append(("rowwise", rows, cols))
+    if outputs in (pb.Outputs.OUTPUTS_COLUMNWISE, pb.Outputs.OUTPUTS_BOTH):
+        sides.append(("columnwise", cols, rows))
+    return sides
+
+
 @dataclasses.dataclass
 class QuantizeResult:
     """Quantize's outputs: rowwise quantizes x along its last axis, columnwise x^T."""

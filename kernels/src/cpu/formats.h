@@ -1,4 +1,4 @@
-// Element and scale formats of the CPU reference backend (shared/NUMERICS.md sections 1, 2, 8):
+// Element and scale formats of the CPU reference backend (docs/NUMERICS.md sections 1, 2, 8):
 // E2M1 codes, E4M3 and E8M0 scale bytes, bf16, and the f32 constants of the recipe.
 // Everything here is written for clarity over speed: it is the oracle the CUDA backend is
 // tested against. All functions are pure and thread-safe.

@@ -1,4 +1,4 @@
-// Element-level numerics of shared/NUMERICS.md for the CUDA kernels: E2M1 rounding (nearest and
+// Element-level numerics of docs/NUMERICS.md for the CUDA kernels: E2M1 rounding (nearest and
 // stochastic), E4M3/E8M0 scales, Philox4x32-10, the 16-point Hadamard butterfly and the
 // swizzled scale layout. Every f32 operation is written with an explicit _rn intrinsic (the
 // module is built with --fmad=false as well), so the CPU reference's operation order is kept.

@@ -324,9 +324,9 @@ TEST_F(CudaTest, UpdateWeightMatchesCpuOverSeveralSteps) {
 // ---------------------------------------------------------------- golden vectors
 
 TEST_F(CudaTest, ReproducesTheGoldenVectors) {
-  const char* dir = std::getenv("FP4Q_SHARED_DIR");
-  const std::string path = std::string(dir != nullptr && *dir ? dir : FP4Q_SHARED_DIR) +
-                           "/golden/nvfp4_rtn_public.safetensors";
+  const char* dir = std::getenv("FP4Q_GOLDEN_DIR");
+  const std::string path = std::string(dir != nullptr && *dir ? dir : FP4Q_GOLDEN_DIR) +
+                           "/nvfp4_rtn_public.safetensors";
   auto file = common::SafetensorsFile::ReadFile(path);
   ASSERT_TRUE(file.ok()) << file.status();
   auto cases = common::ParseJson(file->Metadata("cases").value());

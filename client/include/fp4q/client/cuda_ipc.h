@@ -1,13 +1,14 @@
 // Exporting CUDA IPC handles for device pointers, without linking CUDA.
 //
-// The client library never links CUDA at build time: CudaIpc::Load opens the CUDA runtime with
-// dlopen (libcudart.so.13, then libcudart.so, unless other candidates are given) and reaches
-// the three driver calls it needs (cuMemGetAddressRange, cuDeviceGet, cuDeviceGetUuid) through
-// cudaGetDriverEntryPointByVersion, or through libcuda.so.1 when the runtime lacks that call.
+// The client library never links CUDA at build time: CudaIpc::Load opens the CUDA runtime
+// through CudaRuntime (cuda_runtime.h: libcudart.so.13, then libcudart.so, unless other
+// candidates are given) and reaches the three driver calls it needs (cuMemGetAddressRange,
+// cuDeviceGet, cuDeviceGetUuid) through cudaGetDriverEntryPointByVersion, or through
+// libcuda.so.1 when the runtime lacks that call.
 //
 // Contract
-// - Load: FAILED_PRECONDITION naming every library tried and dlerror()'s reason when none
-//   loads or a required symbol is missing.
+// - Load: FAILED_PRECONDITION "CUDA runtime not found, ..." naming every library tried and
+//   dlerror()'s reason when none loads; "CUDA runtime LIB lacks ..." naming the missing calls.
 // - Export(ptr): the allocation holding `ptr` (found with cuMemGetAddressRange), its IPC handle
 //   (cudaIpcGetMemHandle of the allocation's base: a handle always describes a whole
 //   allocation), ptr's offset from the base and the GPU's UUID ("GPU-xxxxxxxx-xxxx-..." as
@@ -30,10 +31,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "fp4q/client/cuda_runtime.h"  // kCudaIpcHandleBytes
 
 namespace fp4q::client {
-
-inline constexpr size_t kCudaIpcHandleBytes = 64;
 
 struct CudaIpcExport {
   std::string handle;          // kCudaIpcHandleBytes bytes of cudaIpcMemHandle_t

@@ -11,7 +11,7 @@
 //   cols] with cols a multiple of 16, a finite positive s_enc and no NaN scale
 //   byte. Anything else is INVALID_ARGUMENT naming the field and its value (a
 //   reply is outside input too).
-// - Values follow shared/NUMERICS.md section 2: DQ = RN(RN(e2m1(code) * sf) *
+// - Values follow docs/NUMERICS.md section 2: DQ = RN(RN(e2m1(code) * sf) *
 // S_dec) in f32
 //   with S_dec = RN(1 / s_enc).
 // - A value type; thread-compatible.

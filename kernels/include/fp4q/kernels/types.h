@@ -1,6 +1,6 @@
 // Types shared by every fp4q kernels backend: dtypes, quantization options, non-owning tensor
 // views and the size arithmetic of the packed formats. The numerics themselves are defined by
-// shared/NUMERICS.md; section numbers below refer to it.
+// docs/NUMERICS.md; section numbers below refer to it.
 //
 // Nothing here allocates or owns memory. A view's pointers are host pointers for the CPU
 // backend and device pointers for the CUDA backend.

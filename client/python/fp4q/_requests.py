@@ -1,0 +1,288 @@
+"""Building requests from torch tensors and delivering the replies' tensors.
+
+Contract
+- call(rpc, build) runs one RPC whose request holds tensors: build(transfer) -> (request,
+  planned) fills the request through a fresh fp4q._regions.Transfer (inputs inline or by IPC,
+  outputs planned) and returns with it whatever the reply's decoding needs (`planned`); call
+  sends it (the client's send: fp4q._transport), waits for the server's writes, and returns
+  (reply, planned). Rebuild rule: a request that named regions and was answered NOT_FOUND while
+  its session turned out lost (Session.lost) is built again, in a new session with new
+  regions, and sent once more; every other error propagates. build may run twice: it must not
+  change anything outside the request it returns.
+- The building blocks a build uses: transfer.input(msg.field, tensor, "field") for an input,
+  plan_output(...) for an output (the caller's `out=` written in place by IPC when possible, a
+  tensor allocated here by IPC, or None: inline), fill_operand(...) for a QuantizedOperand (a
+  QuantizedTensor or a weight name), and after the reply deliver(...) (the planned tensor, or
+  the inline bytes as a tensor on the wanted device, copied into `out` when given) and
+  quantized_from_reply(...) (a QuantizedTensor from a fp4q.v1.QuantizedTensor).
+- Requests holds the RPCs with tensors (quantize, dequantize, qdq, matmul, create_weight,
+  update_weight, get_weight); fp4q.Client's methods of those names delegate here.
+- Outputs come back on the device of the request's main input (`device=` where there is none);
+  before a request that uses regions is sent, the current CUDA stream of each device involved
+  is synchronized; when a call returns, the server's writes are complete.
+- Errors: refused arguments raise fp4q.ClientArgumentError before anything is sent; a reply
+  that does not match what was asked is INTERNAL; the server's errors are fp4q.Fp4qError.
+- Thread safety: any number of threads; last_qdq_amax is per thread.
+
+A new RPC with tensors is one method here (or in the module that offers it, e.g. fp4q.optim):
+a build(tr) with the blocks above, call(rpc, build), and the reply decoded with deliver; then a
+public method that calls it. Its stub comes from the descriptor (fp4q._transport), sessions and
+retries are the call path's; over the fast socket it goes once its framing serves it and
+fp4q._fast_frames.REPLY_INLINE_BYTES bounds its reply (else it goes by gRPC).
+"""
+
+import threading
+
+import grpc
+import torch
+
+from fp4q import options as opts
+from fp4q import results
+from fp4q import tensors
+from fp4q._messages import pb
+from fp4q.errors import Fp4qError
+
+
+class Requests:
+    """`send(rpc, request, resend)` is the client's call path; `session_lost()` is
+    Session.lost; `regions` the client's fp4q._regions.Regions."""
+
+    def __init__(self, send, session_lost, regions):
+        self._send = send
+        self._session_lost = session_lost
+        self._regions = regions
+        self._tls = threading.local()
+
+    def call(self, rpc, build):
+        """Builds (request, planned) with a Transfer, sends it, returns (reply, planned)."""
+        for attempt in (0, 1):
+            transfer = self._regions.transfer()
+            try:
+                request, planned = build(transfer)
+                transfer.before_send()
+                try:
+                    reply = self._send(rpc, request, resend=not transfer.uses_regions)
+                except Fp4qError as e:
+                    if (attempt == 0 and transfer.uses_regions and
+                            e.code == grpc.StatusCode.NOT_FOUND and self._session_lost()):
+                        continue
+                    raise
+                transfer.after_reply()
+                return reply, planned
+            finally:
+                transfer.release()
+        raise AssertionError("unreachable")
+
+    @property
+    def last_qdq_amax(self):
+        return getattr(self._tls, "qdq_amax", None)
+
+    # ------------------------------------------------------------------ numerics
+
+    def quantize(self, x, o):
+        device = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
+
+        def build(tr):
+            req = pb.QuantizeRequest()
+            tr.input(req.input, x, "input")
+            o.fill(req.options)
+            return req, plan_quantize_outputs(tr, req, x, o)
+
+        reply, planned = self.call("Quantize", build)
+        out = {}
+        for which in ("rowwise", "columnwise"):
+            out[which] = (quantized_from_reply(getattr(reply, which), planned, which, device)
+                          if reply.HasField(which) else None)
+        return results.QuantizeResult(**out)
+
+    def dequantize(self, q, out_dtype, out, device):
+        def build(tr):
+            req = pb.DequantizeRequest(out_dtype=tensors.torch_dtype(out_dtype))
+            shape, dev = fill_operand(req.input, q, tr, "input", device)
+            if out is not None:
+                shape, dev = tuple(out.shape), out.device
+            planned = plan_output(tr, req.out, shape, out_dtype or torch.float32, dev, out)
+            return req, (planned, dev)
+
+        reply, (planned, dev) = self.call("Dequantize", build)
+        return deliver(reply.output, planned, dev, out, "output")
+
+    def qdq(self, x, o, out_dtype, out):
+        def build(tr):
+            req = pb.QdqRequest(out_dtype=tensors.torch_dtype(out_dtype))
+            tr.input(req.input, x, "input")
+            o.fill(req.options)
+            dtype = out_dtype or x.dtype
+            planned = plan_output(tr, req.out, tuple(x.shape), dtype, x.device, out)
+            return req, planned
+
+        reply, planned = self.call("Qdq", build)
+        self._tls.qdq_amax = reply.global_amax
+        return deliver(reply.output, planned, x.device, out, "output")
+
+    def matmul(self, a, b, out_dtype, out, device):
+        def build(tr):
+            req = pb.MatmulRequest(out_dtype=tensors.torch_dtype(out_dtype))
+            sa, da = fill_operand(req.a, a, tr, "a", device)
+            sb, _ = fill_operand(req.b, b, tr, "b", device)
+            shape = (sa[0], sb[0]) if sa and sb else None
+            dev = da
+            if out is not None:
+                shape, dev = tuple(out.shape), out.device
+            planned = plan_output(tr, req.out, shape, out_dtype or torch.float32, dev, out)
+            return req, (planned, dev)
+
+        reply, (planned, dev) = self.call("Matmul", build)
+        return deliver(reply.output, planned, dev, out, "output")
+
+    # ------------------------------------------------------------------ weights
+
+    def create_weight(self, name, initial, block, rounding, seed, error_feedback, dtype, step,
+                      device_uuid):
+        def build(tr):
+            req = pb.CreateWeightRequest(name=name, step=int(step), device_uuid=device_uuid)
+            tr.input(req.initial, initial, "initial")
+            w = req.options
+            w.block = opts.enum_value("block", block)
+            w.rounding = opts.enum_value("rounding", rounding)
+            opts._set_uint(w, "seed", seed)
+            w.error_feedback = bool(error_feedback)
+            w.dtype = tensors.torch_dtype(dtype, "dtype")
+            return req, None
+
+        return self.call("CreateWeight", build)[0].weight
+
+    def update_weight(self, name, step, update, lr, kind, return_dequantized, dequantized_out):
+        def build(tr):
+            req = pb.UpdateWeightRequest(name=name, step=int(step), lr=float(lr),
+                                         kind=opts.enum_value("kind", kind),
+                                         return_dequantized=bool(return_dequantized))
+            tr.input(req.update, update, "update")
+            planned = None
+            if dequantized_out is not None:
+                planned = plan_output(tr, req.dequantized_out, tuple(dequantized_out.shape),
+                                      dequantized_out.dtype, dequantized_out.device,
+                                      dequantized_out)
+            return req, planned
+
+        reply, planned = self.call("UpdateWeight", build)
+        deq = None
+        if reply.HasField("dequantized") and (reply.dequantized.inline_data or planned is not None):
+            dev = dequantized_out.device if dequantized_out is not None else update.device
+            deq = deliver(reply.dequantized, planned, dev, dequantized_out, "dequantized")
+        return results.UpdateResult(applied=reply.applied, last_step=reply.last_step,
+                                    dequantized=deq, global_amax=reply.global_amax)
+
+    def get_weight(self, name, dequantized, out_dtype, quantized, residual, device):
+        req = pb.GetWeightRequest(name=name, dequantized=bool(dequantized),
+                                  out_dtype=tensors.torch_dtype(out_dtype),
+                                  quantized=bool(quantized), residual=bool(residual))
+        reply = self._send("GetWeight", req)
+        deq = res = qt = None
+        if dequantized and reply.HasField("dequantized"):
+            deq = deliver(reply.dequantized, None, device, None, "dequantized")
+        if residual and reply.HasField("residual"):
+            res = deliver(reply.residual, None, device, None, "residual")
+        if quantized and reply.HasField("quantized"):
+            qt = quantized_from_reply(reply.quantized, {}, "quantized", torch.device(device))
+        return results.WeightState(info=reply.weight, dequantized=deq, quantized=qt, residual=res)
+
+
+# ---------------------------------------------------------------------- building blocks
+
+def plan_quantize_outputs(tr, req, x, o):
+    """Quantize's outputs by IPC for a 2-D CUDA x: {"rowwise_codes": tensor, ...}, each also
+    pointed at by the request's OutputTarget of that name; {} for inline outputs."""
+    planned = {}
+    if x.device.type != "cuda" or x.dim() != 2:
+        return planned
+    for which, rows, cols in results.quantize_sides(req.options.outputs, x.shape[0], x.shape[1]):
+        scale_shape = results.scale_shape(o.format, o.block, o.scale_layout, rows, cols)
+        if scale_shape is None:
+            continue  # the server will name the bad shape
+        planned[which + "_codes"] = tr.output(getattr(req, which + "_codes"),
+                                              (rows, cols // 2), torch.uint8, x.device)
+        planned[which + "_scales"] = tr.output(getattr(req, which + "_scales"),
+                                               scale_shape, torch.uint8, x.device)
+    return planned
+
+
+def quantized_from_reply(q, planned, which, device):
+    """A QuantizedTensor from a reply's fp4q.v1.QuantizedTensor: the planned tensors where the
+    server wrote them by IPC, else its inline bytes as tensors on `device`."""
+    q_shape = q.shape
+    if len(q_shape) != 2:
+        raise Fp4qError(grpc.StatusCode.INTERNAL,
+                        "reply %s.shape: %s is not [rows, cols]" % (which, list(q_shape)))
+    rows, cols = int(q_shape[0]), int(q_shape[1])
+    scale_shape = results.scale_shape(q.format, 0, q.scale_layout, rows, cols)
+    if scale_shape is None:
+        raise Fp4qError(grpc.StatusCode.INTERNAL, "reply %s: shape %s cannot be quantized"
+                        % (which, [rows, cols]))
+    parts = {}
+    for name, data_oneof, region, shape in (
+            ("codes", "codes_data", "codes_region", (rows, cols // 2)),
+            ("scales", "scales_data", "scales_region", scale_shape)):
+        kind = q.WhichOneof(data_oneof)
+        planned_t = planned.get(which + "_" + name) if planned else None
+        if kind == region and planned_t is None:
+            raise Fp4qError(grpc.StatusCode.INTERNAL, "reply %s.%s: written to a region "
+                            "this client did not ask for" % (which, name))
+        if kind != name and planned_t is not None:
+            parts[name] = planned_t  # the server wrote it by IPC
+        else:
+            parts[name] = result_tensor(None, getattr(q, name), pb.DType.DTYPE_U8, shape,
+                                        device, which + "." + name)
+    return results.QuantizedTensor(
+        codes=parts["codes"], scales=parts["scales"], rows=rows, cols=cols,
+        global_amax=q.global_amax, s_enc=q.s_enc, format=opts.enum_name("format", q.format),
+        block=opts.enum_name("block", q.block),
+        scale_layout=opts.enum_name("scale_layout", q.scale_layout))
+
+
+def fill_operand(msg, q, tr, field, device):
+    """Fills a QuantizedOperand; returns (shape or None, result device)."""
+    if isinstance(q, str):
+        msg.weight_name = q
+        return None, torch.device(device or "cpu")
+    if not isinstance(q, results.QuantizedTensor):
+        raise tensors.ClientArgumentError(
+            "%s: expected fp4q.QuantizedTensor or a weight name, got %s" %
+            (field, type(q).__name__))
+    q.fill(msg.tensor, tr, field)
+    return (q.rows, q.cols), (torch.device(device) if device else q.codes.device)
+
+
+def plan_output(tr, target, shape, dtype, device, out):
+    """Where an output of `shape` (None: unknown here) goes: `out` itself when the server can
+    write it by IPC, a tensor allocated here by IPC, or None (inline)."""
+    if shape is None:
+        return None
+    if (out is not None and out.device.type == "cuda" and out.is_contiguous() and
+            out.dtype == dtype):
+        slot = tr.input_region(out)  # registers out's allocation; the server writes it
+        if slot is not None:
+            target.region.region_id, target.region.offset = slot
+            return out
+    return tr.output(target, shape, dtype, device)
+
+
+def deliver(result, planned, device, out, field):
+    """A reply's TensorResult as a tensor on `device` (the planned one unless the server sent
+    bytes inline), copied into `out` when given and not already it."""
+    t = result_tensor(planned if not result.inline_data else None, result.inline_data,
+                      result.dtype, result.shape, device, field)
+    if out is not None and t is not out:
+        out.copy_(t)
+        return out
+    return t
+
+
+def result_tensor(planned, data, dtype, shape, device, field):
+    """An output as a torch tensor on `device`: `planned` when the server wrote it by IPC,
+    else the inline bytes (checked against dtype and shape) copied to `device`."""
+    if planned is not None:
+        return planned
+    t = tensors.from_bytes(data, dtype, shape, field)
+    device = torch.device(device)
+    return t if device.type == "cpu" else t.to(device)
