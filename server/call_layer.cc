@@ -128,6 +128,7 @@ void CallLayer::Run(IncomingCall call, std::unique_ptr<pb::Message> request, boo
                   nullptr, nullptr);
     }
   }
+  call.context.reply_limit = limit;
   std::shared_ptr<const pb::Message> req(std::move(request));
   op->start(env_, call.context, req,
             [this, done, arrival, limit, stateful = static_cast<bool>(op->inline_reply_bound)](

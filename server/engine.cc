@@ -382,6 +382,7 @@ void Engine::Dispatch(const RequestContext& ctx, Req req, Done<Res> done,
         call->result.meta.queue_micros = waited * 1e6;
         OpEnv env(device, stream, &call->scope, observer_, &call->result.meta, pool);
         env.set_namespace(call->ctx.ns);
+        env.set_context(&call->ctx);
         s = (this->*body)(env, call->req, &call->result);
         CheckHealth(*device);
         call->scope.pins.clear();  // the reply means client memory is no longer touched

@@ -219,6 +219,7 @@ void Engine::StartStep(std::shared_ptr<StepJob> job) {
           {
             OpEnv env(device, stream, &job->scope, observer_, &meta, pool);
             env.set_namespace(job->ns);
+            env.set_context(&job->ranks[0].ctx);
             StepPartSync sync{barrier.get()};
             s = RunStepPart(env, *job, mine, barrier != nullptr ? &sync : nullptr);
             if (barrier != nullptr && !sync.arrived) barrier->Failed(s);

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "fp4q/common/status_macros.h"
 
 namespace fp4q::server {
@@ -24,6 +25,27 @@ absl::StatusOr<uint8_t*> OpEnv::RegionSliceFor(const RegionSlice& slice, uint64_
   slices_.push_back(Slice{reinterpret_cast<uintptr_t>(p), reinterpret_cast<uintptr_t>(p) + bytes,
                           std::string(field), output});
   return p;
+}
+
+absl::Status OpEnv::StillWanted() const {
+  if (ctx_ == nullptr) return absl::OkStatus();
+  if (ctx_->is_cancelled && ctx_->is_cancelled()) {
+    return absl::CancelledError("the caller cancelled the request; the rest of the work was not done");
+  }
+  if (absl::Now() > ctx_->deadline) {
+    return absl::DeadlineExceededError(
+        "the request's deadline passed during the work; the rest of it was not done");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OpEnv::InlineFits(const OutputTarget& target, uint64_t bytes,
+                               absl::string_view field) const {
+  if (target.has_region || ctx_ == nullptr || ctx_->reply_limit == 0) return absl::OkStatus();
+  if (bytes <= ctx_->reply_limit) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      field, ": the inline output (", bytes, " bytes) would exceed this transport's reply limit of ",
+      ctx_->reply_limit, " bytes; nothing was run: give a CUDA IPC region for it"));
 }
 
 absl::StatusOr<kernels::ConstTensor> OpEnv::Input(const TensorIn& t, const DenseShape& shape,

@@ -60,6 +60,15 @@ class OpEnv {
   Device& device() { return *device_; }
   // The namespace of the request's names (Engine::ResolveNamespace) and a name's store key.
   void set_namespace(std::string ns) { ns_ = std::move(ns); }
+  // The request's context (deadline, cancellation, reply limit); set before the body runs.
+  void set_context(const RequestContext* ctx) { ctx_ = ctx; }
+  // DEADLINE_EXCEEDED / CANCELLED when the request's deadline passed or its caller went away:
+  // long work checks this between chunks and stops.
+  absl::Status StillWanted() const;
+  // RESOURCE_EXHAUSTED naming `field` when `bytes` returned inline could not fit the reply
+  // (checked before the work, so nothing is computed for a reply that cannot be sent).
+  absl::Status InlineFits(const OutputTarget& target, uint64_t bytes,
+                          absl::string_view field) const;
   const std::string& ns() const { return ns_; }
   std::string Key(absl::string_view name) const { return QualifiedName(ns_, name); }
   kernels::Backend& backend() { return *device_->backend; }
@@ -132,6 +141,7 @@ class OpEnv {
   ReplyMeta* meta_;
   ScratchPool* pool_;
   std::string ns_;
+  const RequestContext* ctx_ = nullptr;
   std::vector<DeviceBuffer> scratch_;
   std::vector<std::function<void()>> deferred_;
   std::vector<PendingCopy> pending_;

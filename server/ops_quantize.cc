@@ -62,6 +62,57 @@ absl::Status GuardStatus(const kernels::FiniteGuard& g, absl::string_view key) {
   }
 }
 
+// A's rows [r0, r0 + rows) as an operand of their own: plain scale layouts slice by rows (16x16
+// blocks at multiples of 16 rows); swizzled ones by 128-row tiles (a tile's scales are
+// contiguous). Null when `rows` cannot be cut there.
+bool RowSlice(const kernels::ConstQuantizedTensor& q, int64_t r0, int64_t rows,
+              kernels::ConstQuantizedTensor* out) {
+  const int64_t unit = q.scale_layout == kernels::ScaleLayout::kSwizzled ? 128
+                       : q.block == kernels::BlockShape::k16x16          ? 16
+                                                                         : 1;
+  if (r0 % unit != 0 || (rows % unit != 0 && r0 + rows != q.rows)) return false;
+  const int64_t per_block = kernels::BlockElems(q.format);
+  const int64_t scale_cols = q.cols / per_block;
+  *out = q;
+  out->rows = rows;
+  out->codes = q.codes + r0 * q.cols / 2;
+  out->codes_capacity = static_cast<size_t>(rows * q.cols / 2);
+  if (q.scale_layout == kernels::ScaleLayout::kSwizzled) {
+    const int64_t tile = ((scale_cols + 3) / 4) * 512;  // bytes of one 128-row tile
+    out->scales = q.scales + (r0 / 128) * tile;
+    out->scales_capacity = static_cast<size_t>((rows + 127) / 128 * tile);
+  } else {
+    out->scales = q.scales + r0 * scale_cols;
+    out->scales_capacity = static_cast<size_t>(rows * scale_cols);
+  }
+  return true;
+}
+
+absl::Status ChunkedMatmul(OpEnv& env, const kernels::ConstQuantizedTensor& a,
+                           const kernels::ConstQuantizedTensor& b, const kernels::MutTensor& c) {
+  const double per_row = static_cast<double>(b.rows) * static_cast<double>(a.cols);
+  const int64_t unit = a.scale_layout == kernels::ScaleLayout::kSwizzled ? 128
+                       : a.block == kernels::BlockShape::k16x16          ? 16
+                                                                         : 1;
+  int64_t chunk = static_cast<int64_t>(static_cast<double>(int64_t{1} << 27) / per_row);
+  chunk = std::max<int64_t>(unit, chunk / unit * unit);
+  const size_t esize = kernels::DTypeSize(c.dtype);
+  for (int64_t r0 = 0; r0 < a.rows; r0 += chunk) {
+    FP4Q_RETURN_IF_ERROR(env.StillWanted());
+    const int64_t rows = std::min(chunk, a.rows - r0);
+    kernels::ConstQuantizedTensor part;
+    if (!RowSlice(a, r0, rows, &part)) {
+      return env.backend().Matmul(a, b, c, env.stream());  // not sliceable: whole
+    }
+    kernels::MutTensor out = c;
+    out.data = static_cast<uint8_t*>(c.data) + static_cast<size_t>(r0 * c.cols) * esize;
+    out.rows = rows;
+    out.capacity = static_cast<size_t>(rows * c.cols) * esize;
+    FP4Q_RETURN_IF_ERROR(env.backend().Matmul(part, b, out, env.stream()));
+  }
+  return absl::OkStatus();
+}
+
 // Sizes and views of a quantized output [rows, cols] in `options`' format and layout.
 absl::StatusOr<kernels::QuantizedTensor> OutputTensor(const kernels::QuantizeOptions& o,
                                                       int64_t rows, int64_t cols) {
@@ -431,6 +482,7 @@ absl::Status Engine::RunDequantize(OpEnv& env, const DequantizeRequest& req,
   std::vector<std::unique_lock<std::mutex>> locks;
   FP4Q_RETURN_IF_ERROR(LockOperands({&op}, &locks));
   FP4Q_ASSIGN_OR_RETURN(size_t bytes, kernels::DenseBytes(op.q.rows, op.q.cols, dt, "out"));
+  FP4Q_RETURN_IF_ERROR(env.InlineFits(req.out, bytes, "out"));
   FP4Q_ASSIGN_OR_RETURN(uint8_t * out, env.Output(req.out, bytes, "out", &res->output));
   FP4Q_RETURN_IF_ERROR(env.CheckNoOverlap());
   if (op.entry != nullptr) env.AddProcessed(op.entry->sizes.codes + op.entry->sizes.scales);
@@ -537,6 +589,17 @@ absl::Status Engine::RunMatmul(OpEnv& env, const MatmulRequest& req, MatmulResul
   const int64_t m = a.q.rows;
   const int64_t n = b.q.rows;
   FP4Q_ASSIGN_OR_RETURN(size_t bytes, kernels::DenseBytes(m, n, dt, "out"));
+  FP4Q_RETURN_IF_ERROR(env.InlineFits(req.out, bytes, "out"));
+  // The CPU backend computes every product: refuse what would take hours, before it starts.
+  const double flops = static_cast<double>(m) * static_cast<double>(n) *
+                       static_cast<double>(a.q.cols);
+  if (env.device().host_memory && options_.cpu_max_request_flops > 0 &&
+      flops > static_cast<double>(options_.cpu_max_request_flops)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a: ", m, "x", a.q.cols, " times b: ", n, "x", b.q.cols, "^T is ", flops,
+        " multiply-adds, over the CPU backend's per-request limit of ",
+        options_.cpu_max_request_flops, " (fp4qd --cpu_max_request_flops); nothing was run"));
+  }
   FP4Q_ASSIGN_OR_RETURN(uint8_t * out, env.Output(req.out, bytes, "out", &res->output));
   FP4Q_RETURN_IF_ERROR(env.CheckNoOverlap());
   kernels::MutTensor c{out, dt, m, n, bytes};
@@ -546,8 +609,11 @@ absl::Status Engine::RunMatmul(OpEnv& env, const MatmulRequest& req, MatmulResul
     s = RenameField(s, "b", b.entry ? "b.weight_name" : "b.tensor");
     FP4Q_RETURN_IF_ERROR(RenameField(s, "c", "out"));
   }
-  absl::Status s =
-      env.Kernel("matmul", [&] { return env.backend().Matmul(a.q, b.q, c, env.stream()); });
+  absl::Status s = env.Kernel("matmul", [&] {
+    if (!env.device().host_memory) return env.backend().Matmul(a.q, b.q, c, env.stream());
+    // On the CPU: row chunks of A (~2^27 multiply-adds each), the deadline checked between them.
+    return ChunkedMatmul(env, a.q, b.q, c);
+  });
   if (s.ok()) s = env.FinishOutputs();
   FP4Q_RETURN_IF_ERROR(s);
   res->output.dtype = ToWireDType(dt);

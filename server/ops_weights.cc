@@ -301,6 +301,16 @@ absl::Status Engine::RunGetWeight(OpEnv& env, const GetWeightRequest& req, GetWe
         " keeps no optimizer state (plain SGD; see CreateWeight's options.optimizer)"));
   }
   kernels::QuantizedTensor w = e->Weight();
+  {  // Everything returned inline must fit one reply: checked before anything is read.
+    uint64_t inline_bytes = 0;
+    if (req.dequantized && !req.out.has_region) {
+      inline_bytes += static_cast<uint64_t>(e->rows * e->cols) * kernels::DTypeSize(dt);
+    }
+    if (req.quantized) inline_bytes += e->sizes.codes + e->sizes.scales;
+    if (req.residual) inline_bytes += e->sizes.residual;
+    if (req.optimizer_state) inline_bytes += e->optimizer_bytes.load();
+    FP4Q_RETURN_IF_ERROR(env.InlineFits(OutputTarget{}, inline_bytes, "reply"));
+  }
   if (req.dequantized) {
     FP4Q_ASSIGN_OR_RETURN(size_t bytes, kernels::DenseBytes(e->rows, e->cols, dt, "out"));
     FP4Q_ASSIGN_OR_RETURN(uint8_t * out, env.Output(req.out, bytes, "out", &res->dequantized));

@@ -168,6 +168,9 @@ struct RequestContext {
   // The namespace the request's names live in: resolved by the engine from the session (or the
   // bound namespace) before the request is routed. Transports leave it empty.
   std::string ns;
+  // Bytes the transport can carry back in one reply (0: no limit): operations refuse inline
+  // outputs that could not fit before they do the work.
+  uint64_t reply_limit = 0;
 };
 
 // ---------------------------------------------------------------- operations
