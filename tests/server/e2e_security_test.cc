@@ -223,7 +223,8 @@ TEST(E2eSecurityTest, ErrorsCarryOnlyWhatTheCallerSent) {
     answers.push_back({"get", Call(*stub, r, bob)});
   }
   answers.push_back({"update", Call(*stub, U("ghost", 1, InlineTensor(RandomF32(32, 1), 2, 16)))});
-  // A checkpoint that fails: the state directory is gone.
+  // A checkpoint that fails: the state directory is gone (with its lock file, server/state_dir.h).
+  ::unlink((state + "/fp4q-state.lock").c_str());
   ASSERT_EQ(::rmdir(state.c_str()), 0);
   {
     v1::CheckpointReply rep;
