@@ -5,14 +5,20 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "fp4q/common/status_macros.h"
+#include "fp4q/kernels/types.h"
 #include "server/crc32c.h"
+#include "server/request_checks.h"
 
 namespace fp4q::server {
 namespace {
@@ -26,8 +32,18 @@ constexpr size_t kEndBytes = 13;
 constexpr size_t kTrailerBytes = 12;
 constexpr uint8_t kEndKind = 0xFF;
 constexpr uint32_t kMaxNameLen = 4096;
+// kCheckpointFileName + kCheckpointTempSuffix (checkpoint_test checks that they agree).
+constexpr char kTempName[] = "fp4q-state.ckpt.tmp";
 
 std::string ErrnoText(int err) { return std::strerror(err); }
+
+const char* FileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  return "a special file";
+}
 
 // Little-endian encoding into a byte string.
 class Encoder {
@@ -123,14 +139,25 @@ class File {
     if (fd_ >= 0) ::close(fd_);
   }
   absl::Status Open(const std::string& path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NOFOLLOW: a symlink at the checkpoint's path is refused, not read; O_NONBLOCK: a FIFO
+    // there cannot hang the open (regular files ignore the flag).
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd_ < 0) {
       if (errno == ENOENT) return absl::NotFoundError("no checkpoint file");
+      if (errno == ELOOP) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint: ", path,
+            " is a symbolic link; fp4qd never writes one and does not follow one (remove it)"));
+      }
       return absl::UnavailableError(absl::StrCat("checkpoint: open: ", ErrnoText(errno)));
     }
     struct stat st;
     if (::fstat(fd_, &st) != 0) {
       return absl::UnavailableError(absl::StrCat("checkpoint: stat: ", ErrnoText(errno)));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint: ", path, " is ", FileKind(st.st_mode), ", not a regular file fp4qd wrote"));
     }
     size_ = static_cast<uint64_t>(st.st_size);
     return absl::OkStatus();
@@ -217,11 +244,37 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(const 
                                                                           uint64_t server_epoch) {
   std::unique_ptr<CheckpointWriter> w(new CheckpointWriter());
   w->dir_ = dir;
-  w->tmp_path_ = absl::StrCat(dir, "/", kCheckpointFileName, kCheckpointTempSuffix);
-  w->file_ = std::fopen(w->tmp_path_.c_str(), "wbe");
-  if (w->file_ == nullptr) {
+  w->dir_fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (w->dir_fd_ < 0) {
     return absl::UnavailableError(
-        absl::StrCat("checkpoint: cannot create the temporary file: ", ErrnoText(errno)));
+        absl::StrCat("checkpoint: cannot open the state directory: ", ErrnoText(errno)));
+  }
+  // A temporary left by a crash (or planted): remove the entry itself, whatever it is. unlinkat
+  // never follows a symlink; a directory there fails (EISDIR) and so does the checkpoint.
+  if (::unlinkat(w->dir_fd_, kTempName, 0) != 0 && errno != ENOENT) {
+    return absl::UnavailableError(absl::StrCat("checkpoint: cannot remove the stale temporary ",
+                                               kTempName, ": ", ErrnoText(errno)));
+  }
+  const int fd =
+      ::openat(w->dir_fd_, kTempName, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == EEXIST) {
+      return absl::UnavailableError(absl::StrCat(
+          "checkpoint: ", kTempName,
+          " reappeared between its removal and its exclusive creation (another writer in the "
+          "state directory?); nothing written"));
+    }
+    return absl::UnavailableError(
+        absl::StrCat("checkpoint: cannot create ", kTempName, ": ", ErrnoText(err)));
+  }
+  w->created_ = true;
+  w->file_ = ::fdopen(fd, "wb");
+  if (w->file_ == nullptr) {
+    const int err = errno;
+    ::close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("checkpoint: cannot create ", kTempName, ": ", ErrnoText(err)));
   }
   Encoder e;
   e.Bytes(kMagic, sizeof(kMagic));
@@ -235,7 +288,8 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(const 
 
 CheckpointWriter::~CheckpointWriter() {
   if (file_ != nullptr) std::fclose(file_);
-  if (!committed_ && !tmp_path_.empty()) ::unlink(tmp_path_.c_str());
+  if (created_ && !committed_) ::unlinkat(dir_fd_, kTempName, 0);
+  if (dir_fd_ >= 0) ::close(dir_fd_);
 }
 
 absl::Status CheckpointWriter::Write(const void* data, size_t n) {
@@ -293,25 +347,34 @@ absl::StatusOr<CheckpointStats> CheckpointWriter::Commit() {
   if (::fsync(fileno(file_)) != 0) {
     return absl::UnavailableError(absl::StrCat("checkpoint: fsync: ", ErrnoText(errno)));
   }
+  struct stat written;
+  if (::fstat(fileno(file_), &written) != 0) {
+    return absl::UnavailableError(absl::StrCat("checkpoint: stat: ", ErrnoText(errno)));
+  }
   if (std::fclose(file_) != 0) {
     file_ = nullptr;
     return absl::UnavailableError(absl::StrCat("checkpoint: close: ", ErrnoText(errno)));
   }
   file_ = nullptr;
-  const std::string final_path = absl::StrCat(dir_, "/", kCheckpointFileName);
-  if (::rename(tmp_path_.c_str(), final_path.c_str()) != 0) {
+  // renameat replaces the entry at the final path (a symlink there included) without following
+  // it, and moves the entry at the temporary path: check that it is still the inode written.
+  if (::renameat(dir_fd_, kTempName, dir_fd_, kCheckpointFileName) != 0) {
     return absl::UnavailableError(absl::StrCat("checkpoint: rename: ", ErrnoText(errno)));
   }
   committed_ = true;
-  int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) {
-    return absl::UnavailableError(absl::StrCat("checkpoint: open dir: ", ErrnoText(errno)));
+  struct stat installed;
+  if (::fstatat(dir_fd_, kCheckpointFileName, &installed, AT_SYMLINK_NOFOLLOW) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("checkpoint: stat ", kCheckpointFileName, ": ", ErrnoText(errno)));
   }
-  const int rc = ::fsync(dfd);
-  const int err = errno;
-  ::close(dfd);
-  if (rc != 0)
-    return absl::UnavailableError(absl::StrCat("checkpoint: fsync dir: ", ErrnoText(err)));
+  if (installed.st_dev != written.st_dev || installed.st_ino != written.st_ino) {
+    return absl::UnavailableError(absl::StrCat(
+        "checkpoint: ", kTempName, " was replaced while it was written; ", kCheckpointFileName,
+        " is not the file written (the next checkpoint replaces it; restore refuses a symlink)"));
+  }
+  if (::fsync(dir_fd_) != 0) {
+    return absl::UnavailableError(absl::StrCat("checkpoint: fsync dir: ", ErrnoText(errno)));
+  }
   CheckpointStats stats;
   stats.file_name = kCheckpointFileName;
   stats.bytes = body_bytes_ + kTrailerBytes;
@@ -375,6 +438,219 @@ absl::Status ReadCheckpoint(const std::string& path,
     }
     return sink(std::move(r));
   });
+}
+
+// ---------------------------------------------------------------- meaning
+
+namespace {
+
+// The record kinds: their number in the file and their name in messages. A new kind (optimizer
+// state, ...) is a row here plus its rows in kFieldRules.
+struct KindRow {
+  uint8_t kind;
+  const char* name;
+};
+constexpr KindRow kKinds[] = {{1, "weight"}, {2, "residual"}};
+
+constexpr uint32_t Bit(uint8_t kind) { return kind < 32 ? 1u << kind : 0; }  // kinds < 32
+constexpr uint32_t kWeight = Bit(1);
+constexpr uint32_t kResidual = Bit(2);
+constexpr uint32_t kEveryKind = kWeight | kResidual;
+
+const char* KindName(uint8_t kind) {
+  for (const KindRow& k : kKinds) {
+    if (k.kind == kind) return k.name;
+  }
+  return nullptr;
+}
+
+using Problem = std::optional<std::string>;  // what is wrong with the field; nullopt: fine
+
+// One rule: the field it judges (as the layout in checkpoint.h spells it), the kinds it applies
+// to, and the judgement. Rules run in table order and the first problem is the answer, so a
+// rule may rely on every earlier rule of its kind (lengths after shapes, values after lengths).
+struct FieldRule {
+  const char* field;
+  uint32_t kinds;
+  Problem (*check)(const CheckpointRecord& r);
+};
+
+Problem Unless(bool ok, std::string problem) {
+  if (ok) return std::nullopt;
+  return problem;
+}
+
+template <typename T>
+Problem MustBeZero(T v) {
+  return Unless(v == T{0}, absl::StrCat(v, " in a residual record (must be 0)"));
+}
+
+Problem LengthIs(uint64_t got, absl::StatusOr<size_t> want, absl::string_view what) {
+  if (!want.ok()) return std::string(absl::StripPrefix(want.status().message(), "shape: "));
+  return Unless(got == *want, absl::StrCat(got, " bytes; ", what, " needs ", *want));
+}
+
+const FieldRule kFieldRules[] = {
+    // ---- every kind: identity and shape.
+    {"name", kEveryKind,
+     [](const CheckpointRecord& r) -> Problem {
+       absl::Status s = CheckName(r.name, "name");
+       if (s.ok()) return std::nullopt;
+       return std::string(absl::StripPrefix(s.message(), "name: "));
+     }},
+    {"device", kEveryKind,
+     [](const CheckpointRecord& r) -> Problem {
+       if (r.device.empty() || r.device.size() > kMaxNameBytes) {
+         return absl::StrCat(r.device.size(), " bytes; a device label has 1..", kMaxNameBytes);
+       }
+       for (size_t i = 0; i < r.device.size(); ++i) {
+         const unsigned char c = r.device[i];
+         if (c < 0x21 || c > 0x7E) {
+           return absl::StrCat("byte ", i, " (0x", absl::Hex(c, absl::kZeroPad2),
+                               ") is not printable ASCII");
+         }
+       }
+       return std::nullopt;
+     }},
+    {"rows", kEveryKind,
+     [](const CheckpointRecord& r) { return Unless(r.rows >= 1, absl::StrCat(r.rows, " < 1")); }},
+    {"cols", kEveryKind,
+     [](const CheckpointRecord& r) { return Unless(r.cols >= 1, absl::StrCat(r.cols, " < 1")); }},
+    {"last_step", kEveryKind,
+     [](const CheckpointRecord& r) {
+       return Unless(r.last_step >= 0, absl::StrCat(r.last_step, " is negative"));
+     }},
+    // ---- weight: enums, then the NVFP4 shape rules, the global record, the part lengths.
+    {"block", kWeight,
+     [](const CheckpointRecord& r) {
+       return Unless(
+           r.block == 1 || r.block == 2,
+           absl::StrCat(r.block, " is not BLOCK_SHAPE_1X16 (1) or BLOCK_SHAPE_16X16 (2)"));
+     }},
+    {"rounding", kWeight,
+     [](const CheckpointRecord& r) {
+       return Unless(
+           r.rounding == 1 || r.rounding == 2,
+           absl::StrCat(r.rounding, " is not ROUNDING_NEAREST (1) or ROUNDING_STOCHASTIC (2)"));
+     }},
+    {"dtype", kWeight,
+     [](const CheckpointRecord& r) {
+       return Unless(r.dtype == kWireF32 || r.dtype == kWireBF16,
+                     absl::StrCat(r.dtype, " is not DTYPE_F32 (1) or DTYPE_BF16 (2)"));
+     }},
+    {"cols", kWeight,
+     [](const CheckpointRecord& r) {
+       return Unless(r.cols % 16 == 0, absl::StrCat(r.cols, " is not a multiple of 16 (NVFP4)"));
+     }},
+    {"rows", kWeight,
+     [](const CheckpointRecord& r) {
+       return Unless(r.block != 2 || r.rows % 16 == 0,
+                     absl::StrCat(r.rows, " is not a multiple of 16 (16x16 blocks)"));
+     }},
+    {"global_amax", kWeight,
+     [](const CheckpointRecord& r) {
+       return Unless(std::isfinite(r.global_amax) && r.global_amax >= 0.0f,
+                     absl::StrCat(r.global_amax, " is not finite and >= 0"));
+     }},
+    {"s_enc", kWeight,
+     [](const CheckpointRecord& r) {
+       return Unless(std::isfinite(r.s_enc) && r.s_enc > 0.0f,
+                     absl::StrCat(r.s_enc, " is not finite and > 0"));
+     }},
+    {"codes_len", kWeight,
+     [](const CheckpointRecord& r) {
+       return LengthIs(r.codes.size(), kernels::CodeBytes(r.rows, r.cols, "shape"),
+                       absl::StrCat("[", r.rows, ", ", r.cols, "]"));
+     }},
+    {"scales_len", kWeight,
+     [](const CheckpointRecord& r) {
+       return LengthIs(r.scales.size(),
+                       kernels::ScaleBytes(r.rows, r.cols, kernels::Format::kNvfp4,
+                                           kernels::ScaleLayout::kPlain, "shape"),
+                       absl::StrCat("[", r.rows, ", ", r.cols, "]"));
+     }},
+    {"residual_len", kWeight,
+     [](const CheckpointRecord& r) -> Problem {
+       if (!r.error_feedback) {
+         return Unless(
+             r.residual.empty(),
+             absl::StrCat(r.residual.size(), " bytes without error feedback (must be 0)"));
+       }
+       return LengthIs(r.residual.size(),
+                       kernels::DenseBytes(r.rows, r.cols, kernels::DType::kF32, "shape"),
+                       "an f32 residual of its shape");
+     }},
+    {"scales", kWeight,
+     [](const CheckpointRecord& r) -> Problem {
+       for (size_t i = 0; i < r.scales.size(); ++i) {
+         const uint8_t b = static_cast<uint8_t>(r.scales[i]);
+         if ((b & 0x7F) == 0x7F) {
+           return absl::StrCat("byte ", i, " is 0x", absl::Hex(b, absl::kZeroPad2),
+                               ", an E4M3 NaN (the quantizer never stores one)");
+         }
+       }
+       return std::nullopt;
+     }},
+    // ---- residual: the weight fields are 0 and its parts empty.
+    {"block", kResidual, [](const CheckpointRecord& r) { return MustBeZero<int>(r.block); }},
+    {"rounding", kResidual, [](const CheckpointRecord& r) { return MustBeZero<int>(r.rounding); }},
+    {"dtype", kResidual, [](const CheckpointRecord& r) { return MustBeZero<int>(r.dtype); }},
+    {"error_feedback", kResidual,
+     [](const CheckpointRecord& r) { return MustBeZero<int>(r.error_feedback ? 1 : 0); }},
+    {"seed", kResidual, [](const CheckpointRecord& r) { return MustBeZero<uint64_t>(r.seed); }},
+    {"global_amax", kResidual,
+     [](const CheckpointRecord& r) { return MustBeZero<float>(r.global_amax); }},
+    {"s_enc", kResidual, [](const CheckpointRecord& r) { return MustBeZero<float>(r.s_enc); }},
+    {"codes_len", kResidual,
+     [](const CheckpointRecord& r) { return MustBeZero<uint64_t>(r.codes.size()); }},
+    {"scales_len", kResidual,
+     [](const CheckpointRecord& r) { return MustBeZero<uint64_t>(r.scales.size()); }},
+    {"residual_len", kResidual,
+     [](const CheckpointRecord& r) {
+       return LengthIs(r.residual.size(),
+                       kernels::DenseBytes(r.rows, r.cols, kernels::DType::kF32, "shape"),
+                       "an f32 residual of its shape");
+     }},
+    // ---- every kind: the residual's values (lengths checked above).
+    {"residual", kEveryKind,
+     [](const CheckpointRecord& r) -> Problem {
+       const size_t n = r.residual.size() / sizeof(float);
+       for (size_t i = 0; i < n; ++i) {
+         float v;
+         std::memcpy(&v, r.residual.data() + i * sizeof(float), sizeof(float));
+         if (!std::isfinite(v)) {
+           return absl::StrCat("element ", i, " of ", n, " is ", v,
+                               " (stored residuals are always finite)");
+         }
+       }
+       return std::nullopt;
+     }},
+};
+
+}  // namespace
+
+absl::Status ValidateCheckpointRecord(const CheckpointRecord& r, uint32_t index) {
+  const char* kind = KindName(r.kind);
+  // The record as messages name it: its number, kind and (escaped, at most 64 bytes) name.
+  const std::string who = absl::StrCat(
+      "checkpoint is corrupt: record ", index, " (",
+      kind != nullptr ? std::string(kind) : absl::StrCat("kind ", r.kind), " '",
+      absl::CHexEscape(r.name.substr(0, 64)), r.name.size() > 64 ? "...'" : "'", "): ");
+  if (kind == nullptr) {
+    std::string known;
+    for (const KindRow& k : kKinds) {
+      absl::StrAppend(&known, known.empty() ? "" : ", ", k.kind, " ", k.name);
+    }
+    return absl::DataLossError(
+        absl::StrCat(who, "kind: ", r.kind, " is not a record kind (", known, ")"));
+  }
+  for (const FieldRule& rule : kFieldRules) {
+    if ((rule.kinds & Bit(r.kind)) == 0) continue;
+    if (Problem p = rule.check(r)) {
+      return absl::DataLossError(absl::StrCat(who, rule.field, ": ", *p));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace fp4q::server

@@ -4,6 +4,21 @@
 // old file, then the directory is fsync'd: a crash (kill -9, power loss) leaves either the old
 // or the new complete file, never a torn one.
 //
+// Symlinks in the state directory are never followed (the directory itself may be reached
+// through one; its entries may not):
+// - The temporary is created with O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode 0600, relative
+//   to a descriptor of the directory opened once per checkpoint. A temporary that already
+//   exists (a crash mid-checkpoint leaves one; so could a planted symlink) is unlinked first:
+//   unlinking removes the entry itself, never what a symlink points to, and the state-directory
+//   lock (state_dir.h) means no live writer owns it. Refusing instead would stop every
+//   checkpoint after one crash. If the entry cannot be removed (a directory) or reappears
+//   before the exclusive create, the checkpoint fails and nothing is written.
+// - rename(2) replaces the directory entry at the final path, so a symlink planted there is
+//   replaced, not written through; afterwards the final path must be the very inode written
+//   (else the checkpoint fails: the temporary was swapped during the write).
+// - The reader opens the file with O_NOFOLLOW | O_NONBLOCK and accepts only a regular file
+//   (FAILED_PRECONDITION otherwise: a symlink or FIFO there is not a checkpoint fp4qd wrote).
+//
 // Format (all integers little-endian):
 //   body    := header record* end
 //   header  := "FP4QCKP1" u32 version(=1) u32 reserved(=0) u64 server_epoch
@@ -20,13 +35,17 @@
 // The CRC-32C covers everything before the trailer. A reader checks, in order: size, trailer
 // magic (else "truncated"), CRC (else "corrupt"), header magic and version, then every record's
 // lengths against the bytes that remain and the end record's count and offset. Any failure is
-// DATA_LOSS and nothing is returned.
+// DATA_LOSS and nothing is returned. The meaning of each record (finite scales, known enums,
+// sizes matching the shape, ...) is checked by ValidateCheckpointRecord, which the engine's
+// Restore applies to every record before loading it (and which makes the whole restore fail,
+// loading nothing).
 #ifndef FP4Q_SERVER_CHECKPOINT_H_
 #define FP4Q_SERVER_CHECKPOINT_H_
 
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -67,6 +86,9 @@ struct CheckpointStats {
 // writer removes the temp file. Not thread-safe.
 class CheckpointWriter {
  public:
+  // Creates <dir>/fp4q-state.ckpt.tmp (see the symlink rules above). UNAVAILABLE when the
+  // directory cannot be opened, a stale temporary cannot be removed, the temporary reappears
+  // before it is created (another writer), or a write fails; the message names the file.
   static absl::StatusOr<std::unique_ptr<CheckpointWriter>> Begin(const std::string& dir,
                                                                  uint64_t server_epoch);
   ~CheckpointWriter();
@@ -77,7 +99,8 @@ class CheckpointWriter {
   CheckpointWriter() = default;
   absl::Status Write(const void* data, size_t n);
   std::string dir_;
-  std::string tmp_path_;
+  int dir_fd_ = -1;       // the state directory, opened once; every name is relative to it
+  bool created_ = false;  // the temporary is ours (so the destructor may unlink it)
   std::FILE* file_ = nullptr;
   uint32_t crc_ = 0;
   uint64_t body_bytes_ = 0;
@@ -90,6 +113,22 @@ class CheckpointWriter {
 // check fails, before any record is passed on; `sink`'s first error is returned as is.
 absl::Status ReadCheckpoint(const std::string& path,
                             const std::function<absl::Status(CheckpointRecord)>& sink);
+
+// The meaning of record number `index` (0-based, file order): what a CRC cannot vouch for.
+// OK, or DATA_LOSS "checkpoint is corrupt: record 3 (weight 'layer0/w'): s_enc: nan is not
+// finite and > 0", naming the record and its field as the layout above spells it, checked
+// against the table of record kinds and field rules in checkpoint.cc (one row per kind, one rule
+// per field: a new record kind or field adds rows there). Rules:
+//   every kind  kind known; name as request names (1..256 of A-Z a-z 0-9 . _ - / :); device
+//               1..256 printable ASCII bytes; rows, cols >= 1; last_step >= 0; residual_len as
+//               the kind requires, and every residual value finite
+//   weight      block 1x16/16x16, rounding RTN/SR, dtype F32/BF16 (fp4q.v1 numbers); cols a
+//               multiple of 16 (rows too for 16x16); global_amax finite >= 0; s_enc finite > 0;
+//               codes_len rows*cols/2, scales_len rows*cols/16, residual_len rows*cols*4 with
+//               error feedback else 0; no scale byte is an E4M3 NaN (0x7F, 0xFF)
+//   residual    the weight fields 0 (block, rounding, dtype, error_feedback, seed, global_amax,
+//               s_enc); codes and scales empty; residual_len rows*cols*4
+absl::Status ValidateCheckpointRecord(const CheckpointRecord& record, uint32_t index);
 
 }  // namespace fp4q::server
 

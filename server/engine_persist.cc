@@ -165,8 +165,13 @@ absl::Status Engine::RestoreRecord(CheckpointRecord r) {
 absl::Status Engine::Restore() {
   if (options_.state_dir.empty()) return absl::OkStatus();
   const std::string path = absl::StrCat(options_.state_dir, "/", kCheckpointFileName);
-  absl::Status s =
-      ReadCheckpoint(path, [this](CheckpointRecord r) { return RestoreRecord(std::move(r)); });
+  // Each record's meaning is checked (checkpoint.h) before it is loaded; the first impossible
+  // one fails the restore and the rollback below unloads the records before it.
+  uint32_t index = 0;
+  absl::Status s = ReadCheckpoint(path, [this, &index](CheckpointRecord r) -> absl::Status {
+    FP4Q_RETURN_IF_ERROR(ValidateCheckpointRecord(r, index++));
+    return RestoreRecord(std::move(r));
+  });
   if (absl::IsNotFound(s)) {
     logger_->Info("no checkpoint to restore; starting empty", {{"file", path}});
     return absl::OkStatus();

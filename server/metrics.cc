@@ -1,7 +1,16 @@
 #include "server/metrics.h"
 
-#include <string>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 
 namespace fp4q::server {
@@ -28,7 +37,94 @@ Histogram::BucketBoundaries CheckpointBuckets() {
 
 std::string S(absl::string_view v) { return std::string(v); }
 
+// "HOST:PORT" -> HOST (brackets of "[::1]" removed) and PORT; "PORT" -> "" and PORT.
+void SplitHostPort(const std::string& listen, std::string* host, std::string* port) {
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos) {
+    host->clear();
+    *port = listen;
+    return;
+  }
+  *host = listen.substr(0, colon);
+  *port = listen.substr(colon + 1);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+}
+
+// Why civetweb could not listen on `listen`: the errno of a bind there as civetweb does it
+// (SO_REUSEADDR), 0 when that bind works now, -1 when the address does not resolve.
+int BindErrno(const std::string& listen) {
+  std::string host, port;
+  SplitHostPort(listen, &host, &port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found) != 0) {
+    return -1;
+  }
+  int err = -1;
+  for (addrinfo* a = found; a != nullptr && err < 0; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    err = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return err;
+}
+
 }  // namespace
+
+absl::StatusOr<MetricsExposer> StartExposer(
+    const std::string& listen, const std::weak_ptr<prometheus::Collectable>& collectable,
+    const ExposerOptions& options) {
+  if (listen.empty()) return absl::InvalidArgumentError("--metrics_listen: empty address");
+  if (options.threads < 1 || options.threads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics exposer threads: ", options.threads, " is not in [1, 1024]"));
+  }
+  if (options.request_timeout_ms < 1 || options.request_timeout_ms > 60000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics exposer request_timeout_ms: ", options.request_timeout_ms,
+                     " is not in [1, 60000]"));
+  }
+  // listen_backlog: civetweb's default (200) makes the kernel drop the SYNs of a scrape that
+  // arrives behind 200 idle connections, and the scraper's TCP retries after 1 s, 3 s, ...;
+  // with room in the backlog it waits in line instead (ceil(H / threads) * timeout).
+  std::vector<std::string> civetweb = {
+      "listening_ports",    listen,
+      "num_threads",        absl::StrCat(options.threads),
+      "request_timeout_ms", absl::StrCat(options.request_timeout_ms),
+      "listen_backlog",     "1024",
+  };
+  MetricsExposer m;
+  try {
+    m.exposer = std::make_unique<prometheus::Exposer>(std::move(civetweb));
+  } catch (const std::exception& e) {
+    const int err = BindErrno(listen);
+    if (err == EADDRINUSE) {
+      return absl::UnavailableError(absl::StrCat(
+          "--metrics_listen ", listen,
+          ": address already in use (another fp4qd or another program listens there; choose "
+          "another port, or port 0 for a free one)"));
+    }
+    if (err > 0) {
+      return absl::UnavailableError(
+          absl::StrCat("--metrics_listen ", listen, ": cannot listen: ", std::strerror(err)));
+    }
+    return absl::UnavailableError(
+        absl::StrCat("--metrics_listen ", listen, ": cannot listen: ", e.what()));
+  }
+  m.exposer->RegisterCollectable(collectable);
+  const std::vector<int> ports = m.exposer->GetListeningPorts();
+  m.port = ports.empty() ? 0 : ports[0];
+  return m;
+}
 
 Metrics::Metrics(prometheus::Registry& registry, const std::string& version,
                  const std::string& backend)

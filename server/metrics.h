@@ -15,8 +15,11 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "prometheus/collectable.h"
 #include "prometheus/counter.h"
+#include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -110,6 +113,37 @@ class Metrics final : public EngineObserver {
   prometheus::Counter& checkpoint_failures_;
   prometheus::Gauge& ready_;
 };
+
+// ---- The /metrics HTTP server: prometheus-cpp's Exposer over civetweb, bounded.
+//
+// civetweb gives each connection a worker thread from first byte to close, and a connection that
+// has not yet sent a whole request keeps its worker until the request timeout. With the plain
+// Exposer(address) (2 workers, civetweb's 30 s timeout) two idle connections stop every scrape
+// for 30 s, and a few hundred half-open ones stop it for many minutes. Here every connection
+// must send its request, and take its reply, within `request_timeout_ms`, and `threads` workers
+// serve at once, so H connections that never send a request delay a scrape by about
+// ceil(H / threads) * request_timeout_ms (300 idle connections with the defaults: ~1.2 s; the
+// test holding this is tests/server/metrics_exposer_test.cc).
+struct ExposerOptions {
+  int threads = 64;              // civetweb num_threads: connections served at once (1-1024)
+  int request_timeout_ms = 250;  // civetweb request_timeout_ms: read/write limit per request
+                                 // (1-60000); a scrape's request and reply take well under 10 ms
+                                 // on loopback or a pod network
+};
+
+struct MetricsExposer {
+  std::unique_ptr<prometheus::Exposer> exposer;
+  int port = 0;  // the port bound (the one chosen when `listen` asked for port 0)
+};
+
+// Serves `collectable` (the registry) at http://`listen`/metrics, `listen` being HOST:PORT as
+// --metrics_listen takes it ("127.0.0.1:9450", "[::1]:0"). Errors name the flag and the address:
+// INVALID_ARGUMENT for a bad option value; UNAVAILABLE "--metrics_listen 127.0.0.1:9450: address
+// already in use (...)" when another socket holds the port, else UNAVAILABLE with the bind
+// error (civetweb's own message when none can be found). Thread-compatible: call once, from main.
+absl::StatusOr<MetricsExposer> StartExposer(
+    const std::string& listen, const std::weak_ptr<prometheus::Collectable>& collectable,
+    const ExposerOptions& options = {});
 
 }  // namespace fp4q::server
 

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -277,6 +278,11 @@ absl::StatusOr<kernels::QuantizeOptions> ToQuantizeOptions(const QuantOptionsIn&
     default:
       return Unknown(field, "outputs", in.outputs);
   }
+  if (!in.residual_key.empty() && o.columnwise) {  // named here: the kernels call it columnwise
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".outputs: ", o.rowwise ? "OUTPUTS_BOTH" : "OUTPUTS_COLUMNWISE",
+        ", but error feedback (", field, ".residual_key) is row-wise only; use OUTPUTS_ROWWISE"));
+  }
   absl::Status s = kernels::ValidateQuantizeOptions(o);
   if (!s.ok()) {
     s = RenameField(s, "options.mx_rule", absl::StrCat(field, ".mx_scale_rule"));
@@ -290,20 +296,39 @@ absl::StatusOr<kernels::QuantizeOptions> ToQuantizeOptions(const QuantOptionsIn&
 }
 
 absl::Status RenameField(const absl::Status& status, absl::string_view from, absl::string_view to) {
-  if (status.code() != absl::StatusCode::kInvalidArgument) return status;
-  absl::string_view msg = status.message();
-  if (!absl::StartsWith(msg, from)) return status;
-  absl::string_view rest = msg.substr(from.size());
-  if (rest.empty() || (rest[0] != '.' && rest[0] != ':' && rest[0] != '[' && rest[0] != ' ')) {
-    return status;
+  if (status.code() != absl::StatusCode::kInvalidArgument || from.empty()) return status;
+  const absl::string_view msg = status.message();
+  auto ident = [](char c) { return absl::ascii_isalnum(c) || c == '_'; };
+  // `from` as a path at `i`: at the start followed by '.', ':', '[' or ' '; later (a path the
+  // message quotes, "does not match a.cols 32") after a non-path byte and followed by '.' or '['.
+  auto at = [&](size_t i) {
+    if (!absl::StartsWith(msg.substr(i), from) || i + from.size() >= msg.size()) return false;
+    const char next = msg[i + from.size()];
+    if (i == 0) return next == '.' || next == ':' || next == '[' || next == ' ';
+    const char prev = msg[i - 1];
+    return !ident(prev) && prev != '.' && (next == '.' || next == '[');
+  };
+  std::string out;
+  size_t copied = 0;
+  for (size_t i = 0; i < msg.size(); ++i) {
+    if (!at(i)) continue;
+    absl::StrAppend(&out, msg.substr(copied, i - copied), to);
+    size_t end = i + from.size();
+    for (auto [dim, index] : {std::pair<absl::string_view, absl::string_view>{".rows", ".shape[0]"},
+                              {".cols", ".shape[1]"}}) {
+      const absl::string_view rest = msg.substr(end);
+      if (absl::StartsWith(rest, dim) && (rest.size() == dim.size() || !ident(rest[dim.size()]))) {
+        absl::StrAppend(&out, index);
+        end += dim.size();
+        break;
+      }
+    }
+    copied = end;
+    i = end - 1;
   }
-  if (absl::StartsWith(rest, ".rows")) {
-    return absl::InvalidArgumentError(absl::StrCat(to, ".shape[0]", rest.substr(5)));
-  }
-  if (absl::StartsWith(rest, ".cols")) {
-    return absl::InvalidArgumentError(absl::StrCat(to, ".shape[1]", rest.substr(5)));
-  }
-  return absl::InvalidArgumentError(absl::StrCat(to, rest));
+  if (copied == 0) return status;
+  absl::StrAppend(&out, msg.substr(copied));
+  return absl::InvalidArgumentError(out);
 }
 
 

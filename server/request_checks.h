@@ -70,7 +70,9 @@ int ToWireLayout(kernels::ScaleLayout l);
 
 // A kernels validation status re-labelled with request field names: the message's leading
 // field `from` (e.g. "x") becomes `to` (e.g. "input"), and "from.rows" / "from.cols" become
-// "to.shape[0]" / "to.shape[1]". Non-INVALID_ARGUMENT statuses pass through unchanged.
+// "to.shape[0]" / "to.shape[1]"; so do the paths below `from` that the message quotes later
+// ("does not match a.cols 32": `from`. or `from`[ after a non-path byte). Non-INVALID_ARGUMENT
+// statuses pass through unchanged.
 absl::Status RenameField(const absl::Status& status, absl::string_view from, absl::string_view to);
 
 

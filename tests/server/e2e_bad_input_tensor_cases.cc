@@ -240,7 +240,9 @@ std::vector<BadCase> TensorOpCases() {
             o->set_residual_key("rk");
             o->set_outputs(v1::OUTPUTS_COLUMNWISE);
           },
-          Code::INVALID_ARGUMENT, "options.residual_key: error feedback needs the row-wise output",
+          Code::INVALID_ARGUMENT,
+          "options.outputs: OUTPUTS_COLUMNWISE, but error feedback (options.residual_key) is "
+          "row-wise only",
           InlineTensor(RandomF32(16 * 16, 1), 16, 16)),
       Opt(
           "residual key with RHT",
@@ -408,7 +410,7 @@ std::vector<BadCase> TensorOpCases() {
       Mm(
           "matmul K mismatch",
           [](v1::MatmulRequest* r) { *r->mutable_b()->mutable_tensor() = ZeroOperand(2, 16); },
-          Code::INVALID_ARGUMENT, "b.tensor.shape[1]: 16 does not match a.cols 32 (K)"),
+          Code::INVALID_ARGUMENT, "b.tensor.shape[1]: 16 does not match a.tensor.shape[1] 32 (K)"),
       Mm(
           "matmul with an unknown weight",
           [](v1::MatmulRequest* r) { r->mutable_b()->set_weight_name("ghost"); }, Code::NOT_FOUND,
@@ -423,7 +425,7 @@ std::vector<BadCase> TensorOpCases() {
             b->set_format(v1::FORMAT_MXFP4);
             b->set_scales(std::string(2, '\0'));
           },
-          Code::INVALID_ARGUMENT, "b.tensor.format: mxfp4 does not match a.format nvfp4"),
+          Code::INVALID_ARGUMENT, "b.tensor.format: mxfp4 does not match a.tensor.format nvfp4"),
       Mm(
           "matmul out dtype F8", [](v1::MatmulRequest* r) { r->set_out_dtype(v1::DTYPE_F8_E4M3); },
           Code::INVALID_ARGUMENT, "out_dtype: DTYPE_F8_E4M3; expected DTYPE_F32 or DTYPE_BF16"),

@@ -223,14 +223,16 @@ TEST(E2eSecurityTest, ErrorsCarryOnlyWhatTheCallerSent) {
     answers.push_back({"get", Call(*stub, r, bob)});
   }
   answers.push_back({"update", Call(*stub, U("ghost", 1, InlineTensor(RandomF32(32, 1), 2, 16)))});
-  // A checkpoint that fails: the state directory is gone.
+  // A checkpoint that fails: the state directory is gone (with its lock file, server/state_dir.h).
+  ::unlink((state + "/fp4q-state.lock").c_str());
   ASSERT_EQ(::rmdir(state.c_str()), 0);
   {
     v1::CheckpointReply rep;
     auto ctx = Context();
     grpc::Status s = stub->Checkpoint(ctx.get(), v1::CheckpointRequest(), &rep);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
-    EXPECT_THAT(s.error_message(), HasSubstr("checkpoint: cannot create the temporary file"));
+    EXPECT_THAT(s.error_message(),
+                HasSubstr("checkpoint: cannot open the state directory: No such file"));
     answers.push_back({"checkpoint", s});
   }
   for (const auto& [what, s] : answers) {
