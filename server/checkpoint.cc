@@ -25,9 +25,10 @@ namespace {
 
 constexpr char kMagic[8] = {'F', 'P', '4', 'Q', 'C', 'K', 'P', '1'};
 constexpr char kEndMagic[8] = {'F', 'P', '4', 'Q', 'E', 'N', 'D', '1'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // written; 1 is still read
 constexpr size_t kHeaderBytes = 32;
-constexpr size_t kRecordFixedBytes = 80;
+constexpr size_t kRecordFixedBytes = 88;   // version 2
+constexpr size_t kRecordFixedBytesV1 = 80;
 constexpr size_t kEndBytes = 13;
 constexpr size_t kTrailerBytes = 12;
 constexpr uint8_t kEndKind = 0xFF;
@@ -102,10 +103,11 @@ struct RecordHeader {
   uint64_t codes_len = 0;
   uint64_t scales_len = 0;
   uint64_t residual_len = 0;
+  uint64_t ext_len = 0;
 };
 
-RecordHeader DecodeRecordHeader(const uint8_t* p) {
-  Decoder d(p, kRecordFixedBytes);
+RecordHeader DecodeRecordHeader(const uint8_t* p, uint32_t version) {
+  Decoder d(p, version >= 2 ? kRecordFixedBytes : kRecordFixedBytesV1);
   RecordHeader h;
   h.r.kind = d.U8();
   h.r.has_step = d.U8() != 0;
@@ -125,6 +127,7 @@ RecordHeader DecodeRecordHeader(const uint8_t* p) {
   h.codes_len = d.U64();
   h.scales_len = d.U64();
   h.residual_len = d.U64();
+  if (version >= 2) h.ext_len = d.U64();
   return h;
 }
 
@@ -184,8 +187,100 @@ class File {
   uint64_t size_ = 0;
 };
 
+// A weight's version-2 extension (checkpoint.h "ext").
+std::string EncodeExtension(const CheckpointRecord& r) {
+  Encoder e;
+  e.U8(r.scaling);
+  e.U8(r.optimizer);
+  e.U8(r.momentum ? 1 : 0);
+  e.U8(r.amsgrad ? 1 : 0);
+  e.U8(r.state_dtype);
+  e.U8(0);
+  e.U16(0);
+  e.I64(r.optimizer_steps);
+  e.U64(r.last_hyper_hash);
+  e.U32(static_cast<uint32_t>(r.fingerprints.size()));
+  e.U32(static_cast<uint32_t>(r.moments.size()));
+  for (float v : r.stats) e.F32(v);
+  for (uint64_t f : r.fingerprints) e.U64(f);
+  for (const std::string& m : r.moments) {
+    e.U64(m.size());
+    e.Bytes(m.data(), m.size());
+  }
+  return e.str();
+}
+
+constexpr size_t kExtensionFixed = 8 + 8 + 8 + 4 + 4 + 8 * 4;
+
+// DATA_LOSS unless the extension of `ext_len` bytes at `at` holds exactly its header, its
+// fingerprints and its length-prefixed moments.
+absl::Status CheckExtensionLayout(const File& f, uint64_t at, uint64_t ext_len, uint32_t index) {
+  if (ext_len == 0) return absl::OkStatus();
+  const auto bad = [index] {
+    return DataLoss(absl::StrCat("is corrupt: record ", index, " has a malformed extension"));
+  };
+  if (ext_len < kExtensionFixed) return bad();
+  uint8_t fixed[kExtensionFixed];
+  FP4Q_RETURN_IF_ERROR(f.ReadAt(at, fixed, kExtensionFixed));
+  Decoder d(fixed + 24, 8);
+  const uint32_t fingerprints = d.U32();
+  const uint32_t moments = d.U32();
+  if (fingerprints > 1024 || moments > 3) return bad();
+  uint64_t pos = kExtensionFixed + uint64_t{8} * fingerprints;
+  if (pos > ext_len) return bad();
+  for (uint32_t m = 0; m < moments; ++m) {
+    if (ext_len - pos < 8) return bad();
+    uint8_t len8[8];
+    FP4Q_RETURN_IF_ERROR(f.ReadAt(at + pos, len8, 8));
+    const uint64_t len = Decoder(len8, 8).U64();
+    pos += 8;
+    if (len > ext_len - pos) return bad();
+    pos += len;
+  }
+  return pos == ext_len ? absl::OkStatus() : bad();
+}
+
+// Fills *r from `ext`; false when its lengths do not add up.
+bool DecodeExtension(const std::string& ext, CheckpointRecord* r) {
+  constexpr size_t kFixed = kExtensionFixed;
+  if (ext.size() < kFixed) return false;
+  const auto* p = reinterpret_cast<const uint8_t*>(ext.data());
+  Decoder d(p, ext.size());
+  r->scaling = d.U8();
+  r->optimizer = d.U8();
+  r->momentum = d.U8() != 0;
+  r->amsgrad = d.U8() != 0;
+  r->state_dtype = d.U8();
+  d.U8();
+  d.U16();
+  r->optimizer_steps = d.I64();
+  r->last_hyper_hash = d.U64();
+  const uint32_t fingerprints = d.U32();
+  const uint32_t moments = d.U32();
+  for (float& v : r->stats) v = d.F32();
+  size_t pos = kFixed;
+  if (fingerprints > 1024 || moments > 3) return false;
+  if ((ext.size() - pos) / 8 < fingerprints) return false;
+  r->fingerprints.resize(fingerprints);
+  for (uint64_t& f : r->fingerprints) {
+    f = Decoder(p + pos, 8).U64();
+    pos += 8;
+  }
+  r->moments.resize(moments);
+  for (std::string& m : r->moments) {
+    if (ext.size() - pos < 8) return false;
+    const uint64_t len = Decoder(p + pos, 8).U64();
+    pos += 8;
+    if (len > ext.size() - pos) return false;
+    m.assign(ext.data() + pos, static_cast<size_t>(len));
+    pos += static_cast<size_t>(len);
+  }
+  return pos == ext.size();
+}
+
+
 // Walks the records of a verified body; calls `visit` with each header and its payload offset.
-absl::Status WalkRecords(const File& f, uint64_t body_bytes,
+absl::Status WalkRecords(const File& f, uint64_t body_bytes, uint32_t version,
                          const std::function<absl::Status(const RecordHeader&, uint64_t)>& visit) {
   uint64_t pos = kHeaderBytes;
   uint32_t count = 0;
@@ -209,29 +304,30 @@ absl::Status WalkRecords(const File& f, uint64_t body_bytes,
       }
       return absl::OkStatus();
     }
-    if (body_bytes - pos < kRecordFixedBytes) {
+    const size_t fixed_bytes = version >= 2 ? kRecordFixedBytes : kRecordFixedBytesV1;
+    if (body_bytes - pos < fixed_bytes) {
       return DataLoss(absl::StrCat("is corrupt: record ", count, " header past the end"));
     }
     uint8_t fixed[kRecordFixedBytes];
-    FP4Q_RETURN_IF_ERROR(f.ReadAt(pos, fixed, kRecordFixedBytes));
-    RecordHeader h = DecodeRecordHeader(fixed);
+    FP4Q_RETURN_IF_ERROR(f.ReadAt(pos, fixed, fixed_bytes));
+    RecordHeader h = DecodeRecordHeader(fixed, version);
     if (h.r.kind != 1 && h.r.kind != 2) {
       return DataLoss(absl::StrCat("is corrupt: record ", count, " has kind ", h.r.kind));
     }
     if (h.name_len == 0 || h.name_len > kMaxNameLen || h.device_len > kMaxNameLen) {
       return DataLoss(absl::StrCat("is corrupt: record ", count, " has bad name/device length"));
     }
-    uint64_t left = body_bytes - pos - kRecordFixedBytes;
+    uint64_t left = body_bytes - pos - fixed_bytes;
     uint64_t need = 0;
     for (uint64_t part : {static_cast<uint64_t>(h.name_len), static_cast<uint64_t>(h.device_len),
-                          h.codes_len, h.scales_len, h.residual_len}) {
+                          h.codes_len, h.scales_len, h.residual_len, h.ext_len}) {
       if (part > left - need) {
         return DataLoss(absl::StrCat("is corrupt: record ", count, " is longer than the file"));
       }
       need += part;
     }
-    FP4Q_RETURN_IF_ERROR(visit(h, pos + kRecordFixedBytes));
-    pos += kRecordFixedBytes + need;
+    FP4Q_RETURN_IF_ERROR(visit(h, pos + fixed_bytes));
+    pos += fixed_bytes + need;
     ++count;
   }
 }
@@ -322,8 +418,10 @@ absl::Status CheckpointWriter::Add(const CheckpointRecord& r) {
   e.U64(r.codes.size());
   e.U64(r.scales.size());
   e.U64(r.residual.size());
+  const std::string ext = r.kind == 1 ? EncodeExtension(r) : std::string();
+  e.U64(ext.size());
   FP4Q_RETURN_IF_ERROR(Write(e.str().data(), e.str().size()));
-  for (const std::string* part : {&r.name, &r.device, &r.codes, &r.scales, &r.residual}) {
+  for (const std::string* part : {&r.name, &r.device, &r.codes, &r.scales, &r.residual, &ext}) {
     FP4Q_RETURN_IF_ERROR(Write(part->data(), part->size()));
   }
   ++records_;
@@ -418,24 +516,40 @@ absl::Status ReadCheckpoint(const std::string& path,
     return DataLoss("is corrupt: bad magic (not an fp4q checkpoint)");
   }
   const uint32_t version = Decoder(header + 8, 4).U32();
-  if (version != kVersion) {
+  if (version != 1 && version != kVersion) {
     return DataLoss(absl::StrCat("has unsupported version ", version));
   }
-  // Pass 2: structure, without payloads.
-  FP4Q_RETURN_IF_ERROR(
-      WalkRecords(f, body_bytes, [](const RecordHeader&, uint64_t) { return absl::OkStatus(); }));
+  // Pass 2: structure, without payloads (an extension's inner lengths are read, not its
+  // moments).
+  uint32_t checked = 0;
+  FP4Q_RETURN_IF_ERROR(WalkRecords(
+      f, body_bytes, version, [&](const RecordHeader& h, uint64_t pos) -> absl::Status {
+        const uint64_t at = pos + h.name_len + h.device_len + h.codes_len + h.scales_len +
+                            h.residual_len;
+        FP4Q_RETURN_IF_ERROR(CheckExtensionLayout(f, at, h.ext_len, checked));
+        ++checked;
+        return absl::OkStatus();
+      }));
   // Pass 3: records.
-  return WalkRecords(f, body_bytes, [&](const RecordHeader& h, uint64_t pos) -> absl::Status {
+  uint32_t index = 0;
+  return WalkRecords(f, body_bytes, version,
+                     [&](const RecordHeader& h, uint64_t pos) -> absl::Status {
     CheckpointRecord r = h.r;
+    std::string ext;
     for (auto [dst, len] : {std::pair<std::string*, uint64_t>{&r.name, h.name_len},
                             {&r.device, h.device_len},
                             {&r.codes, h.codes_len},
                             {&r.scales, h.scales_len},
-                            {&r.residual, h.residual_len}}) {
+                            {&r.residual, h.residual_len},
+                            {&ext, h.ext_len}}) {
       dst->resize(static_cast<size_t>(len));
       FP4Q_RETURN_IF_ERROR(f.ReadAt(pos, dst->data(), dst->size()));
       pos += len;
     }
+    if (!ext.empty() && !DecodeExtension(ext, &r)) {
+      return DataLoss(absl::StrCat("is corrupt: record ", index, " has a malformed extension"));
+    }
+    ++index;
     return sink(std::move(r));
   });
 }
@@ -494,9 +608,11 @@ const FieldRule kFieldRules[] = {
     // ---- every kind: identity and shape.
     {"name", kEveryKind,
      [](const CheckpointRecord& r) -> Problem {
-       absl::Status s = CheckName(r.name, "name");
+       // "namespace|name" outside the default namespace.
+       absl::Status s = CheckNamespace(NamespaceOf(r.name), "namespace");
+       if (s.ok()) s = CheckName(LocalName(r.name), "name");
        if (s.ok()) return std::nullopt;
-       return std::string(absl::StripPrefix(s.message(), "name: "));
+       return std::string(s.message());
      }},
     {"device", kEveryKind,
      [](const CheckpointRecord& r) -> Problem {
@@ -587,6 +703,88 @@ const FieldRule kFieldRules[] = {
          if ((b & 0x7F) == 0x7F) {
            return absl::StrCat("byte ", i, " is 0x", absl::Hex(b, absl::kZeroPad2),
                                ", an E4M3 NaN (the quantizer never stores one)");
+         }
+       }
+       return std::nullopt;
+     }},
+    // ---- weight (version 2): scaling, optimizer state, statistics.
+    {"scaling", kWeight,
+     [](const CheckpointRecord& r) {
+       return Unless(r.scaling == 1 || r.scaling == 2,
+                     absl::StrCat(r.scaling, " is not SCALING_CURRENT (1) or SCALING_DELAYED (2)"));
+     }},
+    {"optimizer", kWeight,
+     [](const CheckpointRecord& r) -> Problem {
+       if (r.optimizer != 1 && r.optimizer != 2) {
+         return absl::StrCat(r.optimizer, " is not OPTIMIZER_KIND_SGD (1) or ADAMW (2)");
+       }
+       if (r.optimizer == 1 && r.amsgrad) return std::string("amsgrad set for SGD");
+       if (r.optimizer == 2 && r.momentum) return std::string("momentum set for AdamW");
+       return std::nullopt;
+     }},
+    {"state_dtype", kWeight,
+     [](const CheckpointRecord& r) {
+       return Unless(r.state_dtype >= 1 && r.state_dtype <= 3,
+                     absl::StrCat(r.state_dtype, " is not STATE_DTYPE_F32/BF16/NVFP4 (1-3)"));
+     }},
+    {"optimizer_steps", kWeight,
+     [](const CheckpointRecord& r) {
+       return Unless(r.optimizer_steps >= 0, absl::StrCat(r.optimizer_steps, " is negative"));
+     }},
+    {"stats", kWeight,
+     [](const CheckpointRecord& r) -> Problem {
+       for (int i = 0; i < 8; ++i) {
+         if (!std::isfinite(r.stats[i]) || r.stats[i] < 0.0f) {
+           return absl::StrCat("stats[", i, "] ", r.stats[i], " is not finite and >= 0");
+         }
+       }
+       return std::nullopt;
+     }},
+    {"moments", kWeight,
+     [](const CheckpointRecord& r) -> Problem {
+       const bool adamw = r.optimizer == 2;
+       const size_t want = adamw ? (r.amsgrad ? 3 : 2) : (r.momentum ? 1 : 0);
+       if (r.moments.size() != want) {
+         return absl::StrCat(r.moments.size(), " moments; the optimizer keeps ", want);
+       }
+       const uint64_t n = static_cast<uint64_t>(r.rows) * static_cast<uint64_t>(r.cols);
+       for (size_t i = 0; i < r.moments.size(); ++i) {
+         const std::string& m = r.moments[i];
+         if (r.state_dtype == 3) {
+           const uint64_t codes = n / 2, scales = n / 16;
+           if (m.size() != codes + scales + 8) {
+             return absl::StrCat("moment ", i, ": ", m.size(), " bytes; NVFP4 needs ",
+                                 codes + scales + 8);
+           }
+           for (uint64_t b = codes; b < codes + scales; ++b) {
+             if ((static_cast<uint8_t>(m[b]) & 0x7F) == 0x7F) {
+               return absl::StrCat("moment ", i, ": scale ", b - codes, " is an E4M3 NaN");
+             }
+           }
+           float g[2];
+           std::memcpy(g, m.data() + codes + scales, 8);
+           if (!std::isfinite(g[0]) || g[0] < 0.0f || !std::isfinite(g[1]) || g[1] <= 0.0f) {
+             return absl::StrCat("moment ", i, ": its global record [", g[0], ", ", g[1],
+                                 "] is not a finite amax >= 0 and S_enc > 0");
+           }
+           continue;
+         }
+         const uint64_t esize = r.state_dtype == 1 ? 4 : 2;
+         if (m.size() != n * esize) {
+           return absl::StrCat("moment ", i, ": ", m.size(), " bytes; needs ", n * esize);
+         }
+         for (uint64_t k = 0; k < n; ++k) {
+           float v;
+           if (esize == 4) {
+             std::memcpy(&v, m.data() + 4 * k, 4);
+           } else {
+             uint32_t u = 0;
+             std::memcpy(reinterpret_cast<char*>(&u) + 2, m.data() + 2 * k, 2);
+             std::memcpy(&v, &u, 4);
+           }
+           if (!std::isfinite(v)) {
+             return absl::StrCat("moment ", i, ": element ", k, " is ", v, " (never stored)");
+           }
          }
        }
        return std::nullopt;

@@ -21,15 +21,23 @@
 //
 // Format (all integers little-endian):
 //   body    := header record* end
-//   header  := "FP4QCKP1" u32 version(=1) u32 reserved(=0) u64 server_epoch
+//   header  := "FP4QCKP1" u32 version(=2; 1 is still read) u32 reserved(=0) u64 server_epoch
 //              u64 created_unix_micros                                       (32 bytes)
 //   record  := u8 kind(1 weight, 2 residual) u8 has_step u8 block u8 rounding
 //              u8 error_feedback u8 dtype u16 reserved(=0) u64 seed i64 rows i64 cols
 //              i64 last_step f32 global_amax f32 s_enc u32 name_len u32 device_len
-//              u64 codes_len u64 scales_len u64 residual_len                (80 bytes)
-//              name device codes scales residual
+//              u64 codes_len u64 scales_len u64 residual_len u64 ext_len    (88 bytes;
+//              version 1: 80, no ext_len)
+//              name device codes scales residual ext
 //              (block/rounding/dtype are the fp4q.v1 enum numbers; for residual records the
-//              weight fields are 0 and codes/scales empty)
+//              weight fields are 0 and codes/scales empty; the name is "namespace|name" outside
+//              the default namespace)
+//   ext     := (weights; empty for residuals and in version 1)
+//              u8 scaling(1 current, 2 delayed) u8 optimizer(1 SGD, 2 AdamW) u8 momentum
+//              u8 amsgrad u8 state_dtype(1 F32, 2 BF16, 3 NVFP4) u8[3] reserved(=0)
+//              i64 optimizer_steps u64 last_hyper_hash u32 fingerprints u32 moments
+//              f32 stats[8] u64 fingerprint[fingerprints] (u64 len, bytes)[moments]
+//              (a moment's bytes: F32/BF16 values, or NVFP4 codes, scales, f32 amax, f32 s_enc)
 //   end     := u8 0xFF u32 record_count u64 body_bytes_before_end            (13 bytes)
 //   trailer := u32 crc32c(body) "FP4QEND1"                                   (12 bytes)
 // The CRC-32C covers everything before the trailer. A reader checks, in order: size, trailer
@@ -47,6 +55,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -74,6 +83,17 @@ struct CheckpointRecord {
   std::string codes;
   std::string scales;
   std::string residual;
+  // Weights (version 2): scaling, optimizer state, the last step's fingerprints, statistics.
+  uint8_t scaling = 1;         // fp4q.v1.Scaling
+  uint8_t optimizer = 1;       // fp4q.v1.OptimizerKind
+  bool momentum = false;
+  bool amsgrad = false;
+  uint8_t state_dtype = 1;     // fp4q.v1.StateDType
+  int64_t optimizer_steps = 0;
+  uint64_t last_hyper_hash = 0;
+  std::vector<uint64_t> fingerprints;
+  float stats[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::vector<std::string> moments;
 };
 
 struct CheckpointStats {
@@ -119,13 +139,18 @@ absl::Status ReadCheckpoint(const std::string& path,
 // finite and > 0", naming the record and its field as the layout above spells it, checked
 // against the table of record kinds and field rules in checkpoint.cc (one row per kind, one rule
 // per field: a new record kind or field adds rows there). Rules:
-//   every kind  kind known; name as request names (1..256 of A-Z a-z 0-9 . _ - / :); device
+//   every kind  kind known; name as request names (1..256 of A-Z a-z 0-9 . _ - / :), after a
+//               namespace and '|' outside the default namespace; device
 //               1..256 printable ASCII bytes; rows, cols >= 1; last_step >= 0; residual_len as
 //               the kind requires, and every residual value finite
 //   weight      block 1x16/16x16, rounding RTN/SR, dtype F32/BF16 (fp4q.v1 numbers); cols a
 //               multiple of 16 (rows too for 16x16); global_amax finite >= 0; s_enc finite > 0;
 //               codes_len rows*cols/2, scales_len rows*cols/16, residual_len rows*cols*4 with
-//               error feedback else 0; no scale byte is an E4M3 NaN (0x7F, 0xFF)
+//               error feedback else 0; no scale byte is an E4M3 NaN (0x7F, 0xFF); scaling,
+//               optimizer, state_dtype known (amsgrad only with AdamW, momentum only with SGD);
+//               optimizer_steps >= 0; stats finite >= 0; as many moments as the optimizer
+//               keeps, each of its dtype's size for the shape, values finite (NVFP4: no NaN
+//               scale, record a finite amax >= 0 and S_enc > 0)
 //   residual    the weight fields 0 (block, rounding, dtype, error_feedback, seed, global_amax,
 //               s_enc); codes and scales empty; residual_len rows*cols*4
 absl::Status ValidateCheckpointRecord(const CheckpointRecord& record, uint32_t index);

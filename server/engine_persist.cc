@@ -48,9 +48,42 @@ absl::StatusOr<CheckpointRecord> Engine::Snapshot(const std::shared_ptr<StateEnt
       FP4Q_RETURN_IF_ERROR(
           backend.CopyToHost(r.scales.data(), e->scales.data(), r.scales.size(), stream));
       FP4Q_RETURN_IF_ERROR(backend.CopyToHost(g, e->global.data(), sizeof(g), stream));
+      if (!e->stats.empty()) {
+        FP4Q_RETURN_IF_ERROR(backend.CopyToHost(r.stats, e->stats.data(), sizeof(r.stats), stream));
+      }
       FP4Q_RETURN_IF_ERROR(backend.Synchronize(stream));
       r.global_amax = g[0];
       r.s_enc = g[1];
+      r.scaling = e->params.scaling == kernels::Scaling::kDelayed ? 2 : 1;
+      const OptimizerSpec& spec = e->optimizer.spec();
+      r.optimizer = spec.kind == kernels::OptimizerKind::kAdamW ? 2 : 1;
+      r.momentum = spec.momentum;
+      r.amsgrad = spec.amsgrad;
+      r.state_dtype = spec.dtype == kernels::StateDType::kBF16    ? 2
+                      : spec.dtype == kernels::StateDType::kNvfp4 ? 3
+                                                                  : 1;
+      r.optimizer_steps = e->optimizer_steps;
+      r.last_hyper_hash = e->last_hyper_hash;
+      r.fingerprints = e->last_fingerprints;
+      for (int i = 0; i < spec.moments(); ++i) {
+        const OptimizerStorage::Moment& m = e->optimizer.moments()[static_cast<size_t>(i)];
+        std::string bytes;
+        if (spec.dtype == kernels::StateDType::kNvfp4) {
+          bytes.resize(m.codes.size() + m.scales.size() + m.global.size());
+          FP4Q_RETURN_IF_ERROR(
+              backend.CopyToHost(bytes.data(), m.codes.data(), m.codes.size(), stream));
+          FP4Q_RETURN_IF_ERROR(backend.CopyToHost(bytes.data() + m.codes.size(), m.scales.data(),
+                                                  m.scales.size(), stream));
+          FP4Q_RETURN_IF_ERROR(
+              backend.CopyToHost(bytes.data() + m.codes.size() + m.scales.size(), m.global.data(),
+                                 m.global.size(), stream));
+        } else {
+          bytes.resize(m.dense.size());
+          FP4Q_RETURN_IF_ERROR(
+              backend.CopyToHost(bytes.data(), m.dense.data(), m.dense.size(), stream));
+        }
+        r.moments.push_back(std::move(bytes));
+      }
     }
     if (!e->residual.empty()) {
       r.residual.resize(e->sizes.residual);
@@ -122,6 +155,19 @@ absl::Status Engine::RestoreRecord(CheckpointRecord r) {
     params.dtype = r.dtype == kWireBF16 ? kernels::DType::kBF16 : kernels::DType::kF32;
     params.seed = r.seed;
     params.error_feedback = r.error_feedback;
+    params.scaling = r.scaling == 2 ? kernels::Scaling::kDelayed : kernels::Scaling::kCurrent;
+  }
+  OptimizerSpec spec;
+  if (kind == EntryKind::kWeight) {
+    spec.kind = r.optimizer == 2 ? kernels::OptimizerKind::kAdamW : kernels::OptimizerKind::kSgd;
+    spec.momentum = r.momentum;
+    spec.amsgrad = r.amsgrad;
+    spec.dtype = r.state_dtype == 2   ? kernels::StateDType::kBF16
+                 : r.state_dtype == 3 ? kernels::StateDType::kNvfp4
+                                      : kernels::StateDType::kF32;
+    if (static_cast<int>(r.moments.size()) != spec.moments()) {
+      return Corrupt(r, "its optimizer state does not match its optimizer");
+    }
   }
   absl::StatusOr<EntrySizes> sizes = SizesFor(kind, r.rows, r.cols, params, "shape");
   if (!sizes.ok()) return Corrupt(r, sizes.status().message());
@@ -135,7 +181,10 @@ absl::Status Engine::RestoreRecord(CheckpointRecord r) {
     logger_->Warning("restored tensor moved to another device",
                      {{"name", r.name}, {"from", r.device}, {"to", device->label}});
   }
+  absl::StatusOr<uint64_t> state_bytes = OptimizerStorage::BytesFor(spec, r.rows, r.cols);
+  if (!state_bytes.ok()) return Corrupt(r, state_bytes.status().message());
   auto e = std::make_shared<StateEntry>(r.name, kind, device, r.rows, r.cols, params, *sizes);
+  e->optimizer_bytes.store(kind == EntryKind::kWeight ? *state_bytes : 0);
   std::unique_lock<std::mutex> lock;
   absl::Status reserved = store_->Reserve(e, &lock, "checkpoint");
   if (reserved.code() == absl::StatusCode::kAlreadyExists) return Corrupt(r, "duplicate name");
@@ -151,6 +200,39 @@ absl::Status Engine::RestoreRecord(CheckpointRecord r) {
   if (s.ok()) s = load(&e->scales, r.scales.data(), r.scales.size());
   if (s.ok() && kind == EntryKind::kWeight) s = load(&e->global, g, sizeof(g));
   if (s.ok()) s = load(&e->residual, r.residual.data(), r.residual.size());
+  if (s.ok() && kind == EntryKind::kWeight) s = load(&e->stats, r.stats, sizeof(r.stats));
+  if (s.ok() && kind == EntryKind::kWeight) {
+    absl::StatusOr<OptimizerStorage> st =
+        OptimizerStorage::Create(&backend, nullptr, spec, r.rows, r.cols);
+    s = st.status();
+    for (int i = 0; s.ok() && i < spec.moments(); ++i) {
+      OptimizerStorage::Moment& m = st->moments()[static_cast<size_t>(i)];
+      const std::string& bytes = r.moments[static_cast<size_t>(i)];
+      const size_t want = m.dense.size() + m.codes.size() + m.scales.size() + m.global.size();
+      if (bytes.size() != want) {
+        s = Corrupt(r, absl::StrCat("moment ", i, " holds ", bytes.size(), " bytes, not ", want));
+        break;
+      }
+      if (spec.dtype == kernels::StateDType::kNvfp4) {
+        s = backend.CopyFromHost(m.codes.data(), bytes.data(), m.codes.size(), nullptr);
+        if (s.ok()) {
+          s = backend.CopyFromHost(m.scales.data(), bytes.data() + m.codes.size(),
+                                   m.scales.size(), nullptr);
+        }
+        if (s.ok()) {
+          s = backend.CopyFromHost(m.global.data(),
+                                   bytes.data() + m.codes.size() + m.scales.size(),
+                                   m.global.size(), nullptr);
+        }
+      } else {
+        s = backend.CopyFromHost(m.dense.data(), bytes.data(), bytes.size(), nullptr);
+      }
+    }
+    if (s.ok()) e->optimizer = *std::move(st);
+    e->optimizer_steps = r.optimizer_steps;
+    e->last_hyper_hash = r.last_hyper_hash;
+    e->last_fingerprints = r.fingerprints;
+  }
   if (s.ok()) s = backend.Synchronize(nullptr);
   if (!s.ok()) {
     store_->Drop(e);

@@ -229,16 +229,10 @@ absl::Status StartListeners(const ServerOptions& o, CallLayer* layer, Metrics* m
     return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", o.listen));
   }
   if (!o.metrics_listen.empty()) {
-    try {
-      l->exposer = std::make_unique<prometheus::Exposer>(o.metrics_listen);
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(
-          absl::StrCat("--metrics_listen: cannot serve metrics on ", o.metrics_listen, ": ",
-                       e.what()));
-    }
-    l->exposer->RegisterCollectable(registry);
-    const std::vector<int> ports = l->exposer->GetListeningPorts();
-    l->metrics_port = ports.empty() ? 0 : ports[0];
+    absl::StatusOr<MetricsExposer> exposer = StartExposer(o.metrics_listen, registry);
+    if (!exposer.ok()) return exposer.status();
+    l->exposer = std::move(exposer->exposer);
+    l->metrics_port = exposer->port;
   }
   // Started last: no early return can leave them running.
   if (l->unix_listener != nullptr) {
@@ -321,6 +315,17 @@ int RunServer(const ServerOptions& o, Logger& log) {
   if (!layer_options.ok()) {
     log.Error("bad flag", {{"error", layer_options.status().ToString()}});
     return kExitFailure;
+  }
+
+  // One fp4qd per state directory, locked before anything is restored (held until exit).
+  std::unique_ptr<StateDirLock> state_lock;
+  if (!o.engine.state_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<StateDirLock>> lock = LockStateDir(o.engine.state_dir);
+    if (!lock.ok()) {
+      log.Error("state directory", {{"error", lock.status().ToString()}});
+      return IsStateDirLocked(lock.status()) ? kExitStateDirLocked : kExitFailure;
+    }
+    state_lock = *std::move(lock);
   }
 
   DeviceSetOptions device_options;

@@ -16,13 +16,14 @@
 #include "absl/status/status.h"
 #include "server/engine.h"
 #include "server/logging.h"
+#include "server/state_dir.h"
 
 namespace fp4q::server {
 
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitPoisoned = 2;
 inline constexpr int kExitCorruptCheckpoint = 3;
-inline constexpr int kExitStateDirLocked = 4;
+// kExitStateDirLocked (4): state_dir.h.
 
 struct ServerOptions {
   std::string version = "0.0.0";
