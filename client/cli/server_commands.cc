@@ -170,6 +170,7 @@ int RunQuantize(const CommandContext& context);    // file_commands.cc
 int RunDequantize(const CommandContext& context);  // file_commands.cc
 int RunBench(const CommandContext& context);       // bench_command.cc
 int RunBenchIpc(const CommandContext& context);    // bench_ipc_command.cc
+int RunBenchStep(const CommandContext& context);   // bench_step_command.cc
 
 const std::vector<Command>& Commands() {
   static const std::vector<Command> commands = {
@@ -181,6 +182,8 @@ const std::vector<Command>& Commands() {
       {"dequantize", "dequantize a file written by `fp4q quantize`", RunDequantize},
       {"bench", "load generator: concurrent clients, mixed RPCs, latency percentiles", RunBench},
       {"bench-ipc", "latency of a big Quantize by CUDA IPC (needs a GPU here)", RunBenchIpc},
+      {"bench-step", "the trainer's step of a whole model by CUDA IPC (needs a GPU here)",
+       RunBenchStep},
   };
   return commands;
 }

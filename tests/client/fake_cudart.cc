@@ -2,6 +2,10 @@
 // calls CudaIpc uses), loaded through client::CudaRuntime (CudaIpc::Load, Session) in tests
 // where no GPU exists. It has the calls CudaIpc needs but not cudaGetDeviceCount, cudaMalloc
 // or cudaMemcpy, so the examples' runtime refuses it ("lacks cudaGetDeviceCount, ...").
+// Built with FP4Q_FAKE_CUDART_MEMORY (fp4q_fake_cudart_memory) it has them too, as one device
+// whose "device memory" is host memory (cudaMalloc is an aligned host allocation, registered
+// as an allocation of device 0; cudaMemcpy is memcpy): for tools such as `fp4q bench-step`
+// that allocate and fill device memory before they talk to a server.
 // It tracks fake "allocations" (ranges of host addresses that are never dereferenced), the
 // current device per process, and hands out deterministic IPC handles that change when an
 // allocation is replaced. Test hooks are the fake_cuda_* functions.
@@ -9,6 +13,7 @@
 // Like the real driver, cuMemGetAddressRange here only finds allocations of the current
 // device, so a test sees whether CudaIpc makes the pointer's device current.
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -118,7 +123,44 @@ int cudaSetDevice(int device) {
   current_device = device;
   return 0;
 }
+#ifndef FP4Q_FAKE_CUDART_MEMORY
 int cudaFree(void* p) { return p == nullptr ? 0 : 1; }
+#else
+int cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return 0;
+}
+int cudaMalloc(void** ptr, size_t bytes) {
+  if (bytes == 0) return 1;
+  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (p == nullptr) return 2;  // cudaErrorMemoryAllocation
+  std::lock_guard<std::mutex> lock(mu);
+  allocs.push_back({reinterpret_cast<uintptr_t>(p), bytes, current_device, next_generation++});
+  *ptr = p;
+  return 0;
+}
+int cudaFree(void* p) {
+  if (p == nullptr) return 0;
+  std::lock_guard<std::mutex> lock(mu);
+  for (size_t i = 0; i < allocs.size(); ++i) {
+    if (allocs[i].base == reinterpret_cast<uintptr_t>(p)) {
+      allocs.erase(allocs.begin() + static_cast<long>(i));
+      std::free(p);
+      return 0;
+    }
+  }
+  return 1;
+}
+int cudaMemcpy(void* dst, const void* src, size_t bytes, int /*kind*/) {
+  std::memcpy(dst, src, bytes);
+  return 0;
+}
+int cudaMemset(void* p, int value, size_t bytes) {
+  std::memset(p, value, bytes);
+  return 0;
+}
+int cudaDeviceSynchronize() { return 0; }
+#endif
 int cudaPointerGetAttributes(Attributes* attrs, const void* ptr) {
   std::lock_guard<std::mutex> lock(mu);
   if (forced_error != 0) return forced_error;

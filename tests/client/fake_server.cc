@@ -73,6 +73,21 @@ std::vector<std::string> FakeFp4q::unregistrations() const {
   return unregistrations_;
 }
 
+void FakeFp4q::SetServerInfo(v1::ServerInfoReply extra) {
+  absl::MutexLock lock(&mu_);
+  info_extra_ = std::move(extra);
+}
+
+std::vector<v1::CreateWeightRequest> FakeFp4q::created() const {
+  absl::MutexLock lock(&mu_);
+  return created_;
+}
+
+std::vector<v1::StepRequest> FakeFp4q::steps() const {
+  absl::MutexLock lock(&mu_);
+  return step_requests_;
+}
+
 grpc::Status FakeFp4q::Quantize(grpc::ServerContext* context, const v1::QuantizeRequest* request,
                                 v1::QuantizeReply* reply) {
   Record("Quantize", context);
@@ -152,6 +167,10 @@ grpc::Status FakeFp4q::CreateWeight(grpc::ServerContext* context,
                                     const v1::CreateWeightRequest* request,
                                     v1::CreateWeightReply* reply) {
   Record("CreateWeight", context);
+  {
+    absl::MutexLock lock(&mu_);
+    created_.push_back(*request);
+  }
   Header(reply->mutable_header());
   reply->mutable_weight()->set_name(request->name());
   return grpc::Status::OK;
@@ -259,6 +278,29 @@ grpc::Status FakeFp4q::ServerInfo(grpc::ServerContext* context, const v1::Server
   reply->set_version("fake");
   reply->set_backend("fake");
   reply->set_server_epoch(kFakeEpoch);
+  absl::MutexLock lock(&mu_);
+  reply->MergeFrom(info_extra_);
+  return grpc::Status::OK;
+}
+
+grpc::Status FakeFp4q::Step(grpc::ServerContext* context, const v1::StepRequest* request,
+                            v1::StepReply* reply) {
+  Record("Step", context);
+  Header(reply->mutable_header());
+  reply->mutable_header()->set_kernel_micros(kStepKernelMicros);
+  reply->mutable_header()->set_queue_micros(kStepQueueMicros);
+  reply->mutable_header()->set_server_micros(kStepServerMicros);
+  absl::MutexLock lock(&mu_);
+  step_requests_.push_back(*request);
+  for (const v1::StepItem& item : request->items()) {
+    int64_t& step = steps_[item.name()];
+    v1::StepItemResult* r = reply->add_items();
+    r->set_name(item.name());
+    r->set_applied(request->step() > step);
+    if (request->step() > step) step = request->step();
+    r->set_last_step(step);
+  }
+  reply->set_world_size(1);
   return grpc::Status::OK;
 }
 

@@ -51,6 +51,14 @@ class FakeFp4q final : public v1::Fp4q::Service {
   int calls(const std::string& rpc) const;
   std::vector<v1::RegisterCudaRegionRequest> registrations() const;
   std::vector<std::string> unregistrations() const;
+  // ServerInfo's reply is merged with `extra` (e.g. supported_modes, limits, gpus).
+  void SetServerInfo(v1::ServerInfoReply extra);
+  // Every CreateWeight and Step request received, in order.
+  std::vector<v1::CreateWeightRequest> created() const;
+  std::vector<v1::StepRequest> steps() const;
+  // The ReplyHeader times Step answers with (kernel, queue, server; microseconds).
+  static constexpr double kStepKernelMicros = 40.0, kStepQueueMicros = 2.0,
+                          kStepServerMicros = 50.0;
 
   grpc::Status Quantize(grpc::ServerContext*, const v1::QuantizeRequest*,
                         v1::QuantizeReply*) override;
@@ -87,6 +95,9 @@ class FakeFp4q final : public v1::Fp4q::Service {
                                     v1::UnregisterCudaRegionReply*) override;
   grpc::Status ServerInfo(grpc::ServerContext*, const v1::ServerInfoRequest*,
                           v1::ServerInfoReply*) override;
+  // Applies every item whose step is newer than its name's last (applied = true), echoing the
+  // names; the header carries the kStep* times.
+  grpc::Status Step(grpc::ServerContext*, const v1::StepRequest*, v1::StepReply*) override;
 
  private:
   void Record(const std::string& rpc, grpc::ServerContext* context);
@@ -101,6 +112,9 @@ class FakeFp4q final : public v1::Fp4q::Service {
   std::vector<v1::RegisterCudaRegionRequest> registrations_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> unregistrations_ ABSL_GUARDED_BY(mu_);
   int next_region_ ABSL_GUARDED_BY(mu_) = 1;
+  v1::ServerInfoReply info_extra_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::CreateWeightRequest> created_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::StepRequest> step_requests_ ABSL_GUARDED_BY(mu_);
 };
 
 // The fake on 127.0.0.1 (port chosen by the OS), with gRPC's health service enabled

@@ -1,0 +1,561 @@
+// fp4q bench-step: the trainer's step from C++ (issue 13 item 5). One Step call updates every
+// weight of a model stored in NVFP4 on the server, its gradients and DQ(W) outputs in this
+// process's GPU memory by CUDA IPC, as a training worker does.
+//
+// It loads the CUDA runtime with dlopen (client::CudaRuntime: the CLI links no CUDA), allocates
+// on GPU 0 one bf16 gradient buffer and one bf16 parameter buffer holding every weight back to
+// back, fills them with random values through the runtime (gradients never zero; parameters
+// ~N(0, 0.02), the weights' initial values), registers each buffer once as an IPC region of one
+// session, creates the weights (CreateWeight), and times --iters Step calls after --warmup,
+// each one step of the whole model with the step number increasing. The parts that need no GPU
+// are in bench_step.h.
+//
+// Without a CUDA runtime, a GPU, or a server that offers cuda_ipc it exits 1 with the reason:
+// it never reports figures it did not measure.
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "args.h"
+#include "bench_step.h"
+#include "commands.h"
+#include "fp4q/client/cuda_ipc.h"
+#include "fp4q/client/cuda_runtime.h"
+#include "fp4q/client/fast_socket.h"
+#include "fp4q/client/session.h"
+
+namespace fp4q::client::cli {
+namespace {
+
+using bench_step::StepOptions;
+using bench_step::WeightShape;
+
+constexpr char kName[] = "bench-step";
+
+constexpr char kUsage[] =
+    "Usage: fp4q [--server ADDR] bench-step [--model gpt2-small|llama3-8b|square8192]\n"
+    "           [--layers N] [--shapes RxC,...] [--optimizer sgd|adamw] [--ef|--no-ef]\n"
+    "           [--rounding rtn|sr] [--scaling current|delayed] [--state-dtype f32|bf16|nvfp4]\n"
+    "           [--lr X] [--iters N] [--warmup N] [--init ipc|inline] [--align BYTES]\n"
+    "           [--prefix NAME] [--copy-bandwidth GBPS] [--cuda-runtime LIB] [--json FILE]\n"
+    "           [--fast-socket PATH [--spin-us N]]\n"
+    "\n"
+    "The trainer's step (issue 13): one Step call updates every weight of a model stored in\n"
+    "NVFP4 (1x16) on the server. On GPU 0 it allocates one bf16 gradient buffer and one bf16\n"
+    "parameter buffer holding every weight back to back, fills the gradients with random\n"
+    "non-zero values and the parameters with ~N(0, 0.02) (random blocks tiled over the buffers),\n"
+    "registers each buffer once as a CUDA IPC region of one session, creates the weights under\n"
+    "--prefix from the parameter buffer, and times --iters steps after --warmup: each item\n"
+    "names its gradient slice and its parameter slice as dequantized_out (DQ(W) in bf16). The\n"
+    "weights are deleted at the end. The server must run on this machine with --backend cuda\n"
+    "--allow_cuda_ipc; use its Unix socket (--server unix:///path).\n"
+    "\n"
+    "  --model M          gpt2-small (default: 12 layers of 768x2304, 768x768, 768x3072,\n"
+    "                     3072x768, then 50257x768 and 1024x768: 124,318,464 parameters),\n"
+    "                     llama3-8b (--layers of q 4096x4096, k and v 1024x4096, o 4096x4096,\n"
+    "                     gate and up 14336x4096, down 4096x14336: 6.98e9 for 32), square8192\n"
+    "  --layers N         llama3-8b's layers (default 32)\n"
+    "  --shapes RxC,...   these matrices instead of --model (C a multiple of 16)\n"
+    "  --optimizer O      sgd (default: plain, no momentum) or adamw (betas 0.9/0.999, eps 1e-8,\n"
+    "                     weight decay 0.01)\n"
+    "  --ef, --no-ef      error feedback (an f32 residual per weight; default --ef)\n"
+    "  --rounding R       rtn (default) or sr (stochastic)\n"
+    "  --scaling S        current (default) or delayed global scale\n"
+    "  --state-dtype D    AdamW's m and v: f32 (default), bf16 or nvfp4 (with --optimizer adamw)\n"
+    "  --lr X             learning rate (default 0.001)\n"
+    "  --iters N          measured steps (default 100)\n"
+    "  --warmup N         unmeasured steps first (default 10)\n"
+    "  --init I           initial values by ipc (default: the parameter buffer) or inline\n"
+    "  --align BYTES      offset alignment of the slices, a power of two >= 16 (default 16)\n"
+    "  --prefix NAME      weight names NAME/<weight> (default bench-step/<pid>)\n"
+    "  --copy-bandwidth G the device copy bandwidth in GB/s (read + written) measured in the\n"
+    "                     same run (fp4q_bench): also report the floor's time and % of it\n"
+    "  --cuda-runtime L   CUDA runtime library (default: libcudart.so.13, libcudart.so)\n"
+    "  --json FILE        also write the report there\n"
+    "  --fast-socket P    step over fp4qd's --fast_socket P instead of gRPC (the session,\n"
+    "                     regions and weights still come from gRPC)\n"
+    "  --spin-us N        with --fast-socket: busy-poll each reply this long (default 0)\n"
+    "\n"
+    "Report (JSON on stdout): the parameter count; wall_us, and the reply header's kernel_us,\n"
+    "queue_us and server_us, overhead_us (wall - kernel) and client_and_transport_us (wall -\n"
+    "server), each p50/p90/min/max/mean in microseconds per step; the bytes floor (each byte\n"
+    "the step must move, read + written, once: codes 0.5 + scales 0.0625 + bf16 gradient 2 +\n"
+    "f32 residual 4 read, the same codes, scales and residual and the bf16 DQ(W) 2 written:\n"
+    "13.125 B per parameter for SGD with EF; --no-ef drops 8; AdamW adds 16 for f32 m and v,\n"
+    "8 for bf16, 2.25 for nvfp4; rounding and scaling add nothing, though current scaling\n"
+    "reads the inputs twice) and achieved_gbps = floor bytes / p50 time of the wall and of the\n"
+    "kernels; with --copy-bandwidth, floor_us_at_copy_bandwidth and pct_of_copy_bandwidth.\n"
+    "Progress goes to stderr.\n"
+    "Exit code 0 when every step succeeded; 1 on any error, or without a GPU (said why); 2 on\n"
+    "bad usage.\n";
+
+struct Config {
+  std::string model;
+  int layers = 0;
+  std::vector<WeightShape> shapes;
+  StepOptions options;
+  uint64_t iters = 100, warmup = 10, align = 16, spin_us = 0;
+  std::string init = "ipc", prefix, json, fast_socket, cuda_runtime;
+  std::optional<double> copy_bandwidth;
+};
+
+bool ValidNameChars(const std::string& s) {
+  for (char c : s) {
+    const bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-' || c == '/' || c == ':';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// The options as a Config; INVALID_ARGUMENT naming the option on a mistake.
+absl::Status ParseConfig(const ParsedArgs& args, Config* c) {
+  auto choice = [&](const char* name, const std::vector<std::string>& choices,
+                    const char* fallback) { return GetChoice(args, name, choices, fallback); };
+  const bool shapes_given = args.values.count("shapes") != 0;
+  if (shapes_given && args.values.count("model") != 0) {
+    return absl::InvalidArgumentError("options '--shapes' and '--model' exclude each other");
+  }
+  absl::StatusOr<std::string> model = choice("model", bench_step::ModelNames(), "gpt2-small");
+  if (!model.ok()) return model.status();
+  absl::StatusOr<uint64_t> layers = GetUint64(args, "layers", 32);
+  if (!layers.ok()) return layers.status();
+  if (args.values.count("layers") != 0 && (shapes_given || *model != "llama3-8b")) {
+    return absl::InvalidArgumentError("option '--layers' needs --model llama3-8b");
+  }
+  if (*layers < 1 || *layers > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("option '--layers' must be in [1, 1024], got ", *layers));
+  }
+  absl::StatusOr<std::vector<WeightShape>> shapes =
+      shapes_given ? bench_step::ParseShapes(GetString(args, "shapes", ""))
+                   : bench_step::ModelShapes(*model, static_cast<int>(*layers));
+  if (!shapes.ok()) return shapes.status();
+  c->shapes = *std::move(shapes);
+  c->model = shapes_given ? "custom" : *model;
+  c->layers = !shapes_given && *model == "llama3-8b" ? static_cast<int>(*layers) : 0;
+
+  absl::StatusOr<std::string> optimizer = choice("optimizer", {"sgd", "adamw"}, "sgd");
+  absl::StatusOr<std::string> rounding = choice("rounding", {"rtn", "sr"}, "rtn");
+  absl::StatusOr<std::string> scaling = choice("scaling", {"current", "delayed"}, "current");
+  absl::StatusOr<std::string> state = choice("state-dtype", {"f32", "bf16", "nvfp4"}, "f32");
+  absl::StatusOr<std::string> init = choice("init", {"ipc", "inline"}, "ipc");
+  for (const auto* s : {&optimizer, &rounding, &scaling, &state, &init}) {
+    if (!s->ok()) return s->status();
+  }
+  if (args.flags.count("ef") != 0 && args.flags.count("no-ef") != 0) {
+    return absl::InvalidArgumentError("options '--ef' and '--no-ef' exclude each other");
+  }
+  if (args.values.count("state-dtype") != 0 && *optimizer != "adamw") {
+    return absl::InvalidArgumentError("option '--state-dtype' needs --optimizer adamw");
+  }
+  StepOptions& o = c->options;
+  o.optimizer = *optimizer == "adamw" ? bench_step::Optimizer::kAdamW : bench_step::Optimizer::kSgd;
+  o.error_feedback = args.flags.count("no-ef") == 0;
+  o.stochastic_rounding = *rounding == "sr";
+  o.delayed_scaling = *scaling == "delayed";
+  o.state_dtype = *state == "bf16"    ? bench_step::StateDType::kBf16
+                  : *state == "nvfp4" ? bench_step::StateDType::kNvfp4
+                                      : bench_step::StateDType::kF32;
+  c->init = *init;
+
+  absl::StatusOr<double> lr = GetDouble(args, "lr", 1e-3);
+  if (!lr.ok()) return lr.status();
+  if (!std::isfinite(*lr) || *lr < 0 || *lr > 1e30) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("option '--lr' must be finite and >= 0, got ", GetString(args, "lr", "")));
+  }
+  o.lr = static_cast<float>(*lr);
+  absl::StatusOr<uint64_t> iters = GetUint64(args, "iters", 100);
+  absl::StatusOr<uint64_t> warmup = GetUint64(args, "warmup", 10);
+  if (!iters.ok()) return iters.status();
+  if (!warmup.ok()) return warmup.status();
+  if (*iters < 1 || *iters > 1000000 || *warmup > 1000000) {
+    return absl::InvalidArgumentError(
+        "options '--iters' (1-1000000) and '--warmup' (0-1000000) are counts of steps");
+  }
+  c->iters = *iters;
+  c->warmup = *warmup;
+  absl::StatusOr<uint64_t> align = GetUint64(args, "align", 16);
+  if (!align.ok()) return align.status();
+  if (*align < 16 || *align > 4096 || (*align & (*align - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("option '--align' must be a power of two in [16, 4096], got ", *align));
+  }
+  c->align = *align;
+  c->prefix = GetString(args, "prefix", absl::StrCat("bench-step/", ::getpid()));
+  if (c->prefix.empty() || c->prefix.size() > 200 || !ValidNameChars(c->prefix)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option '--prefix': '", c->prefix, "' must be 1-200 bytes of A-Z a-z 0-9 . _ - / :"));
+  }
+  if (args.values.count("copy-bandwidth") != 0) {
+    absl::StatusOr<double> bw = GetDouble(args, "copy-bandwidth", 0);
+    if (!bw.ok()) return bw.status();
+    if (!std::isfinite(*bw) || *bw <= 0 || *bw > 1e6) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("option '--copy-bandwidth' must be in (0, 1e6] GB/s, got ",
+                       GetString(args, "copy-bandwidth", "")));
+    }
+    c->copy_bandwidth = *bw;
+  }
+  c->json = GetString(args, "json", "");
+  c->fast_socket = GetString(args, "fast-socket", "");
+  c->cuda_runtime = GetString(args, "cuda-runtime", "");
+  absl::StatusOr<uint64_t> spin = GetUint64(args, "spin-us", 0);
+  if (!spin.ok() || *spin > 1000000 || (*spin > 0 && c->fast_socket.empty())) {
+    return absl::InvalidArgumentError("option '--spin-us': 0-1000000, with --fast-socket");
+  }
+  c->spin_us = *spin;
+  for (WeightShape& s : c->shapes) s.name = absl::StrCat(c->prefix, "/", s.name);
+  return absl::OkStatus();
+}
+
+// The runtime with the calls this tool makes, device 0 current.
+absl::StatusOr<std::unique_ptr<CudaRuntime>> LoadCuda(const std::string& wanted) {
+  absl::StatusOr<std::unique_ptr<CudaRuntime>> cuda = CudaRuntime::Load(
+      wanted.empty() ? std::vector<std::string>{} : std::vector<std::string>{wanted});
+  if (!cuda.ok()) return cuda.status();
+  if (absl::Status s =
+          (*cuda)->Require({CudaCall::kGetErrorName, CudaCall::kGetErrorString,
+                            CudaCall::kGetDeviceCount, CudaCall::kSetDevice, CudaCall::kMalloc,
+                            CudaCall::kFree, CudaCall::kMemcpy, CudaCall::kDeviceSynchronize});
+      !s.ok()) {
+    return s;
+  }
+  if (absl::StatusOr<int> n = (*cuda)->DeviceCount(); !n.ok()) return n.status();
+  if (absl::Status s = (*cuda)->Check("cudaSetDevice(0)", (*cuda)->SetDevice(0)); !s.ok()) {
+    return s;
+  }
+  return cuda;
+}
+
+uint16_t ToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fff + ((u >> 16) & 1);  // round to nearest even (finite inputs)
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// A block of bf16 normal values (|v| >= floor, so none is zero when floor > 0), tiled over a
+// buffer by Tile and by the inline initial values alike.
+std::vector<uint16_t> RandomBlock(size_t n, uint32_t seed, float stddev, float floor) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, stddev);
+  std::vector<uint16_t> block(n);
+  for (uint16_t& b : block) {
+    float v = normal(gen);
+    if (std::fabs(v) < floor) v = v < 0 ? -floor : floor;
+    b = ToBf16(v);
+  }
+  return block;
+}
+
+// Element e of a tiled buffer is block[e % block.size()].
+absl::Status Tile(const CudaRuntime& cuda, const DeviceBuffer& buffer,
+                  const std::vector<uint16_t>& block) {
+  const uint64_t step = 2 * block.size();
+  for (uint64_t at = 0; at < buffer.bytes(); at += step) {
+    const uint64_t n = std::min<uint64_t>(step, buffer.bytes() - at);
+    if (absl::Status s = cuda.CopyToDevice(buffer, at, block.data(), n); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// The bytes [offset, offset + bytes) of a buffer Tile filled with `block`.
+std::string TiledBytes(const std::vector<uint16_t>& block, uint64_t offset, uint64_t bytes) {
+  std::string out(bytes, '\0');
+  size_t at = static_cast<size_t>((offset / 2) % block.size());
+  for (uint64_t e = 0; e < bytes / 2;) {
+    const uint64_t run = std::min<uint64_t>(bytes / 2 - e, block.size() - at);
+    std::memcpy(&out[2 * e], &block[at], 2 * run);
+    e += run;
+    at = 0;
+  }
+  return out;
+}
+
+// Deletes the weights it was told of, at the latest when it goes out of scope.
+class CreatedWeights {
+ public:
+  CreatedWeights(const Client& client, CallOptions call)
+      : client_(client), call_(std::move(call)) {}
+  ~CreatedWeights() { (void)DeleteAll(); }
+  void Add(const std::string& name) { names_.push_back(name); }
+  absl::Status DeleteAll() {
+    absl::Status first;
+    for (const std::string& name : names_) {
+      v1::DeleteWeightRequest del;
+      del.set_name(name);
+      absl::Status s = client_.DeleteWeight(del, call_).status();
+      if (!s.ok() && first.ok()) {
+        first = absl::Status(s.code(), absl::StrCat("deleting '", name, "': ", s.message()));
+      }
+    }
+    names_.clear();
+    return first;
+  }
+
+ private:
+  const Client& client_;
+  const CallOptions call_;
+  std::vector<std::string> names_;
+};
+
+absl::Status WithContext(const absl::Status& s, const std::string& what) {
+  return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int RunBenchStep(const CommandContext& context) {
+  ArgSpec spec;
+  spec.valued = {"model",   "layers",      "shapes", "optimizer",      "rounding",
+                 "scaling", "state-dtype", "lr",     "iters",          "warmup",
+                 "init",    "align",       "prefix", "copy-bandwidth", "cuda-runtime",
+                 "json",    "fast-socket", "spin-us"};
+  spec.boolean = {"ef", "no-ef"};
+  absl::StatusOr<ParsedArgs> args = ParseArgs(context.args, 0, spec);
+  if (!args.ok()) return UsageFailure(kName, std::string(args.status().message()));
+  if (args->help) {
+    std::fputs(kUsage, stdout);
+    return kExitOk;
+  }
+  if (!args->positional.empty()) {
+    return UsageFailure(kName, absl::StrCat("unexpected argument '", args->positional[0], "'"));
+  }
+  Config c;
+  if (absl::Status s = ParseConfig(*args, &c); !s.ok()) {
+    return UsageFailure(kName, std::string(s.message()));
+  }
+  const auto t_setup = std::chrono::steady_clock::now();
+  const uint64_t params_total = bench_step::ParameterCount(c.shapes);
+  const bench_step::FloorBytes floor = bench_step::FloorFor(c.shapes, c.options);
+  const bench_step::Layout layout = bench_step::PackBf16(c.shapes, c.align);
+
+  absl::StatusOr<std::unique_ptr<CudaRuntime>> loaded = LoadCuda(c.cuda_runtime);
+  if (!loaded.ok()) return Failure(kName, loaded.status());
+  const CudaRuntime& cuda = **loaded;
+  absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(context.client);
+  if (!connected.ok()) return UsageFailure(kName, std::string(connected.status().message()));
+  const Client& client = **connected;
+  absl::StatusOr<v1::ServerInfoReply> info = client.ServerInfo();
+  if (!info.ok()) return Failure(kName, info.status());
+  bool ipc = false;
+  for (const std::string& m : info->supported_modes()) ipc = ipc || m == "cuda_ipc";
+  if (!ipc) {
+    return Failure(kName, absl::FailedPreconditionError(absl::StrCat(
+                              "the server (backend ", info->backend(),
+                              ") does not offer cuda_ipc to this caller: run fp4qd --backend cuda "
+                              "--allow_cuda_ipc and connect through its --unix_socket")));
+  }
+  const uint32_t max_items = info->limits().max_step_items();
+  if (max_items != 0 && c.shapes.size() > max_items) {
+    return Failure(kName,
+                   absl::FailedPreconditionError(absl::StrCat(
+                       "the model has ", c.shapes.size(), " weights but the server takes at most ",
+                       max_items, " items in one Step (fp4qd --max_step_items)")));
+  }
+  std::fprintf(stderr,
+               "fp4q %s: %s: %zu weights, %llu parameters, floor %.4f B/parameter, "
+               "2 x %.1f MiB on GPU 0\n",
+               kName, c.model.c_str(), c.shapes.size(),
+               static_cast<unsigned long long>(params_total),
+               static_cast<double>(floor.total()) / static_cast<double>(params_total),
+               static_cast<double>(layout.total_bytes) / (1 << 20));
+
+  // Buffers before the session: the session (closed first) releases the server's mappings of
+  // them before they are freed.
+  DeviceBuffer grads, params;
+  for (DeviceBuffer* b : {&grads, &params}) {
+    absl::StatusOr<DeviceBuffer> got = cuda.Allocate(layout.total_bytes);
+    if (!got.ok()) {
+      return Failure(kName, WithContext(got.status(),
+                                        absl::StrCat("allocating 2 x ", layout.total_bytes,
+                                                     " bytes (gradients, parameters) on GPU 0")));
+    }
+    *b = *std::move(got);
+  }
+  const size_t block_elems =
+      static_cast<size_t>(std::min<uint64_t>(uint64_t{1} << 24, layout.total_bytes / 2));
+  const std::vector<uint16_t> grad_block = RandomBlock(block_elems, 13, 1.0f, 1e-3f);
+  const std::vector<uint16_t> init_block = RandomBlock(block_elems, 8, 0.02f, 0.0f);
+  for (auto [buffer, block] : {std::pair{&grads, &grad_block}, std::pair{&params, &init_block}}) {
+    if (absl::Status s = Tile(cuda, *buffer, *block); !s.ok()) {
+      return Failure(kName, WithContext(s, "filling the buffers"));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<CudaIpc>> ipc_api = CudaIpc::Load({cuda.library()});
+  if (!ipc_api.ok()) return Failure(kName, ipc_api.status());
+  absl::StatusOr<CudaIpcExport> exported = (*ipc_api)->Export(grads.data());
+  if (!exported.ok()) return Failure(kName, exported.status());
+  const std::string device_uuid = exported->device_uuid;
+  if (info->gpus_size() > 0) {
+    bool found = false;
+    std::string theirs;
+    for (const v1::GpuInfo& g : info->gpus()) {
+      found = found || g.uuid() == device_uuid;
+      absl::StrAppend(&theirs, theirs.empty() ? "" : ", ", g.uuid());
+    }
+    if (!found) {
+      return Failure(kName, absl::FailedPreconditionError(
+                                absl::StrCat("GPU 0 here (", device_uuid,
+                                             ") is not one of the server's GPUs (", theirs, ")")));
+    }
+  }
+
+  SessionOptions so;
+  so.client_name = "fp4q bench-step";
+  so.cuda_runtime_candidates = {cuda.library()};
+  absl::StatusOr<std::unique_ptr<Session>> session = Session::Open(client, so);
+  if (!session.ok()) return Failure(kName, session.status());
+  const CallOptions call = (*session)->call_options();
+  absl::StatusOr<v1::RegionSlice> grad_slice = (*session)->RegionFor(grads.data(), grads.bytes());
+  if (!grad_slice.ok()) return Failure(kName, WithContext(grad_slice.status(), "gradients"));
+  absl::StatusOr<v1::RegionSlice> param_slice =
+      (*session)->RegionFor(params.data(), params.bytes());
+  if (!param_slice.ok()) return Failure(kName, WithContext(param_slice.status(), "parameters"));
+
+  CreatedWeights created(client, call);
+  uint64_t state_bytes = 0;
+  for (size_t i = 0; i < c.shapes.size(); ++i) {
+    const WeightShape& w = c.shapes[i];
+    v1::CreateWeightRequest req = bench_step::CreateRequest(w, i, c.options, device_uuid);
+    if (c.init == "inline") {
+      req.mutable_initial()->set_inline_data(
+          TiledBytes(init_block, layout.offsets[i], 2 * w.elements()));
+    } else {
+      v1::RegionSlice* r = req.mutable_initial()->mutable_region();
+      r->set_region_id(param_slice->region_id());
+      r->set_offset(param_slice->offset() + layout.offsets[i]);
+    }
+    absl::StatusOr<v1::CreateWeightReply> rep = client.CreateWeight(req, call);
+    if (!rep.ok()) {
+      std::string hint;
+      if (rep.status().code() == absl::StatusCode::kResourceExhausted) {
+        hint = absl::StrCat(" (the model needs about ",
+                            bench_step::EstimatedStateBytes(c.shapes, c.options),
+                            " bytes of server state; fp4qd --state_budget_bytes is ",
+                            info->limits().state_budget_bytes(), ")");
+      }
+      return Failure(kName, absl::Status(rep.status().code(),
+                                         absl::StrCat("CreateWeight '", w.name,
+                                                      "': ", rep.status().message(), hint)));
+    }
+    created.Add(w.name);
+    state_bytes += rep->weight().bytes();
+  }
+
+  std::unique_ptr<FastSocket> fast;
+  if (!c.fast_socket.empty()) {
+    FastSocketOptions fo;
+    fo.path = c.fast_socket;
+    fo.auth_token = context.client.bearer_token;
+    fo.spin = absl::Microseconds(static_cast<int64_t>(c.spin_us));
+    absl::StatusOr<std::unique_ptr<FastSocket>> f = FastSocket::Connect(fo, (*session)->id());
+    if (!f.ok()) return Failure(kName, WithContext(f.status(), "--fast-socket"));
+    fast = *std::move(f);
+  }
+  const double setup_s = SecondsSince(t_setup);
+  std::fprintf(stderr, "fp4q %s: set up in %.1f s; %llu + %llu steps\n", kName, setup_s,
+               static_cast<unsigned long long>(c.warmup), static_cast<unsigned long long>(c.iters));
+
+  v1::StepRequest req =
+      bench_step::BuildStepRequest(c.shapes, layout, *grad_slice, *param_slice, c.options);
+  std::vector<double> wall, kernel, queue, server, overhead, client_side;
+  for (uint64_t i = 0; i < c.warmup + c.iters; ++i) {
+    const int64_t step = static_cast<int64_t>(i) + 1;  // the weights were created at step 0
+    req.set_step(step);
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<v1::StepReply> rep = fast != nullptr ? fast->Step(req) : client.Step(req, call);
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    if (!rep.ok()) return Failure(kName, WithContext(rep.status(), absl::StrCat("step ", step)));
+    if (rep->items_size() != req.items_size()) {
+      return Failure(kName, absl::InternalError(absl::StrCat("step ", step, ": the reply has ",
+                                                             rep->items_size(), " items for ",
+                                                             req.items_size())));
+    }
+    for (const v1::StepItemResult& r : rep->items()) {
+      if (!r.applied()) {
+        return Failure(kName, absl::InternalError(absl::StrCat(
+                                  "step ", step, ": '", r.name(),
+                                  "' answered applied=false (the step was applied before)")));
+      }
+    }
+    if (i < c.warmup) continue;
+    const v1::ReplyHeader& h = rep->header();
+    wall.push_back(us);
+    kernel.push_back(h.kernel_micros());
+    queue.push_back(h.queue_micros());
+    server.push_back(h.server_micros());
+    overhead.push_back(us - h.kernel_micros());
+    client_side.push_back(us - h.server_micros());
+  }
+  fast.reset();
+  if (absl::Status s = created.DeleteAll(); !s.ok()) return Failure(kName, s);
+  absl::StatusOr<uint32_t> closed = (*session)->Close();
+  if (!closed.ok()) return Failure(kName, closed.status());
+
+  bench_step::Report r;
+  r.server = context.client.address;
+  r.transport = c.fast_socket.empty() ? "grpc" : "fast_socket";
+  r.spin_us = c.spin_us;
+  r.backend = info->backend();
+  r.server_version = info->version();
+  for (const v1::GpuInfo& g : info->gpus()) r.gpus.emplace_back(g.uuid(), g.name());
+  r.device_uuid = device_uuid;
+  utsname u;
+  r.host = ::uname(&u) == 0 ? u.nodename : "";
+  r.cuda_runtime = cuda.library();
+  r.model = c.model;
+  r.layers = c.layers;
+  r.weights = c.shapes.size();
+  r.parameters = params_total;
+  r.options = c.options;
+  r.init = c.init;
+  r.align = c.align;
+  r.iters = c.iters;
+  r.warmup = c.warmup;
+  r.floor = floor;
+  r.state_bytes = state_bytes;
+  r.setup_s = setup_s;
+  r.wall = bench_step::Describe(wall);
+  r.kernel = bench_step::Describe(kernel);
+  r.queue = bench_step::Describe(queue);
+  r.server_time = bench_step::Describe(server);
+  r.overhead = bench_step::Describe(overhead);
+  r.client_side = bench_step::Describe(client_side);
+  r.copy_bandwidth_gbps = c.copy_bandwidth;
+  std::fprintf(stderr,
+               "fp4q %s: p50 wall %.1f us, kernels %.1f us; floor %.1f MB: %.1f GB/s by wall, "
+               "%.1f GB/s by kernels\n",
+               kName, r.wall.p50, r.kernel.p50, static_cast<double>(floor.total()) / 1e6,
+               bench_step::GigabytesPerSecond(floor.total(), r.wall.p50),
+               bench_step::GigabytesPerSecond(floor.total(), r.kernel.p50));
+  const std::string text = bench_step::ReportJson(r);
+  std::fputs(text.c_str(), stdout);
+  if (!c.json.empty()) {
+    std::ofstream f(c.json);
+    f << text;
+    if (!f) return Failure(kName, absl::InternalError(absl::StrCat("cannot write ", c.json)));
+  }
+  return kExitOk;
+}
+
+}  // namespace fp4q::client::cli
