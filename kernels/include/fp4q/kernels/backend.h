@@ -135,7 +135,9 @@ class Backend {
   absl::Status StepCheck(const std::vector<StepItem>& items, void* workspace,
                          size_t workspace_bytes, Stream stream);
   // Queues the apply: every item's state is rewritten when the batch's check passed, nothing
-  // is written otherwise.
+  // is written otherwise (the flag is read on the device). Once per StepCheck: its plan (amaxes,
+  // old scales) is of the state the check saw. FAILED_PRECONDITION on the CPU backend when no
+  // check ran on `workspace`.
   absl::Status StepApply(const std::vector<StepItem>& items, void* workspace, Stream stream);
   // Copies the batch's outcome to `report` (one small copy) and synchronizes the stream.
   absl::Status StepReadReport(const std::vector<StepItem>& items, const void* workspace,
