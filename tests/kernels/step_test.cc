@@ -189,6 +189,27 @@ struct Single {
   }
 };
 
+TEST(StepValuesTest, PlainSgdMovesByLrTimesG) {
+  // x = RN(d - RN(0.25 * 2)) = d - 0.5 exactly for these d; with EF v = x + r.
+  StepCase c;
+  c.hyper.lr = 0.25f;
+  c.residual = true;
+  Single s(c);
+  const std::vector<float> r0 = s.st.residual;
+  const std::vector<float> d = s.Step(2.0f, 1);
+  std::vector<float> v(16);
+  for (int i = 0; i < 16; ++i) v[i] = (d[i] - 0.5f) + r0[i];
+  s.ExpectWeightOf(v);
+  // The residual is what the new weight leaves of v, and its max is recorded.
+  float rmax = 0.0f;
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(s.st.residual[i], v[i] - s.out(i)) << i;
+    rmax = std::fmax(rmax, std::fabs(s.st.residual[i]));
+  }
+  EXPECT_EQ(s.st.stats[kStatMaxResidual], rmax);
+  EXPECT_EQ(s.st.stats[kStatMaxMoment1], 0.0f);  // no state: untouched
+}
+
 TEST(StepValuesTest, SgdMomentumBufferAndDampening) {
   StepCase c;
   c.momentum = true;
