@@ -1,7 +1,8 @@
 // fp4q_bench: measures, in one run on one GPU, the device copy bandwidth (the ceiling), cuBLAS
 // bf16 GEMM on the GEMM rows' shapes, and the CUDA backend (loaded through CudaModule, called
 // through the public Backend API on a caller stream) for every row of issue 4's target table,
-// plus a few informative rows. Random non-zero data; CUDA events; warm-up; medians; rotating
+// plus a few informative rows and the trainer's step (GPT-2 small's weights and one 8192x8192
+// weight, beside its bytes floor). Random non-zero data; CUDA events; warm-up; medians; rotating
 // buffer sets larger than the L2 cache.
 //
 //   fp4q_bench --out results.json [--commit SHA] [--iters N] [--only SUBSTRING]
@@ -12,8 +13,10 @@
 // (counting read + write).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -92,6 +95,97 @@ Input MakeBf16Input(int64_t rows, int64_t cols, uint64_t seed) {
   in.amax = AbsMaxBf16(h);
   in.view = ConstTensor{in.x->get(), DType::kBF16, rows, cols};
   return in;
+}
+
+// ---- the trainer's step (step.h): one stored weight's buffers on the device.
+struct StepWeight {
+  std::unique_ptr<DevMem> codes, scales, global, residual, stats, grad, out;
+  std::unique_ptr<DevMem> m_dense[3], m_codes[3], m_scales[3], m_global[3];
+  kernels::StepItem item;
+};
+
+enum class StepKind { kSgdEf, kAdamWBf16, kAdamWNvfp4 };
+
+// A weight of [rows, cols] quantized from random values, its bf16 gradient, a bf16 DQ output,
+// the residual (SGD + EF) or AdamW moments, statistics as weight creation sets them.
+std::unique_ptr<StepWeight> MakeStepWeight(Backend& gpu, int64_t rows, int64_t cols, StepKind kind,
+                                           kernels::Scaling scaling, uint64_t seed,
+                                           kernels::Stream ks) {
+  auto w = std::make_unique<StepWeight>();
+  const size_t n = static_cast<size_t>(rows * cols);
+  Input x0 = MakeBf16Input(rows, cols, seed);
+  w->codes = std::make_unique<DevMem>(n / 2);
+  w->scales = std::make_unique<DevMem>(n / 16);
+  w->global = std::make_unique<DevMem>(8);
+  QuantizedTensor q{Format::kNvfp4, BlockShape::k1x16, ScaleLayout::kPlain, rows, cols,
+                    static_cast<uint8_t*>(w->codes->get()), n / 2,
+                    static_cast<uint8_t*>(w->scales->get()), n / 16,
+                    static_cast<float*>(w->global->get())};
+  Ok(gpu.Quantize(x0.view, QuantizeOptions{}, nullptr, &q, nullptr, ks), "step weight");
+  const std::vector<uint16_t> g = RandomBf16(n, seed + 1, 0.01f);
+  w->grad = std::make_unique<DevMem>(n * 2);
+  Check(cudaMemcpy(w->grad->get(), g.data(), n * 2, cudaMemcpyHostToDevice), "grad");
+  w->out = std::make_unique<DevMem>(n * 2);
+  float stats[kernels::kStepStatFloats] = {x0.amax, 0, 0, 0, 0, 0, 0, 0};
+  kernels::StepItem& it = w->item;
+  it.weight = q;
+  it.scaling = scaling;
+  it.updates = {ConstTensor{w->grad->get(), DType::kBF16, rows, cols}};
+  it.dequantized_out = {MutTensor{w->out->get(), DType::kBF16, rows, cols, n * 2}};
+  if (kind == StepKind::kSgdEf) {
+    const std::vector<float> r = RandomF32(n, seed + 2, 0.001f);
+    w->residual = std::make_unique<DevMem>(n * 4);
+    Check(cudaMemcpy(w->residual->get(), r.data(), n * 4, cudaMemcpyHostToDevice), "residual");
+    for (float v : r) stats[kernels::kStatMaxResidual] = std::max(stats[1], std::fabs(v));
+    it.residual = static_cast<float*>(w->residual->get());
+    it.hyper.lr = 0.01f;
+  } else {
+    it.state.kind = kernels::OptimizerKind::kAdamW;
+    it.hyper.lr = 1e-3f;
+    it.hyper.weight_decay = 0.01f;
+    kernels::MomentTensor* m[2] = {&it.state.moment1, &it.state.moment2};
+    for (int j = 0; j < 2; ++j) {
+      if (kind == StepKind::kAdamWBf16) {
+        it.state.dtype = kernels::StateDType::kBF16;
+        w->m_dense[j] = std::make_unique<DevMem>(n * 2);
+        Check(cudaMemset(w->m_dense[j]->get(), 0, n * 2), "moment");
+        m[j]->dense = w->m_dense[j]->get();
+      } else {
+        it.state.dtype = kernels::StateDType::kNvfp4;
+        w->m_codes[j] = std::make_unique<DevMem>(n / 2);
+        w->m_scales[j] = std::make_unique<DevMem>(n / 16);
+        w->m_global[j] = std::make_unique<DevMem>(8);
+        Check(cudaMemset(w->m_codes[j]->get(), 0, n / 2), "moment codes");
+        Check(cudaMemset(w->m_scales[j]->get(), 0, n / 16), "moment scales");
+        const float record[2] = {0.0f, 1.0f};
+        Check(cudaMemcpy(w->m_global[j]->get(), record, 8, cudaMemcpyHostToDevice), "record");
+        m[j]->quantized = QuantizedTensor{Format::kNvfp4, BlockShape::k1x16, ScaleLayout::kPlain,
+                                          rows, cols,
+                                          static_cast<uint8_t*>(w->m_codes[j]->get()), n / 2,
+                                          static_cast<uint8_t*>(w->m_scales[j]->get()), n / 16,
+                                          static_cast<float*>(w->m_global[j]->get())};
+      }
+    }
+  }
+  w->stats = std::make_unique<DevMem>(sizeof(stats));
+  Check(cudaMemcpy(w->stats->get(), stats, sizeof(stats), cudaMemcpyHostToDevice), "stats");
+  it.stats = static_cast<float*>(w->stats->get());
+  return w;
+}
+
+// GPT-2 small's 50 weight matrices (12 layers of attention qkv, attention projection, MLP up and
+// down; token and position embeddings), 124M parameters.
+std::vector<std::pair<int64_t, int64_t>> Gpt2SmallShapes() {
+  std::vector<std::pair<int64_t, int64_t>> v;
+  for (int l = 0; l < 12; ++l) {
+    v.push_back({768, 2304});
+    v.push_back({768, 768});
+    v.push_back({768, 3072});
+    v.push_back({3072, 768});
+  }
+  v.push_back({50257, 768});
+  v.push_back({1024, 768});
+  return v;
 }
 
 int Run(int argc, char** argv) {
@@ -319,6 +413,75 @@ int Run(int argc, char** argv) {
                          absl::StrFormat("GPU time per call (events) %.2f us", t.median_us)});
       std::printf("%-48s %9.2f us wall, %.2f us events\n", rows.back().name.c_str(), wall,
                   t.median_us);
+    }
+  }
+
+  // ---- the trainer's step: GPT-2 small (one batch of 50 weights) and one 8192x8192 weight.
+  // Floors per element, bf16 gradients and a bf16 DQ output: the apply of SGD + EF moves
+  // 0.5625 + 2 + 4 read and 0.5625 + 4 + 2 written (13.125 B); the check adds the gradient
+  // read (2 B) under delayed scaling, and the weight and residual (6.5625 B) under current
+  // scaling. AdamW (no EF) with bf16 moments 2 + 1.125 + 8 + 2, NVFP4 moments 2 + 1.125 +
+  // 2.25 + 2 (the 8 bytes per tensor of records are left out).
+  if (want("step")) {
+    struct StepRow {
+      const char* name;
+      StepKind kind;
+      kernels::Scaling scaling;
+      bool apply_only;
+      double bytes_per_elem;
+    };
+    const StepRow step_rows[] = {
+        {"step apply, SGD + EF, delayed", StepKind::kSgdEf, kernels::Scaling::kDelayed, true,
+         13.125},
+        {"step check + apply, SGD + EF, delayed", StepKind::kSgdEf, kernels::Scaling::kDelayed,
+         false, 15.125},
+        {"step check + apply, SGD + EF, current", StepKind::kSgdEf, kernels::Scaling::kCurrent,
+         false, 19.6875},
+        {"step apply, AdamW bf16 moments, delayed", StepKind::kAdamWBf16,
+         kernels::Scaling::kDelayed, true, 13.125},
+        {"step apply, AdamW nvfp4 moments, delayed", StepKind::kAdamWNvfp4,
+         kernels::Scaling::kDelayed, true, 7.375},
+    };
+    const std::vector<std::pair<int64_t, int64_t>> big = {{8192, 8192}};
+    for (const StepRow& sr : step_rows) {
+      for (int model = 0; model < 2; ++model) {
+        const auto shapes = model == 0 ? Gpt2SmallShapes() : big;
+        std::vector<std::unique_ptr<StepWeight>> ws;
+        std::vector<kernels::StepItem> items;
+        double elems = 0;
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          ws.push_back(MakeStepWeight(gpu, shapes[i].first, shapes[i].second, sr.kind,
+                                      sr.scaling, 3000 + i, ks));
+          items.push_back(ws.back()->item);
+          elems += static_cast<double>(shapes[i].first * shapes[i].second);
+        }
+        const size_t wbytes = kernels::StepWorkspaceBytes(items);
+        DevMem workspace(wbytes);
+        Ok(gpu.StepCheck(items, workspace.get(), wbytes, ks), "step check");
+        kernels::StepReport report;
+        Ok(gpu.StepReadReport(items, workspace.get(), &report, ks), "step report");
+        if (!report.ok) {
+          std::fprintf(stderr, "fp4q_bench: %s: the check refused the batch\n", sr.name);
+          std::exit(1);
+        }
+        int t = 1;
+        const Timing tm = TimeEvents(s, 3, std::max(5, iters / 3), [&](int) {
+          for (kernels::StepItem& it : items) it.hyper.t = ++t;
+          if (!sr.apply_only) Ok(gpu.StepCheck(items, workspace.get(), wbytes, ks), "check");
+          Ok(gpu.StepApply(items, workspace.get(), ks), "apply");
+        });
+        Row r;
+        r.name = sr.name;
+        r.shape = model == 0 ? "GPT-2 small, 50 weights, bf16 grad -> bf16 DQ"
+                             : "8192x8192, bf16 grad -> bf16 DQ";
+        r.us = tm.median_us;
+        r.bytes = sr.bytes_per_elem * elems;
+        r.note = absl::StrFormat("floor %.4g B/elem", sr.bytes_per_elem);
+        rows.push_back(r);
+        std::printf("%-48s %-32s %9.2f us %7.0f GB/s (floor %.4g B/elem, copy %.0f GB/s)\n",
+                    sr.name, model == 0 ? "GPT-2 small" : "8192x8192", tm.median_us,
+                    r.bytes / tm.median_us / 1e3, sr.bytes_per_elem, copy_gbps);
+      }
     }
   }
 

@@ -3,7 +3,10 @@
 #include "fp4q/kernels/validate.h"
 
 #include <cmath>
+#include <cstdint>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -405,6 +408,221 @@ absl::Status ValidateUpdateWeightArgs(const QuantizedTensor& weight, const Const
     FP4Q_RETURN_IF_ERROR(ValidateMutTensor(*dequantized_out, "dequantized_out"));
     FP4Q_RETURN_IF_ERROR(CheckSameShape(dequantized_out->rows, dequantized_out->cols,
                                         "dequantized_out", weight.rows, weight.cols, "weight"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+const char* ScalingName(Scaling s) {
+  switch (s) {
+    case Scaling::kCurrent:
+      return "current";
+    case Scaling::kDelayed:
+      return "delayed";
+  }
+  return nullptr;
+}
+
+const char* OptimizerName(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::kSgd:
+      return "sgd";
+    case OptimizerKind::kAdamW:
+      return "adamw";
+  }
+  return nullptr;
+}
+
+const char* StateDTypeName(StateDType d) {
+  switch (d) {
+    case StateDType::kF32:
+      return "f32";
+    case StateDType::kBF16:
+      return "bf16";
+    case StateDType::kNvfp4:
+      return "nvfp4";
+  }
+  return nullptr;
+}
+
+// The kernels read 16 bytes at a time: dense buffers and code bytes start 16-byte aligned.
+absl::Status CheckAligned(const void* p, const std::string& field) {
+  if (p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0) return absl::OkStatus();
+  return Invalid(field, absl::StrCat(absl::Hex(reinterpret_cast<uintptr_t>(p), absl::kZeroPad16),
+                                     " is not 16-byte aligned"));
+}
+
+absl::Status CheckHyper(float value, bool ok, const std::string& field, absl::string_view rule) {
+  if (std::isfinite(value) && ok) return absl::OkStatus();
+  return Invalid(field, absl::StrCat(value, " is not ", rule));
+}
+
+// One moment tensor: present (in `dtype`'s representation) exactly when `wanted`.
+absl::Status CheckMoment(const MomentTensor& m, bool wanted, StateDType dtype,
+                         const QuantizedTensor& weight, const std::string& field,
+                         absl::string_view why) {
+  if (!wanted) {
+    if (m.present()) return Invalid(field, absl::StrCat("set, but ", why));
+    return absl::OkStatus();
+  }
+  if (dtype == StateDType::kNvfp4) {
+    if (m.dense != nullptr) {
+      return Invalid(absl::StrCat(field, ".dense"), "set, but the state dtype is nvfp4");
+    }
+    const QuantizedTensor& q = m.quantized;
+    const std::string qf = absl::StrCat(field, ".quantized");
+    FP4Q_RETURN_IF_ERROR(ValidateQuantizedInput(AsConst(q), qf));
+    if (q.format != Format::kNvfp4) {
+      return Invalid(absl::StrCat(qf, ".format"),
+                     absl::StrCat(FormatName(q.format), ", but nvfp4 moments are NVFP4"));
+    }
+    if (q.block != BlockShape::k1x16) {
+      return Invalid(absl::StrCat(qf, ".block"),
+                     absl::StrCat(BlockShapeName(q.block), ", but nvfp4 moments use 1x16 blocks"));
+    }
+    if (q.scale_layout != ScaleLayout::kPlain) {
+      return Invalid(absl::StrCat(qf, ".scale_layout"),
+                     absl::StrCat(LayoutName(q.scale_layout),
+                                  ", but moments use the plain layout"));
+    }
+    FP4Q_RETURN_IF_ERROR(CheckSameShape(q.rows, q.cols, qf, weight.rows, weight.cols, "weight"));
+    return CheckAligned(q.codes, absl::StrCat(qf, ".codes"));
+  }
+  if (m.quantized.codes != nullptr) {
+    return Invalid(absl::StrCat(field, ".quantized.codes"),
+                   absl::StrCat("set, but the state dtype is ", StateDTypeName(dtype)));
+  }
+  if (m.dense == nullptr) return Invalid(absl::StrCat(field, ".dense"), "null");
+  return CheckAligned(m.dense, absl::StrCat(field, ".dense"));
+}
+
+}  // namespace
+
+absl::Status ValidateStepItem(const StepItem& item, const std::string& field) {
+  const QuantizedTensor& w = item.weight;
+  const std::string wf = absl::StrCat(field, ".weight");
+  FP4Q_RETURN_IF_ERROR(ValidateQuantizedInput(AsConst(w), wf));
+  if (w.format != Format::kNvfp4) {
+    return Invalid(absl::StrCat(wf, ".format"),
+                   absl::StrCat(FormatName(w.format), ", but stored weights are NVFP4"));
+  }
+  FP4Q_RETURN_IF_ERROR(CheckAligned(w.codes, absl::StrCat(wf, ".codes")));
+  FP4Q_RETURN_IF_ERROR(CheckAligned(item.residual, absl::StrCat(field, ".residual")));
+  FP4Q_RETURN_IF_ERROR(CheckEnum(ScalingName(item.scaling), static_cast<int>(item.scaling),
+                                 absl::StrCat(field, ".scaling"), "scaling"));
+  FP4Q_RETURN_IF_ERROR(CheckEnum(RoundingName(item.rounding), static_cast<int>(item.rounding),
+                                 absl::StrCat(field, ".rounding"), "rounding"));
+  FP4Q_RETURN_IF_ERROR(CheckEnum(UpdateKindName(item.kind), static_cast<int>(item.kind),
+                                 absl::StrCat(field, ".kind"), "update kind"));
+  if (item.scaling == Scaling::kDelayed && item.stats == nullptr) {
+    return Invalid(absl::StrCat(field, ".stats"), "null, but delayed scaling reads the statistics");
+  }
+  if (item.stats != nullptr && reinterpret_cast<uintptr_t>(item.stats) % 4 != 0) {
+    return Invalid(absl::StrCat(field, ".stats"), "not 4-byte aligned");
+  }
+
+  // Optimizer state.
+  const OptimizerState& st = item.state;
+  const std::string sf = absl::StrCat(field, ".state");
+  FP4Q_RETURN_IF_ERROR(CheckEnum(OptimizerName(st.kind), static_cast<int>(st.kind),
+                                 absl::StrCat(sf, ".kind"), "optimizer kind"));
+  FP4Q_RETURN_IF_ERROR(CheckEnum(StateDTypeName(st.dtype), static_cast<int>(st.dtype),
+                                 absl::StrCat(sf, ".dtype"), "state dtype"));
+  const bool sgd = st.kind == OptimizerKind::kSgd;
+  if (sgd && st.amsgrad) return Invalid(absl::StrCat(sf, ".amsgrad"), "true, but kind is sgd");
+  if (!sgd && st.momentum) return Invalid(absl::StrCat(sf, ".momentum"), "true, but kind is adamw");
+  FP4Q_RETURN_IF_ERROR(CheckMoment(st.moment1, sgd ? st.momentum : true, st.dtype, w,
+                                   absl::StrCat(sf, ".moment1"),
+                                   "SGD without momentum keeps none"));
+  FP4Q_RETURN_IF_ERROR(CheckMoment(st.moment2, !sgd, st.dtype, w, absl::StrCat(sf, ".moment2"),
+                                   "SGD keeps no second moment"));
+  FP4Q_RETURN_IF_ERROR(CheckMoment(st.max_moment2, !sgd && st.amsgrad, st.dtype, w,
+                                   absl::StrCat(sf, ".max_moment2"),
+                                   "only AdamW with amsgrad keeps max v"));
+
+  // Hyperparameters.
+  const StepHyper& h = item.hyper;
+  const std::string hf = absl::StrCat(field, ".hyper");
+  FP4Q_RETURN_IF_ERROR(CheckHyper(h.lr, h.lr >= 0.0f, absl::StrCat(hf, ".lr"), "finite and >= 0"));
+  FP4Q_RETURN_IF_ERROR(CheckHyper(h.weight_decay, h.weight_decay >= 0.0f,
+                                  absl::StrCat(hf, ".weight_decay"), "finite and >= 0"));
+  if (h.t < 1) return Invalid(absl::StrCat(hf, ".t"), absl::StrCat(h.t, " is not >= 1"));
+  if (sgd) {
+    FP4Q_RETURN_IF_ERROR(CheckHyper(h.momentum, h.momentum >= 0.0f,
+                                    absl::StrCat(hf, ".momentum"), "finite and >= 0"));
+    FP4Q_RETURN_IF_ERROR(
+        CheckHyper(h.dampening, true, absl::StrCat(hf, ".dampening"), "finite"));
+    if (h.momentum != 0.0f && !st.momentum) {
+      return Invalid(absl::StrCat(hf, ".momentum"),
+                     absl::StrCat(h.momentum, " needs a momentum buffer (", sf,
+                                  ".momentum is false)"));
+    }
+    if (h.nesterov && (h.momentum <= 0.0f || h.dampening != 0.0f)) {
+      return Invalid(absl::StrCat(hf, ".nesterov"),
+                     absl::StrCat("true needs momentum > 0 and dampening 0 (momentum ", h.momentum,
+                                  ", dampening ", h.dampening, ")"));
+    }
+  } else {
+    FP4Q_RETURN_IF_ERROR(CheckHyper(h.beta1, h.beta1 >= 0.0f && h.beta1 < 1.0f,
+                                    absl::StrCat(hf, ".beta1"), "in [0, 1)"));
+    FP4Q_RETURN_IF_ERROR(CheckHyper(h.beta2, h.beta2 >= 0.0f && h.beta2 < 1.0f,
+                                    absl::StrCat(hf, ".beta2"), "in [0, 1)"));
+    FP4Q_RETURN_IF_ERROR(
+        CheckHyper(h.eps, h.eps > 0.0f, absl::StrCat(hf, ".eps"), "finite and > 0"));
+  }
+  if (item.kind == UpdateKind::kDelta &&
+      (!sgd || st.momentum || h.weight_decay != 0.0f)) {
+    return Invalid(absl::StrCat(field, ".kind"),
+                   absl::StrCat("delta needs plain SGD (kind ", OptimizerName(st.kind),
+                                ", momentum ", st.momentum ? "true" : "false", ", weight_decay ",
+                                h.weight_decay, ")"));
+  }
+
+  // Updates and outputs.
+  if (item.updates.empty()) return Invalid(absl::StrCat(field, ".updates"), "empty");
+  for (size_t k = 0; k < item.updates.size(); ++k) {
+    const std::string uf = absl::StrCat(field, ".updates[", k, "]");
+    const ConstTensor& u = item.updates[k];
+    FP4Q_RETURN_IF_ERROR(ValidateConstTensor(u, uf));
+    FP4Q_RETURN_IF_ERROR(CheckSameShape(u.rows, u.cols, uf, w.rows, w.cols, "weight"));
+    FP4Q_RETURN_IF_ERROR(CheckAligned(u.data, absl::StrCat(uf, ".data")));
+  }
+  for (size_t k = 0; k < item.dequantized_out.size(); ++k) {
+    const MutTensor& o = item.dequantized_out[k];
+    if (o.data == nullptr) continue;
+    const std::string of = absl::StrCat(field, ".dequantized_out[", k, "]");
+    FP4Q_RETURN_IF_ERROR(ValidateMutTensor(o, of));
+    FP4Q_RETURN_IF_ERROR(CheckSameShape(o.rows, o.cols, of, w.rows, w.cols, "weight"));
+    FP4Q_RETURN_IF_ERROR(CheckAligned(o.data, absl::StrCat(of, ".data")));
+  }
+  if (item.check_only && item.expect_fingerprints.size() != item.updates.size()) {
+    return Invalid(absl::StrCat(field, ".expect_fingerprints"),
+                   absl::StrCat(item.expect_fingerprints.size(), " fingerprints for ",
+                                item.updates.size(), " updates"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateStepItems(const std::vector<StepItem>& items) {
+  if (items.empty()) return Invalid("items", "empty");
+  if (items.size() > (size_t{1} << 24)) {
+    return Invalid("items", absl::StrCat(items.size(), " items exceed the limit of 2^24"));
+  }
+  size_t updates = 0;
+  std::unordered_map<const void*, size_t> written;  // weight codes -> the item writing them
+  for (size_t i = 0; i < items.size(); ++i) {
+    FP4Q_RETURN_IF_ERROR(ValidateStepItem(items[i], absl::StrCat("items[", i, "]")));
+    updates += items[i].updates.size();
+    if (items[i].check_only) continue;
+    const auto [it, inserted] = written.emplace(items[i].weight.codes, i);
+    if (!inserted) {
+      return Invalid(absl::StrCat("items[", i, "].weight"),
+                     absl::StrCat("the same stored weight as items[", it->second, "]"));
+    }
+  }
+  if (updates > (size_t{1} << 30)) {
+    return Invalid("items", absl::StrCat(updates, " updates exceed the limit of 2^30"));
   }
   return absl::OkStatus();
 }

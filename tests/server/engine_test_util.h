@@ -92,32 +92,41 @@ class FakeIpcBackend final : public kernels::Backend {
   }
 
  protected:
-  absl::Status DoAmax(const kernels::ConstTensor& x, float* amax, kernels::Stream s) override {
-    return cpu_->Amax(x, amax, s);
+  absl::Status DoAmax(const kernels::ConstTensor& x, float* amax, int64_t* first_nonfinite,
+                      kernels::Stream s) override {
+    return cpu_->Amax(x, amax, s, first_nonfinite);
   }
   absl::Status DoQuantize(const kernels::ConstTensor& x, const kernels::QuantizeOptions& o,
                           float* r, const kernels::QuantizedTensor* rw,
-                          const kernels::QuantizedTensor* cw, kernels::Stream s) override {
-    return cpu_->Quantize(x, o, r, rw, cw, s);
+                          const kernels::QuantizedTensor* cw, kernels::FiniteGuard* guard,
+                          kernels::Stream s) override {
+    return cpu_->Quantize(x, o, r, rw, cw, s, guard);
   }
   absl::Status DoDequantize(const kernels::ConstQuantizedTensor& q, const kernels::MutTensor& out,
                             kernels::Stream s) override {
     return cpu_->Dequantize(q, out, s);
   }
   absl::Status DoQdq(const kernels::ConstTensor& x, const kernels::QuantizeOptions& o, float* r,
-                     const kernels::MutTensor& out, kernels::Stream s) override {
-    return cpu_->Qdq(x, o, r, out, s);
+                     const kernels::MutTensor& out, kernels::FiniteGuard* guard,
+                     kernels::Stream s) override {
+    return cpu_->Qdq(x, o, r, out, s, guard);
   }
   absl::Status DoMatmul(const kernels::ConstQuantizedTensor& a,
                         const kernels::ConstQuantizedTensor& b, const kernels::MutTensor& c,
                         kernels::Stream s) override {
     return cpu_->Matmul(a, b, c, s);
   }
-  absl::Status DoUpdateWeight(const kernels::QuantizedTensor& w, float* r,
-                              const kernels::ConstTensor& u, float lr, kernels::UpdateKind k,
-                              const kernels::QuantizeOptions& o, const kernels::MutTensor* dq,
-                              kernels::Stream s) override {
-    return cpu_->UpdateWeight(w, r, u, lr, k, o, dq, s);
+  absl::Status DoStepCheck(const std::vector<kernels::StepItem>& items, void* ws,
+                           kernels::Stream s) override {
+    return cpu_->StepCheck(items, ws, kernels::StepWorkspaceBytes(items), s);
+  }
+  absl::Status DoStepApply(const std::vector<kernels::StepItem>& items, void* ws,
+                           kernels::Stream s) override {
+    return cpu_->StepApply(items, ws, s);
+  }
+  absl::Status DoStepReadReport(const std::vector<kernels::StepItem>& items, const void* ws,
+                                kernels::StepReport* report, kernels::Stream s) override {
+    return cpu_->StepReadReport(items, ws, report, s);
   }
   absl::Status DoRht(const kernels::ConstTensor& in, kernels::RhtMode m, uint64_t seed, bool inv,
                      const kernels::MutTensor& out, kernels::Stream s) override {

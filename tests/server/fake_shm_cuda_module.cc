@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "fp4q/kernels/backend.h"
@@ -109,24 +110,34 @@ class ShmIpcBackend final : public fp4q::kernels::Backend {
   using CQT = fp4q::kernels::ConstQuantizedTensor;
   using QO = fp4q::kernels::QuantizeOptions;
   using S = fp4q::kernels::Stream;
-  absl::Status DoAmax(const CT& x, float* amax, S s) override { return cpu_->Amax(x, amax, s); }
+  using Guard = fp4q::kernels::FiniteGuard;
+  using Items = std::vector<fp4q::kernels::StepItem>;
+  absl::Status DoAmax(const CT& x, float* amax, int64_t* first_nonfinite, S s) override {
+    return cpu_->Amax(x, amax, s, first_nonfinite);
+  }
   absl::Status DoQuantize(const CT& x, const QO& o, float* r, const QT* rw, const QT* cw,
-                          S s) override {
-    return cpu_->Quantize(x, o, r, rw, cw, s);
+                          Guard* guard, S s) override {
+    return cpu_->Quantize(x, o, r, rw, cw, s, guard);
   }
   absl::Status DoDequantize(const CQT& q, const MT& out, S s) override {
     return cpu_->Dequantize(q, out, s);
   }
-  absl::Status DoQdq(const CT& x, const QO& o, float* r, const MT& out, S s) override {
-    return cpu_->Qdq(x, o, r, out, s);
+  absl::Status DoQdq(const CT& x, const QO& o, float* r, const MT& out, Guard* guard,
+                     S s) override {
+    return cpu_->Qdq(x, o, r, out, s, guard);
   }
   absl::Status DoMatmul(const CQT& a, const CQT& b, const MT& c, S s) override {
     return cpu_->Matmul(a, b, c, s);
   }
-  absl::Status DoUpdateWeight(const QT& w, float* r, const CT& u, float lr,
-                              fp4q::kernels::UpdateKind k, const QO& o, const MT* dq,
-                              S s) override {
-    return cpu_->UpdateWeight(w, r, u, lr, k, o, dq, s);
+  absl::Status DoStepCheck(const Items& items, void* ws, S s) override {
+    return cpu_->StepCheck(items, ws, fp4q::kernels::StepWorkspaceBytes(items), s);
+  }
+  absl::Status DoStepApply(const Items& items, void* ws, S s) override {
+    return cpu_->StepApply(items, ws, s);
+  }
+  absl::Status DoStepReadReport(const Items& items, const void* ws,
+                                fp4q::kernels::StepReport* report, S s) override {
+    return cpu_->StepReadReport(items, ws, report, s);
   }
   absl::Status DoRht(const CT& in, fp4q::kernels::RhtMode m, uint64_t seed, bool inv, const MT& out,
                      S s) override {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -18,7 +19,9 @@
 #include "cpu/nvfp4.h"
 #include "cpu/quantize.h"
 #include "cpu/rht.h"
+#include "cpu/step.h"
 #include "fp4q/kernels/backend.h"
+#include "step_report.h"
 
 namespace fp4q::kernels {
 namespace {
@@ -91,18 +94,32 @@ class CpuBackend final : public Backend {
   }
 
  protected:
-  absl::Status DoAmax(const ConstTensor& x, float* amax, Stream) override {
+  absl::Status DoAmax(const ConstTensor& x, float* amax, int64_t* first_nonfinite,
+                      Stream) override {
     const cpu::Matrix m = cpu::LoadDense(x);
     *amax = cpu::AbsMax(m.values.data(), m.values.size());
+    if (first_nonfinite != nullptr) {
+      *first_nonfinite = -1;
+      for (size_t i = 0; i < m.values.size(); ++i) {
+        if (!std::isfinite(m.values[i])) {
+          *first_nonfinite = static_cast<int64_t>(i);
+          break;
+        }
+      }
+    }
     return absl::OkStatus();
   }
 
   absl::Status DoQuantize(const ConstTensor& x, const QuantizeOptions& options, float* residual,
                           const QuantizedTensor* rowwise, const QuantizedTensor* columnwise,
-                          Stream) override {
+                          FiniteGuard* guard, Stream) override {
     const cpu::Matrix m = cpu::LoadDense(x);
     if (residual != nullptr) {
       cpu::Matrix r = cpu::LoadF32(residual, x.rows, x.cols);
+      if (guard != nullptr) {
+        *guard = cpu::FeedbackGuard(m, r, options, /*bf16_out=*/false);
+        if (guard->outcome != StepOutcome::kOk) return absl::OkStatus();  // nothing written
+      }
       const cpu::HostQuantized q = cpu::QuantizeWithFeedback(m, options, &r);
       cpu::StoreQuantized(q, *rowwise);
       std::memcpy(residual, r.values.data(), r.values.size() * sizeof(float));
@@ -124,12 +141,16 @@ class CpuBackend final : public Backend {
   }
 
   absl::Status DoQdq(const ConstTensor& x, const QuantizeOptions& options, float* residual,
-                     const MutTensor& out, Stream) override {
+                     const MutTensor& out, FiniteGuard* guard, Stream) override {
     const cpu::Matrix m = cpu::LoadDense(x);
     cpu::HostQuantized q;
     cpu::Matrix r;
     if (residual != nullptr) {
       r = cpu::LoadF32(residual, x.rows, x.cols);
+      if (guard != nullptr) {
+        *guard = cpu::FeedbackGuard(m, r, options, out.dtype == DType::kBF16);
+        if (guard->outcome != StepOutcome::kOk) return absl::OkStatus();  // nothing written
+      }
       q = cpu::QuantizeWithFeedback(m, options, &r);
     } else {
       q = cpu::QuantizeMatrix(m, x.dtype, options, /*columnwise=*/false);
@@ -147,22 +168,19 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status DoUpdateWeight(const QuantizedTensor& weight, float* residual,
-                              const ConstTensor& update, float lr, UpdateKind kind,
-                              const QuantizeOptions& options, const MutTensor* dequantized_out,
-                              Stream) override {
-    const cpu::HostQuantized w = cpu::LoadQuantized(AsConst(weight));
-    const cpu::Matrix u = cpu::LoadDense(update);
-    cpu::Matrix r;
-    if (residual != nullptr) r = cpu::LoadF32(residual, weight.rows, weight.cols);
-    cpu::Matrix dq;
-    const cpu::HostQuantized next =
-        cpu::UpdateWeightHost(w, u, lr, kind, options, residual != nullptr ? &r : nullptr, &dq);
-    cpu::StoreQuantized(next, weight);
-    if (residual != nullptr) {
-      std::memcpy(residual, r.values.data(), r.values.size() * sizeof(float));
-    }
-    if (dequantized_out != nullptr) cpu::StoreDense(dq, *dequantized_out);
+  absl::Status DoStepCheck(const std::vector<StepItem>& items, void* workspace,
+                           Stream) override {
+    cpu::StepCheckHost(items, static_cast<uint8_t*>(workspace));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoStepApply(const std::vector<StepItem>& items, void* workspace, Stream) override {
+    return cpu::StepApplyHost(items, static_cast<uint8_t*>(workspace));
+  }
+
+  absl::Status DoStepReadReport(const std::vector<StepItem>& items, const void* workspace,
+                                StepReport* report, Stream) override {
+    DecodeStepReport(items, StepLayoutOf(items), static_cast<const uint8_t*>(workspace), report);
     return absl::OkStatus();
   }
 

@@ -271,15 +271,19 @@ absl::StatusOr<size_t> CudaBackend::IpcMappingSize(void* base) const {
 
 // ---------------------------------------------------------------- elementwise numerics
 
-absl::Status CudaBackend::DoAmax(const ConstTensor& x, float* amax, Stream stream) {
+absl::Status CudaBackend::DoAmax(const ConstTensor& x, float* amax, int64_t* first_nonfinite,
+                                 Stream stream) {
   FP4Q_RETURN_IF_ERROR(Enter());
   const cudaStream_t s = Resolve(stream);
   const size_t n = static_cast<size_t>(x.rows * x.cols);
   Staging st(s);
   FP4Q_ASSIGN_OR_RETURN(const void* xp, st.Use(x.data, n * DTypeSize(x.dtype), true, false));
   FP4Q_ASSIGN_OR_RETURN(float* out, st.UseAs<float>(amax, sizeof(float), false, true));
-  FP4Q_RETURN_IF_ERROR(
-      Track(FP4Q_CUDA_STATUS(LaunchAmax(xp, DtypeCode(x.dtype), x.rows * x.cols, out, s))));
+  FP4Q_ASSIGN_OR_RETURN(
+      uint64_t * first,
+      st.UseAs<uint64_t>(first_nonfinite, sizeof(int64_t), false, true));  // -1 = ~0: none
+  FP4Q_RETURN_IF_ERROR(Track(FP4Q_CUDA_STATUS(
+      LaunchAmax(xp, DtypeCode(x.dtype), x.rows * x.cols, out, first, s))));
   FP4Q_RETURN_IF_ERROR(Track(st.Finish()));
   return AfterLaunches(s);
 }
@@ -331,30 +335,45 @@ absl::Status CudaBackend::DoRht(const ConstTensor& in, RhtMode mode, uint64_t rh
 
 absl::Status CudaBackend::DoQuantize(const ConstTensor& x, const QuantizeOptions& options,
                                      float* residual, const QuantizedTensor* rowwise,
-                                     const QuantizedTensor* columnwise, Stream stream) {
+                                     const QuantizedTensor* columnwise, FiniteGuard* guard,
+                                     Stream stream) {
   FP4Q_RETURN_IF_ERROR(Enter());
   const cudaStream_t s = Resolve(stream);
-  FP4Q_RETURN_IF_ERROR(Track(QuantizeImpl(x, options, residual, rowwise, columnwise, s)));
+  FP4Q_RETURN_IF_ERROR(Track(QuantizeImpl(x, options, residual, rowwise, columnwise, guard, s)));
   return AfterLaunches(s);
 }
 
 absl::Status CudaBackend::DoQdq(const ConstTensor& x, const QuantizeOptions& options,
-                                float* residual, const MutTensor& out, Stream stream) {
+                                float* residual, const MutTensor& out, FiniteGuard* guard,
+                                Stream stream) {
   FP4Q_RETURN_IF_ERROR(Enter());
   const cudaStream_t s = Resolve(stream);
-  FP4Q_RETURN_IF_ERROR(Track(QdqImpl(x, options, residual, out, s)));
+  FP4Q_RETURN_IF_ERROR(Track(QdqImpl(x, options, residual, out, guard, s)));
   return AfterLaunches(s);
 }
 
-absl::Status CudaBackend::DoUpdateWeight(const QuantizedTensor& weight, float* residual,
-                                         const ConstTensor& update, float lr, UpdateKind kind,
-                                         const QuantizeOptions& options,
-                                         const MutTensor* dequantized_out, Stream stream) {
+absl::Status CudaBackend::DoStepCheck(const std::vector<StepItem>& items, void* workspace,
+                                      Stream stream) {
   FP4Q_RETURN_IF_ERROR(Enter());
   const cudaStream_t s = Resolve(stream);
-  FP4Q_RETURN_IF_ERROR(Track(UpdateWeightImpl(weight, residual, update, lr, kind, options,
-                                              dequantized_out, s)));
+  FP4Q_RETURN_IF_ERROR(Track(StepCheckImpl(items, workspace, s)));
   return AfterLaunches(s);
+}
+
+absl::Status CudaBackend::DoStepApply(const std::vector<StepItem>& items, void* workspace,
+                                      Stream stream) {
+  FP4Q_RETURN_IF_ERROR(Enter());
+  const cudaStream_t s = Resolve(stream);
+  FP4Q_RETURN_IF_ERROR(Track(StepApplyImpl(items, workspace, s)));
+  return AfterLaunches(s);
+}
+
+absl::Status CudaBackend::DoStepReadReport(const std::vector<StepItem>& items,
+                                           const void* workspace, StepReport* report,
+                                           Stream stream) {
+  FP4Q_RETURN_IF_ERROR(Enter());
+  const cudaStream_t s = Resolve(stream);
+  return Track(StepReadReportImpl(items, workspace, report, s));
 }
 
 absl::Status CudaBackend::DoMatmul(const ConstQuantizedTensor& a, const ConstQuantizedTensor& b,

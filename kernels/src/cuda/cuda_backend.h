@@ -18,6 +18,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -52,20 +53,23 @@ class CudaBackend final : public Backend {
   absl::StatusOr<size_t> IpcMappingSize(void* base) const override;
 
  protected:
-  absl::Status DoAmax(const ConstTensor& x, float* amax, Stream stream) override;
+  absl::Status DoAmax(const ConstTensor& x, float* amax, int64_t* first_nonfinite,
+                      Stream stream) override;
   absl::Status DoQuantize(const ConstTensor& x, const QuantizeOptions& options, float* residual,
                           const QuantizedTensor* rowwise, const QuantizedTensor* columnwise,
-                          Stream stream) override;
+                          FiniteGuard* guard, Stream stream) override;
   absl::Status DoDequantize(const ConstQuantizedTensor& q, const MutTensor& out,
                             Stream stream) override;
   absl::Status DoQdq(const ConstTensor& x, const QuantizeOptions& options, float* residual,
-                     const MutTensor& out, Stream stream) override;
+                     const MutTensor& out, FiniteGuard* guard, Stream stream) override;
   absl::Status DoMatmul(const ConstQuantizedTensor& a, const ConstQuantizedTensor& b,
                         const MutTensor& c, Stream stream) override;
-  absl::Status DoUpdateWeight(const QuantizedTensor& weight, float* residual,
-                              const ConstTensor& update, float lr, UpdateKind kind,
-                              const QuantizeOptions& options, const MutTensor* dequantized_out,
-                              Stream stream) override;
+  absl::Status DoStepCheck(const std::vector<StepItem>& items, void* workspace,
+                           Stream stream) override;
+  absl::Status DoStepApply(const std::vector<StepItem>& items, void* workspace,
+                           Stream stream) override;
+  absl::Status DoStepReadReport(const std::vector<StepItem>& items, const void* workspace,
+                                StepReport* report, Stream stream) override;
   absl::Status DoRht(const ConstTensor& in, RhtMode mode, uint64_t rht_seed, bool inverse,
                      const MutTensor& out, Stream stream) override;
 
@@ -83,18 +87,22 @@ class CudaBackend final : public Backend {
   // Checks the stream's pending launch errors after a sequence of launches.
   absl::Status AfterLaunches(cudaStream_t stream) const;
 
-  // Numerics bodies (cuda_ops.cc, cuda_matmul.cc); wrapped by the Do* methods with Track().
+  // Numerics bodies (cuda_ops.cc, cuda_matmul.cc, cuda_step.cc); wrapped by the Do* methods
+  // with Track().
   absl::Status QuantizeImpl(const ConstTensor& x, const QuantizeOptions& options,
                             float* residual, const QuantizedTensor* rowwise,
-                            const QuantizedTensor* columnwise, cudaStream_t stream);
+                            const QuantizedTensor* columnwise, FiniteGuard* guard,
+                            cudaStream_t stream);
   absl::Status QdqImpl(const ConstTensor& x, const QuantizeOptions& options, float* residual,
-                       const MutTensor& out, cudaStream_t stream);
-  absl::Status UpdateWeightImpl(const QuantizedTensor& weight, float* residual,
-                                const ConstTensor& update, float lr, UpdateKind kind,
-                                const QuantizeOptions& options, const MutTensor* dequantized_out,
-                                cudaStream_t stream);
+                       const MutTensor& out, FiniteGuard* guard, cudaStream_t stream);
   absl::Status MatmulImpl(const ConstQuantizedTensor& a, const ConstQuantizedTensor& b,
                           const MutTensor& c, cudaStream_t stream);
+  absl::Status StepCheckImpl(const std::vector<StepItem>& items, void* workspace,
+                             cudaStream_t stream);
+  absl::Status StepApplyImpl(const std::vector<StepItem>& items, void* workspace,
+                             cudaStream_t stream);
+  absl::Status StepReadReportImpl(const std::vector<StepItem>& items, const void* workspace,
+                                  StepReport* report, cudaStream_t stream);
 
   const int ordinal_;
   const cudaStream_t stream_;

@@ -1,12 +1,18 @@
-// The quantizing entry points of the CUDA backend: Quantize, QDQ (both with optional error
-// feedback) and UpdateWeight. Each plans its passes over the data:
+// The quantizing entry points of the CUDA backend: Quantize and QDQ, both with optional error
+// feedback. Each plans its passes over the data:
 //   - amax given (or MXFP4, whose global amax is only recorded): one pass;
 //   - amax computed: an amax pass (the plain reduction, or the quantize kernel in amax-only mode
-//     when the amax is of a derived tensor: x + r, RHT(x), the updated weight), then one pass;
-//     small row-wise tensors do both in one cooperative launch (LaunchQuantizeFusedAmax).
+//     when the amax is of a derived tensor: x + r, RHT(x)), then one pass; small row-wise
+//     tensors do both in one cooperative launch (LaunchQuantizeFusedAmax);
+//   - guarded (a FiniteGuard, error feedback): the amax-only pass always runs (it is the amax
+//     pass when the amax is computed, else a check-only pass) and also finds the first
+//     non-finite x and v; one thread decides the guard; the writing pass (and the swizzle
+//     padding) read the guard's outcome on the device and write nothing when it failed. The
+//     stored-weight update is the optimizer step (cuda_step.cc).
 // Row-wise-only requests run the row kernels (LaunchQuantizeRows: quantize_lanes.cu where it
 // applies, else quantize_rows.cu); column-wise requests the tile kernel (quantize_tile.cu), which
 // reads x once for both outputs.
+#include <cstddef>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -43,8 +49,9 @@ QuantOptions MakeQuantOptions(const QuantizeOptions& o) {
   return q;
 }
 
-// An output quantized tensor of shape [rows, cols] staged for the kernels. The global record
-// is read too when `global_in` (UpdateWeight).
+// An output quantized tensor of shape [rows, cols] staged for the kernels. `read_back`: a
+// stand-in starts as a copy of the caller's bytes (a guarded call may write nothing, and the
+// stand-in is copied back all the same).
 absl::StatusOr<QOut> StageOut(Staging& st, const QuantizedTensor& t, int64_t rows, int64_t cols,
                               bool read_back) {
   FP4Q_ASSIGN_OR_RETURN(const size_t code_bytes, CodeBytes(rows, cols, "codes"));
@@ -59,10 +66,53 @@ absl::StatusOr<QOut> StageOut(Staging& st, const QuantizedTensor& t, int64_t row
   return o;
 }
 
-absl::Status ZeroPadding(const QOut& o, int64_t rows, int64_t cols, int fmt, cudaStream_t s) {
+absl::Status ZeroPadding(const QOut& o, int64_t rows, int64_t cols, int fmt, cudaStream_t s,
+                         const int32_t* gate = nullptr) {
   if (!o.swizzled) return absl::OkStatus();
   const int64_t scale_cols = fmt == kFmtMx ? cols / 32 : cols / 16;
-  return FP4Q_CUDA_STATUS(LaunchZeroSwizzlePadding(o.scales, rows, scale_cols, s));
+  return FP4Q_CUDA_STATUS(LaunchZeroSwizzlePadding(o.scales, rows, scale_cols, s, gate, 0));
+}
+
+static_assert(sizeof(GuardPod) == sizeof(FiniteGuard), "FiniteGuard layout");
+static_assert(offsetof(GuardPod, index) == offsetof(FiniteGuard, index), "FiniteGuard layout");
+static_assert(offsetof(GuardPod, amax) == offsetof(FiniteGuard, amax), "FiniteGuard layout");
+static_assert(offsetof(GuardPod, bound) == offsetof(FiniteGuard, bound), "FiniteGuard layout");
+
+// The guarded amax-only pass and the guard's decision. `p` is the row pass (residual set);
+// returns the device amax the writing pass uses. The writing pass must set p.gate to the guard.
+absl::StatusOr<float*> RunGuard(Staging& st, const RowParams& p, const QuantizeOptions& options,
+                                bool bf16_out, GuardPod* guard, float* zero_on_pass,
+                                cudaStream_t s) {
+  // scratch: [0] max |v|, [1] the amax to use, [2..3] padding, then the two first indices.
+  FP4Q_ASSIGN_OR_RETURN(void* scratch_v, st.Scratch(32));
+  float* scratch = static_cast<float*>(scratch_v);
+  uint64_t* first = reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(scratch_v) + 16);
+  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(cudaMemsetAsync(scratch, 0, 16, s)));
+  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(cudaMemsetAsync(first, 0xFF, 16, s)));
+  RowParams a = p;
+  a.amax_out = scratch;
+  a.first_bad_x = first;
+  a.first_bad_v = first + 1;
+  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchQuantizeRows(a, s)));
+  GuardParams g;
+  g.x = p.x;
+  g.x_dtype = p.x_dtype;
+  g.residual = p.residual;
+  g.first_bad_x = first;
+  g.first_bad_v = first + 1;
+  g.amax_in = scratch;
+  g.has_amax = options.has_amax;
+  g.amax_value = options.amax;
+  g.fmt = p.q.fmt;
+  g.scale_sel = p.q.scale_sel;
+  g.emax = p.q.emax;
+  g.mx_rule = p.q.mx_rule;
+  g.bf16_out = bf16_out;
+  g.guard = guard;
+  g.amax_out = scratch + 1;
+  g.zero_on_pass = zero_on_pass;
+  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchFiniteGuard(g, s)));
+  return scratch + 1;
 }
 
 absl::Status ZeroFloat(float* p, cudaStream_t s) {
@@ -73,7 +123,8 @@ absl::Status ZeroFloat(float* p, cudaStream_t s) {
 
 absl::Status CudaBackend::QuantizeImpl(const ConstTensor& x, const QuantizeOptions& options,
                                        float* residual, const QuantizedTensor* rowwise,
-                                       const QuantizedTensor* columnwise, cudaStream_t s) {
+                                       const QuantizedTensor* columnwise, FiniteGuard* guard,
+                                       cudaStream_t s) {
   const bool want_row = rowwise != nullptr;
   const bool want_col = columnwise != nullptr;
   if (residual != nullptr && (want_col || !want_row)) {
@@ -87,8 +138,9 @@ absl::Status CudaBackend::QuantizeImpl(const ConstTensor& x, const QuantizeOptio
   const QuantOptions q = MakeQuantOptions(options);
   const bool mx = q.fmt == kFmtMx;
   QOut row, col;
+  const bool guarded = guard != nullptr && res != nullptr;
   if (want_row) {
-    FP4Q_ASSIGN_OR_RETURN(row, StageOut(st, *rowwise, x.rows, x.cols, false));
+    FP4Q_ASSIGN_OR_RETURN(row, StageOut(st, *rowwise, x.rows, x.cols, guarded));
   }
   if (want_col) {
     FP4Q_ASSIGN_OR_RETURN(col, StageOut(st, *columnwise, x.cols, x.rows, false));
@@ -102,6 +154,23 @@ absl::Status CudaBackend::QuantizeImpl(const ConstTensor& x, const QuantizeOptio
     p.x = xp;
     p.x_dtype = DtypeCode(x.dtype);
     p.residual = res;
+    if (guarded) {
+      FP4Q_ASSIGN_OR_RETURN(GuardPod * g,
+                            st.UseAs<GuardPod>(guard, sizeof(GuardPod), false, true));
+      RowParams a = p;
+      a.out = row;
+      FP4Q_ASSIGN_OR_RETURN(float* amax, RunGuard(st, a, options, false, g,
+                                                   mx ? row.global : nullptr, s));
+      if (!mx) {
+        row.amax_ptr = amax;
+        row.write_amax = true;
+      }
+      p.out = row;
+      p.gate = &g->outcome;
+      FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchQuantizeRows(p, s)));
+      FP4Q_RETURN_IF_ERROR(ZeroPadding(row, x.rows, x.cols, q.fmt, s, &g->outcome));
+      return st.Finish();
+    }
     if (mx) {
       FP4Q_RETURN_IF_ERROR(ZeroFloat(row.global, s));  // atomicMax target
     } else if (options.has_amax) {
@@ -121,7 +190,7 @@ absl::Status CudaBackend::QuantizeImpl(const ConstTensor& x, const QuantizeOptio
         FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchQuantizeRows(a, s)));
       } else {  // LaunchAmax zeroes its output itself
         FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(
-            LaunchAmax(xp, p.x_dtype, x.rows * x.cols, row.global, s)));
+            LaunchAmax(xp, p.x_dtype, x.rows * x.cols, row.global, nullptr, s)));
       }
       row.amax_ptr = row.global;
     }
@@ -156,7 +225,7 @@ absl::Status CudaBackend::QuantizeImpl(const ConstTensor& x, const QuantizeOptio
     } else {
       float* target = want_row ? row.global : col.global;
       FP4Q_RETURN_IF_ERROR(
-          FP4Q_CUDA_STATUS(LaunchAmax(xp, p.x_dtype, x.rows * x.cols, target, s)));
+          FP4Q_CUDA_STATUS(LaunchAmax(xp, p.x_dtype, x.rows * x.cols, target, nullptr, s)));
       row.amax_ptr = col.amax_ptr = target;
       row.write_amax = want_row && row.global != target;
       col.write_amax = col.global != target;
@@ -171,7 +240,8 @@ absl::Status CudaBackend::QuantizeImpl(const ConstTensor& x, const QuantizeOptio
 }
 
 absl::Status CudaBackend::QdqImpl(const ConstTensor& x, const QuantizeOptions& options,
-                                  float* residual, const MutTensor& out, cudaStream_t s) {
+                                  float* residual, const MutTensor& out, FiniteGuard* guard,
+                                  cudaStream_t s) {
   FP4Q_ASSIGN_OR_RETURN(const size_t x_bytes, DenseBytes(x.rows, x.cols, x.dtype, "x"));
   FP4Q_ASSIGN_OR_RETURN(const size_t out_bytes, DenseBytes(out.rows, out.cols, out.dtype, "out"));
   Staging st(s);
@@ -182,9 +252,17 @@ absl::Status CudaBackend::QdqImpl(const ConstTensor& x, const QuantizeOptions& o
   FP4Q_ASSIGN_OR_RETURN(p.x, st.Use(x.data, x_bytes, true, false));
   p.x_dtype = DtypeCode(x.dtype);
   FP4Q_ASSIGN_OR_RETURN(p.residual, st.UseAs<float>(residual, x.rows * x.cols * 4, true, true));
-  FP4Q_ASSIGN_OR_RETURN(p.dq, st.Use(out.data, out_bytes, false, true));
+  const bool guarded = guard != nullptr && p.residual != nullptr;
+  // A guarded call may write nothing: a stand-in for `out` starts as a copy of it.
+  FP4Q_ASSIGN_OR_RETURN(p.dq, st.Use(out.data, out_bytes, guarded, true));
   p.dq_dtype = DtypeCode(out.dtype);
-  if (options.has_amax) {
+  if (guarded) {
+    FP4Q_ASSIGN_OR_RETURN(GuardPod * g, st.UseAs<GuardPod>(guard, sizeof(GuardPod), false, true));
+    FP4Q_ASSIGN_OR_RETURN(float* amax,
+                          RunGuard(st, p, options, out.dtype == DType::kBF16, g, nullptr, s));
+    p.out.amax_ptr = amax;
+    p.gate = &g->outcome;
+  } else if (options.has_amax) {
     p.out.amax_value = options.amax;
   } else if (p.q.fmt != kFmtMx) {
     FP4Q_ASSIGN_OR_RETURN(void* scratch, st.Scratch(sizeof(float)));
@@ -196,58 +274,11 @@ absl::Status CudaBackend::QdqImpl(const ConstTensor& x, const QuantizeOptions& o
       FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchQuantizeRows(a, s)));
     } else {
       FP4Q_RETURN_IF_ERROR(
-          FP4Q_CUDA_STATUS(LaunchAmax(p.x, p.x_dtype, x.rows * x.cols, amax, s)));
+          FP4Q_CUDA_STATUS(LaunchAmax(p.x, p.x_dtype, x.rows * x.cols, amax, nullptr, s)));
     }
     p.out.amax_ptr = amax;
   }
   FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchQuantizeRows(p, s)));
-  return st.Finish();
-}
-
-absl::Status CudaBackend::UpdateWeightImpl(const QuantizedTensor& weight, float* residual,
-                                           const ConstTensor& update, float lr, UpdateKind kind,
-                                           const QuantizeOptions& options,
-                                           const MutTensor* dequantized_out, cudaStream_t s) {
-  FP4Q_ASSIGN_OR_RETURN(const size_t upd_bytes,
-                        DenseBytes(update.rows, update.cols, update.dtype, "update"));
-  Staging st(s);
-  RowParams p;
-  p.q = MakeQuantOptions(options);
-  p.q.fmt = FmtCode(Format::kNvfp4, weight.block);
-  p.rows = weight.rows;
-  p.cols = weight.cols;
-  p.update = true;
-  FP4Q_ASSIGN_OR_RETURN(p.upd, st.Use(update.data, upd_bytes, true, false));
-  p.upd_dtype = DtypeCode(update.dtype);
-  p.lr = lr;
-  p.upd_gradient = kind == UpdateKind::kGradient;
-  FP4Q_ASSIGN_OR_RETURN(p.residual,
-                        st.UseAs<float>(residual, weight.rows * weight.cols * 4, true, true));
-  FP4Q_ASSIGN_OR_RETURN(p.out, StageOut(st, weight, weight.rows, weight.cols, true));
-  if (dequantized_out != nullptr) {
-    FP4Q_ASSIGN_OR_RETURN(const size_t dq_bytes,
-                          DenseBytes(dequantized_out->rows, dequantized_out->cols,
-                                     dequantized_out->dtype, "dequantized_out"));
-    FP4Q_ASSIGN_OR_RETURN(p.dq, st.Use(dequantized_out->data, dq_bytes, false, true));
-    p.dq_dtype = DtypeCode(dequantized_out->dtype);
-  }
-  // scratch[0]: the new amax; scratch[1]: the old S_enc (the weight's record is rewritten by
-  // the quantize pass while other blocks still dequantize the old values).
-  FP4Q_ASSIGN_OR_RETURN(void* scratch_v, st.Scratch(2 * sizeof(float)));
-  float* scratch = static_cast<float*>(scratch_v);
-  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(cudaMemcpyAsync(
-      scratch + 1, p.out.global + 1, sizeof(float), cudaMemcpyDeviceToDevice, s)));
-  FP4Q_RETURN_IF_ERROR(ZeroFloat(scratch, s));
-  p.w_old_senc = scratch + 1;
-  {
-    RowParams a = p;
-    a.amax_out = scratch;
-    FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchQuantizeRows(a, s)));
-  }
-  p.out.amax_ptr = scratch;
-  p.out.write_amax = true;
-  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchQuantizeRows(p, s)));
-  FP4Q_RETURN_IF_ERROR(ZeroPadding(p.out, weight.rows, weight.cols, p.q.fmt, s));
   return st.Finish();
 }
 

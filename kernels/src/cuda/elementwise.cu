@@ -1,5 +1,6 @@
-// Memory-bound helpers: global amax (NUMERICS 2 G1), dequantization (NUMERICS 2 "Dequantize",
-// 8), the standalone RHT (NUMERICS 6), and the small GEMM helpers (alpha, scale swizzling).
+// Memory-bound helpers: global amax (NUMERICS 2 G1, optionally with the first non-finite
+// index), dequantization (NUMERICS 2 "Dequantize", 8), the standalone RHT (NUMERICS 6), the
+// decision of a FiniteGuard (one thread), and the small GEMM helpers (alpha, scale swizzling).
 //
 // Budgets: amax reads 2 bytes per bf16 element (one max each); dequantize reads 0.5625 bytes and
 // writes 2 or 4 per element (3 instructions each); RHT reads and writes the tensor once
@@ -8,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cfloat>
 
 #include "device_numerics.cuh"
 #include "launch.h"
@@ -27,12 +29,41 @@ unsigned BlocksFor(int64_t work, int64_t per_block, int64_t cap) {
 
 // ---------------------------------------------------------------- amax
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) AmaxKernel(const T* x, int64_t n, float* out) {
+// A non-finite element's index into *first (kTrack), the smallest of the thread's.
+FP4Q_D void NoteNonFinite(float v, uint64_t i, uint64_t* first) {
+  if (!(fabsf(v) <= FLT_MAX) && i < *first) *first = i;
+}
+
+template <typename T, bool kTrack>
+FP4Q_D void AmaxChunk(const uint4& w, uint64_t chunk, float* m, uint64_t* first) {
+  constexpr int kPer = 16 / sizeof(T);
+  const uint32_t a[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (sizeof(T) == 4) {
+      const float f = __uint_as_float(a[j]);
+      *m = fmaxf(*m, fabsf(f));
+      if (kTrack) NoteNonFinite(f, chunk * kPer + j, first);
+    } else {
+      const float lo = Bf16Lo(a[j]), hi = Bf16Hi(a[j]);
+      *m = fmaxf(*m, fmaxf(fabsf(lo), fabsf(hi)));
+      if (kTrack) {
+        NoteNonFinite(lo, chunk * kPer + 2 * j, first);
+        NoteNonFinite(hi, chunk * kPer + 2 * j + 1, first);
+      }
+    }
+  }
+}
+
+// kTrack: also the first non-finite index (Backend::Amax's first_nonfinite).
+template <typename T, bool kTrack>
+__global__ void __launch_bounds__(kThreads)
+    AmaxKernel(const T* x, int64_t n, float* out, uint64_t* first_out) {
   constexpr int kPer = 16 / sizeof(T);  // elements per 16-byte chunk
   const int64_t chunks = n / kPer;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   float m = 0.0f;
+  uint64_t first = ~uint64_t{0};
   const uint4* q = reinterpret_cast<const uint4*>(x);
   int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   for (; i + 3 * stride < chunks; i += 4 * stride) {
@@ -40,42 +71,35 @@ __global__ void __launch_bounds__(kThreads) AmaxKernel(const T* x, int64_t n, fl
 #pragma unroll
     for (int k = 0; k < 4; ++k) w[k] = q[i + k * stride];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint32_t a[4] = {w[k].x, w[k].y, w[k].z, w[k].w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (sizeof(T) == 4) {
-          m = fmaxf(m, fabsf(__uint_as_float(a[j])));
-        } else {
-          m = fmaxf(m, fmaxf(fabsf(Bf16Lo(a[j])), fabsf(Bf16Hi(a[j]))));
-        }
-      }
-    }
+    for (int k = 0; k < 4; ++k) AmaxChunk<T, kTrack>(w[k], i + k * stride, &m, &first);
   }
-  for (; i < chunks; i += stride) {
-    const uint4 w = q[i];
-    const uint32_t a[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (sizeof(T) == 4) {
-        m = fmaxf(m, fabsf(__uint_as_float(a[j])));
-      } else {
-        m = fmaxf(m, fmaxf(fabsf(Bf16Lo(a[j])), fabsf(Bf16Hi(a[j]))));
-      }
-    }
-  }
+  for (; i < chunks; i += stride) AmaxChunk<T, kTrack>(q[i], i, &m, &first);
   // Tail elements (n not a multiple of a chunk).
   const int64_t t = chunks * kPer + static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (t < n) {
+    float f;
     if constexpr (sizeof(T) == 4) {
-      m = fmaxf(m, fabsf(x[t]));
+      f = x[t];
     } else {
-      m = fmaxf(m, fabsf(__bfloat162float(x[t])));
+      f = __bfloat162float(x[t]);
     }
+    m = fmaxf(m, fabsf(f));
+    if (kTrack) NoteNonFinite(f, static_cast<uint64_t>(t), &first);
   }
   __shared__ float part[kThreads / 32];
   m = WarpMax(m);
   if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = m;
+  if (kTrack) {
+#pragma unroll
+    for (int d = 16; d >= 1; d >>= 1) {
+      const uint64_t o = __shfl_xor_sync(0xFFFFFFFFu, first, d);
+      first = o < first ? o : first;
+    }
+    if ((threadIdx.x & 31) == 0 && first != ~uint64_t{0}) {
+      atomicMin(reinterpret_cast<unsigned long long*>(first_out),
+                static_cast<unsigned long long>(first));
+    }
+  }
   __syncthreads();
   if (threadIdx.x < 32) {
     m = threadIdx.x < kThreads / 32 ? part[threadIdx.x] : 0.0f;
@@ -151,7 +175,9 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void __launch_bounds__(kThreads)
-    ZeroPaddingKernel(uint8_t* out, int64_t rows, int64_t sc) {
+    ZeroPaddingKernel(uint8_t* out, int64_t rows, int64_t sc, const int32_t* gate,
+                      int32_t gate_pass) {
+  if (gate != nullptr && *gate != gate_pass) return;
   const int64_t rp = (rows + 127) / 128 * 128;
   const int64_t cp = (sc + 3) / 4 * 4;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -161,29 +187,97 @@ __global__ void __launch_bounds__(kThreads)
   if (r >= rows || c >= sc) out[SwizzleOffset(r, c, cp / 4)] = 0;
 }
 
+// ---------------------------------------------------------------- FiniteGuard
+
+// Outcome codes of step.h (StepOutcome, StepQuantity).
+constexpr int32_t kGuardOk = 0, kGuardNonFiniteUpdate = 1, kGuardNonFiniteResult = 2,
+                  kGuardOutOfRange = 3;
+constexpr int32_t kQuantityUpdateSum = 1, kQuantityWeight = 2, kQuantityDequantized = 6;
+
+FP4Q_D float ElementOf(const void* x, int dtype, int64_t i) {
+  if (dtype == kF32) return static_cast<const float*>(x)[i];
+  return Bf16Lo(static_cast<const uint16_t*>(x)[i]);
+}
+
+__global__ void FiniteGuardKernel(const GuardParams p) {
+  GuardPod g{kGuardOk, 0, -1, 0.0f, 0.0f, 0.0};
+  const uint64_t bx = *p.first_bad_x;
+  const uint64_t bv = *p.first_bad_v;
+  float amax = 0.0f;
+  if (bx != ~uint64_t{0}) {
+    g.outcome = kGuardNonFiniteUpdate;
+    g.quantity = kQuantityUpdateSum;
+    g.index = static_cast<int64_t>(bx);
+    g.value = ElementOf(p.x, p.x_dtype, g.index);
+  } else if (bv != ~uint64_t{0}) {
+    g.outcome = kGuardNonFiniteResult;
+    g.quantity = kQuantityWeight;
+    g.index = static_cast<int64_t>(bv);
+    g.value = __fadd_rn(ElementOf(p.x, p.x_dtype, g.index), p.residual[g.index]);
+  } else {
+    amax = p.has_amax ? p.amax_value : *p.amax_in;
+    g.amax = amax;
+    double dmax;
+    if (p.fmt == kFmtMx) {
+      dmax = __dmul_rn(6.0, static_cast<double>(E8M0Value(MxScaleByte(amax, p.mx_rule))));
+    } else {
+      const float emax6 = p.scale_sel == kSelMapTo6 ? 2688.0f : __fmul_rn(p.emax, 6.0f);
+      dmax = __dmul_rn(2688.0, static_cast<double>(__frcp_rn(SEncOf(amax, emax6))));
+    }
+    if (!(dmax < 1.7014118346046923e38) || (p.bf16_out && !(dmax < 3.3895313892515355e38))) {
+      g.outcome = kGuardOutOfRange;
+      g.quantity = kQuantityDequantized;
+      g.bound = dmax;
+    }
+  }
+  *p.guard = g;
+  *p.amax_out = amax;
+  if (g.outcome == kGuardOk && p.zero_on_pass != nullptr) *p.zero_on_pass = 0.0f;
+}
+
 }  // namespace
 
+cudaError_t LaunchFiniteGuard(const GuardParams& p, cudaStream_t s) {
+  FiniteGuardKernel<<<1, 1, 0, s>>>(p);
+  return cudaGetLastError();
+}
+
 cudaError_t LaunchZeroSwizzlePadding(uint8_t* swizzled, int64_t rows, int64_t scale_cols,
-                                     cudaStream_t s) {
+                                     cudaStream_t s, const int32_t* gate, int32_t gate_pass) {
   if (rows % 128 == 0 && scale_cols % 4 == 0) return cudaSuccess;  // no padding
   const int64_t n = (rows + 127) / 128 * 128 * ((scale_cols + 3) / 4 * 4);
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
   ZeroPaddingKernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(swizzled, rows,
-                                                                        scale_cols);
+                                                                        scale_cols, gate,
+                                                                        gate_pass);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchAmax(const void* x, int dtype, int64_t n, float* amax, cudaStream_t s) {
+cudaError_t LaunchAmax(const void* x, int dtype, int64_t n, float* amax, uint64_t* first_bad,
+                       cudaStream_t s) {
   cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(float), s);
   if (e != cudaSuccess) return e;
+  if (first_bad != nullptr) {
+    e = cudaMemsetAsync(first_bad, 0xFF, sizeof(uint64_t), s);
+    if (e != cudaSuccess) return e;
+  }
   const int64_t per = dtype == kF32 ? 4 : 8;
   const unsigned blocks = BlocksFor(n / per, kThreads * 4, 2048);
   if (dtype == kF32) {
-    AmaxKernel<float><<<blocks, kThreads, 0, s>>>(static_cast<const float*>(x), n, amax);
+    const auto* xf = static_cast<const float*>(x);
+    if (first_bad != nullptr) {
+      AmaxKernel<float, true><<<blocks, kThreads, 0, s>>>(xf, n, amax, first_bad);
+    } else {
+      AmaxKernel<float, false><<<blocks, kThreads, 0, s>>>(xf, n, amax, nullptr);
+    }
   } else {
-    AmaxKernel<__nv_bfloat16><<<blocks, kThreads, 0, s>>>(
-        static_cast<const __nv_bfloat16*>(x), n, amax);
+    const auto* xb = static_cast<const __nv_bfloat16*>(x);
+    if (first_bad != nullptr) {
+      AmaxKernel<__nv_bfloat16, true><<<blocks, kThreads, 0, s>>>(xb, n, amax, first_bad);
+    } else {
+      AmaxKernel<__nv_bfloat16, false><<<blocks, kThreads, 0, s>>>(xb, n, amax, nullptr);
+    }
   }
   return cudaGetLastError();
 }

@@ -47,32 +47,29 @@ struct QuantOptions {
   int mx_rule = kMxRceil;
 };
 
-// Row-wise quantization of a dense source, with the optional error-feedback residual, QDQ output
-// and the UpdateWeight source. One thread per 32 elements of a row (16x16: a warp per 16 rows x
-// 64 columns).
+// Row-wise quantization of a dense source, with the optional error-feedback residual and QDQ
+// output. One thread per 32 elements of a row (16x16: a warp per 16 rows x 64 columns).
 struct RowParams {
   QuantOptions q;
   int64_t rows = 0;
   int64_t cols = 0;
-  // Source: x (dtype x_dtype), or with `update` set the UpdateWeight source below.
   const void* x = nullptr;
   int x_dtype = kBF16;
   float* residual = nullptr;  // v = RN(x + r); r <- RN(v - DQ(q)) unless amax_only
-  // UpdateWeight source: d = DQ(W) with the old S_enc at *w_old_senc;
-  // x = RN(d - RN(lr * u)) (gradient) or RN(d + u) (delta). W is also the output `out`.
-  bool update = false;
-  const void* upd = nullptr;
-  int upd_dtype = kF32;
-  float lr = 0.0f;
-  bool upd_gradient = true;
-  const float* w_old_senc = nullptr;
   // Outputs.
   QOut out;                // codes may be null (QDQ)
-  void* dq = nullptr;      // DQ values (QDQ, UpdateWeight's dequantized_out)
+  void* dq = nullptr;      // DQ values (QDQ)
   int dq_dtype = kF32;
   // Amax-only pass: compute v (and its transform), reduce max |v| into *amax_out (atomicMax on a
   // zeroed float), write nothing else.
   float* amax_out = nullptr;
+  // Guarded amax-only pass (a FiniteGuard, error feedback only): also the first non-finite
+  // row-major index of x and of v (unsigned atomicMin into words set to 0xFF bytes first).
+  uint64_t* first_bad_x = nullptr;
+  uint64_t* first_bad_v = nullptr;
+  // Gate of a writing pass: when non-null the kernel returns at once unless *gate == 0 (the
+  // outcome word of the FiniteGuard the guard kernel wrote).
+  const int32_t* gate = nullptr;
 };
 
 // Row-wise and/or column-wise quantization from one read of x through shared memory (tiles of
@@ -138,10 +135,13 @@ struct SmallMParams {
   bool pdl = false;
 };
 
-cudaError_t LaunchAmax(const void* x, int dtype, int64_t n, float* amax, cudaStream_t s);
+// max |x| into *amax (zeroed by the launcher); with `first_bad` also the first non-finite index
+// of x into *first_bad (set to ~0 = "none" by the launcher; read as int64 it is -1).
+cudaError_t LaunchAmax(const void* x, int dtype, int64_t n, float* amax, uint64_t* first_bad,
+                       cudaStream_t s);
 cudaError_t LaunchQuantizeRows(const RowParams& p, cudaStream_t s);
 // The lane-granular fast path of LaunchQuantizeRows (quantize_lanes.cu), which calls it itself
-// for the requests it covers: NVFP4 1x16, map-to-6, no UpdateWeight, cols % 64 == 0.
+// for the requests it covers: NVFP4 1x16, map-to-6, cols % 64 == 0.
 bool QuantizeLanesEligible(const RowParams& p);
 cudaError_t LaunchQuantizeLanes(const RowParams& p, cudaStream_t s);
 // Small tensors (lane-eligible, no residual, at most kFusedAmaxMaxElems elements) with the
@@ -162,9 +162,44 @@ cudaError_t LaunchSwizzleScales(const uint8_t* plain, int64_t rows, int64_t scal
                                 uint8_t* swizzled, cudaStream_t s);
 
 // Zeroes the padding bytes (rows >= `rows` or columns >= `scale_cols`) of a swizzled scale
-// buffer, leaving the real scales alone.
+// buffer, leaving the real scales alone. With `gate`: only when *gate == gate_pass.
 cudaError_t LaunchZeroSwizzlePadding(uint8_t* swizzled, int64_t rows, int64_t scale_cols,
-                                     cudaStream_t s);
+                                     cudaStream_t s, const int32_t* gate = nullptr,
+                                     int32_t gate_pass = 0);
+
+// FiniteGuard (fp4q/kernels/step.h) byte for byte.
+struct GuardPod {
+  int32_t outcome;
+  int32_t quantity;
+  int64_t index;
+  float value;
+  float amax;
+  double bound;
+};
+
+// The decision of a guarded error-feedback quantization (one thread), after its amax-only pass:
+// x finite, v = RN(x + r) finite, the largest dequantized value below 2^127 (and below the
+// largest bf16 for a bf16 output). Writes *guard; always writes the amax to use to *amax_out;
+// when the check passes, zeroes *zero_on_pass (MXFP4's recorded amax, an atomicMax target).
+struct GuardParams {
+  const void* x = nullptr;
+  int x_dtype = kF32;
+  const float* residual = nullptr;
+  const uint64_t* first_bad_x = nullptr;
+  const uint64_t* first_bad_v = nullptr;
+  const float* amax_in = nullptr;  // max |v| of the amax pass
+  bool has_amax = false;           // the caller's amax instead
+  float amax_value = 0.0f;
+  int fmt = kFmtNv1x16;
+  int scale_sel = kSelMapTo6;
+  float emax = 256.0f;
+  int mx_rule = kMxRceil;
+  bool bf16_out = false;
+  GuardPod* guard = nullptr;
+  float* amax_out = nullptr;
+  float* zero_on_pass = nullptr;
+};
+cudaError_t LaunchFiniteGuard(const GuardParams& p, cudaStream_t s);
 
 // The largest M the small-M kernel takes (two n8 MMA tiles). K must be a multiple of 16 (32 for
 // MXFP4); pointers 16-byte aligned.

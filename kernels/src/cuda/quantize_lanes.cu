@@ -1,7 +1,8 @@
 // Row-wise NVFP4 1x16 quantization with map-to-6 scales, lane-granular (the fast path of
 // LaunchQuantizeRows): Quantize, QDQ and error feedback, RTN or SR, with or without RHT, and
-// the amax-only pass of those. Other requests (MXFP4, 16x16 tiles, four-over-six,
-// UpdateWeight, rows whose length is not a multiple of 64) take quantize_rows.cu.
+// the amax-only pass of those (for error feedback also the guarded one of a FiniteGuard: first
+// non-finite x and v). Other requests (MXFP4, 16x16 tiles, four-over-six, rows whose length is
+// not a multiple of 64) take quantize_rows.cu.
 //
 // The tensor is seen as one flat sequence of granules (a row's length is a multiple of 64, so
 // no 16-element block and no group of four blocks crosses a row); lane l of a warp owns granule
@@ -25,6 +26,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cfloat>
 #include <cstdlib>
 #include <cstring>
 
@@ -130,11 +132,13 @@ FP4Q_D uint32_t Codes8(const float* v, float inv, const UnitCtx& c, uint64_t gro
 }
 
 // Error feedback (and its amax-only pass): x and the f32 residual, a lane pair per block.
-template <typename In, bool kSr>
+// kTrack: the guarded amax-only pass (its own instantiation).
+template <typename In, bool kSr, bool kTrack = false>
 __global__ void __launch_bounds__(kThreads, 2) QuantizeLanesKernel(const LaneParams lp) {
   constexpr bool kRes = true;
   constexpr int kU = StepGranules<In, kRes>();
   const RowParams& p = lp.p;
+  if (p.gate != nullptr && *p.gate != 0) return;  // a refused guarded call writes nothing
   const int lane = threadIdx.x & 31;
   const uint64_t gtid = static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const uint64_t warps = (static_cast<uint64_t>(gridDim.x) * kThreads) >> 5;
@@ -153,6 +157,9 @@ __global__ void __launch_bounds__(kThreads, 2) QuantizeLanesKernel(const LanePar
   const bool want_codes = !amax_only && p.out.codes != nullptr;
   const bool want_dq = !amax_only && (p.dq != nullptr || kRes);
   float thread_max = 0.0f;
+  constexpr bool track = kTrack;  // the guarded amax pass (amax_only is set)
+  uint64_t bad_x = ~uint64_t{0};
+  uint64_t bad_v = ~uint64_t{0};
 
   uint64_t step = gtid >> 5;  // warp-uniform
   Gran<In, kRes> cur[kU];
@@ -180,9 +187,19 @@ __global__ void __launch_bounds__(kThreads, 2) QuantizeLanesKernel(const LanePar
       const bool valid = g < lp.n_gran;
       float v[8];
       WidenGran<In, kRes>(cur[u], v);
-      if (amax_only) {
+      if (kTrack || amax_only) {
 #pragma unroll
         for (int e = 0; e < 8; ++e) thread_max = fmaxf(thread_max, fabsf(v[e]));
+        if (track && valid) {
+          float x[8];
+          WidenWords<In>(cur[u].x, sizeof(In) == 2 ? 1 : 2, x);
+#pragma unroll
+          for (int e = 7; e >= 0; --e) {
+            const uint64_t i = g * 8 + e;
+            if (!(fabsf(x[e]) <= FLT_MAX) && i < bad_x) bad_x = i;
+            if (!(fabsf(v[e]) <= FLT_MAX) && i < bad_v) bad_v = i;
+          }
+        }
         continue;
       }
       float bamax = 0.0f;
@@ -242,6 +259,22 @@ __global__ void __launch_bounds__(kThreads, 2) QuantizeLanesKernel(const LanePar
     for (int u = 0; u < kU; ++u) cur[u] = nxt[u];
   }
   if (amax_only) WarpAtomicMax(p.amax_out, thread_max);
+  if constexpr (track) {
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      uint64_t b = m == 0 ? bad_x : bad_v;
+      if (!__any_sync(kFull, b != ~uint64_t{0})) continue;
+#pragma unroll
+      for (int d = 16; d >= 1; d >>= 1) {
+        const uint64_t o = __shfl_xor_sync(kFull, b, d);
+        b = o < b ? o : b;
+      }
+      if (lane == 0) {
+        atomicMin(reinterpret_cast<unsigned long long*>(m == 0 ? p.first_bad_x : p.first_bad_v),
+                  static_cast<unsigned long long>(b));
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------- one block per lane
@@ -450,22 +483,25 @@ cudaError_t LaunchBlocks(const LaneParams& lp, cudaStream_t s) {
   return LaunchBlocksWith<In, kSr, kRht, 3>(lp, s);
 }
 
-template <typename In, bool kSr>
+template <typename In, bool kSr, bool kTrack = false>
 cudaError_t LaunchLanes(const LaneParams& lp, cudaStream_t s) {
   constexpr int kU = StepGranules<In, true>();
   const uint64_t steps = (lp.n_gran + 32 * kU - 1) / (32 * kU);
   uint64_t blocks = (steps + kThreads / 32 - 1) / (kThreads / 32);
-  static const int per_sm = ResidentCtas(QuantizeLanesKernel<In, kSr>);
+  static const int per_sm = ResidentCtas(QuantizeLanesKernel<In, kSr, kTrack>);
   const uint64_t cap = static_cast<uint64_t>(SmCount()) * per_sm;  // one wave
   if (blocks > cap) blocks = cap;
   if (blocks == 0) return cudaSuccess;
-  QuantizeLanesKernel<In, kSr><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(lp);
+  QuantizeLanesKernel<In, kSr, kTrack><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(lp);
   return cudaGetLastError();
 }
 
 template <typename In>
 cudaError_t Dispatch(const LaneParams& lp, cudaStream_t s) {
   const QuantOptions& q = lp.p.q;
+  if (lp.p.residual != nullptr && lp.p.amax_out != nullptr && lp.p.first_bad_x != nullptr) {
+    return LaunchLanes<In, false, true>(lp, s);  // the guarded amax pass: no rounding
+  }
   if (lp.p.residual != nullptr) {  // error feedback (never with RHT: checked by the caller)
     return q.sr ? LaunchLanes<In, true>(lp, s) : LaunchLanes<In, false>(lp, s);
   }
@@ -486,7 +522,7 @@ bool LegacyRequested() {
 }  // namespace
 
 bool QuantizeLanesEligible(const RowParams& p) {
-  if (p.update || p.q.fmt != kFmtNv1x16 || p.q.scale_sel != kSelMapTo6) return false;
+  if (p.q.fmt != kFmtNv1x16 || p.q.scale_sel != kSelMapTo6) return false;
   if (p.residual != nullptr && p.q.rht) return false;
   if (p.rows <= 0 || p.cols <= 0 || p.cols % 64 != 0) return false;
   // Block indices stay below 2^31 (32-bit block arithmetic, the swizzled layout's row division).

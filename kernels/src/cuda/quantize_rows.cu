@@ -1,8 +1,9 @@
 // Row-wise quantization (NUMERICS 2, 4, 5, 6, 7, 8) in one pass over the source: Quantize with
-// row-wise output only, QDQ, error feedback and UpdateWeight. The general path: requests the
-// lane kernels cover (NVFP4 1x16, map-to-6, no UpdateWeight, rows a multiple of 64 long) go to
-// quantize_lanes.cu from LaunchQuantizeRows; MXFP4, 16x16 tiles, four-over-six, UpdateWeight and
-// other row lengths run here.
+// row-wise output only, QDQ and error feedback (with the guarded amax-only pass of a
+// FiniteGuard: first non-finite x and v, and the gated writing pass). The general path:
+// requests the lane kernels cover (NVFP4 1x16, map-to-6, rows a multiple of 64 long) go to
+// quantize_lanes.cu from LaunchQuantizeRows; MXFP4, 16x16 tiles, four-over-six and other row
+// lengths run here. (The stored-weight update is the optimizer step: step_apply.cuh.)
 //
 // Budget (8192 x 8192 bf16 in, NVFP4 out): 2 bytes read + 0.5625 written per element, so at
 // 4.2 TB/s about 23 warp instructions per 32 elements per scheduler are available, of which
@@ -13,6 +14,8 @@
 // the tile amax is a shuffle.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include <cfloat>
 
 #include "launch.h"
 #include "quantize_unit.cuh"
@@ -25,38 +28,6 @@ constexpr int kThreads = 256;
 template <typename T>
 FP4Q_D const T* Elem(const void* base, int64_t i) {
   return reinterpret_cast<const T*>(base) + i;
-}
-
-// v = DQ(W) -/+ update for the unit (UpdateWeight source).
-template <typename U>
-FP4Q_D void LoadUpdateSource(const RowParams& p, int64_t row, int64_t c0, int n, float s_dec_old,
-                             float* v) {
-  const int64_t sc = p.cols >> 4;
-  const uint2* cp = reinterpret_cast<const uint2*>(p.out.codes + ((row * p.cols + c0) >> 1));
-  uint32_t w[4] = {0u, 0u, 0u, 0u};
-  const uint2 a = cp[0];
-  w[0] = a.x;
-  w[1] = a.y;
-  if (n > 16) {
-    const uint2 b = cp[1];
-    w[2] = b.x;
-    w[3] = b.y;
-  }
-  float sfv[2];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    sfv[j] = (n > 16 * j)
-                 ? E4M3Value(p.out.scales[ScaleOffset(row, (c0 >> 4) + j, sc, p.out.swizzled)])
-                 : 0.0f;
-  }
-  float u[32];
-  LoadElems<U>(Elem<U>(p.upd, row * p.cols + c0), n, u);
-#pragma unroll
-  for (int e = 0; e < 32; ++e) {
-    const uint32_t code = (w[e >> 3] >> (4 * (e & 7))) & 0xFu;
-    const float d = __fmul_rn(__fmul_rn(E2M1Value(code), sfv[e >> 4]), s_dec_old);
-    v[e] = p.upd_gradient ? __fsub_rn(d, __fmul_rn(p.lr, u[e])) : __fadd_rn(d, u[e]);
-  }
 }
 
 // The raw 16-byte words of one unit's x and residual, loaded one unit ahead (software
@@ -119,14 +90,38 @@ FP4Q_D bool Locate(const RowParams& p, int64_t index, int lane, Item* it) {
   return true;
 }
 
+// Lowest row-major index in [base, base + n) whose value is not finite, or ~0.
+FP4Q_D uint64_t FirstBad(const float* v, int n, int64_t base) {
+  uint64_t first = ~uint64_t{0};
+#pragma unroll
+  for (int e = 31; e >= 0; --e) {
+    if (e < n && !(fabsf(v[e]) <= FLT_MAX)) first = static_cast<uint64_t>(base + e);
+  }
+  return first;
+}
+
+FP4Q_D void WarpAtomicMinU64(uint64_t* dst, uint64_t v) {
+  if (!__any_sync(0xFFFFFFFFu, v != ~uint64_t{0})) return;
+#pragma unroll
+  for (int d = 16; d >= 1; d >>= 1) {
+    const uint64_t o = __shfl_xor_sync(0xFFFFFFFFu, v, d);
+    v = o < v ? o : v;
+  }
+  if ((threadIdx.x & 31) == 0) {
+    atomicMin(reinterpret_cast<unsigned long long*>(dst), static_cast<unsigned long long>(v));
+  }
+}
+
 // kRes: error feedback (x and the residual are loaded at the top of each unit, no prefetch:
-// 192 bytes a unit in flight from 3 CTAs per SM beat a register prefetch at 1 CTA per SM);
-// kUpdate: the UpdateWeight source. Otherwise the next unit's x is prefetched into registers
-// (2 CTAs per SM at 128 registers for bf16).
-template <typename In, int kFmt, bool kSr, bool kRht, bool kUpdate, bool kRes>
+// 192 bytes a unit in flight from 3 CTAs per SM beat a register prefetch at 1 CTA per SM).
+// Otherwise the next unit's x is prefetched into registers (2 CTAs per SM at 128 registers for
+// bf16). kTrack: the guarded amax-only pass of error feedback (its own instantiation, so the
+// other passes keep their registers).
+template <typename In, int kFmt, bool kSr, bool kRht, bool kRes, bool kTrack = false>
 __global__ void __launch_bounds__(kThreads, kRes ? 3 : (sizeof(In) == 4 ? 1 : 2))
     QuantizeRowsKernel(const RowParams p) {
-  constexpr bool kPrefetch = !kRes && !kUpdate;
+  if (p.gate != nullptr && *p.gate != 0) return;  // a refused guarded call writes nothing
+  constexpr bool kPrefetch = !kRes;
   constexpr bool kTile = kFmt == kFmtNv16x16;
   const int lane = threadIdx.x & 31;
   const int64_t gtid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -147,6 +142,9 @@ __global__ void __launch_bounds__(kThreads, kRes ? 3 : (sizeof(In) == 4 ? 1 : 2)
     }
   }
   float thread_max = 0.0f;  // amax-only pass, and MXFP4's recorded global amax
+  constexpr bool track = kTrack && kRes;  // the guarded amax pass (amax_only is set)
+  uint64_t bad_x = ~uint64_t{0};
+  uint64_t bad_v = ~uint64_t{0};
 
   Item it;
   RawUnit<In, kRes> raw;
@@ -160,39 +158,22 @@ __global__ void __launch_bounds__(kThreads, kRes ? 3 : (sizeof(In) == 4 ? 1 : 2)
     const bool have_next = Locate<kTile>(p, it.next + step, lane, &nx);
     nx.next = it.next + step;
     if (kPrefetch && have_next) LoadRaw<In, kRes>(p, nx.row * p.cols + nx.c0, nx.n, &nraw);
-    if (!kPrefetch && !kUpdate) LoadRaw<In, kRes>(p, it.row * p.cols + it.c0, it.n, &raw);
+    if (!kPrefetch) LoadRaw<In, kRes>(p, it.row * p.cols + it.c0, it.n, &raw);
 
     const int n_valid = it.n;
     const int64_t base = it.row * p.cols + it.c0;
     float v[32];
-    if (kUpdate) {
+    Widen<In, kRes>(raw, v);
+    if (kRes) {
+      if constexpr (track) bad_x = min(bad_x, FirstBad(v, n_valid, base));
 #pragma unroll
-      for (int e = 0; e < 32; ++e) v[e] = 0.0f;
-      if (n_valid > 0) {
-        const float s_dec_old = __frcp_rn(*p.w_old_senc);
-        if (p.upd_dtype == kF32) {
-          LoadUpdateSource<float>(p, it.row, it.c0, n_valid, s_dec_old, v);
-        } else {
-          LoadUpdateSource<__nv_bfloat16>(p, it.row, it.c0, n_valid, s_dec_old, v);
-        }
-        if (p.residual != nullptr) {
-          float r[32];
-          LoadElems<float>(p.residual + base, n_valid, r);
-#pragma unroll
-          for (int e = 0; e < 32; ++e) v[e] = __fadd_rn(v[e], r[e]);
-        }
+      for (int k = 0; k < 8; ++k) {
+        v[4 * k] = __fadd_rn(v[4 * k], __uint_as_float(raw.r[k].x));
+        v[4 * k + 1] = __fadd_rn(v[4 * k + 1], __uint_as_float(raw.r[k].y));
+        v[4 * k + 2] = __fadd_rn(v[4 * k + 2], __uint_as_float(raw.r[k].z));
+        v[4 * k + 3] = __fadd_rn(v[4 * k + 3], __uint_as_float(raw.r[k].w));
       }
-    } else {
-      Widen<In, kRes>(raw, v);
-      if (kRes) {
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          v[4 * k] = __fadd_rn(v[4 * k], __uint_as_float(raw.r[k].x));
-          v[4 * k + 1] = __fadd_rn(v[4 * k + 1], __uint_as_float(raw.r[k].y));
-          v[4 * k + 2] = __fadd_rn(v[4 * k + 2], __uint_as_float(raw.r[k].z));
-          v[4 * k + 3] = __fadd_rn(v[4 * k + 3], __uint_as_float(raw.r[k].w));
-        }
-      }
+      if constexpr (track) bad_v = min(bad_v, FirstBad(v, n_valid, base));
     }
     if (kRht) {
       Rht16(v, p.q.rht_signs, sizeof(In) == 2);
@@ -203,7 +184,7 @@ __global__ void __launch_bounds__(kThreads, kRes ? 3 : (sizeof(In) == 4 ? 1 : 2)
 #pragma unroll
       for (int e = 0; e < 32; ++e) thread_max = fmaxf(thread_max, fabsf(v[e]));
     }
-    if (!amax_only) {
+    if (!kTrack && !amax_only) {
       UnitResult r;
       QuantizeUnit<kFmt, kSr, 1>(v, n_valid, ctx, static_cast<uint64_t>(base), &r);
       if (n_valid > 0) {
@@ -243,12 +224,16 @@ __global__ void __launch_bounds__(kThreads, kRes ? 3 : (sizeof(In) == 4 ? 1 : 2)
 
   if (amax_only) {
     WarpAtomicMax(p.amax_out, thread_max);
+    if constexpr (track) {
+      WarpAtomicMinU64(p.first_bad_x, bad_x);
+      WarpAtomicMinU64(p.first_bad_v, bad_v);
+    }
   } else if (kFmt == kFmtMx && p.out.global != nullptr) {
     WarpAtomicMax(p.out.global, thread_max);
   }
 }
 
-template <typename In, int kFmt, bool kSr, bool kRht, bool kUpdate, bool kRes>
+template <typename In, int kFmt, bool kSr, bool kRht, bool kRes, bool kTrack = false>
 cudaError_t Launch(const RowParams& p, cudaStream_t s) {
   int64_t threads;
   if (kFmt == kFmtNv16x16) {
@@ -260,36 +245,31 @@ cudaError_t Launch(const RowParams& p, cudaStream_t s) {
   if (blocks == 0) return cudaSuccess;
   // With prefetch: a grid-stride loop, a few CTAs per SM, each thread several units. Without:
   // one unit per thread (many CTAs in flight instead).
-  if (!kRes && !kUpdate) {
+  if (!kRes) {
     const int64_t cap = static_cast<int64_t>(SmCount()) * 4;
     if (blocks > cap) blocks = cap;
   }
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
-  QuantizeRowsKernel<In, kFmt, kSr, kRht, kUpdate, kRes>
+  QuantizeRowsKernel<In, kFmt, kSr, kRht, kRes, kTrack>
       <<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(p);
   return cudaGetLastError();
 }
 
 template <typename In, int kFmt>
 cudaError_t DispatchRounding(const RowParams& p, cudaStream_t s) {
-  if (p.update) {
-    // UpdateWeight: NVFP4, no RHT (the residual is loaded, not prefetched).
-    if constexpr (kFmt != kFmtMx && sizeof(In) == 4) {
-      return p.q.sr ? Launch<In, kFmt, true, false, true, false>(p, s)
-                    : Launch<In, kFmt, false, false, true, false>(p, s);
-    }
-    return cudaErrorInvalidValue;
+  if (p.residual != nullptr && p.amax_out != nullptr && p.first_bad_x != nullptr) {
+    return Launch<In, kFmt, false, false, true, true>(p, s);  // guarded amax pass: no rounding
   }
   if (p.residual != nullptr) {  // error feedback: never with RHT
-    return p.q.sr ? Launch<In, kFmt, true, false, false, true>(p, s)
-                  : Launch<In, kFmt, false, false, false, true>(p, s);
+    return p.q.sr ? Launch<In, kFmt, true, false, true>(p, s)
+                  : Launch<In, kFmt, false, false, true>(p, s);
   }
   if (p.q.rht) {
-    return p.q.sr ? Launch<In, kFmt, true, true, false, false>(p, s)
-                  : Launch<In, kFmt, false, true, false, false>(p, s);
+    return p.q.sr ? Launch<In, kFmt, true, true, false>(p, s)
+                  : Launch<In, kFmt, false, true, false>(p, s);
   }
-  return p.q.sr ? Launch<In, kFmt, true, false, false, false>(p, s)
-                : Launch<In, kFmt, false, false, false, false>(p, s);
+  return p.q.sr ? Launch<In, kFmt, true, false, false>(p, s)
+                : Launch<In, kFmt, false, false, false>(p, s);
 }
 
 template <typename In>
@@ -310,8 +290,6 @@ cudaError_t DispatchFormat(const RowParams& p, cudaStream_t s) {
 
 cudaError_t LaunchQuantizeRows(const RowParams& p, cudaStream_t s) {
   if (QuantizeLanesEligible(p)) return LaunchQuantizeLanes(p, s);
-  // The UpdateWeight source carries its own dtype (upd_dtype); x_dtype selects the kernel.
-  if (p.update) return DispatchFormat<float>(p, s);
   return p.x_dtype == kF32 ? DispatchFormat<float>(p, s) : DispatchFormat<__nv_bfloat16>(p, s);
 }
 

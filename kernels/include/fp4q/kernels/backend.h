@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "fp4q/kernels/step.h"
 #include "fp4q/kernels/types.h"
 
 namespace fp4q::kernels {
@@ -83,38 +84,64 @@ class Backend {
 
   // ---- Numerics. ----
 
-  // Global amax of `x` (NaN ignored), written to *amax (backend memory, one float).
-  absl::Status Amax(const ConstTensor& x, float* amax, Stream stream);
+  // Global amax of `x` (NaN ignored), written to *amax (backend memory, one float). With
+  // `first_nonfinite` (backend memory, one int64) the same pass also writes the row-major index
+  // of the first NaN/Inf element of x there, or -1 when every element is finite.
+  absl::Status Amax(const ConstTensor& x, float* amax, Stream stream,
+                    int64_t* first_nonfinite = nullptr);
 
   // Quantizes x. Writes the requested outputs: `rowwise` (x along cols, shape [rows, cols]) and
   // `columnwise` (x^T along rows, shape [cols, rows]); each may be null when not requested by
   // `options`. With `residual` (f32 [rows, cols], may be null) runs one error-feedback step
   // (NUMERICS 5): v = x + r is quantized and r <- v - DQ(q) in place (row-wise output needed).
+  // `guard` (backend memory, may be null; needs `residual`): state-changing quantization. The
+  // backend first checks on the device that x, v and the results are finite (fused into the
+  // amax pass when the amax is computed, else one extra read), writes the outcome to *guard,
+  // and when the check fails writes no output and leaves `residual` unchanged.
   absl::Status Quantize(const ConstTensor& x, const QuantizeOptions& options, float* residual,
                         const QuantizedTensor* rowwise, const QuantizedTensor* columnwise,
-                        Stream stream);
+                        Stream stream, FiniteGuard* guard = nullptr);
 
   // out = DQ(q) in out.dtype (NUMERICS 2 "Dequantize"); out has q's shape.
   absl::Status Dequantize(const ConstQuantizedTensor& q, const MutTensor& out, Stream stream);
 
   // out = DQ(Q(x)) (row-wise), with optional error feedback as in Quantize. out has x's shape
-  // and may alias x when the dtypes match.
+  // and may alias x when the dtypes match. `guard`: as in Quantize (then `out` is not written
+  // either when the check fails).
   absl::Status Qdq(const ConstTensor& x, const QuantizeOptions& options, float* residual,
-                   const MutTensor& out, Stream stream);
+                   const MutTensor& out, Stream stream, FiniteGuard* guard = nullptr);
 
   // c = A * B^T; a is [M, K], b is [N, K], c is [M, N] (f32 or bf16). Formats must match.
   absl::Status Matmul(const ConstQuantizedTensor& a, const ConstQuantizedTensor& b,
                       const MutTensor& c, Stream stream);
 
-  // Stored-weight update in place (NUMERICS 5):
+  // Stored-weight update in place (NUMERICS 5): a one-item step (below) with plain SGD, current
+  // scaling and no statistics, run to completion (synchronizes `stream`):
   //   d = DQ(W);  x = RN(d - RN(lr * u)) (kGradient) or RN(d + u) (kDelta)
   //   v = residual ? RN(x + r) : x;  W <- Q(v) with `options` (amax from v);  r <- RN(v - DQ(W))
   // `weight` is read and rewritten in place (row-wise, NVFP4). `update` has W's shape. When
-  // `dequantized_out` is non-null the new DQ(W) is written there.
+  // `dequantized_out` is non-null the new DQ(W) is written there. A non-finite update or result
+  // is INVALID_ARGUMENT and changes nothing.
   absl::Status UpdateWeight(const QuantizedTensor& weight, float* residual,
                             const ConstTensor& update, float lr, UpdateKind kind,
                             const QuantizeOptions& options, const MutTensor* dequantized_out,
                             Stream stream);
+
+  // ---- The trainer's step (step.h). `workspace` is backend memory of at least
+  // StepWorkspaceBytes(items) bytes, 16-byte aligned, kept by the caller from StepCheck to the
+  // last StepReadReport of the batch. The same `items` are passed to all three.
+  // Queues the check of the whole batch (validates every item first: INVALID_ARGUMENT names
+  // "items[i].<field>").
+  absl::Status StepCheck(const std::vector<StepItem>& items, void* workspace,
+                         size_t workspace_bytes, Stream stream);
+  // Queues the apply: every item's state is rewritten when the batch's check passed, nothing
+  // is written otherwise (the flag is read on the device). Once per StepCheck: its plan (amaxes,
+  // old scales) is of the state the check saw. FAILED_PRECONDITION on the CPU backend when no
+  // check ran on `workspace`.
+  absl::Status StepApply(const std::vector<StepItem>& items, void* workspace, Stream stream);
+  // Copies the batch's outcome to `report` (one small copy) and synchronizes the stream.
+  absl::Status StepReadReport(const std::vector<StepItem>& items, const void* workspace,
+                              StepReport* report, Stream stream);
 
   // 16-point random Hadamard transform along cols (inverse = false) or its inverse, NUMERICS 6.
   // out.dtype == in.dtype; out may alias in.
@@ -122,20 +149,26 @@ class Backend {
                    const MutTensor& out, Stream stream);
 
  protected:
-  virtual absl::Status DoAmax(const ConstTensor& x, float* amax, Stream stream) = 0;
+  virtual absl::Status DoAmax(const ConstTensor& x, float* amax, int64_t* first_nonfinite,
+                              Stream stream) = 0;
   virtual absl::Status DoQuantize(const ConstTensor& x, const QuantizeOptions& options,
                                   float* residual, const QuantizedTensor* rowwise,
-                                  const QuantizedTensor* columnwise, Stream stream) = 0;
+                                  const QuantizedTensor* columnwise, FiniteGuard* guard,
+                                  Stream stream) = 0;
   virtual absl::Status DoDequantize(const ConstQuantizedTensor& q, const MutTensor& out,
                                     Stream stream) = 0;
   virtual absl::Status DoQdq(const ConstTensor& x, const QuantizeOptions& options,
-                             float* residual, const MutTensor& out, Stream stream) = 0;
+                             float* residual, const MutTensor& out, FiniteGuard* guard,
+                             Stream stream) = 0;
   virtual absl::Status DoMatmul(const ConstQuantizedTensor& a, const ConstQuantizedTensor& b,
                                 const MutTensor& c, Stream stream) = 0;
-  virtual absl::Status DoUpdateWeight(const QuantizedTensor& weight, float* residual,
-                                      const ConstTensor& update, float lr, UpdateKind kind,
-                                      const QuantizeOptions& options,
-                                      const MutTensor* dequantized_out, Stream stream) = 0;
+  virtual absl::Status DoStepCheck(const std::vector<StepItem>& items, void* workspace,
+                                   Stream stream) = 0;
+  virtual absl::Status DoStepApply(const std::vector<StepItem>& items, void* workspace,
+                                   Stream stream) = 0;
+  virtual absl::Status DoStepReadReport(const std::vector<StepItem>& items,
+                                        const void* workspace, StepReport* report,
+                                        Stream stream) = 0;
   virtual absl::Status DoRht(const ConstTensor& in, RhtMode mode, uint64_t rht_seed,
                              bool inverse, const MutTensor& out, Stream stream) = 0;
 };

@@ -18,7 +18,7 @@
 #include "fp4q/kernels/backend.h"
 
 // C ABI of the module. Bump kFp4qCudaAbiVersion on any change of it or of Backend.
-#define FP4Q_CUDA_ABI_VERSION 2
+#define FP4Q_CUDA_ABI_VERSION 3
 extern "C" {
 // Returns FP4Q_CUDA_ABI_VERSION.
 int fp4q_cuda_abi_version(void);

@@ -8,8 +8,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "fp4q/kernels/step.h"
 #include "fp4q/kernels/types.h"
 
 namespace fp4q::kernels {
@@ -47,6 +49,19 @@ absl::Status ValidateMatmulArgs(const ConstQuantizedTensor& a, const ConstQuanti
 absl::Status ValidateUpdateWeightArgs(const QuantizedTensor& weight, const ConstTensor& update,
                                       float lr, UpdateKind kind, const QuantizeOptions& options,
                                       const MutTensor* dequantized_out);
+// One step item (step.h): the weight NVFP4 row-wise 1x16/16x16 (plain or swizzled scales),
+// updates and outputs of its shape, the optimizer state its OptimizerState names present (and
+// nothing else; NVFP4 moments 1x16 plain of the weight's shape), hyperparameters finite and in
+// range (lr >= 0, betas in [0, 1), eps > 0, momentum >= 0 and only with a momentum buffer,
+// nesterov only with momentum > 0 and dampening 0, weight_decay >= 0, t >= 1), kDelta only with
+// plain SGD (no momentum, no weight decay), stats present under delayed scaling, one expected
+// fingerprint per update for check-only items, and every dense buffer and code array 16-byte
+// aligned (the kernels' vector accesses). Messages name `field` (e.g. "items[3]") followed by
+// the part ("items[3].updates[1].rows: ...").
+// ValidateStepItems: 1 .. 2^24 items, each valid, no stored weight written by two items.
+absl::Status ValidateStepItem(const StepItem& item, const std::string& field);
+absl::Status ValidateStepItems(const std::vector<StepItem>& items);
+
 absl::Status ValidateRhtArgs(const ConstTensor& in, RhtMode mode, const MutTensor& out);
 
 // A residual held with shape [residual_rows, residual_cols] (e.g. a named server state tensor)

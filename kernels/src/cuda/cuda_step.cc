@@ -1,0 +1,382 @@
+// The optimizer step on the CUDA backend (step.h): the host builds the batch's item table
+// (descriptors with the host scalars of step_scalars.h, the update and output tables, and one
+// list of items per kernel variant), copies it into the workspace once, and queues
+//   StepCheck:      one memset per accumulator kind, one grouped check launch per variant
+//                   (updates-only for delayed scaling and check-only items; the full recurrence
+//                   per optimizer x state dtype for current scaling), the decide kernel;
+//   StepApply:      one grouped apply launch per variant (optimizer x state dtype x rounding x
+//                   block shape), the epilogue (records, statistics), the swizzle padding of
+//                   swizzled weights; every kernel reads the batch flag and returns when the
+//                   check refused the batch;
+//   StepReadReport: one device-to-host copy of the report prefix and a stream synchronization.
+// Nothing here waits for the device except StepReadReport: the item table goes out of pinned
+// host memory (an asynchronous copy; a copy from pageable memory would first synchronize the
+// stream), and its buffer returns to a pool when the stream has passed the copy.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_status.h"
+#include "cuda/launch.h"
+#include "cuda/step_launch.h"
+#include "fp4q/common/status_macros.h"
+#include "step_layout.h"
+#include "step_report.h"
+#include "step_scalars.h"
+
+namespace fp4q::kernels::cuda {
+namespace {
+
+using step_ws::ItemDesc;
+using step_ws::Layout;
+using step_ws::ListEntry;
+
+// Pinned host buffers for the item tables, reused: a buffer goes back to the pool from a host
+// callback once its stream has passed the copy out of it (process-wide; pinned memory serves
+// every device).
+class PinnedPool {
+ public:
+  static PinnedPool& Get() {
+    static PinnedPool* pool = new PinnedPool;
+    return *pool;
+  }
+
+  absl::StatusOr<void*> Acquire(size_t bytes) {
+    {
+      absl::MutexLock lock(&mu_);
+      for (size_t i = 0; i < free_.size(); ++i) {
+        if (free_[i].second >= bytes) {
+          void* p = free_[i].first;
+          free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+          return p;
+        }
+      }
+    }
+    void* p = nullptr;
+    const size_t size = std::max<size_t>(bytes, size_t{1} << 16);
+    FP4Q_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, size, cudaHostAllocPortable));
+    absl::MutexLock lock(&mu_);
+    sizes_[p] = size;
+    return p;
+  }
+
+  // Returns `p` to the pool once `s` has passed this point.
+  absl::Status ReleaseAfter(void* p, cudaStream_t s) {
+    auto* ticket = new std::pair<PinnedPool*, void*>(this, p);
+    const cudaError_t e = cudaLaunchHostFunc(s, &PinnedPool::OnStreamDone, ticket);
+    if (e == cudaSuccess) return absl::OkStatus();
+    delete ticket;
+    const cudaError_t sync = cudaStreamSynchronize(s);  // cannot defer it: wait, then return it
+    Return(p);
+    FP4Q_CUDA_RETURN_IF_ERROR(sync);
+    return FP4Q_CUDA_STATUS(e);
+  }
+
+ private:
+  static void CUDART_CB OnStreamDone(void* arg) {  // no CUDA calls allowed here
+    auto* ticket = static_cast<std::pair<PinnedPool*, void*>*>(arg);
+    ticket->first->Return(ticket->second);
+    delete ticket;
+  }
+  void Return(void* p) {
+    absl::MutexLock lock(&mu_);
+    free_.push_back({p, sizes_[p]});
+  }
+
+  absl::Mutex mu_;
+  std::vector<std::pair<void*, size_t>> free_ ABSL_GUARDED_BY(mu_);
+  std::map<void*, size_t> sizes_ ABSL_GUARDED_BY(mu_);
+};
+
+// Warp-units of an item (step_device.cuh's UnitsOf).
+int64_t Units(int64_t rows, int64_t cols, bool tile) {
+  if (tile) return (rows / 16) * ((cols / 16 + 1) / 2);
+  return (rows * cols + step_ws::kUnitElems - 1) / step_ws::kUnitElems;
+}
+
+int OptOf(const OptimizerState& st) {
+  if (st.kind == OptimizerKind::kAdamW) {
+    return st.amsgrad ? step_ws::kOptAdamWAmsgrad : step_ws::kOptAdamW;
+  }
+  return st.momentum ? step_ws::kOptSgdMomentum : step_ws::kOptSgdPlain;
+}
+
+int DtypeCode(DType d) { return d == DType::kF32 ? kF32 : kBF16; }
+
+// One grouped launch.
+struct Launch {
+  int opt = 0;
+  int st = step_ws::kStF32;
+  bool full = false;  // check: current scaling (else updates only)
+  bool sr = false;    // apply
+  bool tile = false;  // apply
+  int32_t first_entry = 0;
+  int32_t n_entries = 0;
+  int64_t total_units = 0;
+};
+
+// The host side of a batch: its layout, the table copied into the workspace, the launches.
+struct HostPlan {
+  Layout layout;
+  std::vector<uint8_t> table;  // the workspace's [layout.descs, layout.host_end)
+  std::vector<Launch> checks;
+  std::vector<Launch> applies;
+  std::vector<int> swizzled;  // applied items whose scales are swizzled
+};
+
+template <typename T>
+T* TableAt(HostPlan& h, size_t offset) {
+  return reinterpret_cast<T*>(h.table.data() + (offset - h.layout.descs));
+}
+
+ItemDesc Describe(const StepItem& item, int32_t first_update, int32_t first_out, int32_t n_outs) {
+  ItemDesc d;
+  std::memset(&d, 0, sizeof(d));
+  d.codes = item.weight.codes;
+  d.scales = item.weight.scales;
+  d.global = item.weight.global;
+  d.residual = item.residual;
+  d.stats = item.stats;
+  const OptimizerState& st = item.state;
+  const MomentTensor* m[3] = {&st.moment1, &st.moment2, &st.max_moment2};
+  for (int j = 0; j < 3; ++j) {
+    if (!m[j]->present()) continue;
+    if (st.dtype == StateDType::kNvfp4) {
+      d.m_codes[j] = m[j]->quantized.codes;
+      d.m_scales[j] = m[j]->quantized.scales;
+      d.m_global[j] = m[j]->quantized.global;
+    } else {
+      d.m_dense[j] = m[j]->dense;
+    }
+  }
+  d.rows = item.weight.rows;
+  d.cols = item.weight.cols;
+  d.n = d.rows * d.cols;
+  d.seed = item.seed;
+  d.sr_step = item.step;
+  d.t = item.hyper.t;
+  d.first_update = first_update;
+  d.n_updates = static_cast<int32_t>(item.updates.size());
+  d.first_out = first_out;
+  d.n_outs = n_outs;
+  d.opt = OptOf(st);
+  d.state_dtype = static_cast<int32_t>(st.dtype);
+  d.delayed = item.scaling == Scaling::kDelayed;
+  d.sr = item.rounding == Rounding::kStochastic;
+  d.tile16 = item.weight.block == BlockShape::k16x16;
+  d.swizzled = item.weight.scale_layout == ScaleLayout::kSwizzled;
+  d.delta = item.kind == UpdateKind::kDelta;
+  d.nesterov = item.hyper.nesterov;
+  d.check_only = item.check_only;
+  for (const MutTensor& o : item.dequantized_out) {
+    d.bf16_out = d.bf16_out || (o.data != nullptr && o.dtype == DType::kBF16);
+  }
+  const StepScalars s = ComputeStepScalars(item.hyper, d.n_updates);
+  d.lr = s.lr;
+  d.wd = s.wd;
+  d.mu = s.mu;
+  d.cd = s.cd;
+  d.b1 = s.b1;
+  d.b2 = s.b2;
+  d.c1 = s.c1;
+  d.c2 = s.c2;
+  d.eps = s.eps;
+  d.sbc2 = s.sbc2;
+  d.alpha = s.alpha;
+  d.lrwd = s.lrwd;
+  d.kf = s.k;
+  return d;
+}
+
+// Groups item indices by variant key, in a fixed order, into launches over the list table.
+template <typename Key>
+void AddLaunches(const std::map<Key, std::vector<int>>& groups, bool apply,
+                 const std::vector<StepItem>& items, ListEntry* lists, int32_t* next_entry,
+                 std::vector<Launch>* out) {
+  for (const auto& [key, members] : groups) {
+    Launch l;
+    l.opt = std::get<0>(key);
+    l.st = std::get<1>(key);
+    if constexpr (std::tuple_size_v<Key> == 4) {
+      l.sr = std::get<2>(key);
+      l.tile = std::get<3>(key);
+    } else {
+      l.full = std::get<2>(key);
+    }
+    l.first_entry = *next_entry;
+    l.n_entries = static_cast<int32_t>(members.size());
+    int64_t units = 0;
+    for (int i : members) {
+      const StepItem& it = items[i];
+      ListEntry& e = lists[(*next_entry)++];
+      e = ListEntry{i, 0, units};
+      units += Units(it.weight.rows, it.weight.cols, apply && l.tile);
+    }
+    lists[(*next_entry)++] = ListEntry{-1, 0, units};  // the sentinel: the launch's total
+    l.total_units = units;
+    out->push_back(l);
+  }
+}
+
+HostPlan BuildPlan(const std::vector<StepItem>& items) {
+  HostPlan h;
+  h.layout = StepLayoutOf(items);
+  const Layout& l = h.layout;
+  h.table.assign(l.host_end - l.descs, 0);
+  ItemDesc* descs = TableAt<ItemDesc>(h, l.descs);
+  auto* updates = TableAt<step_ws::UpdateDesc>(h, l.updates);
+  auto* outs = TableAt<step_ws::OutDesc>(h, l.outs);
+  ListEntry* lists = TableAt<ListEntry>(h, l.lists);
+  // (opt, state dtype, full) and (opt, state dtype, sr, tile).
+  std::map<std::tuple<int, int, bool>, std::vector<int>> checks;
+  std::map<std::tuple<int, int, bool, bool>, std::vector<int>> applies;
+  int32_t nu = 0, no = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const StepItem& it = items[i];
+    const int32_t first_update = nu, first_out = no;
+    for (size_t k = 0; k < it.updates.size(); ++k) {
+      step_ws::UpdateDesc& u = updates[nu++];
+      u.data = it.updates[k].data;
+      u.dtype = DtypeCode(it.updates[k].dtype);
+      u.rank = static_cast<int32_t>(k);
+      u.expect = it.check_only ? it.expect_fingerprints[k] : 0;
+    }
+    for (const MutTensor& o : it.dequantized_out) {
+      if (o.data == nullptr) continue;
+      outs[no++] = step_ws::OutDesc{o.data, DtypeCode(o.dtype), 0};
+    }
+    descs[i] = Describe(it, first_update, first_out, no - first_out);
+    const int opt = descs[i].opt;
+    const int st = opt == step_ws::kOptSgdPlain ? step_ws::kStF32 : descs[i].state_dtype;
+    const bool full = !it.check_only && it.scaling == Scaling::kCurrent;
+    checks[{full ? opt : 0, full ? st : step_ws::kStF32, full}].push_back(static_cast<int>(i));
+    if (!it.check_only) {
+      applies[{opt, st, descs[i].sr != 0, descs[i].tile16 != 0}].push_back(static_cast<int>(i));
+      if (descs[i].swizzled) h.swizzled.push_back(static_cast<int>(i));
+    }
+  }
+  int32_t next = 0;
+  AddLaunches(checks, false, items, lists, &next, &h.checks);
+  AddLaunches(applies, true, items, lists, &next, &h.applies);
+  return h;
+}
+
+StepKernelArgs ArgsFor(const Layout& l, uint8_t* ws, const Launch& launch) {
+  StepKernelArgs a;
+  a.header = reinterpret_cast<const step_ws::Header*>(ws);
+  a.descs = reinterpret_cast<const ItemDesc*>(ws + l.descs);
+  a.updates = reinterpret_cast<const step_ws::UpdateDesc*>(ws + l.updates);
+  a.outs = reinterpret_cast<const step_ws::OutDesc*>(ws + l.outs);
+  a.list = reinterpret_cast<const ListEntry*>(ws + l.lists) + launch.first_entry;
+  a.n_entries = launch.n_entries;
+  a.total_units = launch.total_units;
+  a.plans = reinterpret_cast<const step_ws::Plan*>(ws + l.plans);
+  a.idx_acc = reinterpret_cast<uint64_t*>(ws + l.idx_acc);
+  a.upd_idx_acc = reinterpret_cast<uint64_t*>(ws + l.upd_idx_acc);
+  a.max_acc = reinterpret_cast<uint32_t*>(ws + l.max_acc);
+  a.fp_acc = reinterpret_cast<uint64_t*>(ws + l.fp_acc);
+  return a;
+}
+
+absl::Status CheckWorkspaceAligned(const void* ws) {
+  if (reinterpret_cast<uintptr_t>(ws) % 16 != 0) {
+    return absl::InvalidArgumentError("workspace: not 16-byte aligned");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CudaBackend::StepCheckImpl(const std::vector<StepItem>& items, void* workspace,
+                                        cudaStream_t s) {
+  FP4Q_RETURN_IF_ERROR(CheckWorkspaceAligned(workspace));
+  const HostPlan h = BuildPlan(items);
+  const Layout& l = h.layout;
+  auto* ws = static_cast<uint8_t*>(workspace);
+  // The batch flag first: if a launch below fails, no stale "ok" of an earlier batch remains.
+  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(cudaMemsetAsync(ws, 0, sizeof(step_ws::Header), s)));
+  FP4Q_ASSIGN_OR_RETURN(void* pinned, PinnedPool::Get().Acquire(h.table.size()));
+  std::memcpy(pinned, h.table.data(), h.table.size());
+  const cudaError_t copy =
+      cudaMemcpyAsync(ws + l.descs, pinned, h.table.size(), cudaMemcpyHostToDevice, s);
+  FP4Q_RETURN_IF_ERROR(PinnedPool::Get().ReleaseAfter(pinned, s));
+  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(copy));
+  FP4Q_RETURN_IF_ERROR(
+      FP4Q_CUDA_STATUS(cudaMemsetAsync(ws + l.idx_acc, 0xFF, l.ff_end - l.idx_acc, s)));
+  FP4Q_RETURN_IF_ERROR(
+      FP4Q_CUDA_STATUS(cudaMemsetAsync(ws + l.max_acc, 0, l.total - l.max_acc, s)));
+  for (const Launch& launch : h.checks) {
+    const StepKernelArgs a = ArgsFor(l, ws, launch);
+    if (launch.full) {
+      FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchStepCheckFull(a, launch.opt, launch.st, s)));
+    } else {
+      FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchStepCheckUpdates(a, s)));
+    }
+  }
+  StepDecideArgs d;
+  d.header = reinterpret_cast<step_ws::Header*>(ws);
+  d.descs = reinterpret_cast<const ItemDesc*>(ws + l.descs);
+  d.updates = reinterpret_cast<const step_ws::UpdateDesc*>(ws + l.updates);
+  d.n_items = static_cast<int32_t>(l.n_items);
+  d.n_updates = static_cast<int32_t>(l.n_updates);
+  d.reports = reinterpret_cast<step_ws::ReportPod*>(ws + l.reports);
+  d.fingerprints = reinterpret_cast<uint64_t*>(ws + l.fingerprints);
+  d.plans = reinterpret_cast<step_ws::Plan*>(ws + l.plans);
+  d.idx_acc = reinterpret_cast<const uint64_t*>(ws + l.idx_acc);
+  d.upd_idx_acc = reinterpret_cast<const uint64_t*>(ws + l.upd_idx_acc);
+  d.max_acc = reinterpret_cast<const uint32_t*>(ws + l.max_acc);
+  d.fp_acc = reinterpret_cast<const uint64_t*>(ws + l.fp_acc);
+  return FP4Q_CUDA_STATUS(LaunchStepDecide(d, s));
+}
+
+absl::Status CudaBackend::StepApplyImpl(const std::vector<StepItem>& items, void* workspace,
+                                        cudaStream_t s) {
+  FP4Q_RETURN_IF_ERROR(CheckWorkspaceAligned(workspace));
+  const HostPlan h = BuildPlan(items);  // the same lists the check copied
+  const Layout& l = h.layout;
+  auto* ws = static_cast<uint8_t*>(workspace);
+  for (const Launch& launch : h.applies) {
+    const StepKernelArgs a = ArgsFor(l, ws, launch);
+    const bool sgd = launch.opt == step_ws::kOptSgdPlain || launch.opt == step_ws::kOptSgdMomentum;
+    FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(
+        sgd ? LaunchStepApplySgd(a, launch.opt, launch.st, launch.sr, launch.tile, s)
+            : LaunchStepApplyAdamW(a, launch.opt, launch.st, launch.sr, launch.tile, s)));
+  }
+  StepFinishArgs f;
+  f.header = reinterpret_cast<const step_ws::Header*>(ws);
+  f.descs = reinterpret_cast<const ItemDesc*>(ws + l.descs);
+  f.n_items = static_cast<int32_t>(l.n_items);
+  f.plans = reinterpret_cast<const step_ws::Plan*>(ws + l.plans);
+  f.max_acc = reinterpret_cast<const uint32_t*>(ws + l.max_acc);
+  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchStepFinish(f, s)));
+  const int32_t* gate = &reinterpret_cast<const step_ws::Header*>(ws)->ok;
+  for (int i : h.swizzled) {
+    const QuantizedTensor& w = items[i].weight;
+    FP4Q_RETURN_IF_ERROR(
+        FP4Q_CUDA_STATUS(LaunchZeroSwizzlePadding(w.scales, w.rows, w.cols / 16, s, gate, 1)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::StepReadReportImpl(const std::vector<StepItem>& items,
+                                             const void* workspace, StepReport* report,
+                                             cudaStream_t s) {
+  const Layout l = StepLayoutOf(items);
+  std::vector<uint8_t> prefix(l.report_end);
+  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(
+      cudaMemcpyAsync(prefix.data(), workspace, prefix.size(), cudaMemcpyDeviceToHost, s)));
+  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(cudaStreamSynchronize(s)));
+  DecodeStepReport(items, l, prefix.data(), report);
+  return absl::OkStatus();
+}
+
+}  // namespace fp4q::kernels::cuda

@@ -1,0 +1,556 @@
+// The check of an optimizer step (NUMERICS 10.4) on the GPU, and the apply's epilogue:
+//   StepCheckKernel<false>   delayed scaling and check-only items: reads the updates only
+//                            (finiteness of every rank, of the rank sum / mean, max |g|, the
+//                            fingerprints); per element 2 (bf16) or 4 (f32) bytes per rank read.
+//   StepCheckKernel<true, opt, state>   current scaling: the whole recurrence D..V without
+//                            writes (the weight, residual and moments are read as the apply
+//                            reads them: NVFP4 0.5625, f32 4, bf16 2 bytes per element each),
+//                            amaxes of v and of the moments to be stored, first non-finite index
+//                            of each quantity.
+//   StepDecideKernel         one CTA: per item the outcome (first failing check in the order of
+//                            10.4, the value at the first index recomputed from the inputs), the
+//                            bounds of 10.6 in double, the plan of the apply, the fingerprints,
+//                            and the batch flag.
+//   StepFinishKernel         one CTA, gated on the batch flag: global records and statistics.
+// Each grouped launch covers every item of its variant: warps walk the launch's warp-units
+// grid-stride, per-item partial results stay in registers until the warp's item changes and are
+// then flushed with one atomic per warp into one of kAccCopies replicas (no hot address).
+//
+// The fingerprint costs about 20 integer operations per element (two 64-bit multiplies), so the
+// updates-only check of bf16 updates is bound by instruction issue, not memory, on Hopper.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+
+#include "launch.h"
+#include "step_device.cuh"
+#include "step_launch.h"
+
+namespace fp4q::kernels::cuda {
+namespace {
+
+using namespace step_dev;  // NOLINT: the step's device vocabulary
+using step_ws::ItemDesc;
+using step_ws::Plan;
+using step_ws::ReportPod;
+
+// ---------------------------------------------------------------- the check kernels
+
+// Per-item partial results of one lane.
+struct CheckAcc {
+  uint64_t fp0 = 0;       // rank 0's fingerprint sum
+  uint64_t bad0 = kNone;  // rank 0's first non-finite index
+  uint64_t bad[step_ws::kIdxSlots];
+  float max[5];  // kMaxG .. kMaxSvm
+  FP4Q_D void Reset() {
+    fp0 = 0;
+    bad0 = kNone;
+#pragma unroll
+    for (int q = 0; q < step_ws::kIdxSlots; ++q) bad[q] = kNone;
+#pragma unroll
+    for (int q = 0; q < 5; ++q) max[q] = 0.0f;
+  }
+};
+
+FP4Q_D void FlushCheck(const StepKernelArgs& a, int item, const ItemDesc& d, const CheckAcc& c,
+                       bool full) {
+  const int64_t u0 = d.first_update;
+  FlushSum(a.fp_acc + u0 * step_ws::kAccCopies, c.fp0);
+  FlushMin(a.upd_idx_acc + u0 * step_ws::kAccCopies, c.bad0);
+  if (d.check_only) return;
+  const int q_end = full ? step_ws::kIdxSlots : step_ws::kIdxG + 1;
+  for (int q = 0; q < q_end; ++q) {
+    FlushMin(
+        a.idx_acc + (static_cast<int64_t>(item) * step_ws::kIdxSlots + q) * step_ws::kAccCopies,
+        c.bad[q]);
+  }
+  const int m_end = full ? 5 : 1;
+  for (int q = 0; q < m_end; ++q) FlushMax(a.max_acc, item, q, c.max[q]);
+}
+
+FP4Q_D void NoteBad(uint64_t* slot, int64_t index) {
+  if (static_cast<uint64_t>(index) < *slot) *slot = static_cast<uint64_t>(index);
+}
+
+template <bool kFull, int kOpt, int kSt>
+__global__ void __launch_bounds__(kThreads) StepCheckKernel(const StepKernelArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t gw = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) >> 5;
+  const int64_t nw = (static_cast<int64_t>(gridDim.x) * kThreads) >> 5;
+  int e = 0;
+  int item = -1;
+  const ItemDesc* d = nullptr;
+  Scalars s{};
+  float s_dec_old = 1.0f;
+  float m_sdec[3] = {1.0f, 1.0f, 1.0f};
+  CheckAcc acc;
+  acc.Reset();
+  for (int64_t u = gw; u < a.total_units; u += nw) {
+    e = Advance(a.list, a.n_entries, e, u);
+    const int it = a.list[e].item;
+    if (it != item) {
+      if (item >= 0) FlushCheck(a, item, *d, acc, kFull);
+      acc.Reset();
+      item = it;
+      d = &a.descs[it];
+      s = LoadScalars(*d);
+      if (kFull) {
+        s_dec_old = __frcp_rn(d->global[1]);
+#pragma unroll
+        for (int j = 0; j < 3; ++j) {
+          m_sdec[j] = (kSt == step_ws::kStNvfp4 && d->m_global[j] != nullptr)
+                          ? __frcp_rn(d->m_global[j][1])
+                          : 1.0f;
+        }
+      }
+    }
+    const LaneBlock b = Locate<false>(*d, u - a.list[e].unit_begin, lane);
+    const int k_count = d->n_updates;
+    float g[16];
+    if (b.valid) {
+      const step_ws::UpdateDesc ud = a.updates[d->first_update];
+      Load16(ud.data, ud.dtype, b.base, g);
+      acc.fp0 += FingerprintPart(g, ud.dtype, b.base);
+      if (!d->check_only) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          if (!Finite(g[i])) NoteBad(&acc.bad0, b.base + i);
+        }
+      }
+    }
+    // Ranks after the first flush per unit (uniform over the warp: the item is).
+    for (int k = 1; k < k_count; ++k) {
+      uint64_t fp = 0;
+      uint64_t bad = kNone;
+      if (b.valid) {
+        const step_ws::UpdateDesc ud = a.updates[d->first_update + k];
+        float uk[16];
+        Load16(ud.data, ud.dtype, b.base, uk);
+        fp = FingerprintPart(uk, ud.dtype, b.base);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          if (!Finite(uk[i])) NoteBad(&bad, b.base + i);
+          g[i] = __fadd_rn(g[i], uk[i]);
+        }
+      }
+      const int64_t slot = (static_cast<int64_t>(d->first_update) + k) * step_ws::kAccCopies;
+      FlushSum(a.fp_acc + slot, fp);
+      if (!d->check_only) FlushMin(a.upd_idx_acc + slot, bad);
+    }
+    if (!b.valid || d->check_only) continue;
+    if (k_count > 1) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) g[i] = __fdiv_rn(g[i], s.kf);
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      acc.max[step_ws::kMaxG] = fmaxf(acc.max[step_ws::kMaxG], fabsf(g[i]));
+      if (!Finite(g[i])) NoteBad(&acc.bad[step_ws::kIdxG], b.base + i);
+    }
+    if constexpr (kFull) {
+      float dq[16], r[16], m1[16], m2[16], mm2[16];
+      Dq16(d->codes, b.base, E4M3Value(d->scales[WeightScaleAt(*d, b)]), s_dec_old, dq);
+      if (s.has_r) {
+        Load16(d->residual, kF32, b.base, r);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) r[i] = 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < 16; ++i) m1[i] = m2[i] = mm2[i] = 0.0f;
+      if (HasM1<kOpt>() && !(kOpt == step_ws::kOptSgdMomentum && s.t1)) {
+        LoadMoment<kSt>(*d, 0, m_sdec[0], b.base, false, m1);
+      }
+      if (IsAdamW<kOpt>()) LoadMoment<kSt>(*d, 1, m_sdec[1], b.base, true, m2);
+      if (HasMm2<kOpt>()) LoadMoment<kSt>(*d, 2, m_sdec[2], b.base, true, mm2);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const Elem el = StepElement<kOpt>(s, g[i], dq[i], r[i], m1[i], m2[i], mm2[i]);
+        const int64_t idx = b.base + i;
+        if (HasM1<kOpt>() && !Finite(el.m1)) NoteBad(&acc.bad[step_ws::kIdxM1], idx);
+        if (IsAdamW<kOpt>() && (!Finite(el.v2) || (HasMm2<kOpt>() && !Finite(el.vm)))) {
+          NoteBad(&acc.bad[step_ws::kIdxM2], idx);
+        }
+        if (!Finite(el.x) || !Finite(el.v)) NoteBad(&acc.bad[step_ws::kIdxW], idx);
+        acc.max[step_ws::kMaxV] = fmaxf(acc.max[step_ws::kMaxV], fabsf(el.v));
+        acc.max[step_ws::kMaxM1] = fmaxf(acc.max[step_ws::kMaxM1], fabsf(el.m1));
+        acc.max[step_ws::kMaxS2] = fmaxf(acc.max[step_ws::kMaxS2], __fsqrt_rn(el.v2));
+        acc.max[step_ws::kMaxSvm] = fmaxf(acc.max[step_ws::kMaxSvm], __fsqrt_rn(el.vm));
+      }
+    }
+  }
+  if (item >= 0) FlushCheck(a, item, *d, acc, kFull);
+}
+
+// ---------------------------------------------------------------- the decide kernel
+
+FP4Q_D float UpdateAt(const step_ws::UpdateDesc& u, int64_t i) {
+  if (u.dtype == kF32) return static_cast<const float*>(u.data)[i];
+  return Bf16Lo(static_cast<const uint16_t*>(u.data)[i]);
+}
+
+// g at element i: the rank sum in order, divided by K when K > 1.
+FP4Q_D float GAt(const StepDecideArgs& a, const ItemDesc& d, int64_t i) {
+  float g = UpdateAt(a.updates[d.first_update], i);
+  for (int k = 1; k < d.n_updates; ++k)
+    g = __fadd_rn(g, UpdateAt(a.updates[d.first_update + k], i));
+  if (d.n_updates > 1) g = __fdiv_rn(g, d.kf);
+  return g;
+}
+
+// The whole recurrence at element i (for the value of a first non-finite index).
+template <int kOpt, int kSt>
+FP4Q_D Elem ElementAt(const StepDecideArgs& a, const ItemDesc& d, const Plan& plan, int64_t i) {
+  const Scalars s = LoadScalars(d);
+  const int64_t sc = d.cols >> 4;
+  const int64_t row = i / d.cols;
+  const int64_t cb = (i - row * d.cols) >> 4;
+  const uint8_t byte = d.codes[i >> 1];
+  const uint32_t code = (i & 1) ? (byte >> 4) : (byte & 0xFu);
+  const float sfv = E4M3Value(d.scales[ScaleOffset(row, cb, sc, d.swizzled != 0)]);
+  const float dq = __fmul_rn(__fmul_rn(E2M1Value(code), sfv), __frcp_rn(plan.s_enc_old));
+  const float r = s.has_r ? d.residual[i] : 0.0f;
+  float m1 = 0.0f, m2 = 0.0f, mm2 = 0.0f;
+  if (HasM1<kOpt>() && !(kOpt == step_ws::kOptSgdMomentum && s.t1)) {
+    m1 = MomentAt<kSt>(d, 0, __frcp_rn(plan.m_senc_old[0]), i, false);
+  }
+  if (IsAdamW<kOpt>()) m2 = MomentAt<kSt>(d, 1, __frcp_rn(plan.m_senc_old[1]), i, true);
+  if (HasMm2<kOpt>()) mm2 = MomentAt<kSt>(d, 2, __frcp_rn(plan.m_senc_old[2]), i, true);
+  return StepElement<kOpt>(s, GAt(a, d, i), dq, r, m1, m2, mm2);
+}
+
+template <int kOpt>
+FP4Q_D Elem ElementAtOpt(const StepDecideArgs& a, const ItemDesc& d, const Plan& plan, int64_t i) {
+  switch (d.state_dtype) {
+    case step_ws::kStBF16:
+      return ElementAt<kOpt, step_ws::kStBF16>(a, d, plan, i);
+    case step_ws::kStNvfp4:
+      return ElementAt<kOpt, step_ws::kStNvfp4>(a, d, plan, i);
+    default:
+      return ElementAt<kOpt, step_ws::kStF32>(a, d, plan, i);
+  }
+}
+
+FP4Q_D Elem ElementAtAny(const StepDecideArgs& a, const ItemDesc& d, const Plan& plan, int64_t i) {
+  switch (d.opt) {
+    case step_ws::kOptSgdMomentum:
+      return ElementAtOpt<step_ws::kOptSgdMomentum>(a, d, plan, i);
+    case step_ws::kOptAdamW:
+      return ElementAtOpt<step_ws::kOptAdamW>(a, d, plan, i);
+    case step_ws::kOptAdamWAmsgrad:
+      return ElementAtOpt<step_ws::kOptAdamWAmsgrad>(a, d, plan, i);
+    default:
+      return ElementAt<step_ws::kOptSgdPlain, step_ws::kStF32>(a, d, plan, i);
+  }
+}
+
+FP4Q_D void FailAt(ReportPod* r, int32_t outcome, int32_t quantity, int64_t index, float value) {
+  r->outcome = outcome;
+  r->quantity = quantity;
+  r->index = index;
+  r->value = value;
+}
+
+FP4Q_D void FailBound(ReportPod* r, int32_t quantity, double bound) {
+  r->outcome = step_ws::kOutOfRange;
+  r->quantity = quantity;
+  r->bound = bound;
+}
+
+FP4Q_D bool BelowLimit(double b) { return b < step_ws::kTwoPow127; }
+
+// NUMERICS 10.6 and 10.5 under delayed scaling (the CPU reference's CheckDelayed, operation
+// for operation, in double).
+FP4Q_D bool DecideDelayed(const ItemDesc& d, ReportPod* rep, Plan* plan, double* vb_out) {
+  const float* stats = d.stats;
+  const float a = stats[0];
+  if (!(a >= 0.0f && a <= FLT_MAX)) {
+    FailBound(rep, step_ws::kQWeight, static_cast<double>(a));
+    return false;
+  }
+  const bool has_r = d.residual != nullptr;
+  const double g = plan->gmax;
+  const double dold = __dmul_rn(2688.0, static_cast<double>(__frcp_rn(plan->s_enc_old)));
+  const double r = has_r ? static_cast<double>(stats[1]) : 0.0;
+  const double p = __dadd_rn(dold, r);
+  const double s1 = stats[2];
+  const double s2 = stats[3];
+  if (!BelowLimit(g)) {
+    FailBound(rep, step_ws::kQUpdateSum, g);
+    return false;
+  }
+  const bool adamw = d.opt == step_ws::kOptAdamW || d.opt == step_ws::kOptAdamWAmsgrad;
+  double xb;
+  if (d.delta) {
+    xb = __dadd_rn(dold, g);
+  } else if (!adamw) {
+    const double gp = __dadd_rn(g, __dmul_rn(static_cast<double>(d.wd), p));
+    double gpp = gp;
+    if (d.opt == step_ws::kOptSgdMomentum) {
+      const double mu = fabs(static_cast<double>(d.mu));
+      double b = gp;
+      if (d.t != 1)
+        b = __dadd_rn(__dmul_rn(mu, s1), __dmul_rn(fabs(static_cast<double>(d.cd)), gp));
+      if (!BelowLimit(b)) {
+        FailBound(rep, step_ws::kQMoment1, b);
+        return false;
+      }
+      gpp = d.nesterov ? __dadd_rn(gp, __dmul_rn(mu, b)) : b;
+    }
+    xb = __dadd_rn(dold, __dmul_rn(fabs(static_cast<double>(d.lr)), gpp));
+  } else {
+    const double m = __dadd_rn(__dmul_rn(static_cast<double>(d.b1), s1),
+                               __dmul_rn(static_cast<double>(d.c1), g));
+    if (!BelowLimit(m)) {
+      FailBound(rep, step_ws::kQMoment1, m);
+      return false;
+    }
+    const double v = __dadd_rn(__dmul_rn(static_cast<double>(d.b2), __dmul_rn(s2, s2)),
+                               __dmul_rn(static_cast<double>(d.c2), __dmul_rn(g, g)));
+    if (!BelowLimit(v)) {
+      FailBound(rep, step_ws::kQMoment2, v);
+      return false;
+    }
+    const double decay =
+        __dmul_rn(__dmul_rn(static_cast<double>(d.lr), static_cast<double>(d.wd)), p);
+    xb = __dadd_rn(__dadd_rn(dold, decay), __ddiv_rn(__dmul_rn(static_cast<double>(d.alpha), m),
+                                                     static_cast<double>(d.eps)));
+  }
+  if (!BelowLimit(xb)) {
+    FailBound(rep, step_ws::kQWeight, xb);
+    return false;
+  }
+  const double vb = __dadd_rn(xb, r);
+  if (!BelowLimit(vb)) {
+    FailBound(rep, step_ws::kQWeight, vb);
+    return false;
+  }
+  *vb_out = vb;
+  plan->amax = a;
+  const float gm = plan->gmax;
+  if (adamw) {
+    plan->m_amax[0] = __fadd_rn(__fmul_rn(d.b1, stats[2]), __fmul_rn(d.c1, gm));
+    const float sq = __fmul_rn(stats[3], stats[3]);
+    const float v_sum = __fadd_rn(__fmul_rn(d.b2, sq), __fmul_rn(__fmul_rn(d.c2, gm), gm));
+    plan->m_amax[1] = __fsqrt_rn(v_sum);
+    const float prev = stats[4];
+    plan->m_amax[2] = prev > plan->m_amax[1] ? prev : plan->m_amax[1];
+  } else if (d.opt == step_ws::kOptSgdMomentum) {
+    plan->m_amax[0] =
+        d.t == 1 ? gm : __fadd_rn(__fmul_rn(fabsf(d.mu), stats[2]), __fmul_rn(fabsf(d.cd), gm));
+  }
+  return true;
+}
+
+FP4Q_D void DecideItem(const StepDecideArgs& a, int i, ReportPod* rep, Plan* plan) {
+  const ItemDesc& d = a.descs[i];
+  const int64_t u0 = d.first_update;
+  const uint64_t code_shape = (static_cast<uint64_t>(d.rows) << 28) ^ static_cast<uint64_t>(d.cols);
+  for (int k = 0; k < d.n_updates; ++k) {
+    const uint64_t sum = SumCopies(a.fp_acc + (u0 + k) * step_ws::kAccCopies);
+    const uint64_t c = a.updates[u0 + k].dtype == kF32 ? 1 : 2;
+    a.fingerprints[u0 + k] = Mix64(sum ^ Mix64((c << 56) ^ code_shape));
+  }
+  if (d.check_only) {
+    for (int k = 0; k < d.n_updates; ++k) {
+      if (a.fingerprints[u0 + k] != a.updates[u0 + k].expect) {
+        rep->outcome = step_ws::kFingerprintMismatch;
+        rep->rank = k;
+        return;
+      }
+    }
+    return;
+  }
+  for (int k = 0; k < d.n_updates; ++k) {
+    const uint64_t idx = MinCopies(a.upd_idx_acc + (u0 + k) * step_ws::kAccCopies);
+    if (idx != kNone) {
+      FailAt(rep, step_ws::kNonFiniteUpdate, step_ws::kQNone, static_cast<int64_t>(idx),
+             UpdateAt(a.updates[u0 + k], static_cast<int64_t>(idx)));
+      rep->rank = k;
+      return;
+    }
+  }
+  const uint64_t* idx_acc =
+      a.idx_acc + static_cast<int64_t>(i) * step_ws::kIdxSlots * step_ws::kAccCopies;
+  const uint32_t* max_acc =
+      a.max_acc + static_cast<int64_t>(i) * step_ws::kMaxSlots * step_ws::kAccCopies;
+  const uint64_t gbad = MinCopies(idx_acc + step_ws::kIdxG * step_ws::kAccCopies);
+  if (gbad != kNone) {
+    FailAt(rep, step_ws::kNonFiniteResult, step_ws::kQUpdateSum, static_cast<int64_t>(gbad),
+           GAt(a, d, static_cast<int64_t>(gbad)));
+    return;
+  }
+  plan->gmax = MaxCopies(max_acc + step_ws::kMaxG * step_ws::kAccCopies);
+  plan->s_enc_old = d.global[1];
+  for (int j = 0; j < 3; ++j) {
+    plan->m_senc_old[j] =
+        (d.state_dtype == step_ws::kStNvfp4 && d.m_global[j] != nullptr) ? d.m_global[j][1] : 1.0f;
+  }
+  double vbound = 0.0;
+  if (!d.delayed) {
+    const int slots[3] = {step_ws::kIdxM1, step_ws::kIdxM2, step_ws::kIdxW};
+    const int32_t quantity[3] = {step_ws::kQMoment1, step_ws::kQMoment2, step_ws::kQWeight};
+    for (int q = 0; q < 3; ++q) {
+      const uint64_t bad = MinCopies(idx_acc + slots[q] * step_ws::kAccCopies);
+      if (bad == kNone) continue;
+      const Elem el = ElementAtAny(a, d, *plan, static_cast<int64_t>(bad));
+      const float value = q == 0   ? el.m1
+                          : q == 1 ? (!Finite(el.v2) ? el.v2 : el.vm)
+                                   : (!Finite(el.x) ? el.x : el.v);
+      FailAt(rep, step_ws::kNonFiniteResult, quantity[q], static_cast<int64_t>(bad), value);
+      return;
+    }
+    plan->amax = MaxCopies(max_acc + step_ws::kMaxV * step_ws::kAccCopies);
+    plan->m_amax[0] = MaxCopies(max_acc + step_ws::kMaxM1 * step_ws::kAccCopies);
+    plan->m_amax[1] = MaxCopies(max_acc + step_ws::kMaxS2 * step_ws::kAccCopies);
+    plan->m_amax[2] = MaxCopies(max_acc + step_ws::kMaxSvm * step_ws::kAccCopies);
+    vbound = plan->amax;
+  } else if (!DecideDelayed(d, rep, plan, &vbound)) {
+    return;
+  }
+  for (int j = 0; j < 3; ++j) plan->m_senc_new[j] = SEncOf(plan->m_amax[j], 2688.0f);
+  // 10.4.4.
+  plan->s_enc = SEncOf(plan->amax, 2688.0f);
+  rep->amax = plan->amax;
+  const double dmax = __dmul_rn(2688.0, static_cast<double>(__frcp_rn(plan->s_enc)));
+  if (!BelowLimit(dmax)) {
+    FailBound(rep, step_ws::kQWeight, dmax);
+    return;
+  }
+  if (d.bf16_out && !(dmax < step_ws::kBf16Max)) {
+    FailBound(rep, step_ws::kQDequantized, dmax);
+    return;
+  }
+  if (d.residual != nullptr) {
+    const double rb = __dmul_rn(2.0, vbound > dmax ? vbound : dmax);
+    if (!BelowLimit(rb)) FailBound(rep, step_ws::kQResidual, rb);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) StepDecideKernel(const StepDecideArgs a) {
+  bool ok = true;
+  for (int i = threadIdx.x; i < a.n_items; i += kThreads) {
+    ReportPod rep{step_ws::kOk, step_ws::kQNone, -1, 0, -1, 0.0f, 0.0f, 0.0};
+    Plan plan{};
+    for (int j = 0; j < 3; ++j) plan.m_senc_old[j] = 1.0f;
+    DecideItem(a, i, &rep, &plan);
+    a.reports[i] = rep;
+    a.plans[i] = plan;
+    ok = ok && rep.outcome == step_ws::kOk;
+  }
+  ok = __syncthreads_and(ok) != 0;
+  if (threadIdx.x == 0) {
+    step_ws::Header h{};
+    h.ok = ok ? 1 : 0;
+    h.checked = step_ws::kCheckedMagic;
+    h.n_items = a.n_items;
+    h.n_updates = a.n_updates;
+    *a.header = h;
+  }
+}
+
+// ---------------------------------------------------------------- the apply's epilogue
+
+__global__ void __launch_bounds__(kThreads) StepFinishKernel(const StepFinishArgs a) {
+  if (a.header->checked != step_ws::kCheckedMagic || a.header->ok != 1) return;
+  for (int i = threadIdx.x; i < a.n_items; i += kThreads) {
+    const ItemDesc& d = a.descs[i];
+    if (d.check_only) continue;
+    const Plan& plan = a.plans[i];
+    d.global[0] = plan.amax;
+    d.global[1] = plan.s_enc;
+    if (d.state_dtype == step_ws::kStNvfp4) {
+      for (int j = 0; j < 3; ++j) {
+        if (d.m_global[j] == nullptr) continue;
+        d.m_global[j][0] = plan.m_amax[j];
+        d.m_global[j][1] = plan.m_senc_new[j];
+      }
+    }
+    if (d.stats == nullptr) continue;
+    const uint32_t* m =
+        a.max_acc + static_cast<int64_t>(i) * step_ws::kMaxSlots * step_ws::kAccCopies;
+    d.stats[0] = MaxCopies(m + step_ws::kMaxApplyV * step_ws::kAccCopies);
+    d.stats[1] =
+        d.residual != nullptr ? MaxCopies(m + step_ws::kMaxApplyR * step_ws::kAccCopies) : 0.0f;
+    if (d.opt != step_ws::kOptSgdPlain) {
+      d.stats[2] = MaxCopies(m + step_ws::kMaxApplyM1 * step_ws::kAccCopies);
+    }
+    if (d.opt == step_ws::kOptAdamW || d.opt == step_ws::kOptAdamWAmsgrad) {
+      d.stats[3] = MaxCopies(m + step_ws::kMaxApplyS2 * step_ws::kAccCopies);
+    }
+    if (d.opt == step_ws::kOptAdamWAmsgrad) {
+      d.stats[4] = MaxCopies(m + step_ws::kMaxApplySvm * step_ws::kAccCopies);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- launchers
+
+template <typename Kernel>
+int ResidentCtas(Kernel k) {
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, 0) != cudaSuccess || n < 1) {
+    cudaGetLastError();
+    n = 2;
+  }
+  return n;
+}
+
+template <bool kFull, int kOpt, int kSt>
+cudaError_t LaunchCheck(const StepKernelArgs& a, cudaStream_t s) {
+  static const int per_sm = ResidentCtas(StepCheckKernel<kFull, kOpt, kSt>);
+  int64_t ctas = (a.total_units + kWarps - 1) / kWarps;
+  const int64_t cap = static_cast<int64_t>(SmCount()) * per_sm;
+  if (ctas > cap) ctas = cap;
+  if (ctas == 0) return cudaSuccess;
+  StepCheckKernel<kFull, kOpt, kSt><<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(a);
+  return cudaGetLastError();
+}
+
+template <int kOpt>
+cudaError_t LaunchCheckOpt(const StepKernelArgs& a, int st, cudaStream_t s) {
+  switch (st) {
+    case step_ws::kStF32:
+      return LaunchCheck<true, kOpt, step_ws::kStF32>(a, s);
+    case step_ws::kStBF16:
+      return LaunchCheck<true, kOpt, step_ws::kStBF16>(a, s);
+    case step_ws::kStNvfp4:
+      return LaunchCheck<true, kOpt, step_ws::kStNvfp4>(a, s);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchStepCheckUpdates(const StepKernelArgs& a, cudaStream_t s) {
+  return LaunchCheck<false, step_ws::kOptSgdPlain, step_ws::kStF32>(a, s);
+}
+
+cudaError_t LaunchStepCheckFull(const StepKernelArgs& a, int opt, int st, cudaStream_t s) {
+  switch (opt) {
+    case step_ws::kOptSgdPlain:
+      return LaunchCheck<true, step_ws::kOptSgdPlain, step_ws::kStF32>(a, s);
+    case step_ws::kOptSgdMomentum:
+      return LaunchCheckOpt<step_ws::kOptSgdMomentum>(a, st, s);
+    case step_ws::kOptAdamW:
+      return LaunchCheckOpt<step_ws::kOptAdamW>(a, st, s);
+    case step_ws::kOptAdamWAmsgrad:
+      return LaunchCheckOpt<step_ws::kOptAdamWAmsgrad>(a, st, s);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t LaunchStepDecide(const StepDecideArgs& a, cudaStream_t s) {
+  StepDecideKernel<<<1, kThreads, 0, s>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchStepFinish(const StepFinishArgs& a, cudaStream_t s) {
+  StepFinishKernel<<<1, kThreads, 0, s>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace fp4q::kernels::cuda

@@ -1,0 +1,79 @@
+// Launchers of the optimizer step's kernels (step_check.cu, step_apply_*.cu): plain parameter
+// structs over the workspace of step_layout.h and functions returning cudaError_t, the seam
+// between cuda_step.cc (absl::Status, the host-built item table) and the kernels. Includes only
+// the CUDA runtime and the plain layout header.
+//
+// Every launcher checks cudaGetLastError() after its launch. Nothing here synchronizes.
+#ifndef FP4Q_KERNELS_SRC_CUDA_STEP_LAUNCH_H_
+#define FP4Q_KERNELS_SRC_CUDA_STEP_LAUNCH_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "step_layout.h"
+
+namespace fp4q::kernels::cuda {
+
+// One grouped launch over the items of one kernel variant: entries [0, n_entries) of `list`,
+// whose entry n_entries holds the launch's total of warp-units (step_ws::kUnitElems each).
+struct StepKernelArgs {
+  const step_ws::Header* header = nullptr;  // the batch flag (the apply is gated on it)
+  const step_ws::ItemDesc* descs = nullptr;
+  const step_ws::UpdateDesc* updates = nullptr;
+  const step_ws::OutDesc* outs = nullptr;
+  const step_ws::ListEntry* list = nullptr;
+  int32_t n_entries = 0;
+  int64_t total_units = 0;
+  const step_ws::Plan* plans = nullptr;
+  uint64_t* idx_acc = nullptr;      // [item][kIdxSlots][kAccCopies]
+  uint64_t* upd_idx_acc = nullptr;  // [update][kAccCopies]
+  uint32_t* max_acc = nullptr;      // [item][kMaxSlots][kAccCopies]
+  uint64_t* fp_acc = nullptr;       // [update][kAccCopies]
+};
+
+// The per-item decision after the check kernels (one CTA): reports, fingerprints, plans and the
+// batch flag.
+struct StepDecideArgs {
+  step_ws::Header* header = nullptr;
+  const step_ws::ItemDesc* descs = nullptr;
+  const step_ws::UpdateDesc* updates = nullptr;
+  int32_t n_items = 0;
+  int32_t n_updates = 0;
+  step_ws::ReportPod* reports = nullptr;
+  uint64_t* fingerprints = nullptr;
+  step_ws::Plan* plans = nullptr;
+  const uint64_t* idx_acc = nullptr;
+  const uint64_t* upd_idx_acc = nullptr;
+  const uint32_t* max_acc = nullptr;
+  const uint64_t* fp_acc = nullptr;
+};
+
+// The apply's epilogue (one CTA, gated): global records of the weights and NVFP4 moments, and
+// the statistics.
+struct StepFinishArgs {
+  const step_ws::Header* header = nullptr;
+  const step_ws::ItemDesc* descs = nullptr;
+  int32_t n_items = 0;
+  const step_ws::Plan* plans = nullptr;
+  const uint32_t* max_acc = nullptr;
+};
+
+// Updates only (delayed scaling and check-only items): finiteness of every rank and of the
+// rank sum / mean, max |g|, fingerprints.
+cudaError_t LaunchStepCheckUpdates(const StepKernelArgs& a, cudaStream_t s);
+// Current scaling: the whole computation of NUMERICS 10.2 D..V without writes, for items of
+// one optimizer variant (step_ws::kOpt*) and state dtype (step_ws::kSt*).
+cudaError_t LaunchStepCheckFull(const StepKernelArgs& a, int opt, int state_dtype, cudaStream_t s);
+cudaError_t LaunchStepDecide(const StepDecideArgs& a, cudaStream_t s);
+// The apply of items of one variant, gated on the batch flag. SGD (plain, momentum) in
+// step_apply_sgd.cu, AdamW in step_apply_adamw.cu.
+cudaError_t LaunchStepApplySgd(const StepKernelArgs& a, int opt, int state_dtype, bool sr,
+                               bool tile16, cudaStream_t s);
+cudaError_t LaunchStepApplyAdamW(const StepKernelArgs& a, int opt, int state_dtype, bool sr,
+                                 bool tile16, cudaStream_t s);
+cudaError_t LaunchStepFinish(const StepFinishArgs& a, cudaStream_t s);
+
+}  // namespace fp4q::kernels::cuda
+
+#endif  // FP4Q_KERNELS_SRC_CUDA_STEP_LAUNCH_H_

@@ -1,0 +1,601 @@
+// The CUDA backend's optimizer step, FiniteGuard and Amax index against the CPU reference, bit
+// for bit: every optimizer x state dtype x scaling x rounding x block x error feedback over
+// awkward shapes (1x16, 7x48, 217x256; 16x16 tiles with rows % 16 == 0) and value ranges, several
+// steps, whole batches of mixed variants (one grouped launch per variant), and every refusal
+// (reported identically, nothing written on the device). Device buffers start poisoned.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_test_util.h"
+#include "kernels/step_test_util.h"
+
+namespace fp4q::kernels {
+namespace {
+
+using cuda_testing::CudaTest;
+using cuda_testing::DeviceBuffer;
+using cuda_testing::Dist;
+using step_testing::MakeItem;
+using step_testing::MakeState;
+using step_testing::SameState;
+using step_testing::StepCase;
+using step_testing::StepState;
+using step_testing::Updates;
+
+// ---------------------------------------------------------------- device mirror of a state
+
+std::unique_ptr<DeviceBuffer> Up(Backend& gpu, const void* p, size_t bytes) {
+  if (bytes == 0) return nullptr;
+  auto b = std::make_unique<DeviceBuffer>(gpu, bytes);
+  b->Upload(p, bytes);
+  return b;
+}
+
+template <typename T>
+std::unique_ptr<DeviceBuffer> Up(Backend& gpu, const std::vector<T>& v) {
+  return Up(gpu, v.data(), v.size() * sizeof(T));
+}
+
+template <typename T>
+void Down(const std::unique_ptr<DeviceBuffer>& b, std::vector<T>* v) {
+  if (b == nullptr) return;
+  *v = b->DownloadAs<T>();
+}
+
+struct DeviceQ {
+  std::unique_ptr<DeviceBuffer> codes, scales, global;
+};
+
+DeviceQ UpQ(Backend& gpu, const step_testing::QBytes& q) {
+  return DeviceQ{Up(gpu, q.codes), Up(gpu, q.scales), Up(gpu, q.global)};
+}
+
+void DownQ(const DeviceQ& d, step_testing::QBytes* q) {
+  Down(d.codes, &q->codes);
+  Down(d.scales, &q->scales);
+  Down(d.global, &q->global);
+}
+
+// A StepState and its updates on the device; outputs poisoned there (kDevicePoison).
+struct DeviceState {
+  DeviceQ weight;
+  std::unique_ptr<DeviceBuffer> residual, stats;
+  std::unique_ptr<DeviceBuffer> m_dense[3];
+  DeviceQ m_q[3];
+  std::vector<std::unique_ptr<DeviceBuffer>> outs, updates;
+
+  DeviceState(Backend& gpu, const StepState& st, const Updates& u) {
+    weight = UpQ(gpu, st.weight);
+    residual = Up(gpu, st.residual);
+    stats = Up(gpu, st.stats);
+    for (int j = 0; j < 3; ++j) {
+      if (!st.m_f32[j].empty()) m_dense[j] = Up(gpu, st.m_f32[j]);
+      if (!st.m_bf16[j].empty()) m_dense[j] = Up(gpu, st.m_bf16[j]);
+      if (!st.m_q[j].codes.empty()) m_q[j] = UpQ(gpu, st.m_q[j]);
+    }
+    for (const auto& o : st.outs) outs.push_back(std::make_unique<DeviceBuffer>(gpu, o.size()));
+    for (const auto& x : u) updates.push_back(Up(gpu, x));
+  }
+
+  // The item: the host item's shape and options with every pointer on the device.
+  StepItem Item(const StepCase& c, StepState* host, const Updates& u) const {
+    StepItem item = MakeItem(c, host, u);
+    item.weight.codes = static_cast<uint8_t*>(weight.codes->get());
+    item.weight.scales = static_cast<uint8_t*>(weight.scales->get());
+    item.weight.global = static_cast<float*>(weight.global->get());
+    item.residual = residual ? static_cast<float*>(residual->get()) : nullptr;
+    item.stats = static_cast<float*>(stats->get());
+    MomentTensor* m[3] = {&item.state.moment1, &item.state.moment2, &item.state.max_moment2};
+    for (int j = 0; j < 3; ++j) {
+      if (m_dense[j]) m[j]->dense = m_dense[j]->get();
+      if (m_q[j].codes) {
+        m[j]->quantized.codes = static_cast<uint8_t*>(m_q[j].codes->get());
+        m[j]->quantized.scales = static_cast<uint8_t*>(m_q[j].scales->get());
+        m[j]->quantized.global = static_cast<float*>(m_q[j].global->get());
+      }
+    }
+    for (size_t k = 0; k < item.updates.size(); ++k) item.updates[k].data = updates[k]->get();
+    for (size_t k = 0; k < item.dequantized_out.size(); ++k) {
+      item.dequantized_out[k].data = outs[k]->get();
+    }
+    return item;
+  }
+
+  // The device bytes in the layout of `shape`.
+  StepState Download(const StepState& shape) const {
+    StepState st = shape;
+    DownQ(weight, &st.weight);
+    Down(residual, &st.residual);
+    Down(stats, &st.stats);
+    for (int j = 0; j < 3; ++j) {
+      if (!st.m_f32[j].empty()) Down(m_dense[j], &st.m_f32[j]);
+      if (!st.m_bf16[j].empty()) Down(m_dense[j], &st.m_bf16[j]);
+      if (!st.m_q[j].codes.empty()) DownQ(m_q[j], &st.m_q[j]);
+    }
+    for (size_t k = 0; k < outs.size(); ++k) st.outs[k] = outs[k]->Download();
+    return st;
+  }
+};
+
+bool SameFloat(float a, float b) {
+  return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0;
+}
+bool SameDouble(double a, double b) {
+  return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 8) == 0;
+}
+
+::testing::AssertionResult SameReport(const StepReport& g, const StepReport& c) {
+  if (g.ok != c.ok) return ::testing::AssertionFailure() << "ok " << g.ok << " vs " << c.ok;
+  if (g.items.size() != c.items.size()) return ::testing::AssertionFailure() << "item count";
+  for (size_t i = 0; i < g.items.size(); ++i) {
+    const StepItemReport& a = g.items[i];
+    const StepItemReport& b = c.items[i];
+    if (a.outcome != b.outcome || a.quantity != b.quantity || a.rank != b.rank ||
+        a.index != b.index || !SameFloat(a.value, b.value) || !SameFloat(a.amax, b.amax) ||
+        !SameDouble(a.bound, b.bound)) {
+      return ::testing::AssertionFailure()
+             << "items[" << i << "]: gpu {outcome " << static_cast<int>(a.outcome) << ", quantity "
+             << static_cast<int>(a.quantity) << ", rank " << a.rank << ", index " << a.index
+             << ", value " << a.value << ", amax " << a.amax << ", bound " << a.bound
+             << "} cpu {outcome " << static_cast<int>(b.outcome) << ", quantity "
+             << static_cast<int>(b.quantity) << ", rank " << b.rank << ", index " << b.index
+             << ", value " << b.value << ", amax " << b.amax << ", bound " << b.bound << "}";
+    }
+  }
+  if (g.fingerprints != c.fingerprints) return ::testing::AssertionFailure() << "fingerprints";
+  return ::testing::AssertionSuccess();
+}
+
+// Runs the batch on a backend: check, report (first, as a multi-device caller does), apply.
+absl::Status RunBatch(Backend& b, const std::vector<StepItem>& items, StepReport* report) {
+  const size_t bytes = StepWorkspaceBytes(items);
+  auto ws = b.Allocate(bytes);
+  if (!ws.ok()) return ws.status();
+  absl::Status s = b.StepCheck(items, *ws, bytes, nullptr);
+  if (s.ok()) s = b.StepReadReport(items, *ws, report, nullptr);
+  if (s.ok()) s = b.StepApply(items, *ws, nullptr);
+  if (s.ok()) s = b.Synchronize(nullptr);
+  b.Free(*ws);
+  return s;
+}
+
+Updates RandomUpdates(const StepCase& c, Dist dist, float scale, std::mt19937& rng) {
+  Updates u;
+  for (DType d : c.update_dtypes) {
+    std::vector<float> v = cuda_testing::RandomValues(c.n(), dist, rng);
+    for (float& x : v) x *= scale;
+    if (d == DType::kF32) {
+      u.push_back(std::vector<uint8_t>(reinterpret_cast<uint8_t*>(v.data()),
+                                       reinterpret_cast<uint8_t*>(v.data() + v.size())));
+    } else {
+      const std::vector<uint16_t> b = cuda_testing::ToBf16(v);
+      u.push_back(std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(b.data()),
+                                       reinterpret_cast<const uint8_t*>(b.data() + b.size())));
+    }
+  }
+  return u;
+}
+
+// Every variant the kernels template over, with shapes and cheap options spread over them.
+std::vector<StepCase> Variants() {
+  std::vector<StepCase> out;
+  struct Opt {
+    OptimizerKind kind;
+    bool momentum, amsgrad, nesterov, delta;
+  };
+  const Opt opts[] = {{OptimizerKind::kSgd, false, false, false, false},
+                      {OptimizerKind::kSgd, false, false, false, true},
+                      {OptimizerKind::kSgd, true, false, false, false},
+                      {OptimizerKind::kSgd, true, false, true, false},
+                      {OptimizerKind::kAdamW, false, false, false, false},
+                      {OptimizerKind::kAdamW, false, true, false, false}};
+  const std::pair<int64_t, int64_t> flat[] = {{1, 16}, {7, 48}, {217, 256}, {3, 1040}};
+  const std::pair<int64_t, int64_t> tiles[] = {{16, 16}, {32, 48}, {48, 144}, {256, 272}};
+  int id = 0;
+  for (const Opt& opt : opts) {
+    for (StateDType dtype : {StateDType::kF32, StateDType::kBF16, StateDType::kNvfp4}) {
+      if (opt.kind == OptimizerKind::kSgd && !opt.momentum && dtype != StateDType::kF32) continue;
+      for (Scaling scaling : {Scaling::kCurrent, Scaling::kDelayed}) {
+        for (BlockShape block : {BlockShape::k1x16, BlockShape::k16x16}) {
+          for (Rounding rounding : {Rounding::kNearest, Rounding::kStochastic}) {
+            for (bool ef : {false, true}) {
+              ++id;
+              StepCase c;
+              c.opt = opt.kind;
+              c.momentum = opt.momentum;
+              c.amsgrad = opt.amsgrad;
+              c.dtype = dtype;
+              c.scaling = scaling;
+              c.block = block;
+              c.rounding = rounding;
+              c.residual = ef;
+              c.kind = opt.delta ? UpdateKind::kDelta : UpdateKind::kGradient;
+              const auto shape = block == BlockShape::k1x16 ? flat[id % 4] : tiles[id % 4];
+              c.rows = shape.first;
+              c.cols = shape.second;
+              c.layout = id % 5 == 2 ? ScaleLayout::kSwizzled : ScaleLayout::kPlain;
+              c.update_dtypes.clear();
+              for (int k = 0; k <= id % 3; ++k) {
+                c.update_dtypes.push_back((id + k) % 2 ? DType::kBF16 : DType::kF32);
+              }
+              c.out_dtypes = id % 3 == 0   ? std::vector<DType>{DType::kBF16}
+                             : id % 3 == 1 ? std::vector<DType>{}
+                                           : std::vector<DType>{DType::kF32, DType::kBF16};
+              StepHyper& h = c.hyper;
+              if (opt.kind == OptimizerKind::kSgd) {
+                h.lr = 0.05f;
+                h.momentum = opt.momentum ? 0.9f : 0.0f;
+                h.dampening = opt.momentum && !opt.nesterov && id % 2 ? 0.1f : 0.0f;
+                h.nesterov = opt.nesterov;
+                h.weight_decay = !opt.delta && id % 3 == 1 ? 0.01f : 0.0f;
+              } else {
+                h.lr = 0.05f;
+                h.beta1 = 0.9f;
+                h.beta2 = 0.999f;
+                h.eps = id % 2 ? 1e-8f : 1e-3f;
+                h.weight_decay = id % 3 == 2 ? 0.0f : 0.01f;
+              }
+              c.seed = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(id);
+              out.push_back(c);
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// One item over three steps on both backends; the value range changes per step.
+TEST_F(CudaTest, StepMatchesCpuForEveryVariant) {
+  const Dist dists[] = {Dist::kNormal, Dist::kOutliers, Dist::kMidpoints, Dist::kHeavyTail};
+  int id = 0;
+  for (StepCase c : Variants()) {
+    ++id;
+    SCOPED_TRACE(c.Name());
+    auto rng = Rng(7000 + id);
+    StepState host = MakeState(cpu(), c, 100 + id);
+    StepState dev_shape = host;
+    DeviceState dev(gpu(), host, {});
+    for (int t = 1; t <= 3; ++t) {
+      SCOPED_TRACE(absl::StrCat("step ", t));
+      c.hyper.t = t;
+      c.step = static_cast<uint64_t>(t);
+      const Dist dist = dists[(id + t) % 4];
+      const Updates u = RandomUpdates(c, dist, dist == Dist::kHeavyTail ? 1e-3f : 0.5f, rng);
+      DeviceState du(gpu(), host, u);  // fresh updates and outputs; the state carried below
+      du.weight = std::move(dev.weight);
+      du.residual = std::move(dev.residual);
+      du.stats = std::move(dev.stats);
+      for (int j = 0; j < 3; ++j) {
+        du.m_dense[j] = std::move(dev.m_dense[j]);
+        du.m_q[j] = std::move(dev.m_q[j]);
+      }
+      step_testing::PoisonOutputs(&host);
+      StepReport want, got;
+      ASSERT_TRUE(RunBatch(cpu(), {MakeItem(c, &host, u)}, &want).ok());
+      const absl::Status s = RunBatch(gpu(), {du.Item(c, &dev_shape, u)}, &got);
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_TRUE(SameReport(got, want));
+      StepState got_state = du.Download(host);
+      if (!want.ok) {
+        // Refused on both: nothing written on the device either (outputs still poisoned).
+        for (auto& o : got_state.outs) {
+          EXPECT_EQ(o, std::vector<uint8_t>(o.size(), cuda_testing::kDevicePoison));
+        }
+        got_state.outs = host.outs;
+      }
+      EXPECT_TRUE(SameState(got_state, host));
+      dev = std::move(du);
+    }
+  }
+}
+
+// A batch of every variant at once (grouped launches over mixed items), twice; then the same
+// batch with one bad item: the report matches and no device byte changes.
+TEST_F(CudaTest, BatchesMatchCpuAndRefuseWhole) {
+  std::vector<StepCase> cases = Variants();
+  std::vector<StepState> host;
+  std::vector<Updates> updates;
+  std::vector<std::unique_ptr<DeviceState>> dev;
+  std::vector<StepState> shapes;
+  auto rng = Rng(8000);
+  cases[5].out_dtypes.clear();  // a check-only item writes nothing (outputs stay as they were)
+  for (size_t i = 0; i < cases.size(); ++i) {
+    cases[i].hyper.t = 1;
+    host.push_back(MakeState(cpu(), cases[i], 200 + static_cast<uint32_t>(i)));
+    updates.push_back(RandomUpdates(cases[i], Dist::kNormal, 0.5f, rng));
+    dev.push_back(std::make_unique<DeviceState>(gpu(), host[i], updates[i]));
+  }
+  shapes = host;
+  auto items = [&](bool on_gpu) {
+    std::vector<StepItem> v;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      v.push_back(on_gpu ? dev[i]->Item(cases[i], &shapes[i], updates[i])
+                         : MakeItem(cases[i], &host[i], updates[i]));
+    }
+    // Item 5 only checks a fingerprint (its own, right).
+    v[5].check_only = true;
+    v[5].expect_fingerprints.clear();
+    for (size_t k = 0; k < updates[5].size(); ++k) {
+      v[5].expect_fingerprints.push_back(step_testing::ReferenceFingerprint(
+          updates[5][k].data(), cases[5].update_dtypes[k], cases[5].rows, cases[5].cols));
+    }
+    return v;
+  };
+  StepReport want, got;
+  ASSERT_TRUE(RunBatch(cpu(), items(false), &want).ok());
+  ASSERT_TRUE(RunBatch(gpu(), items(true), &got).ok());
+  ASSERT_TRUE(want.ok);
+  EXPECT_TRUE(SameReport(got, want));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_TRUE(SameState(dev[i]->Download(host[i]), host[i])) << cases[i].Name();
+  }
+  // Item 3 gets an Inf: nothing of any item changes, on either backend.
+  const std::vector<StepState> before = host;
+  std::vector<StepState> dev_before;
+  for (size_t i = 0; i < cases.size(); ++i) dev_before.push_back(dev[i]->Download(host[i]));
+  const float inf = std::numeric_limits<float>::infinity();
+  const size_t at = cases[3].n() / 2;
+  if (cases[3].update_dtypes[0] == DType::kF32) {
+    std::memcpy(updates[3][0].data() + 4 * at, &inf, 4);
+  } else {
+    const uint16_t b = 0x7F80;
+    std::memcpy(updates[3][0].data() + 2 * at, &b, 2);
+  }
+  dev[3]->updates[0]->Upload(updates[3][0].data(), updates[3][0].size());
+  for (size_t i = 0; i < cases.size(); ++i) cases[i].hyper.t = 2;
+  ASSERT_TRUE(RunBatch(cpu(), items(false), &want).ok());
+  ASSERT_TRUE(RunBatch(gpu(), items(true), &got).ok());
+  EXPECT_FALSE(want.ok);
+  EXPECT_EQ(want.items[3].outcome, StepOutcome::kNonFiniteUpdate);
+  EXPECT_EQ(want.items[3].index, static_cast<int64_t>(at));
+  EXPECT_TRUE(SameReport(got, want));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_TRUE(SameState(host[i], before[i])) << cases[i].Name();
+    EXPECT_TRUE(SameState(dev[i]->Download(host[i]), dev_before[i])) << cases[i].Name();
+  }
+}
+
+// Refusals of every kind are reported as the CPU reports them and write nothing.
+TEST_F(CudaTest, StepRefusalsMatchCpu) {
+  struct Bad {
+    const char* what;
+    StepCase c;
+    std::function<void(StepState*, Updates*)> spoil;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto set = [](Updates* u, const StepCase& c, size_t k, size_t i, float x) {
+    if (c.update_dtypes[k] == DType::kF32) {
+      std::memcpy((*u)[k].data() + 4 * i, &x, 4);
+    } else {
+      const uint16_t b = static_cast<uint16_t>(step_testing::Bits(x) >> 16);
+      std::memcpy((*u)[k].data() + 2 * i, &b, 2);
+    }
+  };
+  std::vector<Bad> bad;
+  {
+    StepCase c;
+    c.rows = 217;
+    c.cols = 256;
+    c.update_dtypes = {DType::kBF16, DType::kF32, DType::kF32};
+    c.residual = true;
+    bad.push_back({"nan in rank 2", c, [=](StepState*, Updates* u) {
+                     set(u, c, 2, 40000, nan);
+                     set(u, c, 2, 50000, -nan);
+                   }});
+    bad.push_back({"rank sum overflow", c, [=](StepState*, Updates* u) {
+                     set(u, c, 1, 12345, 3e38f);
+                     set(u, c, 2, 12345, 3e38f);
+                   }});
+  }
+  {
+    StepCase c;
+    c.rows = 48;
+    c.cols = 144;
+    c.block = BlockShape::k16x16;
+    c.momentum = true;
+    c.hyper.momentum = 0.9f;
+    c.hyper.t = 2;
+    c.hyper.lr = 0.1f;
+    bad.push_back({"moment1 overflow", c, [=](StepState* s, Updates* u) {
+                     s->m_f32[0][1000] = 3e38f;
+                     set(u, c, 0, 1000, 1e38f);
+                   }});
+    c.hyper.lr = 1e30f;
+    bad.push_back(
+        {"weight overflow", c, [=](StepState*, Updates* u) { set(u, c, 0, 4321, 1e10f); }});
+  }
+  {
+    StepCase c;
+    c.rows = 7;
+    c.cols = 48;
+    c.opt = OptimizerKind::kAdamW;
+    c.amsgrad = true;
+    c.dtype = StateDType::kNvfp4;
+    bad.push_back(
+        {"moment2 overflow", c, [=](StepState*, Updates* u) { set(u, c, 0, 77, 2e21f); }});
+    c.scaling = Scaling::kDelayed;
+    bad.push_back({"delayed moment1 bound", c,
+                   [=](StepState* s, Updates*) { s->stats[kStatMaxMoment1] = 3e38f; }});
+    bad.push_back({"delayed recorded amax NaN", c,
+                   [=](StepState* s, Updates*) { s->stats[kStatNextAmax] = nan; }});
+  }
+  {
+    StepCase c;
+    c.rows = 32;
+    c.cols = 64;
+    c.kind = UpdateKind::kDelta;
+    c.residual = true;
+    bad.push_back({"residual range", c, [=](StepState*, Updates* u) { set(u, c, 0, 9, 1e38f); }});
+    c.residual = false;
+    bad.push_back(
+        {"dequantized range", c, [=](StepState*, Updates* u) { set(u, c, 0, 9, 2e38f); }});
+    c.scaling = Scaling::kDelayed;
+    bad.push_back(
+        {"delayed update bound", c, [=](StepState*, Updates* u) { set(u, c, 0, 9, 2e38f); }});
+  }
+  int id = 0;
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.what);
+    StepCase c = b.c;
+    auto rng = Rng(9000 + ++id);
+    StepState host = MakeState(cpu(), c, 300 + id);
+    Updates u = RandomUpdates(c, Dist::kNormal, 0.5f, rng);
+    b.spoil(&host, &u);
+    StepState shape = host;
+    const StepState before = host;
+    DeviceState dev(gpu(), host, u);
+    const StepState dev_before = dev.Download(host);
+    StepReport want, got;
+    ASSERT_TRUE(RunBatch(cpu(), {MakeItem(c, &host, u)}, &want).ok());
+    ASSERT_TRUE(RunBatch(gpu(), {dev.Item(c, &shape, u)}, &got).ok());
+    EXPECT_FALSE(want.ok);
+    EXPECT_NE(want.items[0].outcome, StepOutcome::kOk);
+    EXPECT_TRUE(SameReport(got, want));
+    EXPECT_TRUE(SameState(host, before));
+    EXPECT_TRUE(SameState(dev.Download(host), dev_before));
+  }
+}
+
+// ---------------------------------------------------------------- FiniteGuard and Amax
+
+TEST_F(CudaTest, FiniteGuardMatchesCpuAndRefusalsWriteNothing) {
+  int id = 0;
+  for (Format format : {Format::kNvfp4, Format::kMxfp4}) {
+    for (auto [rows, cols] :
+         std::vector<std::pair<int64_t, int64_t>>{{1, 32}, {7, 96}, {64, 128}, {33, 1024}}) {
+      for (int spoil = 0; spoil < 4; ++spoil) {  // none, x NaN, v overflow, DQ range
+        for (bool qdq : {false, true}) {
+          ++id;
+          SCOPED_TRACE(absl::StrCat(FormatName(format), " ", rows, "x", cols, " spoil ", spoil,
+                                    qdq ? " qdq" : " quantize"));
+          auto rng = Rng(9500 + id);
+          QuantizeOptions o;
+          o.format = format;
+          o.block = format == Format::kMxfp4 ? BlockShape::k1x32 : BlockShape::k1x16;
+          o.rounding = id % 2 ? Rounding::kStochastic : Rounding::kNearest;
+          o.seed = 11;
+          o.step = 3;
+          const size_t n = static_cast<size_t>(rows * cols);
+          const DType dtype = id % 3 ? DType::kBF16 : DType::kF32;
+          cuda_testing::DenseInput x =
+              cuda_testing::MakeInput(gpu(), dtype, rows, cols, Dist::kNormal, rng, 0);
+          std::vector<float> r(n, 0.01f);
+          const size_t at = n / 3;
+          auto put = [&](float value) {
+            x.f32[at] = value;
+            if (dtype == DType::kBF16) {
+              x.bf16 = cuda_testing::ToBf16(x.f32);
+              x.dev->Upload(x.bf16.data(), n * 2);
+            } else {
+              x.dev->Upload(x.f32.data(), n * 4);
+            }
+          };
+          if (spoil == 1) put(std::numeric_limits<float>::quiet_NaN());
+          if (spoil == 2) {
+            put(3e38f);
+            r[at] = 3e38f;
+          }
+          if (spoil == 3) put(3e38f);
+          DeviceBuffer dr(gpu(), n * 4, id % 4 == 3 ? 4 : 0);
+          dr.Upload(r.data(), n * 4);
+          std::vector<float> hr = r;
+          FiniteGuard want;
+          DeviceBuffer dguard(gpu(), sizeof(FiniteGuard), id % 2 ? 8 : 0);
+          if (qdq) {
+            const DType out_dtype = id % 4 < 2 ? DType::kF32 : DType::kBF16;
+            const size_t ob = n * (out_dtype == DType::kF32 ? 4 : 2);
+            std::vector<uint8_t> hout(ob, cuda_testing::kHostPoison);
+            DeviceBuffer dout(gpu(), ob);
+            ASSERT_TRUE(cpu()
+                            .Qdq(x.host_view(), o, hr.data(),
+                                 MutTensor{hout.data(), out_dtype, rows, cols, ob}, nullptr, &want)
+                            .ok());
+            const absl::Status s = gpu().Qdq(x.dev_view(), o, static_cast<float*>(dr.get()),
+                                             MutTensor{dout.get(), out_dtype, rows, cols, ob},
+                                             nullptr, static_cast<FiniteGuard*>(dguard.get()));
+            ASSERT_TRUE(s.ok()) << s;
+            if (want.outcome == StepOutcome::kOk) {
+              EXPECT_TRUE(cuda_testing::SameDense(dout.Download(), hout, out_dtype, "out"));
+            } else {
+              EXPECT_EQ(dout.Download(), std::vector<uint8_t>(ob, cuda_testing::kDevicePoison));
+            }
+          } else {
+            cuda_testing::QuantPair q(gpu(), format, o.block, ScaleLayout::kPlain, rows, cols);
+            ASSERT_TRUE(
+                cpu().Quantize(x.host_view(), o, hr.data(), &q.host, nullptr, nullptr, &want).ok());
+            const absl::Status s =
+                gpu().Quantize(x.dev_view(), o, static_cast<float*>(dr.get()), &q.dev, nullptr,
+                               nullptr, static_cast<FiniteGuard*>(dguard.get()));
+            ASSERT_TRUE(s.ok()) << s;
+            if (want.outcome == StepOutcome::kOk) {
+              EXPECT_TRUE(q.Matches("guarded quantize"));
+            } else {  // nothing written on either side: each still holds its own poison
+              const std::vector<uint8_t> codes = q.d_codes->Download();
+              const std::vector<uint8_t> scales = q.d_scales->Download();
+              const std::vector<uint8_t> global = q.d_global->Download();
+              EXPECT_EQ(codes, std::vector<uint8_t>(codes.size(), cuda_testing::kDevicePoison));
+              EXPECT_EQ(scales, std::vector<uint8_t>(scales.size(), cuda_testing::kDevicePoison));
+              EXPECT_EQ(global, std::vector<uint8_t>(global.size(), cuda_testing::kDevicePoison));
+              EXPECT_EQ(q.codes, std::vector<uint8_t>(q.codes.size(), cuda_testing::kHostPoison));
+            }
+          }
+          EXPECT_EQ(want.outcome, spoil == 0   ? StepOutcome::kOk
+                                  : spoil == 1 ? StepOutcome::kNonFiniteUpdate
+                                  : spoil == 2 ? StepOutcome::kNonFiniteResult
+                                               : StepOutcome::kOutOfRange);
+          const FiniteGuard got = dguard.DownloadAs<FiniteGuard>()[0];
+          EXPECT_EQ(got.outcome, want.outcome);
+          EXPECT_EQ(got.quantity, want.quantity);
+          EXPECT_EQ(got.index, want.index);
+          EXPECT_TRUE(SameFloat(got.value, want.value)) << got.value << " vs " << want.value;
+          EXPECT_TRUE(SameFloat(got.amax, want.amax)) << got.amax << " vs " << want.amax;
+          EXPECT_TRUE(SameDouble(got.bound, want.bound)) << got.bound << " vs " << want.bound;
+          // The residual: unchanged when refused, the CPU's when not.
+          EXPECT_TRUE(cuda_testing::SameDense(
+              dr.DownloadAs<float>(), want.outcome == StepOutcome::kOk ? hr : r, "residual"));
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaTest, AmaxFirstNonFiniteMatchesCpu) {
+  int id = 0;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 1}, {3, 5}, {7, 333}, {129, 257}, {1024, 1031}}) {
+      for (Dist dist : {Dist::kNormal, Dist::kSpecial}) {
+        ++id;
+        SCOPED_TRACE(absl::StrCat(rows, "x", cols, " ", cuda_testing::DistName(dist)));
+        auto rng = Rng(9900 + id);
+        cuda_testing::DenseInput x =
+            cuda_testing::MakeInput(gpu(), dtype, rows, cols, dist, rng, id % 3 ? 0 : 2);
+        float want = -1.0f;
+        int64_t want_first = 77;
+        ASSERT_TRUE(cpu().Amax(x.host_view(), &want, nullptr, &want_first).ok());
+        DeviceBuffer out(gpu(), 4);
+        DeviceBuffer first(gpu(), 8, id % 2 ? 0 : 4);
+        ASSERT_TRUE(gpu()
+                        .Amax(x.dev_view(), static_cast<float*>(out.get()), nullptr,
+                              static_cast<int64_t*>(first.get()))
+                        .ok());
+        EXPECT_EQ(first.DownloadAs<int64_t>()[0], want_first);
+        const float got = out.DownloadAs<float>()[0];
+        EXPECT_TRUE(cuda_testing::SameBytes(&got, &want, 4, "amax"));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fp4q::kernels
