@@ -21,6 +21,23 @@ _LISTEN_RE = re.compile(r"^fp4qd: listening on (\S+)$")
 _METRICS_RE = re.compile(r"^fp4qd: metrics on (\S+)$")
 
 
+def wait_serving(client, timeout_s=30):
+    """Until `client`'s health check answers SERVING (a restarted server, a new channel)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            status = client.health()
+            if status == "SERVING":
+                return
+        except Exception:  # noqa: BLE001 - UNAVAILABLE while it starts
+            if time.monotonic() > deadline:
+                raise
+        else:
+            if time.monotonic() > deadline:
+                raise RuntimeError("fp4qd health: %s after %d s" % (status, timeout_s))
+        time.sleep(0.1)
+
+
 def fp4qd_path():
     return os.environ.get("FP4Q_FP4QD") or os.path.join(REPO, "build", "bin", "fp4qd")
 

@@ -273,14 +273,18 @@ class FallbackTest(Counting):
         self.assertCounts(FAST, before, fallbacks=2)
 
     def test_frame_boundary(self):
-        fits = randn(60, 256, seed=10)    # 61440 input bytes, 61440 output bytes
+        # A reply fits when its tensor bytes + the proto's FAST_SOCKET_REPLY_MARGIN_BYTES (4096)
+        # fit in the frame less fp4qd's 32 bytes for the FastReply around it: 61408 bytes.
+        fits = randn(59, 256, seed=10)    # 60416 input bytes, 60416 output bytes
+        reply_over = randn(60, 256, seed=12)  # 61440 output bytes: 32 over
         over = randn(64, 256, seed=11)    # 65536 input bytes: the frame is larger
         before = self.snapshot(FAST)
         self.assertSameTensor(FAST.qdq(fits), GRPC.qdq(fits))
         self.assertCounts(FAST, before, calls=1)
-        before = self.snapshot(FAST)
-        self.assertSameTensor(FAST.qdq(over), GRPC.qdq(over))
-        self.assertCounts(FAST, before, fallbacks=1)
+        for x in (reply_over, over):
+            before = self.snapshot(FAST)
+            self.assertSameTensor(FAST.qdq(x), GRPC.qdq(x))
+            self.assertCounts(FAST, before, fallbacks=1)
 
     def test_a_reply_over_a_frame_goes_by_grpc(self):
         # 9 KiB of codes and scales in, 64 KiB of f32 out: the reply would not fit in a frame.
@@ -293,14 +297,92 @@ class FallbackTest(Counting):
                               GRPC.dequantize(q, torch.bfloat16))
         self.assertCounts(FAST, before, calls=1)
 
-    def test_an_output_of_a_weight_of_unknown_shape_goes_by_grpc(self):
-        name = "fast-fb-w-%d" % os.getpid()
-        GRPC.create_weight(name, randn(16, 32, seed=13))
+    def test_an_output_of_a_weight_of_unknown_size_is_tried_then_sent_by_grpc(self):
+        small, big = "fast-fb-w-%d" % os.getpid(), "fast-fb-big-%d" % os.getpid()
+        GRPC.create_weight(small, randn(16, 32, seed=13))
+        GRPC.create_weight(big, randn(128, 128, seed=14))  # 64 KiB of f32 DQ(W)
         try:
             before = self.snapshot(FAST)
-            self.assertSameTensor(FAST.dequantize(name), GRPC.dequantize(name))
-            self.assertSameTensor(FAST.matmul(name, name), GRPC.matmul(name, name))
+            self.assertSameTensor(FAST.dequantize(small), GRPC.dequantize(small))
+            self.assertSameTensor(FAST.matmul(small, small), GRPC.matmul(small, small))
+            self.assertCounts(FAST, before, calls=2)
+            # fp4qd refuses the reply before doing the work; the call goes again by gRPC.
+            before = self.snapshot(FAST)
+            self.assertSameTensor(FAST.dequantize(big), GRPC.dequantize(big))
+            st = FAST.get_weight(big, quantized=True, residual=False)
+            self.assertSameTensor(st.dequantized, GRPC.dequantize(big))
+            self.assertCounts(FAST, before, calls=2, fallbacks=2)
+            before = self.snapshot(FAST)
+            info = FAST.get_weight(big, dequantized=False).info  # the WeightInfo alone
+            self.assertEqual(list(info.shape), [128, 128])
+            names = {t.name for t in FAST.list_tensors()}
+            self.assertLessEqual({small, big}, names)
+            self.assertCounts(FAST, before, calls=2)
+        finally:
+            GRPC.delete_weight(small)
+            GRPC.delete_weight(big)
+
+
+class EveryMethodTest(Counting):
+    """Every method but OpenSession travels on the fast socket, with gRPC's answers."""
+
+    def test_weights_steps_groups_and_namespaces_go_fast(self):
+        pid = os.getpid()
+        with fp4q.Client(SERVER.target, timeout=60, fast_socket=FAST_PATH,
+                         namespace="fast-ns-%d" % pid) as c, \
+                fp4q.Client(SERVER.target, timeout=60, namespace="grpc-ns-%d" % pid) as g:
+            w0, grad = randn(16, 64, seed=30), randn(16, 64, seed=31)
+            spec = fp4q.OptimizerSpec(kind="sgd", momentum=True)
+            for client in (c, g):
+                client.open_session()
+            before = self.snapshot(c)
+            for client in (c, g):
+                info = client.create_weight("w", w0, error_feedback=True, optimizer=spec)
+                self.assertEqual((list(info.shape), info.options.optimizer.momentum),
+                                 ([16, 64], True))
+                self.assertEqual(client.join_group("grp", 1, 0), 1)
+            hyper = [fp4q.SgdHyperparameters(lr=0.1, momentum=0.9)]
+            outs = []
+            for step in (1, 2):
+                for client in (c, g):
+                    r = client.step(step, [fp4q.StepItem("w", grad, return_dequantized=True)],
+                                    hyper, replica=("grp", 0))
+                    self.assertEqual((r.world_size, r.items[0].applied, r.items[0].last_step),
+                                     (1, True, step))
+                    outs.append(r.items[0].dequantized)
+            self.assertSameTensor(outs[2], outs[3])
+            self.assertSameTensor(outs[0], outs[1])
+            states = [client.get_weight("w", optimizer_state=True) for client in (c, g)]
+            self.assertSameTensor(states[0].optimizer_state.moments["momentum_buffer"],
+                                  states[1].optimizer_state.moments["momentum_buffer"])
+            self.assertEqual(states[0].optimizer_state.steps, 2)
+            for client in (c, g):
+                client.reset_optimizer("w", spec)
+                client.leave_group("grp")
+                self.assertEqual([t.name for t in client.list_tensors()], ["w"])
+                self.assertEqual(client.delete_namespace(), 1)
+            # create, join, 2 steps, get, reset, leave, list, delete: all on the fast socket,
+            # one connection.
+            self.assertCounts(c, before, calls=9, connects=1)
+            self.assertEqual(c.server_info().limits.fast_socket_max_frame_bytes, 65536)
+            self.assertEqual(c._fast.limits, (65536, 4096))
+
+    def test_a_step_whose_reply_cannot_fit_goes_by_grpc(self):
+        name = "fast-step-big-%d" % os.getpid()
+        GRPC.create_weight(name, randn(64, 256, seed=32))
+        try:
+            grad = randn(64, 256, seed=33) * 0  # 64 KiB in: the request itself does not fit
+            small = randn(64, 256, seed=34).to(torch.bfloat16)  # 32 KiB in, 64 KiB f32 out
+            before = self.snapshot(FAST)
+            FAST.step(1, [fp4q.StepItem(name, grad)], [fp4q.SgdHyperparameters(lr=0.1)])
+            r = FAST.step(2, [fp4q.StepItem(name, small, return_dequantized=True)],
+                          [fp4q.SgdHyperparameters(lr=0.1)])
+            self.assertEqual((r.items[0].applied, tuple(r.items[0].dequantized.shape)),
+                             (True, (64, 256)))
             self.assertCounts(FAST, before, fallbacks=2)
+            before = self.snapshot(FAST)
+            r = FAST.step(3, [fp4q.StepItem(name, small)], [fp4q.SgdHyperparameters(lr=0.1)])
+            self.assertCounts(FAST, before, calls=1)  # 32 KiB in, nothing inline out
         finally:
             GRPC.delete_weight(name)
 
@@ -329,8 +411,10 @@ class SessionTest(Counting):
             self.assertEqual(c.keep_alive(), 600)
             self.assertCounts(c, before, calls=1, connects=1)
             before = self.snapshot(c)
-            self.assertEqual(c.close_session(), 0)
+            self.assertEqual(c.close_session(), 0)  # over the fast socket: its own session
             self.assertIsNone(c.session_id)
+            self.assertCounts(c, before, calls=1)
+            before = self.snapshot(c)
             # No session to keep alive: gRPC answers, exactly as without a fast socket.
             with self.assertRaises(fp4q.Fp4qError) as cm:
                 c.keep_alive()
@@ -424,13 +508,13 @@ class AuthTest(Counting):
                 reply = raw.call(pb.FastRequest(call_id=1, hello=pb.FastHello(
                     session_id=sid, auth_token="wrong")))
                 self.assertEqual((reply.call_id, reply.code), (1, 16))
-                self.assertEqual(reply.message, "hello.auth_token: missing or wrong token")
+                self.assertEqual(reply.message, "hello.auth_token: missing or wrong bearer token")
                 reply = raw.call(pb.FastRequest(call_id=2, hello=pb.FastHello(session_id=sid)))
                 self.assertEqual((reply.call_id, reply.code), (2, 16))
                 reply = raw.call(pb.FastRequest(call_id=3, hello=pb.FastHello(
                     session_id=sid, auth_token=self.token)))
-                self.assertEqual((reply.call_id, reply.code, reply.WhichOneof("op")),
-                                 (3, 0, "hello"))
+                self.assertEqual((reply.call_id, reply.code, reply.HasField("hello")),
+                                 (3, 0, True))
         finally:
             c.close()
 
@@ -506,18 +590,25 @@ class RawConnection:
         return self.reply()
 
 
+def fast_call(call_id, method, request=None, **kwargs):
+    """A FastRequest calling `method` with `request` (a message) serialized."""
+    body = request.SerializeToString() if request is not None else b""
+    return pb.FastRequest(call_id=call_id, method=method, request=body, **kwargs)
+
+
 class RawProtocolTest(Counting):
     def test_hostile_frames_are_answered_and_the_connection_stays_usable(self):
         sid = GRPC.open_session() if GRPC.session_id is None else GRPC.session_id
         with RawConnection(FAST_PATH) as raw:
             raw.send_bytes(b"\xff" * 16)  # not a FastRequest
             r = raw.reply()
-            self.assertEqual((r.call_id, r.code, r.WhichOneof("op")), (0, 3, None))
+            self.assertEqual((r.call_id, r.code, r.HasField("hello"), r.reply), (0, 3, False, b""))
             self.assertEqual(r.message, "frame: 16 bytes are not a fp4q.v1.FastRequest")
 
-            r = raw.call(pb.FastRequest(call_id=5, keep_alive=pb.KeepAliveRequest()))
+            r = raw.call(fast_call(5, "KeepAlive"))
             self.assertEqual((r.call_id, r.code), (5, 9))  # FAILED_PRECONDITION before hello
-            self.assertRegex(r.message, r"not bound to a session")
+            self.assertEqual(r.message, "FastRequest.method: the connection is not bound to a "
+                             "session; its first frame must be a hello naming an open session")
 
             self.assertEqual(raw.send_bytes(b"\x08\x07" + b"\x00" * 69998), 70000)
             r = raw.reply()
@@ -526,9 +617,9 @@ class RawProtocolTest(Counting):
                              "65536 bytes (send large inline tensors over gRPC)")
 
             r = raw.call(pb.FastRequest(call_id=6))
-            self.assertEqual((r.call_id, r.code), (6, 3))  # no operation
-            r = raw.call(pb.FastRequest(call_id=7, timeout_micros=2**63,
-                                        keep_alive=pb.KeepAliveRequest()))
+            self.assertEqual((r.call_id, r.code), (6, 3))  # no method, no hello
+            self.assertRegex(r.message, r"^FastRequest\.method: empty \(name a method")
+            r = raw.call(fast_call(7, "KeepAlive", timeout_micros=2**63))
             self.assertEqual((r.call_id, r.code), (7, 3))
             self.assertRegex(r.message, r"^FastRequest\.timeout_micros: ")
 
@@ -537,34 +628,51 @@ class RawProtocolTest(Counting):
             self.assertRegex(r.message, r"^hello\.session_id: unknown or expired session \(open one with OpenSession")
             r = raw.call(pb.FastRequest(call_id=9, hello=pb.FastHello()))
             self.assertEqual((r.call_id, r.code), (9, 3))  # empty session id
-            r = raw.call(pb.FastRequest(call_id=10, keep_alive=pb.KeepAliveRequest()))
-            self.assertEqual((r.call_id, r.code), (10, 9))  # failed hellos bind nothing
+            r = raw.call(pb.FastRequest(call_id=10, hello=pb.FastHello(session_id=sid),
+                                        method="KeepAlive"))
+            self.assertEqual((r.call_id, r.code), (10, 3))  # a hello carries no call
+            self.assertRegex(r.message, r"^FastRequest\.method: set beside hello")
+            r = raw.call(fast_call(11, "KeepAlive"))
+            self.assertEqual((r.call_id, r.code), (11, 9))  # failed hellos bind nothing
 
-            r = raw.call(pb.FastRequest(call_id=11, hello=pb.FastHello(session_id=sid)))
-            self.assertEqual((r.call_id, r.code, r.WhichOneof("op")), (11, 0, "hello"))
+            r = raw.call(pb.FastRequest(call_id=12, hello=pb.FastHello(session_id=sid)))
+            self.assertEqual((r.call_id, r.code, r.HasField("hello")), (12, 0, True))
             self.assertEqual(r.hello.lease_seconds, 600)
             self.assertEqual(r.hello.header.backend, "cpu")
-            r = raw.call(pb.FastRequest(call_id=12, hello=pb.FastHello(session_id=sid)))
-            self.assertEqual((r.call_id, r.code), (12, 9))  # one hello per connection
+            r = raw.call(pb.FastRequest(call_id=13, hello=pb.FastHello(session_id=sid)))
+            self.assertEqual((r.call_id, r.code), (13, 9))  # one hello per connection
+
+            r = raw.call(fast_call(14, "Nope"))
+            self.assertEqual((r.call_id, r.code, r.message),
+                             (14, 12, "method: 'Nope' is not a method of fp4q.v1.Fp4q"))
+            r = raw.call(fast_call(15, "OpenSession", pb.OpenSessionRequest()))
+            self.assertEqual((r.call_id, r.code), (15, 3))
+            self.assertRegex(r.message, r"^method: OpenSession is not served on the fast socket")
+            r = raw.call(pb.FastRequest(call_id=16, method="Qdq", request=b"\xff" * 8))
+            self.assertEqual((r.call_id, r.code), (16, 3))
+            self.assertRegex(r.message, r"^request: 8 bytes are not a valid fp4q\.v1\.QdqRequest")
 
             # After all that, calls work and agree with gRPC.
-            r = raw.call(pb.FastRequest(call_id=13, keep_alive=pb.KeepAliveRequest()))
-            self.assertEqual((r.call_id, r.code, r.keep_alive.lease_seconds), (13, 0, 600))
+            r = raw.call(fast_call(17, "KeepAlive"))
+            self.assertEqual((r.call_id, r.code), (17, 0))
+            self.assertEqual(pb.KeepAliveReply.FromString(r.reply).lease_seconds, 600)
             x = randn(4, 32, seed=17)
-            req = pb.FastRequest(call_id=2**64 - 1)
-            req.qdq.input.dtype = pb.DType.DTYPE_F32
-            req.qdq.input.shape.extend([4, 32])
-            req.qdq.input.inline_data = x.numpy().tobytes()
-            r = raw.call(req)
-            self.assertEqual((r.call_id, r.code, r.WhichOneof("op")), (2**64 - 1, 0, "qdq"))
-            self.assertEqual(r.qdq.output.inline_data, GRPC.qdq(x).numpy().tobytes())
-            self.assertEqual(list(r.qdq.output.shape), [4, 32])
+            req = pb.QdqRequest()
+            req.input.dtype = pb.DType.DTYPE_F32
+            req.input.shape.extend([4, 32])
+            req.input.inline_data = x.numpy().tobytes()
+            r = raw.call(fast_call(2**64 - 1, "Qdq", req))
+            self.assertEqual((r.call_id, r.code), (2**64 - 1, 0))
+            out = pb.QdqReply.FromString(r.reply)
+            self.assertEqual(out.output.inline_data, GRPC.qdq(x).numpy().tobytes())
+            self.assertEqual(list(out.output.shape), [4, 32])
 
 
 class FakeFastServer:
-    """A scripted stand-in for fp4qd's fast socket: it answers every hello with OK and every
-    other frame with behave(connection number, FastRequest) -> bytes to send (None: close the
-    connection; "close-after:" + bytes: send them, then close; "silent": no answer)."""
+    """A scripted stand-in for fp4qd's fast socket: it answers every hello and CloseSession
+    (a closing client's) with OK and every other frame with behave(connection number,
+    FastRequest) -> bytes to send (None: close the connection; "close-after:" + bytes: send
+    them, then close; "silent": no answer). `requests` records all but CloseSession."""
 
     def __init__(self, path, behave):
         self.path = path
@@ -598,8 +706,11 @@ class FakeFastServer:
                 if not data:
                     return
                 req = pb.FastRequest.FromString(data)
+                if req.method == "CloseSession":
+                    conn.send(pb.FastReply(call_id=req.call_id).SerializeToString())
+                    continue
                 self.requests.append((n, req))
-                if req.WhichOneof("op") == "hello":
+                if req.HasField("hello"):
                     reply = pb.FastReply(call_id=req.call_id)
                     reply.hello.lease_seconds = 600
                     conn.send(reply.SerializeToString())
@@ -639,9 +750,10 @@ class ClientProtocolTest(Counting):
         self.epoch = self.client.last_header.server_epoch
 
     def keep_alive_reply(self, req, lease=7, call_id=None):
-        reply = pb.FastReply(call_id=req.call_id if call_id is None else call_id)
-        reply.keep_alive.lease_seconds = lease
-        reply.keep_alive.header.server_epoch = self.epoch
+        body = pb.KeepAliveReply(lease_seconds=lease)
+        body.header.server_epoch = self.epoch
+        reply = pb.FastReply(call_id=req.call_id if call_id is None else call_id,
+                             reply=body.SerializeToString())
         return reply.SerializeToString()
 
     def tearDown(self):
@@ -663,7 +775,7 @@ class ClientProtocolTest(Counting):
         self.assertEqual((n0, n1, n2), (0, 0, 0))  # one connection, reused
         self.assertEqual(hello.hello.session_id, self.client.session_id)
         self.assertEqual(hello.hello.auth_token, "")
-        self.assertEqual(first.WhichOneof("op"), "keep_alive")
+        self.assertEqual((first.method, first.request), ("KeepAlive", b""))
         self.assertNotEqual(first.call_id, second.call_id)
         self.assertGreater(first.timeout_micros, 25 * 10**6)
         self.assertLessEqual(first.timeout_micros, 30 * 10**6)
@@ -696,20 +808,23 @@ class ClientProtocolTest(Counting):
 
     def test_protocol_violations_are_internal_and_drop_the_connection(self):
         def oversize(n, req):
-            reply = pb.FastReply(call_id=req.call_id)
-            reply.keep_alive.header.backend = "x" * 66000
-            return reply.SerializeToString()
+            body = pb.KeepAliveReply()
+            body.header.backend = "x" * 66000
+            return pb.FastReply(call_id=req.call_id, reply=body.SerializeToString()).SerializeToString()
 
-        def wrong_op(n, req):
-            reply = pb.FastReply(call_id=req.call_id)
-            reply.qdq.global_amax = 1.0
-            return reply.SerializeToString()
+        def wrong_op(n, req):  # a hello's reply to a call
+            return pb.FastReply(call_id=req.call_id,
+                                hello=pb.FastHelloReply(lease_seconds=5)).SerializeToString()
+
+        def not_the_reply(n, req):  # `reply` bytes that are not a KeepAliveReply
+            return pb.FastReply(call_id=req.call_id, reply=b"\xff" * 4).SerializeToString()
 
         cases = [(lambda n, req: self.keep_alive_reply(req, call_id=req.call_id + 1000),
                   r"reply call_id \d+ to call \d+"),
                  (oversize, r"a reply frame over 65536 bytes"),
                  (lambda n, req: b"\xff" * 8, r"undecodable reply frame \(8 bytes\)"),
-                 (wrong_op, r"reply carries qdq, not keep_alive")]
+                 (not_the_reply, r"undecodable reply frame \(\d+ bytes\)"),
+                 (wrong_op, r"reply carries hello, not reply")]
         self.script = [behave for behave, _ in cases]
         for i, (_, pattern) in enumerate(cases):
             with self.subTest(pattern):
@@ -719,9 +834,13 @@ class ClientProtocolTest(Counting):
         self.assertEqual(self.client.keep_alive(), 7)
         self.assertEqual(self.fake.connections, len(cases) + 1)
 
+    def replace_client(self, **kwargs):
+        """A client of another configuration; the first one closes after the test."""
+        self.addCleanup(self.client.close)
+        self.client = fp4q.Client(SERVER.target, fast_socket=self.path, **kwargs)
+
     def test_a_missed_deadline_is_deadline_exceeded(self):
-        self.client.close()
-        self.client = fp4q.Client(SERVER.target, timeout=0.5, fast_socket=self.path)
+        self.replace_client(timeout=0.5)
         self.client.open_session()
         self.script = [lambda n, req: "silent", lambda n, req: self.keep_alive_reply(req)]
         start = time.monotonic()
@@ -732,8 +851,7 @@ class ClientProtocolTest(Counting):
         self.assertEqual(self.fake.connections, 2)
 
     def test_without_a_timeout_calls_wait_and_carry_no_deadline(self):
-        self.client.close()
-        self.client = fp4q.Client(SERVER.target, fast_socket=self.path)
+        self.replace_client()
         self.client.open_session()
 
         def slow(n, req):

@@ -3,11 +3,7 @@
 import collections
 import ctypes
 import dataclasses
-import json
 import os
-import subprocess
-import sys
-import tempfile
 import threading
 import types
 import unittest
@@ -25,7 +21,7 @@ from fp4q._messages import pb
 
 class DescriptorTest(unittest.TestCase):
     def test_every_rpc_of_the_service_is_a_client_method(self):
-        self.assertEqual(len(_messages.METHODS), 17)
+        self.assertEqual(len(_messages.METHODS), 22)
         path, req, rep = _messages.METHODS["Quantize"]
         self.assertEqual(path, "/fp4q.v1.Fp4q/Quantize")
         self.assertEqual(req.DESCRIPTOR.full_name, "fp4q.v1.QuantizeRequest")
@@ -351,35 +347,65 @@ class CudaDriverTest(unittest.TestCase):
 
 
 class FastFrameTest(unittest.TestCase):
+    """The generic frames (proto/'s FastRequest / FastReply), byte for byte."""
+
     def test_frames_are_byte_for_byte_fast_requests(self):
         requests = {
             "Quantize": pb.QuantizeRequest(input=pb.Tensor(
                 dtype=pb.DType.DTYPE_F32, shape=[2, 16], inline_data=bytes(range(128)))),
             "Dequantize": pb.DequantizeRequest(input=pb.QuantizedOperand(weight_name="w")),
-            "Qdq": pb.QdqRequest(),
-            "Matmul": pb.MatmulRequest(out_dtype=pb.DType.DTYPE_BF16),
+            "Step": pb.StepRequest(step=2**40, items=[pb.StepItem(name="w")]),
             "UpdateWeight": pb.UpdateWeightRequest(name="w", step=2**40, lr=0.5),
-            "KeepAlive": pb.KeepAliveRequest(),  # empty: the op is still there
+            "KeepAlive": pb.KeepAliveRequest(),  # serializes to no bytes: no `request` field
+            "DeleteNamespace": pb.DeleteNamespaceRequest(),
         }
-        self.assertEqual(set(requests), set(_fast_socket.OPS))
         for rpc, req in requests.items():
-            frame = _fast_socket.Frame(_fast_socket._OP_KEYS[rpc], req.SerializeToString())
-            bare = pb.FastRequest()
-            getattr(bare, _fast_socket.OPS[rpc]).CopyFrom(req)
+            frame = _fast_frames.GENERIC.request(rpc, req.SerializeToString())
+            bare = pb.FastRequest(method=rpc, request=req.SerializeToString())
             self.assertEqual(len(frame), bare.ByteSize())
             for call_id, timeout in ((1, 0), (127, 1), (128, 2**63), (2**64 - 1, 86400 * 10**6),
                                      (0, 0)):
-                want = pb.FastRequest(call_id=call_id, timeout_micros=timeout)
-                getattr(want, _fast_socket.OPS[rpc]).CopyFrom(req)
+                want = pb.FastRequest(call_id=call_id, timeout_micros=timeout, method=rpc,
+                                      request=req.SerializeToString())
                 with self.subTest(rpc=rpc, call_id=call_id, timeout=timeout):
                     self.assertEqual(frame.data(call_id, timeout), want.SerializeToString())
+        self.assertEqual(_fast_frames.GENERIC.request("KeepAlive", b"").data(5, 0).hex(),
+                         "0805" + "2209" + "KeepAlive".encode().hex())
         frame = _fast_socket.FastSocket("/nonexistent").frame("Quantize", requests["Quantize"])
-        want = pb.FastRequest(call_id=3, quantize=requests["Quantize"])
+        want = pb.FastRequest(call_id=3, method="Quantize",
+                              request=requests["Quantize"].SerializeToString())
         self.assertEqual(frame.data(3, 0), want.SerializeToString())
-        hello = _fast_socket.Frame(_fast_socket._HELLO_KEY, pb.FastHello(
-            session_id="s" * 200, auth_token="t").SerializeToString())
+        hello = _fast_frames.GENERIC.hello(pb.FastHello(session_id="s" * 200,
+                                                        auth_token="t").SerializeToString())
         want = pb.FastRequest(call_id=9, hello=pb.FastHello(session_id="s" * 200, auth_token="t"))
         self.assertEqual(hello.data(9, 0), want.SerializeToString())
+
+    def test_replies_parse_into_the_method_s_reply(self):
+        ok = pb.FastReply(call_id=2**64 - 1, reply=pb.QdqReply(global_amax=3.0).SerializeToString())
+        got = _fast_frames.GENERIC.parse(ok.SerializeToString(), "Qdq")
+        self.assertEqual((got.call_id, got.code, got.carried), (2**64 - 1, 0, "reply"))
+        self.assertEqual(got.payload, pb.QdqReply(global_amax=3.0))
+        err = pb.FastReply(call_id=4, code=5, message="name: no weight 'w'")
+        got = _fast_frames.GENERIC.parse(err.SerializeToString(), "Step")
+        self.assertEqual((got.call_id, got.code, got.message, got.carried, got.payload),
+                         (4, 5, "name: no weight 'w'", None, None))
+        hello = pb.FastReply(call_id=1, hello=pb.FastHelloReply(lease_seconds=30))
+        got = _fast_frames.GENERIC.parse(hello.SerializeToString(), "Step")
+        self.assertEqual((got.carried, got.payload.lease_seconds), ("hello", 30))
+        empty = _fast_frames.GENERIC.parse(b"", "KeepAlive")  # call_id 0, OK, an empty reply
+        self.assertEqual((empty.call_id, empty.code, empty.carried), (0, 0, "reply"))
+        self.assertEqual(empty.payload, pb.KeepAliveReply())
+        with self.assertRaises(Exception):
+            _fast_frames.GENERIC.parse(b"\xff" * 8, "Qdq")
+        bad_reply = pb.FastReply(call_id=1, reply=b"\xff" * 8)
+        with self.assertRaises(Exception):
+            _fast_frames.GENERIC.parse(bad_reply.SerializeToString(), "Qdq")
+
+    def test_every_method_but_open_session_is_served(self):
+        fs = _fast_socket.FastSocket("/nonexistent")
+        self.assertEqual(sorted(r for r in _messages.METHODS if not fs.serves(r)),
+                         ["OpenSession"])
+        self.assertEqual(set(_fast_frames.REPLY_BOUNDS), set(_messages.METHODS) - {"OpenSession"})
 
     def test_too_large_requests_are_refused(self):
         fs = _fast_socket.FastSocket("/nonexistent")
@@ -392,6 +418,73 @@ class FastFrameTest(unittest.TestCase):
                                                 inline_data=bytes(4 * 16384)))
         with self.assertRaises(_fast_socket.FrameTooLarge):
             fs.frame("Qdq", out_big)
+
+
+class ReplyBoundTest(unittest.TestCase):
+    """What a reply may carry, against fp4qd's own bounds (server/op_table.cc) and limits."""
+
+    def test_the_limits_are_the_proto_s_and_then_the_server_s(self):
+        self.assertEqual(_fast_frames.DEFAULT_LIMITS, (65536, 4096))
+        limits = _fast_frames.DEFAULT_LIMITS
+        # fp4qd refuses bound + margin > frame - 32 (its reply limit): exactly at the edge.
+        self.assertTrue(limits.reply_fits(65536 - 32 - 4096))
+        self.assertFalse(limits.reply_fits(65536 - 32 - 4096 + 1))
+        info = pb.ServerInfoReply(limits=pb.Limits(fast_socket_max_frame_bytes=32768,
+                                                   fast_socket_reply_margin_bytes=8192))
+        self.assertEqual(_fast_frames.Limits.from_server_info(info, limits), (32768, 8192))
+        self.assertEqual(_fast_frames.Limits.from_server_info(pb.ServerInfoReply(), limits),
+                         limits)  # a server reporting none: kept
+        fs = _fast_socket.FastSocket("/nonexistent")
+        step = pb.StepRequest(items=[pb.StepItem(name="w", return_dequantized=True,
+                                                 update=pb.Tensor(shape=[48, 128]))])
+        fs.frame("Step", step)  # 24576 + 16 + 49 bytes + the margin: fits 65536
+        fs.set_limits(info)
+        self.assertEqual(fs.limits, (32768, 8192))
+        with self.assertRaises(_fast_socket.FrameTooLarge):
+            fs.frame("Step", step)  # not in 32768 - 32 - 8192
+
+    def test_step_bound_is_the_server_s(self):
+        req = pb.StepRequest(items=[
+            pb.StepItem(name="layer.0", update=pb.Tensor(shape=[64, 64])),
+            pb.StepItem(name="w", return_dequantized=True, update=pb.Tensor(shape=[16, 32])),
+            pb.StepItem(name="x", return_dequantized=True, update=pb.Tensor(shape=[16, 32]),
+                        dequantized_out=pb.OutputTarget(region=pb.RegionSlice(region_id="r")))])
+        self.assertEqual(_fast_frames.reply_bound("Step", req),
+                         (7 + 48) + (1 + 48 + 16 * 32 * 4 + 16) + (1 + 48))
+
+    def test_state_changing_bounds_are_the_server_s(self):
+        q = pb.QuantizeRequest(input=pb.Tensor(shape=[32, 64]))
+        self.assertEqual(_fast_frames.reply_bound("Quantize", q), 32 * 32 + 32 * 4)
+        q.options.residual_key = "k"  # refused before it runs over fp4qd's own, larger bound
+        self.assertEqual(_fast_frames.reply_bound("Quantize", q),
+                         32 * 64 // 2 + 1 + (32 + 128) * (64 // 16 + 4))
+        u = pb.UpdateWeightRequest(update=pb.Tensor(dtype=pb.DType.DTYPE_BF16, shape=[8, 16]),
+                                   return_dequantized=True)
+        self.assertEqual(_fast_frames.reply_bound("UpdateWeight", u), 8 * 16 * 4)
+        for rpc in ("CreateWeight", "DeleteWeight", "ResetResidual", "ResetOptimizer",
+                    "JoinGroup", "LeaveGroup", "DeleteNamespace", "KeepAlive", "CloseSession",
+                    "RegisterCudaRegion", "UnregisterCudaRegion", "ServerInfo", "Checkpoint"):
+            self.assertEqual(_fast_frames.reply_bound(rpc, _messages.METHODS[rpc][1]()), 0, rpc)
+
+    def test_read_only_replies_of_unknown_size_are_tried(self):
+        unknown = [("GetWeight", pb.GetWeightRequest(name="w", quantized=True)),
+                   ("GetWeight", pb.GetWeightRequest(name="w", dequantized=True)),
+                   ("ListTensors", pb.ListTensorsRequest()),
+                   ("Dequantize", pb.DequantizeRequest(input=pb.QuantizedOperand(
+                       weight_name="w")))]
+        fs = _fast_socket.FastSocket("/nonexistent")
+        for rpc, req in unknown:
+            self.assertIs(_fast_frames.reply_bound(rpc, req), _fast_frames.UNKNOWN, rpc)
+            self.assertIn(rpc, _fast_frames.READ_ONLY)
+            fs.frame(rpc, req)  # framed: fp4qd refuses the reply if it does not fit
+        self.assertEqual(_fast_frames.reply_bound("GetWeight", pb.GetWeightRequest(
+            name="w", dequantized=True, out=pb.OutputTarget(
+                region=pb.RegionSlice(region_id="r")))), 0)
+        self.assertTrue(_fast_frames.is_reply_limit(fp4q.Fp4qError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED, "reply: the inline output (70000 bytes) would "
+            "exceed this transport's reply limit of 65504 bytes; nothing was run")))
+        self.assertFalse(_fast_frames.is_reply_limit(fp4q.Fp4qError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED, "state budget")))
 
 
 class IpcUuidTest(unittest.TestCase):
@@ -475,6 +568,28 @@ class QuantizedReplyTest(unittest.TestCase):
 
 
 class ClientConstructionTest(unittest.TestCase):
+    def test_defaults_come_from_the_environment(self):
+        env = {"FP4Q_SERVER": "unix:/run/x.sock", "FP4Q_TOKEN": "t0k",
+               "FP4Q_FAST_SOCKET": "/run/fast.sock"}
+        with mock.patch.dict(os.environ, env):
+            c = fp4q.Client()
+            self.assertEqual((c.target, c._transport._token, c._fast.path),
+                             ("unix:/run/x.sock", "t0k", "/run/fast.sock"))
+            c.close()
+            c = fp4q.Client("127.0.0.1:1", bearer_token="mine", fast_socket="")
+            self.assertEqual((c._transport._token, c._fast), ("mine", None))  # "" turns it off
+            c.close()
+        with mock.patch.dict(os.environ, {}, clear=True):
+            c = fp4q.Client()
+            self.assertEqual((c.target, c._transport._token, c._fast, c.namespace),
+                             ("127.0.0.1:50051", None, None, ""))
+            c.close()
+        c = fp4q.Client("127.0.0.1:1", namespace="job-7")
+        self.assertEqual(c.namespace, "job-7")
+        c.close()
+        with self.assertRaisesRegex(fp4q.ClientArgumentError, r": namespace: 7 is not a string$"):
+            fp4q.Client("127.0.0.1:1", namespace=7)
+
     def test_bad_ipc_mode(self):
         with self.assertRaisesRegex(fp4q.ClientArgumentError, r"ipc: 'sometimes'"):
             fp4q.Client("127.0.0.1:1", ipc="sometimes")
@@ -493,57 +608,7 @@ def _reply_header(epoch):
     return types.SimpleNamespace(header=pb.ReplyHeader(server_epoch=epoch))
 
 
-class LegacyFramesTest(unittest.TestCase):
-    """The fast socket's legacy frames are declared by the client, whatever proto/ holds."""
-
-    def test_the_legacy_messages_match_the_format_the_server_speaks(self):
-        req = _fast_frames.LegacyFastRequest.DESCRIPTOR
-        rep = _fast_frames.LegacyFastReply.DESCRIPTOR
-        self.assertEqual({f.name: f.number for f in req.fields},
-                         {"call_id": 1, "timeout_micros": 2, "hello": 10, "quantize": 11,
-                          "dequantize": 12, "qdq": 13, "matmul": 14, "update_weight": 15,
-                          "keep_alive": 16, "list_tensors": 17, "server_info": 18})
-        self.assertEqual([f.name for f in rep.fields][:3], ["call_id", "code", "message"])
-        self.assertEqual(rep.fields_by_name["qdq"].message_type.full_name, "fp4q.v1.QdqReply")
-        self.assertEqual(req.fields_by_name["hello"].message_type.full_name, "fp4q.v1.FastHello")
-        if "quantize" in pb.FastRequest.DESCRIPTOR.fields_by_name:  # proto/ still legacy
-            for mine, theirs in ((req, pb.FastRequest.DESCRIPTOR),
-                                 (rep, pb.FastReply.DESCRIPTOR)):
-                self.assertEqual(
-                    [(f.name, f.number, f.type, getattr(f.message_type, "full_name", None))
-                     for f in mine.fields],
-                    [(f.name, f.number, f.type, getattr(f.message_type, "full_name", None))
-                     for f in theirs.fields])
-
-    def test_frames_are_legacy_fast_requests_and_replies_parse(self):
-        for rpc, field in _fast_frames.OPS.items():
-            body = _messages.METHODS[rpc][1]().SerializeToString()
-            want = _fast_frames.LegacyFastRequest(call_id=7, timeout_micros=9)
-            getattr(want, field).SetInParent()
-            frame = _fast_frames.LEGACY.request(rpc, body)
-            self.assertEqual(frame.data(7, 9), want.SerializeToString(), rpc)
-        hello = _fast_frames.LEGACY.hello(pb.FastHello(session_id="s").SerializeToString())
-        self.assertEqual(hello.data(1, 0), _fast_frames.LegacyFastRequest(
-            call_id=1, hello=pb.FastHello(session_id="s")).SerializeToString())
-        reply = _fast_frames.LegacyFastReply(call_id=2**64 - 1, code=-5, message="m")
-        reply.qdq.global_amax = 3.0
-        got = _fast_frames.LEGACY.parse(reply.SerializeToString(), "Qdq")
-        self.assertEqual((got.call_id, got.code, got.message, got.carried),
-                         (2**64 - 1, -5, "m", "qdq"))
-        self.assertEqual(got.payload, pb.QdqReply(global_amax=3.0))
-        empty = _fast_frames.LEGACY.parse(b"", "Qdq")
-        self.assertEqual((empty.call_id, empty.code, empty.carried, empty.payload),
-                         (0, 0, None, None))
-        with self.assertRaises(Exception):
-            _fast_frames.LEGACY.parse(b"\xff" * 8, "Qdq")
-
-    def test_rpcs_without_a_reply_bound_go_by_grpc(self):
-        self.assertIsNone(_fast_frames.reply_inline_bytes("Step", pb.KeepAliveRequest()))
-        self.assertEqual(_fast_frames.reply_inline_bytes("KeepAlive", pb.KeepAliveRequest()), 0)
-        fs = _fast_socket.FastSocket("/nonexistent")
-        self.assertEqual([r for r in _messages.METHODS if fs.serves(r)],
-                         [r for r in _messages.METHODS if r in _fast_frames.OPS])
-
+class ResultShapesTest(unittest.TestCase):
     def test_quantize_sides_and_scale_shapes(self):
         o = pb.Outputs
         self.assertEqual(results.quantize_sides(0, 32, 64), [("rowwise", 32, 64)])
@@ -555,62 +620,6 @@ class LegacyFramesTest(unittest.TestCase):
         self.assertEqual(results.scale_shape("nvfp4", None, "swizzled", 130, 80), (256 * 8,))
         self.assertEqual(results.scale_shape(pb.Format.FORMAT_MXFP4, 0, 0, 4, 64), (4, 2))
         self.assertIsNone(results.scale_shape("nvfp4", None, "plain", 4, 24))
-
-
-_GENERIC_FRAMES_CHECK = r"""
-import json, fp4q
-from fp4q import _fast_frames
-from fp4q._messages import pb
-frame = _fast_frames.LEGACY.request("KeepAlive", b"")
-reply = _fast_frames.LegacyFastReply(call_id=3)
-reply.keep_alive.lease_seconds = 7
-got = _fast_frames.LEGACY.parse(reply.SerializeToString(), "KeepAlive")
-fp4q.Client("127.0.0.1:1").close()
-print(json.dumps({"fields": sorted(f.name for f in pb.FastRequest.DESCRIPTOR.fields),
-                  "frame": frame.data(5, 0).hex(), "lease": got.payload.lease_seconds}))
-"""
-
-
-class GenericFrameDescriptorTest(unittest.TestCase):
-    """proto/'s FastRequest/FastReply in the generic format (method + request bytes): the
-    package still loads and still speaks the legacy frames the server understands."""
-
-    def test_the_client_loads_a_descriptor_in_the_generic_frame_format(self):
-        with open(_messages.descriptor_path(), "rb") as f:
-            fds = _messages.descriptor_pb2.FileDescriptorSet.FromString(f.read())
-        F = _messages.descriptor_pb2.FieldDescriptorProto
-        (proto,) = [f for f in fds.file if f.name == "fp4q/v1/fp4q.proto"]
-        generic = {"FastRequest": [("call_id", 1, F.TYPE_UINT64, ""),
-                                   ("timeout_micros", 2, F.TYPE_UINT64, ""),
-                                   ("hello", 3, F.TYPE_MESSAGE, ".fp4q.v1.FastHello"),
-                                   ("method", 4, F.TYPE_STRING, ""),
-                                   ("request", 5, F.TYPE_BYTES, "")],
-                   "FastReply": [("call_id", 1, F.TYPE_UINT64, ""), ("code", 2, F.TYPE_INT32, ""),
-                                 ("message", 3, F.TYPE_STRING, ""), ("reply", 4, F.TYPE_BYTES, ""),
-                                 ("hello", 5, F.TYPE_MESSAGE, ".fp4q.v1.FastHelloReply")]}
-        for m in proto.message_type:
-            if m.name in generic:
-                del m.field[:]
-                del m.oneof_decl[:]
-                for name, number, kind, type_name in generic[m.name]:
-                    field = m.field.add(name=name, number=number, type=kind,
-                                        label=F.LABEL_OPTIONAL)
-                    if type_name:
-                        field.type_name = type_name
-        folder = tempfile.mkdtemp(prefix="fp4q-generic-")
-        self.addCleanup(lambda: (os.unlink(path), os.rmdir(folder)))
-        path = os.path.join(folder, "generic.binpb")
-        with open(path, "wb") as f:
-            f.write(fds.SerializeToString())
-        env = dict(os.environ, FP4Q_PROTO_DESCRIPTOR=path)
-        out = subprocess.run([sys.executable, "-c", _GENERIC_FRAMES_CHECK], env=env,
-                             capture_output=True, text=True, timeout=120)
-        self.assertEqual(out.returncode, 0, out.stderr)
-        got = json.loads(out.stdout.strip().splitlines()[-1])
-        self.assertEqual(got["fields"], ["call_id", "hello", "method", "request",
-                                         "timeout_micros"])
-        self.assertEqual(got["frame"], "0805820100")  # call_id 5, keep_alive (16) empty
-        self.assertEqual(got["lease"], 7)
 
 
 class SessionPartTest(unittest.TestCase):
@@ -753,10 +762,13 @@ class _FakeFast:
     """Stands in for a FastSocket: `script` holds one outcome per call (a reply or an error)."""
 
     def __init__(self, script):
-        self.script, self.calls = script, []
+        self.script, self.calls, self.limits_seen = script, [], []
+
+    def set_limits(self, info):
+        self.limits_seen.append(info.limits.fast_socket_max_frame_bytes)
 
     def serves(self, rpc):
-        return rpc in _fast_frames.OPS
+        return rpc != "OpenSession"
 
     def frame(self, rpc, request):
         if request.ByteSize() > 100:
@@ -807,17 +819,75 @@ class TransportChoiceTest(unittest.TestCase):
         self.transport.fast = _FakeFast(list(script))
         return self.transport.fast
 
-    def test_small_calls_go_fast_large_ones_and_others_by_grpc(self):
-        fast = self.fast(pb.QdqReply(global_amax=1.0))
+    def test_small_calls_go_fast_large_ones_by_grpc(self):
+        fast = self.fast(pb.QdqReply(global_amax=1.0),
+                         pb.ServerInfoReply(limits=pb.Limits(fast_socket_max_frame_bytes=4096)))
         self.assertEqual(self.transport.send("Qdq", pb.QdqRequest()).global_amax, 1.0)
         self.assertEqual(fast.calls, [("Qdq", "s1", "tok")])  # a session opened for it
         big = pb.QdqRequest(input=pb.Tensor(inline_data=bytes(200)))
         self.transport.send("Qdq", big)
-        self.transport.send("ServerInfo", pb.ServerInfoRequest())
-        self.assertEqual([c[0] for c in self.grpc_calls], ["Qdq", "ServerInfo"])
+        self.transport.send("ServerInfo", pb.ServerInfoRequest())  # a session is open: fast
+        self.assertEqual(fast.calls, [("Qdq", "s1", "tok"), ("ServerInfo", "s1", "tok")])
+        self.assertEqual(fast.limits_seen, [4096])  # every ServerInfo reply sets the limits
+        self.assertEqual([c[0] for c in self.grpc_calls], ["Qdq"])
         self.assertEqual(self.grpc_calls[0][1], {"fp4q-session": "s1",
                                                  "authorization": "Bearer tok"})
         self.assertEqual(self.counts, ["fast_socket_fallbacks"])
+
+    def test_calls_without_a_session_to_act_on_go_by_grpc(self):
+        fast = self.fast()
+        for rpc in ("ServerInfo", "KeepAlive", "CloseSession"):
+            self.transport._stubs[rpc] = self.grpc_stub(rpc)
+            self.transport.send(rpc, _messages.METHODS[rpc][1]())
+        self.assertEqual((fast.calls, [c[0] for c in self.grpc_calls]),
+                         ([], ["ServerInfo", "KeepAlive", "CloseSession"]))
+        self.assertIsNone(self.session.id)  # none was opened for them
+
+    def test_a_read_only_reply_over_the_frame_is_sent_again_by_grpc(self):
+        too_big = fp4q.Fp4qError(grpc.StatusCode.RESOURCE_EXHAUSTED, "reply: 70000 bytes exceed "
+                                 "this transport's reply limit of 65504 bytes", "GetWeight")
+        self.transport._stubs["GetWeight"] = self.grpc_stub("GetWeight")
+        self.transport._stubs["Step"] = self.grpc_stub("Step")
+        self.fast(too_big)
+        self.transport.send("GetWeight", pb.GetWeightRequest(name="w", quantized=True))
+        self.assertEqual([c[0] for c in self.grpc_calls], ["GetWeight"])
+        self.assertEqual(self.counts, ["fast_socket_fallbacks"])
+        self.fast(fp4q.Fp4qError(grpc.StatusCode.RESOURCE_EXHAUSTED, "reply: it could carry "
+                                 "up to 90000 bytes, over this transport's reply limit"))
+        with self.assertRaises(fp4q.Fp4qError) as cm:  # a state-changing call: never resent
+            self.transport.send("Step", pb.StepRequest())
+        self.assertEqual(cm.exception.code, grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.assertEqual([c[0] for c in self.grpc_calls], ["GetWeight"])
+
+    def test_a_namespaced_session_is_opened_before_any_call(self):
+        self.session.namespace = "job-a"
+        self.transport._stubs["ListTensors"] = self.grpc_stub("ListTensors")
+        self.transport.send("ListTensors", pb.ListTensorsRequest())
+        self.assertEqual(self.grpc_calls, [("ListTensors", {"fp4q-session": "s1",
+                                                           "authorization": "Bearer tok"})])
+
+    def test_grpc_resends_only_what_may_be_resent_when_the_session_is_unknown(self):
+        gone = grpc.RpcError()
+        gone.code = lambda: grpc.StatusCode.NOT_FOUND
+        gone.details = lambda: ("metadata fp4q-session: unknown or expired session (its "
+                                "namespace is unknown; open a new session)")
+        outcomes = [gone, None, gone]
+
+        def stub(request, metadata, timeout):
+            self.grpc_calls.append(("Step", dict(metadata or ())))
+            outcome = outcomes.pop(0)
+            if outcome is not None:
+                raise outcome
+            return pb.StepReply()
+        self.transport._stubs["Step"] = stub
+        self.ensure()
+        self.transport.send("Step", pb.StepRequest(), resend=True)
+        self.assertEqual([c[1]["fp4q-session"] for c in self.grpc_calls], ["s1", "s2"])
+        with self.assertRaises(fp4q.Fp4qError) as cm:
+            self.transport.send("Step", pb.StepRequest(), resend=False)
+        self.assertEqual((cm.exception.code, cm.exception.rpc), (grpc.StatusCode.NOT_FOUND, "Step"))
+        self.assertIsNone(self.session.id)  # forgotten; not sent again
+        self.assertEqual(len(self.grpc_calls), 3)
 
     def test_keep_alive_without_a_session_goes_by_grpc(self):
         fast = self.fast()

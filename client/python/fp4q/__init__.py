@@ -9,25 +9,30 @@
     layer = fp4q.nn.Linear(1024, 4096)                 # drop-in nn.Linear, NVFP4 recipe
 
 Failures raise fp4q.Fp4qError (gRPC code + server message). See client.py for the transport
-contract (inline vs CUDA IPC) and functional.py / nn.py for the numerics API.
+contract (inline vs CUDA IPC), functional.py / nn.py for the numerics API and the client's
+Step, optimizer and replica-group RPCs.
 """
 
 from fp4q import nn
 from fp4q.client import Client
-from fp4q.errors import Fp4qError
+from fp4q.errors import Fp4qError, ServerRestartedError
 from fp4q.functional import (ErrorFeedback, Fp4MmPath, Fp4Operands, Fp4Pair, Fp4Tensor,
                              default_client, dequantize, fp4_linear, fp4_matmul, fp4_mm,
                              fp4_mm_path, last_fp4_mm_path, qdq, quantize, set_default_client,
                              swizzle_scales, to_fp4_operands)
-from fp4q.options import QuantOptions
-from fp4q.results import QuantizedTensor, QuantizeResult, UpdateResult, WeightState
+from fp4q.options import (AdamWHyperparameters, OptimizerSpec, QuantOptions,
+                          SgdHyperparameters)
+from fp4q.results import (OptimizerState, QuantizedTensor, QuantizeResult, StepItem,
+                          StepItemResult, StepResult, UpdateResult, WeightState)
 from fp4q.tensors import ClientArgumentError
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "ClientArgumentError", "ErrorFeedback", "Fp4MmPath", "Fp4Operands", "Fp4Pair",
-    "Fp4Tensor", "Fp4qError", "QuantOptions", "QuantizeResult", "QuantizedTensor", "UpdateResult",
+    "AdamWHyperparameters", "Client", "ClientArgumentError", "ErrorFeedback", "Fp4MmPath",
+    "Fp4Operands", "Fp4Pair", "Fp4Tensor", "Fp4qError", "OptimizerSpec", "OptimizerState",
+    "QuantOptions", "QuantizeResult", "QuantizedTensor", "ServerRestartedError",
+    "SgdHyperparameters", "StepItem", "StepItemResult", "StepResult", "UpdateResult",
     "WeightState", "default_client", "dequantize", "fp4_linear", "fp4_matmul", "fp4_mm",
     "fp4_mm_path", "last_fp4_mm_path", "nn", "qdq", "quantize", "set_default_client",
     "swizzle_scales", "to_fp4_operands",

@@ -1,47 +1,50 @@
 """The fast socket's frames: how one call becomes one SOCK_SEQPACKET message, and back.
 
 Contract
-- Limits (the one place the Python client defines them): a frame, request or reply, is at most
-  MAX_FRAME_BYTES; a call goes there only when its reply's inline tensor bytes leave
-  REPLY_MARGIN_BYTES of the frame for the rest (header, shapes, amax). proto/fp4q/v1/fp4q.proto
-  now names the server's values (enum FastSocketLimit, ServerInfo's Limits): 65536 and 4096.
-  The margin here stays 1024, what this client has always used, until a server reports its own.
-- reply_inline_bytes(rpc, request): the inline tensor bytes of the reply, from the request alone
-  (REPLY_INLINE_BYTES, one bound per RPC); None when the client cannot tell (an output of a
-  server-held weight's shape) or knows no bound for the RPC: such a call goes by gRPC.
-- A framing turns a call into frame bytes and a reply frame into a Reply. It provides
-  serves(rpc), carried(rpc) (what a reply to rpc carries: a Reply's `carried`), request(rpc,
-  body) and hello(body) (Frames; body: the serialized request or FastHello), and parse(data,
-  rpc) (a Reply; raises on bytes that do not decode). LEGACY is the one fp4qd speaks today.
-- Frame holds a request but for call_id and timeout_micros (fields 1 and 2 in every format),
-  which data() puts in front for each send, byte for byte what protobuf would serialize.
-
-LEGACY is the format of fp4qd at commit 8e87038: FastRequest {call_id = 1, timeout_micros = 2,
-oneof op {hello = 10, quantize = 11, ... server_info = 18}} and FastReply {call_id = 1, code = 2,
-message = 3, the same oneof}. proto/ now describes the generic format instead (FastRequest
-{call_id, timeout_micros, hello = 3, method = 4, request = 5}, FastReply {..., reply = 4,
-hello = 5}), which no server speaks yet; so the legacy messages are declared here
-(LegacyFastRequest, LegacyFastReply: package fp4q.v1.fast_legacy, built into the client's
-private pool over the fp4q.v1 messages they carry) and do not depend on proto/'s FastRequest.
-The generic framing, once a server speaks it, is a second class with the same five methods:
-serves() every method but OpenSession; request() a Frame of method (4) and request (5); hello()
-one of field 3; parse() pb.FastReply.FromString, carried "hello" when hello is set, else
-"reply" with `reply` decoded as METHODS[rpc]'s reply class (carried(rpc) is then "reply").
-FastSocket takes the framing (its `framing` argument; fp4q._transport passes none: LEGACY).
+- The format is proto/fp4q/v1/fp4q.proto's ("the fast socket"): FastRequest {call_id = 1,
+  timeout_micros = 2, hello = 3, method = 4, request = 5} and FastReply {call_id = 1, code = 2,
+  message = 3, reply = 4, hello = 5}. GENERIC (GenericFraming) is the framing that speaks it,
+  the one fp4q._fast_socket.FastSocket uses unless given another with the same five methods:
+  serves(rpc), carried(rpc), request(rpc, body), hello(body) and parse(data, rpc).
+- Limits: Limits(max_frame, reply_margin). DEFAULT_LIMITS holds the proto's enum FastSocketLimit
+  (FAST_SOCKET_MAX_FRAME_BYTES, FAST_SOCKET_REPLY_MARGIN_BYTES: 65536 and 4096), read from the
+  descriptor; Limits.from_server_info takes a server's own (ServerInfo.limits.fast_socket_*) when
+  it reports them. A call goes on the fast socket only when its frame fits in max_frame and its
+  reply's bound (below) plus reply_margin fits in max_frame - REPLY_FRAMING_BYTES: exactly the
+  check fp4qd makes (server/call_layer.cc), so a state-changing call is never refused for its
+  reply size there.
+- reply_bound(rpc, request): the bytes a reply may carry beyond its fixed fields, from the request
+  alone. For the state-changing methods it is fp4qd's own bound (server/op_table.cc
+  inline_reply_bound) or larger; for the stateless ones the inline tensor bytes of the reply.
+  UNKNOWN (a read-only method whose reply size depends on server state: a weight's shape, the
+  number of tensors) means "try the fast socket": fp4qd checks such replies against the frame
+  before (GetWeight, Dequantize/Matmul of a weight) or after (ListTensors) doing read-only work,
+  and answers RESOURCE_EXHAUSTED naming the reply limit (is_reply_limit), after which the caller
+  sends the call by gRPC. Every method but OpenSession has an entry (REPLY_BOUNDS).
+- Frame holds a request but for call_id and timeout_micros (fields 1 and 2), which data() puts in
+  front for each send, byte for byte what FastRequest.SerializeToString() writes.
 
 Not thread-affine: everything here is immutable or per call.
 """
 
-from google.protobuf import descriptor_pb2
+import collections
+
+import grpc
 
 from fp4q import results
-from fp4q._messages import add_messages, pb
+from fp4q._messages import METHODS, pb
 
-MAX_FRAME_BYTES = 65536
-# Room in a reply frame for everything but the inline tensor bytes (header, shapes, amax).
-REPLY_MARGIN_BYTES = 1024
+# The proto's limits (enum FastSocketLimit): the defaults until a server reports its own.
+MAX_FRAME_BYTES = pb.FastSocketLimit.FAST_SOCKET_MAX_FRAME_BYTES
+REPLY_MARGIN_BYTES = pb.FastSocketLimit.FAST_SOCKET_REPLY_MARGIN_BYTES
+# What fp4qd keeps of a frame for the FastReply's own fields around the method's reply (call_id,
+# code, the reply field's tag and length): its reply limit is the frame less this
+# (server/fast_socket.cc, kFastReplyFraming). The envelope itself needs at most 16 bytes.
+REPLY_FRAMING_BYTES = 32
 # The server refuses timeout_micros over one day; a longer client timeout sends one day.
 MAX_TIMEOUT_MICROS = 86400 * 10**6
+# The methods a fast-socket connection cannot carry (it is bound to one session by its hello).
+NOT_SERVED = frozenset({"OpenSession"})
 
 _WIRE_VARINT, _WIRE_BYTES = 0, 2
 
@@ -61,63 +64,51 @@ def _key(message, field, wire_type):
     return varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | wire_type)
 
 
-# ------------------------------------------------------------------ the legacy messages
-
-# (oneof field, number, request type, reply type): the op oneof of both legacy frames.
-_LEGACY_OPS = (
-    ("hello", 10, "FastHello", "FastHelloReply"),
-    ("quantize", 11, "QuantizeRequest", "QuantizeReply"),
-    ("dequantize", 12, "DequantizeRequest", "DequantizeReply"),
-    ("qdq", 13, "QdqRequest", "QdqReply"),
-    ("matmul", 14, "MatmulRequest", "MatmulReply"),
-    ("update_weight", 15, "UpdateWeightRequest", "UpdateWeightReply"),
-    ("keep_alive", 16, "KeepAliveRequest", "KeepAliveReply"),
-    ("list_tensors", 17, "ListTensorsRequest", "ListTensorsReply"),
-    ("server_info", 18, "ServerInfoRequest", "ServerInfoReply"),
-)
+_CALL_ID_KEY = _key(pb.FastRequest, "call_id", _WIRE_VARINT)
+_TIMEOUT_KEY = _key(pb.FastRequest, "timeout_micros", _WIRE_VARINT)
+_HELLO_KEY = _key(pb.FastRequest, "hello", _WIRE_BYTES)
+_METHOD_KEY = _key(pb.FastRequest, "method", _WIRE_BYTES)
+_REQUEST_KEY = _key(pb.FastRequest, "request", _WIRE_BYTES)
 
 
-def _legacy_messages():
-    fdp = descriptor_pb2.FileDescriptorProto(
-        name="fp4q/v1/fast_legacy.proto", package="fp4q.v1.fast_legacy", syntax="proto3",
-        dependency=["fp4q/v1/fp4q.proto"])
-    F = descriptor_pb2.FieldDescriptorProto
-    for name, scalars, column in (
-            ("LegacyFastRequest", (("call_id", 1, F.TYPE_UINT64),
-                                   ("timeout_micros", 2, F.TYPE_UINT64)), 2),
-            ("LegacyFastReply", (("call_id", 1, F.TYPE_UINT64), ("code", 2, F.TYPE_INT32),
-                                 ("message", 3, F.TYPE_STRING)), 3)):
-        m = fdp.message_type.add(name=name)
-        for field, number, kind in scalars:
-            m.field.add(name=field, number=number, type=kind, label=F.LABEL_OPTIONAL)
-        m.oneof_decl.add(name="op")
-        for op in _LEGACY_OPS:
-            m.field.add(name=op[0], number=op[1], type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
-                        type_name=".fp4q.v1." + op[column], oneof_index=0)
-    classes = add_messages(fdp)
-    return classes["LegacyFastRequest"], classes["LegacyFastReply"]
+class Limits(collections.namedtuple("Limits", ("max_frame", "reply_margin"))):
+    """The fast socket's frame limit and the room kept in a reply for its fixed fields."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_server_info(cls, info, current):
+        """The limits a ServerInfoReply reports (limits.fast_socket_max_frame_bytes and
+        fast_socket_reply_margin_bytes), each kept at `current`'s value where it is 0 (a server
+        that reports none, or has no fast socket)."""
+        limits = getattr(info, "limits", None)
+        if limits is None:
+            return current
+        frame = int(limits.fast_socket_max_frame_bytes) or current.max_frame
+        margin = int(limits.fast_socket_reply_margin_bytes) or current.reply_margin
+        return cls(frame, margin)
+
+    def reply_fits(self, bound):
+        """Whether a reply carrying `bound` bytes beyond its fixed fields fits in a frame."""
+        return bound + self.reply_margin <= self.max_frame - REPLY_FRAMING_BYTES
 
 
-LegacyFastRequest, LegacyFastReply = _legacy_messages()
-
-# ------------------------------------------------------------------ frames
-
-_CALL_ID_KEY = _key(LegacyFastRequest, "call_id", _WIRE_VARINT)  # the same in every format
-_TIMEOUT_KEY = _key(LegacyFastRequest, "timeout_micros", _WIRE_VARINT)
+DEFAULT_LIMITS = Limits(MAX_FRAME_BYTES, REPLY_MARGIN_BYTES)
 
 
 class Frame:
     """A FastRequest but for call_id and timeout_micros, which each send fills in.
 
-    Holds the serialized operation (key, length, the request's own serialization): data() puts
-    the two varint fields before it, byte for byte what FastRequest.SerializeToString() writes
-    (fields in number order, zero values left out), without copying the request into a
-    FastRequest and serializing it again."""
+    Holds the serialized fields 3 to 5 (a hello, or the method and its serialized request):
+    data() puts the two varint fields before them, byte for byte what
+    FastRequest.SerializeToString() writes (fields in number order, zero values and empty
+    strings left out), without copying the request into a FastRequest and serializing it
+    again."""
 
     __slots__ = ("op_bytes",)
 
-    def __init__(self, field_key, body):
-        self.op_bytes = field_key + varint(len(body)) + body
+    def __init__(self, op_bytes):
+        self.op_bytes = op_bytes
 
     def __len__(self):
         """The size of the frame without call_id and timeout_micros (FastRequest.ByteSize())."""
@@ -131,8 +122,9 @@ class Frame:
 
 
 class Reply:
-    """A decoded FastReply: code (a google.rpc.Code number), message, and `payload`, the reply
-    message it carries (named by `carried`: see the framing's carried(); None when none)."""
+    """A decoded FastReply: code (a google.rpc.Code number), message, and `payload`, the message
+    it carries (named by `carried`: "hello" for a FastHelloReply, "reply" for the method's reply
+    message; None when it carries neither, as an error does)."""
 
     __slots__ = ("call_id", "code", "message", "carried", "payload")
 
@@ -144,48 +136,44 @@ class Reply:
         self.payload = payload
 
 
-# ------------------------------------------------------------------ the legacy format
+class GenericFraming:
+    """proto/'s frames: a method name and its serialized request, one format for every method."""
 
-# RPC name -> the FastRequest/FastReply oneof field carrying it: what this client sends there.
-OPS = {
-    "Quantize": "quantize",
-    "Dequantize": "dequantize",
-    "Qdq": "qdq",
-    "Matmul": "matmul",
-    "UpdateWeight": "update_weight",
-    "KeepAlive": "keep_alive",
-}
-_OP_KEYS = {rpc: _key(LegacyFastRequest, field, _WIRE_BYTES) for rpc, field in OPS.items()}
-_HELLO_KEY = _key(LegacyFastRequest, "hello", _WIRE_BYTES)
-
-
-class LegacyFraming:
-    """fp4qd's fast-socket format today (see the module docstring): one oneof field per RPC."""
-
-    name = "legacy"
+    name = "generic"
 
     def serves(self, rpc):
-        return rpc in OPS
+        return rpc in METHODS and rpc not in NOT_SERVED
 
     def carried(self, rpc):
-        return OPS[rpc]
+        return "reply"
 
     def request(self, rpc, body):
-        return Frame(_OP_KEYS[rpc], body)
+        method = rpc.encode()
+        op = _METHOD_KEY + varint(len(method)) + method
+        if body:
+            op += _REQUEST_KEY + varint(len(body)) + body
+        return Frame(op)
 
     def hello(self, body):
-        return Frame(_HELLO_KEY, body)
+        return Frame(_HELLO_KEY + varint(len(body)) + body)
 
     def parse(self, data, rpc):
-        reply = LegacyFastReply.FromString(data)
-        op = reply.WhichOneof("op")
-        return Reply(reply.call_id, reply.code, reply.message, op,
-                     getattr(reply, op) if op else None)
+        """The Reply of a frame; the method's reply decoded as METHODS[rpc]'s reply class when
+        the call succeeded. Raises on bytes that do not decode."""
+        reply = pb.FastReply.FromString(data)
+        if reply.HasField("hello"):
+            return Reply(reply.call_id, reply.code, reply.message, "hello", reply.hello)
+        if reply.code != 0:
+            return Reply(reply.call_id, reply.code, reply.message, None, None)
+        return Reply(reply.call_id, 0, reply.message, "reply",
+                     METHODS[rpc][2].FromString(reply.reply))
 
 
-LEGACY = LegacyFraming()
+GENERIC = GenericFraming()
 
-# ------------------------------------------------------------------ what fits in a frame
+# ------------------------------------------------------------------ what a reply may carry
+
+UNKNOWN = None  # a read-only reply whose size the request does not tell (see the docstring)
 
 
 def _numel(shape):
@@ -203,7 +191,16 @@ def _esize(dtype, default):
     return {pb.DType.DTYPE_F32: 4, pb.DType.DTYPE_BF16: 2}.get(dtype or default, 4)
 
 
-def _quantize_reply(req):
+def _server_quantized_bound(shape):
+    """fp4qd's bound for an inline quantized output of `shape` (codes and scales with the
+    swizzle's padding): op_table.cc QuantizedInline."""
+    if len(shape) != 2 or shape[0] <= 0 or shape[1] <= 0:
+        return 0
+    rows, cols = int(shape[0]), int(shape[1])
+    return rows * cols // 2 + 1 + (rows + 128) * (cols // 16 + 4)
+
+
+def _quantize(req):
     shape = list(req.input.shape)
     if len(shape) != 2:
         return 0
@@ -214,54 +211,100 @@ def _quantize_reply(req):
             total += (max(r, 0) * max(c, 0) + 1) // 2
         if _inline(getattr(req, which + "_scales")):
             total += results.scale_bytes(o.format, o.block, o.scale_layout, r, c) or 0
+    if o.residual_key and (_inline(req.rowwise_codes) or _inline(req.rowwise_scales)):
+        total = max(total, _server_quantized_bound(shape))  # state-changing: the server's bound
     return total
 
 
-def _qdq_reply(req):
+def _qdq(req):
     if not _inline(req.out):
         return 0
     return _numel(req.input.shape) * _esize(req.out_dtype, req.input.dtype)
 
 
-def _dequantize_reply(req):
+def _dequantize(req):
     if not _inline(req.out):
         return 0
     if req.input.WhichOneof("operand") != "tensor":
-        return None
+        return UNKNOWN  # a weight by name: its shape is the server's
     return _numel(req.input.tensor.shape) * _esize(req.out_dtype, pb.DType.DTYPE_F32)
 
 
-def _matmul_reply(req):
+def _matmul(req):
     if not _inline(req.out):
         return 0
     if "weight_name" in (req.a.WhichOneof("operand"), req.b.WhichOneof("operand")):
-        return None
+        return UNKNOWN
     a, b = list(req.a.tensor.shape), list(req.b.tensor.shape)
     if len(a) != 2 or len(b) != 2:
         return 0
     return max(int(a[0]), 0) * max(int(b[0]), 0) * _esize(req.out_dtype, pb.DType.DTYPE_F32)
 
 
-def _update_weight_reply(req):
+def _update_weight(req):
     if not req.return_dequantized or not _inline(req.dequantized_out):
         return 0
-    return _numel(req.update.shape) * 4  # the weight's dtype: at most f32
+    return _numel(req.update.shape) * 4  # the weight's dtype: at most f32 (fp4qd's bound too)
 
 
-# RPC -> request -> the inline tensor bytes of its reply (None: unknown). Shapes the server will
-# refuse count 0: their reply is a short error.
-REPLY_INLINE_BYTES = {
-    "Quantize": _quantize_reply,
-    "Qdq": _qdq_reply,
-    "Dequantize": _dequantize_reply,
-    "Matmul": _matmul_reply,
-    "UpdateWeight": _update_weight_reply,
-    "KeepAlive": lambda req: 0,
+def _step(req):
+    """fp4qd's bound (op_table.cc): per item its name and fixed fields, plus its inline DQ(W)."""
+    total = 0
+    for item in req.items:
+        total += len(item.name.encode()) + 48
+        if item.return_dequantized and _inline(item.dequantized_out):
+            total += _numel(item.update.shape) * 4 + 16
+    return total
+
+
+def _get_weight(req):
+    if req.quantized or req.residual or req.optimizer_state:
+        return UNKNOWN
+    if req.dequantized and _inline(req.out):
+        return UNKNOWN
+    return 0  # the WeightInfo alone
+
+
+def _fixed(req):
+    return 0
+
+
+# RPC -> request -> reply_bound (bytes, or UNKNOWN). Shapes the server will refuse count 0:
+# their reply is a short error.
+REPLY_BOUNDS = {
+    "Quantize": _quantize,
+    "Dequantize": _dequantize,
+    "Qdq": _qdq,
+    "Matmul": _matmul,
+    "UpdateWeight": _update_weight,
+    "CreateWeight": _fixed,
+    "GetWeight": _get_weight,
+    "DeleteWeight": _fixed,
+    "ResetResidual": _fixed,
+    "ListTensors": lambda req: UNKNOWN,
+    "Checkpoint": _fixed,
+    "ResetOptimizer": _fixed,
+    "Step": _step,
+    "JoinGroup": _fixed,
+    "LeaveGroup": _fixed,
+    "DeleteNamespace": _fixed,
+    "KeepAlive": _fixed,
+    "CloseSession": _fixed,
+    "RegisterCudaRegion": _fixed,
+    "UnregisterCudaRegion": _fixed,
+    "ServerInfo": _fixed,
 }
+# The methods whose UNKNOWN bound may be tried on the fast socket: read-only, refused by fp4qd
+# with a reply-limit RESOURCE_EXHAUSTED when the reply does not fit (then sent by gRPC).
+READ_ONLY = frozenset({"Dequantize", "Matmul", "GetWeight", "ListTensors"})
 
 
-def reply_inline_bytes(rpc, req):
-    """The inline tensor bytes the reply to `req` will carry, or None when the client cannot
-    tell (an output of a server-held weight's shape, or an RPC without a bound here)."""
-    bound = REPLY_INLINE_BYTES.get(rpc)
-    return None if bound is None else bound(req)
+def reply_bound(rpc, req):
+    """The bytes the reply to `req` may carry beyond its fixed fields, or UNKNOWN."""
+    return REPLY_BOUNDS[rpc](req)
+
+
+def is_reply_limit(error):
+    """Whether an Fp4qError is fp4qd refusing a reply for the fast socket's frame limit."""
+    return (error.code == grpc.StatusCode.RESOURCE_EXHAUSTED and
+            "reply limit" in (error.message or ""))

@@ -2,14 +2,17 @@
 
 Wire format (proto/fp4q/v1/fp4q.proto, "the fast socket"): a SOCK_SEQPACKET Unix socket where one
 message is one frame, a FastRequest (here to the server) or FastReply (back), at most
-MAX_FRAME_BYTES each, in the format of a framing (fp4q._fast_frames: LEGACY, the one fp4qd
-speaks today). The first frame of a connection is a hello binding it to a session.
+`limits.max_frame` bytes each, in the format of a framing (fp4q._fast_frames.GENERIC: a method
+name and its serialized request). The first frame of a connection is a hello binding it to a
+session.
 
-What goes there (`frame()`): a request the framing serves whose frame fits, and whose reply's
-inline tensors fit too, with REPLY_MARGIN_BYTES to spare (reply_inline_bytes; an output whose
-size the client cannot know, one of a server-held weight's shape, counts as too large). The
-server would do such a call's work and then answer RESOURCE_EXHAUSTED for its reply, which for
-a residual or weight update is a step taken and an error seen; gRPC carries them instead.
+What goes there (`frame()`): a request of a method the framing serves whose frame fits, and whose
+reply fits too: its bound (fp4q._fast_frames.reply_bound) plus the limits' reply margin within
+the frame, the same check fp4qd makes before it runs a state-changing call. A read-only call
+whose reply size the request does not tell (UNKNOWN) is sent too; fp4qd refuses its reply with
+RESOURCE_EXHAUSTED when it does not fit, and fp4q._transport then sends it by gRPC. `limits`
+starts at the proto's values (FastSocketLimit) and follows the server's ServerInfo.limits
+(set_limits, called by the transport with every ServerInfo reply).
 
 `FastSocket` is a small pool of connections, each bound (helloed) to one session id:
 - A call takes an idle connection of the current session, or connects and says hello; it sends
@@ -41,14 +44,9 @@ import time
 import grpc
 
 from fp4q import _fast_frames
-from fp4q._fast_frames import (LEGACY, MAX_FRAME_BYTES, MAX_TIMEOUT_MICROS, REPLY_MARGIN_BYTES,
-                               reply_inline_bytes)
+from fp4q._fast_frames import DEFAULT_LIMITS, GENERIC, MAX_TIMEOUT_MICROS, Limits
 from fp4q._messages import pb
 from fp4q.errors import Fp4qError
-
-# The legacy format's names, here too: the frame tests build frames from them.
-Frame, OPS, _OP_KEYS, _HELLO_KEY = (_fast_frames.Frame, _fast_frames.OPS, _fast_frames._OP_KEYS,
-                                    _fast_frames._HELLO_KEY)
 
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 # send() errors that mean the frame did not leave: the peer is gone.
@@ -124,9 +122,11 @@ def _readable(sock):
 class FastSocket:
     """A pool of fast-socket connections to one fp4qd. Thread-safe."""
 
-    def __init__(self, path, count=None, max_idle=8, spin=0.0, framing=LEGACY):
+    def __init__(self, path, count=None, max_idle=8, spin=0.0, framing=GENERIC,
+                 limits=DEFAULT_LIMITS):
         self.path = path
         self.framing = framing
+        self.limits = limits  # replaced whole (a tuple), never mutated: read without the lock
         self._spin = spin  # seconds of busy-polling for each reply before blocking
         self._count = count or (lambda key, n=1: None)
         self._max_idle = max_idle
@@ -181,6 +181,10 @@ class FastSocket:
 
     # ------------------------------------------------------------------ calls
 
+    def set_limits(self, info):
+        """Takes the frame limits a ServerInfoReply reports (kept where it reports none)."""
+        self.limits = Limits.from_server_info(info, self.limits)
+
     def serves(self, rpc):
         """True when `rpc` may travel here (frame() may still refuse one call for its size)."""
         return self.framing.serves(rpc)
@@ -188,17 +192,23 @@ class FastSocket:
     def frame(self, rpc, request):
         """A Frame carrying `request` (call_id and timeout are filled in when it is sent).
         Raises FrameTooLarge when it cannot fit in a frame (checked exactly when sent), or when
-        its reply might not: the server would do the work and then answer RESOURCE_EXHAUSTED."""
-        if request.ByteSize() > MAX_FRAME_BYTES:
+        its reply might not (fp4qd would refuse a state-changing call for it, or do a stateless
+        call's work and then answer RESOURCE_EXHAUSTED); a read-only call of UNKNOWN reply size
+        is framed (see the module docstring)."""
+        limits = self.limits
+        if request.ByteSize() > limits.max_frame:
             raise FrameTooLarge()  # without copying a large request into the frame
         try:
-            out = reply_inline_bytes(rpc, request)
+            bound = _fast_frames.reply_bound(rpc, request)
         except Exception:  # noqa: BLE001 - a malformed request: gRPC names the problem
-            out = None
-        if out is None or out > MAX_FRAME_BYTES - REPLY_MARGIN_BYTES:
+            raise FrameTooLarge() from None
+        if bound is _fast_frames.UNKNOWN:
+            if rpc not in _fast_frames.READ_ONLY:
+                raise FrameTooLarge()
+        elif not limits.reply_fits(bound):
             raise FrameTooLarge()
         msg = self.framing.request(rpc, request.SerializeToString())
-        if len(msg) > MAX_FRAME_BYTES:
+        if len(msg) > limits.max_frame:
             raise FrameTooLarge()
         return msg
 
@@ -278,7 +288,7 @@ class FastSocket:
         until = time.monotonic() + self._spin
         while True:
             try:
-                return conn.sock.recv(MAX_FRAME_BYTES + 1)
+                return conn.sock.recv(self.limits.max_frame + 1)
             except (BlockingIOError, InterruptedError):
                 if time.monotonic() >= until:
                     return None
@@ -292,7 +302,8 @@ class FastSocket:
         left = _remaining(deadline, rpc)
         timeout_micros = 0 if left is None else min(max(1, int(left * 1e6)), MAX_TIMEOUT_MICROS)
         data = msg.data(call_id, timeout_micros)
-        if len(data) > MAX_FRAME_BYTES:
+        max_frame = self.limits.max_frame
+        if len(data) > max_frame:
             raise FrameTooLarge()
         try:
             conn.settimeout(left)
@@ -309,16 +320,16 @@ class FastSocket:
             data = self._spin_recv(conn) if self._spin > 0 else None
             if data is None:
                 conn.settimeout(_remaining(deadline, rpc))
-                data = sock.recv(MAX_FRAME_BYTES + 1)
+                data = sock.recv(max_frame + 1)
         except socket.timeout:
             raise _deadline_error(rpc) from None
         except OSError as e:
             raise self._unavailable(rpc, "recv: %s" % (e.strerror or e)) from None
         if not data:
             raise self._unavailable(rpc, "the server closed the connection")
-        if len(data) > MAX_FRAME_BYTES:
+        if len(data) > max_frame:
             raise Fp4qError(grpc.StatusCode.INTERNAL, "fast socket %s: a reply frame over %d "
-                            "bytes" % (self.path, MAX_FRAME_BYTES), rpc)
+                            "bytes" % (self.path, max_frame), rpc)
         try:
             reply = self.framing.parse(data, rpc)
         except Exception as e:  # noqa: BLE001 - protobuf's DecodeError differs across versions

@@ -13,8 +13,7 @@ protos loaded by the application.
 object whose attributes are its values (pb.DType.DTYPE_F32 == 1). `METHODS` maps an RPC name
 ("Quantize") to (path, request class, reply class). The standard health service's messages
 (grpc.health.v1, compiled from proto/grpc/health/v1/health.proto) come from the same file, so
-no grpc_health package is needed. `add_messages` adds messages declared in code to the same pool
-(the fast socket's legacy frames, which proto/ no longer holds: fp4q._fast_frames).
+no grpc_health package is needed.
 """
 
 import os
@@ -113,22 +112,6 @@ class _Loaded:
 
 _lock = threading.Lock()
 _loaded = None
-_extra_files = set()
-
-
-def add_messages(file_proto):
-    """Adds messages declared in code (a FileDescriptorProto whose dependencies are files of
-    the descriptor, e.g. "fp4q/v1/fp4q.proto") to the same private pool; returns {message
-    name: class}. For message types proto/ no longer holds but a server still speaks (the fast
-    socket's legacy frames). Once per file name per process."""
-    lo = loaded()
-    with _lock:
-        if file_proto.name not in _extra_files:
-            lo.pool.Add(file_proto)
-            _extra_files.add(file_proto.name)
-    fdesc = lo.pool.FindFileByName(file_proto.name)
-    return {name: _message_class(desc, lo.pool)
-            for name, desc in fdesc.message_types_by_name.items()}
 
 
 def loaded():

@@ -16,7 +16,9 @@ Contract
   the inline bytes as a tensor on the wanted device, copied into `out` when given) and
   quantized_from_reply(...) (a QuantizedTensor from a fp4q.v1.QuantizedTensor).
 - Requests holds the RPCs with tensors (quantize, dequantize, qdq, matmul, create_weight,
-  update_weight, get_weight); fp4q.Client's methods of those names delegate here.
+  update_weight, step, get_weight); fp4q.Client's methods of those names delegate here.
+- call(..., resend=False) sends the request once in the session it was built for: no resend
+  in a new session and no rebuild (fp4q.optim's steps, which must notice a lost session).
 - Outputs come back on the device of the request's main input (`device=` where there is none);
   before a request that uses regions is sent, the current CUDA stream of each device involved
   is synchronized; when a call returns, the server's writes are complete.
@@ -53,7 +55,7 @@ class Requests:
         self._regions = regions
         self._tls = threading.local()
 
-    def call(self, rpc, build):
+    def call(self, rpc, build, resend=True):
         """Builds (request, planned) with a Transfer, sends it, returns (reply, planned)."""
         for attempt in (0, 1):
             transfer = self._regions.transfer()
@@ -61,9 +63,9 @@ class Requests:
                 request, planned = build(transfer)
                 transfer.before_send()
                 try:
-                    reply = self._send(rpc, request, resend=not transfer.uses_regions)
+                    reply = self._send(rpc, request, resend=resend and not transfer.uses_regions)
                 except Fp4qError as e:
-                    if (attempt == 0 and transfer.uses_regions and
+                    if (resend and attempt == 0 and transfer.uses_regions and
                             e.code == grpc.StatusCode.NOT_FOUND and self._session_lost()):
                         continue
                     raise
@@ -138,7 +140,11 @@ class Requests:
     # ------------------------------------------------------------------ weights
 
     def create_weight(self, name, initial, block, rounding, seed, error_feedback, dtype, step,
-                      device_uuid):
+                      device_uuid, scaling=None, optimizer=None):
+        if optimizer is not None and not isinstance(optimizer, opts.OptimizerSpec):
+            raise tensors.ClientArgumentError("optimizer: expected fp4q.OptimizerSpec or None, "
+                                              "got %s" % type(optimizer).__name__)
+
         def build(tr):
             req = pb.CreateWeightRequest(name=name, step=int(step), device_uuid=device_uuid)
             tr.input(req.initial, initial, "initial")
@@ -148,9 +154,68 @@ class Requests:
             opts._set_uint(w, "seed", seed)
             w.error_feedback = bool(error_feedback)
             w.dtype = tensors.torch_dtype(dtype, "dtype")
+            w.scaling = opts.enum_value("scaling", scaling)
+            if optimizer is not None:
+                optimizer.fill(w.optimizer)
             return req, None
 
         return self.call("CreateWeight", build)[0].weight
+
+    def step(self, step, items, groups, kind, replica, resend):
+        items = list(items)
+        groups = list(groups)
+        for i, it in enumerate(items):
+            if not isinstance(it, results.StepItem):
+                raise tensors.ClientArgumentError("items[%d]: expected fp4q.StepItem, got %s"
+                                                  % (i, type(it).__name__))
+        for g, h in enumerate(groups):
+            if not isinstance(h, (opts.SgdHyperparameters, opts.AdamWHyperparameters)):
+                raise tensors.ClientArgumentError(
+                    "groups[%d]: expected fp4q.SgdHyperparameters or fp4q.AdamWHyperparameters, "
+                    "got %s" % (g, type(h).__name__))
+
+        def build(tr):
+            req = pb.StepRequest(step=int(step), kind=opts.enum_value("kind", kind))
+            for h in groups:
+                h.fill(req.groups.add())
+            if replica is not None:
+                req.replica.group, req.replica.rank = replica[0], int(replica[1])
+            planned = []
+            for i, it in enumerate(items):
+                m = req.items.add(name=it.name, group=int(it.group),
+                                  return_dequantized=bool(it.return_dequantized))
+                tr.input(m.update, it.update, "items[%d].update" % i)
+                out = it.dequantized_out
+                plan = None
+                if out is not None:
+                    plan = plan_output(tr, m.dequantized_out, tuple(out.shape), out.dtype,
+                                       out.device, out)
+                    if plan is None:
+                        m.return_dequantized = True  # inline, then copied into `out`
+                planned.append(plan)
+            return req, planned
+
+        reply, planned = self.call("Step", build, resend=resend)
+        if len(reply.items) != len(items):
+            raise Fp4qError(grpc.StatusCode.INTERNAL, "reply items: %d results for %d items"
+                            % (len(reply.items), len(items)), "Step")
+        out = []
+        for i, (it, r, plan) in enumerate(zip(items, reply.items, planned)):
+            deq = None
+            if r.HasField("dequantized") and (r.dequantized.inline_data or plan is not None):
+                target = it.dequantized_out
+                field = "items[%d].dequantized" % i
+                if target is not None and r.dequantized.dtype != tensors.torch_dtype(target.dtype):
+                    raise tensors.ClientArgumentError(
+                        "items[%d].dequantized_out: a %s tensor, but weight '%s' is %s (the "
+                        "target must have the weight's dtype)"
+                        % (i, target.dtype, it.name, pb.DType.Name(r.dequantized.dtype)))
+                dev = target.device if target is not None else it.update.device
+                deq = deliver(r.dequantized, plan, dev, target, field)
+            out.append(results.StepItemResult(name=r.name, applied=r.applied,
+                                              last_step=r.last_step, global_amax=r.global_amax,
+                                              dequantized=deq))
+        return results.StepResult(items=out, world_size=reply.world_size, header=reply.header)
 
     def update_weight(self, name, step, update, lr, kind, return_dequantized, dequantized_out):
         def build(tr):
@@ -173,19 +238,53 @@ class Requests:
         return results.UpdateResult(applied=reply.applied, last_step=reply.last_step,
                                     dequantized=deq, global_amax=reply.global_amax)
 
-    def get_weight(self, name, dequantized, out_dtype, quantized, residual, device):
-        req = pb.GetWeightRequest(name=name, dequantized=bool(dequantized),
-                                  out_dtype=tensors.torch_dtype(out_dtype),
-                                  quantized=bool(quantized), residual=bool(residual))
-        reply = self._send("GetWeight", req)
-        deq = res = qt = None
+    def get_weight(self, name, dequantized, out_dtype, quantized, residual, device,
+                   optimizer_state=False, out=None):
+        if out is not None:
+            dequantized = True
+            device = out.device
+            if out_dtype is None:
+                out_dtype = out.dtype
+
+        def build(tr):
+            req = pb.GetWeightRequest(name=name, dequantized=bool(dequantized),
+                                      out_dtype=tensors.torch_dtype(out_dtype),
+                                      quantized=bool(quantized), residual=bool(residual),
+                                      optimizer_state=bool(optimizer_state))
+            planned = None
+            if out is not None:
+                planned = plan_output(tr, req.out, tuple(out.shape), out.dtype, out.device, out)
+            return req, planned
+
+        reply, planned = self.call("GetWeight", build)
+        deq = res = qt = state = None
         if dequantized and reply.HasField("dequantized"):
-            deq = deliver(reply.dequantized, None, device, None, "dequantized")
+            deq = deliver(reply.dequantized, planned, device, out, "dequantized")
         if residual and reply.HasField("residual"):
             res = deliver(reply.residual, None, device, None, "residual")
         if quantized and reply.HasField("quantized"):
             qt = quantized_from_reply(reply.quantized, {}, "quantized", torch.device(device))
-        return results.WeightState(info=reply.weight, dequantized=deq, quantized=qt, residual=res)
+        if optimizer_state and reply.HasField("optimizer_state"):
+            st = reply.optimizer_state
+            moments = {}
+            for m in st.moments:
+                if m.dtype == pb.StateDType.STATE_DTYPE_NVFP4:
+                    moments[m.name] = quantized_from_reply(m.quantized, {}, "moments." + m.name,
+                                                           torch.device(device))
+                else:
+                    moments[m.name] = deliver(m.dense, None, device, None, "moments." + m.name)
+            state = results.OptimizerState(spec=opts.OptimizerSpec.from_proto(st.spec),
+                                           steps=int(st.steps), moments=moments)
+        return results.WeightState(info=reply.weight, dequantized=deq, quantized=qt, residual=res,
+                                   optimizer_state=state)
+
+    def reset_optimizer(self, name, optimizer):
+        if not isinstance(optimizer, opts.OptimizerSpec):
+            raise tensors.ClientArgumentError("optimizer: expected fp4q.OptimizerSpec, got %s"
+                                              % type(optimizer).__name__)
+        req = pb.ResetOptimizerRequest(name=name)
+        optimizer.fill(req.optimizer)
+        return self._send("ResetOptimizer", req).weight
 
 
 # ---------------------------------------------------------------------- building blocks

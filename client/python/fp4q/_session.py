@@ -8,6 +8,10 @@ Contract
   forgotten; its failures are ignored (a lost session is noticed by the next request).
   ensure() opens one with the client's name when none is open. close() sends CloseSession and
   forgets the session whatever the answer.
+- Namespace: every session is opened in `namespace` (OpenSessionRequest.namespace; "" is the
+  server's default namespace). open(namespace=N) makes N the namespace of that session and of
+  every later one. `namespace` is what was asked; `server_namespace` what the last OpenSession
+  answered.
 - Forgetting (close, a re-open, a server restart, a session the server no longer knows) calls
   `on_forget()` with the session's lock held: the parts bound to the session (fast-socket
   connections, registered regions) drop it there; on_forget must not call back into the
@@ -32,9 +36,11 @@ from fp4q.errors import Fp4qError
 class Session:
     """`send(rpc, request) -> reply` is the client's call path (fp4q._transport.Transport.send)."""
 
-    def __init__(self, send, client_name, on_forget, on_restart):
+    def __init__(self, send, client_name, on_forget, on_restart, namespace=""):
         self._send = send
         self._client_name = client_name
+        self.namespace = namespace or ""
+        self.server_namespace = None
         self._on_forget = on_forget
         self._on_restart = on_restart
         self._lock = threading.RLock()
@@ -48,6 +54,11 @@ class Session:
     def id(self):
         """The open session's id, or None."""
         return self._id
+
+    @property
+    def epoch(self):
+        """The server_epoch of the last reply seen (None before any)."""
+        return self._epoch
 
     @property
     def last_header(self):
@@ -64,12 +75,15 @@ class Session:
         self.open(self._client_name)
         return self._id
 
-    def open(self, client_name=None):
-        reply = self._send("OpenSession",
-                           pb.OpenSessionRequest(client_name=client_name or self._client_name))
+    def open(self, client_name=None, namespace=None):
+        ns = self.namespace if namespace is None else namespace
+        reply = self._send("OpenSession", pb.OpenSessionRequest(
+            client_name=client_name or self._client_name, namespace=ns))
         with self._lock:
             if self._id is not None:
                 self._forget_locked()
+            self.namespace = ns
+            self.server_namespace = reply.namespace
             self._id = reply.session_id
             self._lease_s = reply.lease_seconds
             self._start_keepalive_locked(reply.lease_seconds)

@@ -8,14 +8,25 @@ Contract
   open) and "authorization: Bearer <token>" (when a token is set); deadline: `timeout` seconds
   (None: none) for the whole call. Every reply passes through session.see_header (last_header,
   restart detection).
-- Which transport: the fast socket when there is one, the framing serves the RPC and the call's
-  frame and reply fit (FastSocket.frame); else gRPC ("fast_socket_fallbacks" counts the calls
-  sent to gRPC for their size). A fast call needs a session: one is opened for it when none is
-  open, except KeepAlive (no session to keep: gRPC answers it, as it always did).
+- Which transport: the fast socket when there is one, the framing serves the RPC (every method
+  but OpenSession) and the call's frame and reply fit (FastSocket.frame); else gRPC
+  ("fast_socket_fallbacks" counts the calls sent to gRPC for their size). A read-only call that
+  fp4qd refuses on the fast socket for its reply's size (fp4q._fast_frames.is_reply_limit) is
+  sent again by gRPC (counted as a fallback too). A fast call needs a session: one is opened for
+  it when none is open, except for KeepAlive, CloseSession (they act on the session: without one
+  gRPC answers, as it always did) and ServerInfo (it needs none). Every ServerInfo reply updates
+  the fast socket's frame limits (FastSocket.set_limits).
+- Namespaces: a session lives in one namespace (fp4q._session); when the session has one, every
+  call but OpenSession, KeepAlive and CloseSession carries a session (one is opened first), since
+  the server resolves every name in the caller's session's namespace.
 - Resend rules (nothing else is ever sent twice):
   - fast socket, the hello refused NOT_FOUND (the server no longer knows the session): the
     session is forgotten, and a request with `resend` (one that names no region) is sent once
     more in a new session; otherwise NOT_FOUND is raised with the hello's message.
+  - gRPC, a call refused NOT_FOUND because the server no longer knows the session it carried
+    ("metadata fp4q-session: unknown or expired session"): the session is forgotten, and a
+    request with `resend` is sent once more in a new session; otherwise the error is raised.
+    Callers that must not continue in another session (fp4q.optim's steps) pass resend=False.
   - a send on a reused fast connection that finds the peer gone goes once more on a fresh
     connection (the frame never left; fp4q._fast_socket).
   - a request that names regions and is answered NOT_FOUND because its session vanished is
@@ -32,6 +43,7 @@ import time
 
 import grpc
 
+from fp4q import _fast_frames
 from fp4q import _fast_socket
 from fp4q import tensors
 from fp4q._messages import HEALTH_CHECK_PATH, METHODS, loaded
@@ -39,6 +51,12 @@ from fp4q.errors import Fp4qError, from_rpc_error
 
 SESSION_METADATA_KEY = "fp4q-session"
 AUTH_METADATA_KEY = "authorization"
+# Calls that act on the session itself: never a reason to open one.
+_SESSION_CALLS = frozenset({"OpenSession", "KeepAlive", "CloseSession"})
+# Calls that need no session: the fast socket carries them only when one is open.
+_SESSIONLESS = _SESSION_CALLS | {"ServerInfo"}
+# The server's answer to a session id it does not know (engine.cc ResolveNamespace).
+_UNKNOWN_SESSION = "metadata fp4q-session: unknown or expired session"
 
 
 class Transport:
@@ -90,17 +108,33 @@ class Transport:
     def send(self, rpc, request, resend=False):
         """Sends one request (fast socket or gRPC); returns the reply or raises Fp4qError.
         `resend`: the request names no region, so it may be sent again under a new session."""
+        if self._session.namespace and rpc not in _SESSION_CALLS:
+            self._session.ensure()  # names resolve in the session's namespace
+        reply = None
         if self.fast is not None and self.fast.serves(rpc):
             reply = self._send_fast(rpc, request, resend)
-            if reply is not None:
-                self._session.see_header(reply)
-                return reply
-        try:
-            reply = self._stubs[rpc](request, metadata=self._metadata(), timeout=self._timeout)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e, rpc) from None
+        if reply is None:
+            reply = self._send_grpc(rpc, request, resend)
         self._session.see_header(reply)
+        if rpc == "ServerInfo" and self.fast is not None:
+            self.fast.set_limits(reply)
         return reply
+
+    def _send_grpc(self, rpc, request, resend):
+        for attempt in (0, 1):
+            sid = self._session.id
+            try:
+                return self._stubs[rpc](request, metadata=self._metadata(), timeout=self._timeout)
+            except grpc.RpcError as e:
+                error = from_rpc_error(e, rpc)
+            if (sid is not None and error.code == grpc.StatusCode.NOT_FOUND and
+                    error.message.startswith(_UNKNOWN_SESSION)):
+                self._session.forget_if(sid)
+                if resend and attempt == 0 and rpc not in _SESSION_CALLS:
+                    self._session.ensure()
+                    continue  # refused before it ran; a new session carries it
+            raise error from None
+        raise AssertionError("unreachable")
 
     def _send_fast(self, rpc, request, resend):
         """The reply over the fast socket, or None where the call belongs on gRPC."""
@@ -113,14 +147,19 @@ class Transport:
         for attempt in (0, 1):
             sid = self._session.id
             if sid is None:
-                if rpc == "KeepAlive":
-                    return None  # no session to keep: gRPC answers as it always did
+                if rpc in _SESSIONLESS:
+                    return None  # gRPC answers as it always did, without opening a session
                 sid = self._session.ensure()  # a connection is bound to a session
             try:
                 return self.fast.call(rpc, frame, sid, self._token, deadline)
             except _fast_socket.FrameTooLarge:
                 self._count("fast_socket_fallbacks")
                 return None
+            except Fp4qError as e:
+                if rpc in _fast_frames.READ_ONLY and _fast_frames.is_reply_limit(e):
+                    self._count("fast_socket_fallbacks")
+                    return None  # read-only, refused for its reply's size: gRPC carries it
+                raise
             except _fast_socket.HelloRefused as e:
                 if e.code == grpc.StatusCode.NOT_FOUND:
                     # The server no longer knows the session (expired, or a restarted server).

@@ -13,13 +13,20 @@ Contract
   renewed by a background thread while open, closed by close(). A server restart (a new
   server_epoch) or an expired session drops the cached regions; a request whose regions vanished
   with an expired session is rebuilt and sent once more.
-- Fast socket (`fast_socket=PATH`, fp4qd --fast_socket): Quantize, Dequantize, Qdq, Matmul,
-  UpdateWeight and KeepAlive go as one SOCK_SEQPACKET frame each way instead of gRPC when the
-  request fits in a frame (65536 bytes) and so does the reply's inline output; the others go by
-  gRPC (stats "fast_socket_calls", "fast_socket_fallbacks"). Connections are bound to the session
-  by a hello (a session is opened for it when none is) and replaced when the session changes.
+- Fast socket (`fast_socket=PATH`, fp4qd --fast_socket): every RPC but OpenSession goes as one
+  SOCK_SEQPACKET frame each way instead of gRPC when the request fits in a frame (the proto's
+  FAST_SOCKET_MAX_FRAME_BYTES, or the server's ServerInfo.limits) and so does the reply (its
+  bound plus FAST_SOCKET_REPLY_MARGIN_BYTES); the others go by gRPC (stats
+  "fast_socket_calls", "fast_socket_fallbacks"). Connections are bound to the session by a
+  hello (a session is opened for it when none is) and replaced when the session changes.
   Replies, errors (codes, messages) and retries are those of gRPC; a refused or lost connection
   is UNAVAILABLE and the next call connects again.
+- Namespaces (`namespace=`, open_session(namespace=)): every name the client sends (weights,
+  residual keys, replica groups) lives in its session's namespace; a client with a namespace
+  opens its session before its first call.
+- Defaults from the environment (what deploy/ manifests set): target $FP4Q_SERVER, bearer_token
+  $FP4Q_TOKEN, fast_socket $FP4Q_FAST_SOCKET; an explicit argument wins ("" turns a default
+  off).
 - Errors: every failure raises fp4q.Fp4qError with the gRPC code and the server's message;
   arguments refused before sending raise fp4q.ClientArgumentError (a Fp4qError and a
   ValueError, code INVALID_ARGUMENT).
@@ -43,6 +50,7 @@ from fp4q import _requests
 from fp4q import _session
 from fp4q import _transport
 from fp4q import options as opts
+from fp4q import tensors
 from fp4q._messages import pb
 from fp4q.errors import Fp4qError
 
@@ -57,6 +65,8 @@ class Client:
 
     Args:
       target: "host:port" or "unix:/path"; default $FP4Q_SERVER or 127.0.0.1:50051.
+      namespace: the job namespace of every session this client opens (fp4qd scopes every name
+        by it; None or "": the default namespace).
       ipc: "auto" (IPC where possible, inline otherwise), "never", or "require" (a CUDA tensor
         that cannot travel by IPC raises FAILED_PRECONDITION with the reason).
       client_name: sent with OpenSession (server logs).
@@ -65,16 +75,24 @@ class Client:
       channel_options: extra grpc channel options.
       bearer_token: fp4qd --auth_token_file's token: every gRPC call carries metadata
         "authorization: Bearer <token>", and the fast socket's hello carries the token.
-      fast_socket: the path of fp4qd's --fast_socket (same host): the tensor calls whose request
-        and reply fit in one frame travel there instead of gRPC (see the module docstring).
+        Default $FP4Q_TOKEN.
+      fast_socket: the path of fp4qd's --fast_socket (same host): the calls whose request and
+        reply fit in one frame travel there instead of gRPC (see the module docstring).
+        Default $FP4Q_FAST_SOCKET.
       fast_socket_spin_us: busy-poll each fast-socket reply this long (0-1000000 microseconds)
         before sleeping: saves the thread's wake-up for a CPU core kept busy while waiting.
     """
 
     def __init__(self, target=None, *, ipc="auto", client_name="fp4q-python", timeout=None,
                  max_regions=256, channel_options=(), bearer_token=None, fast_socket=None,
-                 fast_socket_spin_us=0):
+                 fast_socket_spin_us=0, namespace=None):
         self.target = target or os.environ.get("FP4Q_SERVER") or DEFAULT_TARGET
+        if bearer_token is None:
+            bearer_token = os.environ.get("FP4Q_TOKEN") or None
+        if fast_socket is None:
+            fast_socket = os.environ.get("FP4Q_FAST_SOCKET") or None
+        if namespace is not None and not isinstance(namespace, str):
+            raise tensors.ClientArgumentError("namespace: %r is not a string" % (namespace,))
         self.stats = collections.Counter()
         self.ipc_reasons = {}
         self._stats_lock = threading.Lock()
@@ -83,7 +101,7 @@ class Client:
                                      ensure_session=lambda: self._ensure_session(),
                                      count=self._count, reasons=self.ipc_reasons)
         self._session = _session.Session(self._raw, client_name, self._on_session_forgotten,
-                                         self._on_server_restart)
+                                         self._on_server_restart, namespace=namespace or "")
         self._transport = _transport.Transport(
             self.target, session=self._session, timeout=timeout, token=bearer_token,
             channel_options=channel_options, fast_socket=fast_socket,
@@ -116,6 +134,17 @@ class Client:
     @property
     def session_id(self):
         return self._session.id
+
+    @property
+    def namespace(self):
+        """The namespace this client's sessions are opened in ("" is the default namespace)."""
+        return self._session.namespace
+
+    @property
+    def server_epoch(self):
+        """The server_epoch of the last reply this client saw (None before any): it changes
+        when the server restarted."""
+        return self._session.epoch
 
     # ------------------------------------------------------------------ wiring
 
@@ -163,9 +192,12 @@ class Client:
 
     # ------------------------------------------------------------------ sessions and regions
 
-    def open_session(self, client_name=None):
-        """OpenSession; the id is then sent with every call. Returns the session id."""
-        return self._session.open(client_name)
+    def open_session(self, client_name=None, namespace=None):
+        """OpenSession; the id is then sent with every call. Returns the session id.
+        `namespace` (None: the client's) becomes the namespace of this and later sessions."""
+        if namespace is not None and not isinstance(namespace, str):
+            raise tensors.ClientArgumentError("namespace: %r is not a string" % (namespace,))
+        return self._session.open(client_name, namespace)
 
     def keep_alive(self):
         """KeepAlive for the current session; returns the lease in seconds."""
@@ -232,11 +264,14 @@ class Client:
     # ------------------------------------------------------------------ weights and state
 
     def create_weight(self, name, initial, *, block=None, rounding=None, seed=0,
-                      error_feedback=False, dtype=None, step=0, device_uuid=""):
+                      error_feedback=False, dtype=None, step=0, device_uuid="", scaling=None,
+                      optimizer=None):
         """CreateWeight: a server-held NVFP4 weight from `initial` [rows, cols].
-        Returns the fp4q.v1.WeightInfo message."""
+        scaling: 'current' (the server's default) | 'delayed'; optimizer: the fp4q.OptimizerSpec
+        of the state it keeps (None: plain SGD). Returns the fp4q.v1.WeightInfo message."""
         return self._requests.create_weight(name, initial, block, rounding, seed,
-                                            error_feedback, dtype, step, device_uuid)
+                                            error_feedback, dtype, step, device_uuid, scaling,
+                                            optimizer)
 
     def update_weight(self, name, step, update, *, lr=0.0, kind=None, return_dequantized=False,
                       dequantized_out=None):
@@ -246,11 +281,45 @@ class Client:
                                             dequantized_out)
 
     def get_weight(self, name, *, dequantized=True, out_dtype=None, quantized=False,
-                   residual=False, device="cpu"):
+                   residual=False, device="cpu", optimizer_state=False, out=None):
         """GetWeight: the weight's info and, as asked, DQ(W), its codes/scales, its residual,
-        as tensors on `device`. Returns WeightState."""
+        its optimizer state (fp4q.OptimizerState), as tensors on `device`; DQ(W) written into
+        `out` (by IPC in place where it can) when given. Returns WeightState."""
         return self._requests.get_weight(name, dequantized, out_dtype, quantized, residual,
-                                         device)
+                                         device, optimizer_state, out)
+
+    def step(self, step, items, groups, *, kind=None, replica=None, resend=True):
+        """Step: one optimizer step of many stored weights, applied as a unit (every item or
+        none). items: fp4q.StepItem (name, update, dequantized_out / return_dequantized,
+        group); groups: one fp4q.SgdHyperparameters or fp4q.AdamWHyperparameters per parameter
+        group (each item's `group` indexes them); kind: 'gradient' (default) | 'delta';
+        replica: (group name, rank) of a replica group this session joined (join_group).
+        resend=False: never sent again in another session (see fp4q._transport). Returns
+        fp4q.StepResult."""
+        return self._requests.step(step, items, groups, kind, replica, resend)
+
+    def reset_optimizer(self, name, optimizer):
+        """ResetOptimizer: the weight's optimizer state replaced by zeroed state of `optimizer`
+        (fp4q.OptimizerSpec), its step count by 0. Returns the fp4q.v1.WeightInfo message."""
+        return self._requests.reset_optimizer(name, optimizer)
+
+    def join_group(self, group, world_size, rank, *, deadline_ms=0):
+        """JoinGroup: this session becomes `rank` of the replica group (created by the first
+        join; later joins must agree on world_size). deadline_ms: how long a step waits for
+        the other ranks (0: the server's 30000). Returns the number of ranks joined so far."""
+        self._session.ensure()  # a rank is a session
+        req = pb.JoinGroupRequest(group=group, world_size=int(world_size), rank=int(rank),
+                                  deadline_ms=int(deadline_ms))
+        return self._raw("JoinGroup", req).members
+
+    def leave_group(self, group):
+        """LeaveGroup: frees this session's rank (a step being collected fails for all ranks)."""
+        self._raw("LeaveGroup", pb.LeaveGroupRequest(group=group))
+
+    def delete_namespace(self):
+        """DeleteNamespace: deletes every weight, residual and group of this client's namespace
+        (refused for the default namespace). Returns how many were deleted."""
+        return self._raw("DeleteNamespace", pb.DeleteNamespaceRequest()).deleted
 
     def delete_weight(self, name):
         self._raw("DeleteWeight", pb.DeleteWeightRequest(name=name))

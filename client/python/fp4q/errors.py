@@ -30,6 +30,21 @@ class Fp4qError(Exception):
         return "%s%s: %s" % (prefix, self.code_name, self.message)
 
 
+class ServerRestartedError(Fp4qError):
+    """fp4qd restarted under a stateful user (fp4q.optim): its server_epoch changed, so its
+    stored state is what its last checkpoint held (or nothing), not what the user last saw.
+    Code FAILED_PRECONDITION; `old_epoch`, `new_epoch`."""
+
+    def __init__(self, old_epoch, new_epoch, rpc=None):
+        self.old_epoch = old_epoch
+        self.new_epoch = new_epoch
+        super().__init__(grpc.StatusCode.FAILED_PRECONDITION, (
+            "fp4qd restarted (server_epoch %s, now %s): its weights, residuals and optimizer "
+            "state are now those of its last checkpoint (or none), not this optimizer's; nothing "
+            "was re-created or applied. Build a new optimizer and load_state_dict() a state_dict "
+            "saved before the restart" % (old_epoch, new_epoch)), rpc)
+
+
 def from_rpc_error(error, rpc):
     """Turns a grpc.RpcError raised by a call into an Fp4qError (code and details kept)."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN

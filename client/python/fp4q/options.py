@@ -23,6 +23,9 @@ _ENUMS = {
     "mx_scale_rule": (pb.MxScaleRule, "MX_SCALE_RULE_", {}),
     "outputs": (pb.Outputs, "OUTPUTS_", {}),
     "kind": (pb.UpdateKind, "UPDATE_KIND_", {}),
+    "scaling": (pb.Scaling, "SCALING_", {}),
+    "optimizer": (pb.OptimizerKind, "OPTIMIZER_KIND_", {}),
+    "state_dtype": (pb.StateDType, "STATE_DTYPE_", {}),
 }
 
 
@@ -143,3 +146,76 @@ def quant_options(options=None, **kwargs):
     values = {name: getattr(base, name) for name in _FIELD_ORDER}
     values.update(kwargs)
     return QuantOptions(**values)
+
+
+# ---------------------------------------------------------------------- stored weights' optimizers
+
+
+@dataclasses.dataclass
+class OptimizerSpec:
+    """The optimizer state a stored weight keeps (fp4q.v1.OptimizerSpec), fixed at CreateWeight
+    and replaced (zeroed) by ResetOptimizer.
+
+    kind: 'sgd' | 'adamw'. momentum: SGD keeps a momentum buffer. amsgrad: AdamW keeps max v.
+    state_dtype: 'f32' (the server's default) | 'bf16' | 'nvfp4' (1x16 NVFP4 moments; the
+    second moment stored as its square root, docs/NUMERICS.md).
+    """
+
+    kind: object = "sgd"
+    momentum: bool = False
+    amsgrad: bool = False
+    state_dtype: object = None
+
+    def fill(self, msg):
+        msg.kind = enum_value("optimizer", self.kind)
+        msg.momentum = bool(self.momentum)
+        msg.amsgrad = bool(self.amsgrad)
+        msg.state_dtype = enum_value("state_dtype", self.state_dtype)
+        return msg
+
+    @classmethod
+    def from_proto(cls, msg):
+        return cls(kind=enum_name("optimizer", msg.kind or pb.OptimizerKind.OPTIMIZER_KIND_SGD),
+                   momentum=bool(msg.momentum), amsgrad=bool(msg.amsgrad),
+                   state_dtype=enum_name("state_dtype",
+                                         msg.state_dtype or pb.StateDType.STATE_DTYPE_F32))
+
+
+@dataclasses.dataclass
+class SgdHyperparameters:
+    """One parameter group's torch.optim.SGD hyperparameters for a Step (fp4q.v1.Hyperparameters
+    with `sgd`); the server checks them (lr >= 0, ...) and that the weights keep SGD state."""
+
+    lr: float
+    momentum: float = 0.0
+    dampening: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+
+    def fill(self, msg):
+        msg.lr = float(self.lr)
+        msg.sgd.momentum = float(self.momentum)
+        msg.sgd.dampening = float(self.dampening)
+        msg.sgd.weight_decay = float(self.weight_decay)
+        msg.sgd.nesterov = bool(self.nesterov)
+        return msg
+
+
+@dataclasses.dataclass
+class AdamWHyperparameters:
+    """One parameter group's torch.optim.AdamW hyperparameters for a Step (`adamw`); bias
+    correction uses the weight's own count of applied optimizer steps."""
+
+    lr: float
+    betas: tuple = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 1e-2
+
+    def fill(self, msg):
+        msg.lr = float(self.lr)
+        b1, b2 = self.betas
+        msg.adamw.beta1 = float(b1)
+        msg.adamw.beta2 = float(b2)
+        msg.adamw.eps = float(self.eps)
+        msg.adamw.weight_decay = float(self.weight_decay)
+        return msg

@@ -118,6 +118,22 @@ class UpdateResult:
 
 
 @dataclasses.dataclass
+class OptimizerState:
+    """A stored weight's optimizer state as GetWeight(optimizer_state=True) returns it.
+
+    spec: fp4q.OptimizerSpec. steps: applied optimizer steps since creation or ResetOptimizer
+    (AdamW's bias corrections count them). moments: {torch.optim state name
+    ("momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"): the moment as stored},
+    a float32 / bfloat16 tensor, or a QuantizedTensor for NVFP4 storage (exp_avg_sq and
+    max_exp_avg_sq then hold square roots, docs/NUMERICS.md).
+    """
+
+    spec: object
+    steps: int
+    moments: typing.Dict[str, object]
+
+
+@dataclasses.dataclass
 class WeightState:
     """GetWeight's answer. info is the fp4q.v1.WeightInfo message."""
 
@@ -125,3 +141,38 @@ class WeightState:
     dequantized: typing.Optional[torch.Tensor]
     quantized: typing.Optional[QuantizedTensor]
     residual: typing.Optional[torch.Tensor]
+    optimizer_state: typing.Optional[OptimizerState] = None
+
+
+@dataclasses.dataclass
+class StepItem:
+    """One weight's part of Client.step: its gradient (or delta) of the weight's shape, float32
+    or bfloat16 (a CUDA tensor travels by IPC where it can), and optionally where DQ(W) after
+    the step goes: `dequantized_out`, a tensor of the weight's shape and dtype (written in place
+    by IPC when it is a contiguous CUDA tensor the server can reach, else copied from the
+    reply), or `return_dequantized` for a new tensor. `group` indexes Client.step's groups."""
+
+    name: str
+    update: torch.Tensor
+    dequantized_out: typing.Optional[torch.Tensor] = None
+    return_dequantized: bool = False
+    group: int = 0
+
+
+@dataclasses.dataclass
+class StepItemResult:
+    name: str
+    applied: bool            # False: this weight had already applied the step (a safe retry)
+    last_step: int
+    global_amax: float
+    dequantized: typing.Optional[torch.Tensor]
+
+
+@dataclasses.dataclass
+class StepResult:
+    """Step's answer: per item in request order; world_size is the number of ranks whose
+    updates were combined (1 without a replica group); header the reply's ReplyHeader."""
+
+    items: typing.List[StepItemResult]
+    world_size: int
+    header: object
