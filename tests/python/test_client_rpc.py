@@ -325,6 +325,115 @@ class SessionInfoHealthTest(ErrorAssertions):
             c.close()
 
 
+class StepRpcTest(ErrorAssertions):
+    """Step, ResetOptimizer, JoinGroup / LeaveGroup and DeleteNamespace through the client."""
+
+    def setUp(self):
+        self.c = fp4q.Client(SERVER.target, timeout=120,
+                             namespace="step-rpc-%d-%s" % (os.getpid(), self._testMethodName[:40]))
+        self.addCleanup(self.c.close)
+
+    def test_one_step_of_two_weights_is_the_reference_update(self):
+        c = self.c
+        w0, w1 = randn(16, 32, seed=200), randn(32, 16, seed=201)
+        c.create_weight("a", w0, error_feedback=True)
+        c.create_weight("b", w1, error_feedback=True, dtype=torch.bfloat16)
+        g0, g1 = randn(16, 32, seed=202), randn(32, 16, seed=203).to(torch.bfloat16)
+        out = torch.full((32, 16), float("nan"), dtype=torch.bfloat16)
+        r = c.step(1, [fp4q.StepItem("a", g0, return_dequantized=True),
+                       fp4q.StepItem("b", g1, dequantized_out=out, group=1)],
+                   [fp4q.SgdHyperparameters(lr=0.5), fp4q.SgdHyperparameters(lr=0.25)])
+        self.assertEqual((r.world_size, [(i.name, i.applied, i.last_step) for i in r.items]),
+                         (1, [("a", True, 1), ("b", True, 1)]))
+        self.assertIs(r.items[1].dequantized, out)
+        for w, g, lr, got in ((w0, g0, 0.5, r.items[0].dequantized), (w1, g1, 0.25, out)):
+            q = R.quantize_nvfp4(w.numpy())
+            d = R.dequantize_nvfp4(q["packed"], q["scales"], q["s_enc"])
+            res = (w.numpy() - d).astype(np.float32)
+            v = ((d - (np.float32(lr) * np_of(g)).astype(np.float32)).astype(np.float32) +
+                 res).astype(np.float32)
+            q = R.quantize_nvfp4(v)
+            want = R.dequantize_nvfp4(q["packed"], q["scales"], q["s_enc"])
+            self.assertTrue(np.array_equal(np_of(got), np_of(torch.from_numpy(want).to(got.dtype))))
+            self.assertEqual(r.items[[0.5, 0.25].index(lr)].global_amax, q["amax"])
+        again = c.step(1, [fp4q.StepItem("a", g0), fp4q.StepItem("b", g1, group=1)],
+                       [fp4q.SgdHyperparameters(lr=0.5), fp4q.SgdHyperparameters(lr=0.25)])
+        self.assertEqual([i.applied for i in again.items], [False, False])  # a safe retry
+
+    def test_refusals_name_the_item_and_change_nothing(self):
+        c = self.c
+        c.create_weight("w", randn(16, 32, seed=210), error_feedback=True)
+        c.create_weight("m", randn(16, 32, seed=211), optimizer=fp4q.OptimizerSpec(
+            kind="sgd", momentum=True))
+        sgd = [fp4q.SgdHyperparameters(lr=0.1)]
+        g = randn(16, 32, seed=212)
+        nan = g.clone()
+        nan.view(-1)[5] = float("nan")
+        cases = [
+            (grpc.StatusCode.NOT_FOUND, r"^items\[1\]\.name: no weight 'nope'$",
+             [fp4q.StepItem("w", g), fp4q.StepItem("nope", g)], sgd, 1),
+            (grpc.StatusCode.INVALID_ARGUMENT, r"^items\[1\]\.name: 'w' appears twice in one "
+             r"step$", [fp4q.StepItem("w", g), fp4q.StepItem("w", g)], sgd, 1),
+            (grpc.StatusCode.INVALID_ARGUMENT, r"^items\[0\]\.update\.shape: \[16, 16\] does not "
+             r"match weight 'w' of shape \[16, 32\]$", [fp4q.StepItem("w", g[:, :16].clone())],
+             sgd, 1),
+            (grpc.StatusCode.INVALID_ARGUMENT, r"^items\[1\]\.update: element 5 is NaN \(weight "
+             r"'m', step 1\); nothing was applied$",
+             [fp4q.StepItem("w", g), fp4q.StepItem("m", nan)], sgd, 1),
+            (grpc.StatusCode.INVALID_ARGUMENT, r"^groups\[0\]\.lr: -1 must be finite and >= 0$",
+             [fp4q.StepItem("w", g)], [fp4q.SgdHyperparameters(lr=-1.0)], 1),
+            (grpc.StatusCode.INVALID_ARGUMENT, r"^groups\[0\]\.adamw\.beta1: 1 must be in "
+             r"\[0, 1\)$", [fp4q.StepItem("w", g)],
+             [fp4q.AdamWHyperparameters(lr=0.1, betas=(1.0, 0.9))], 1),
+            (grpc.StatusCode.FAILED_PRECONDITION, r"^items\[0\]: weight 'w' keeps SGD state, but "
+             r"groups\[0\] sends AdamW hyperparameters; switch optimizers with ResetOptimizer$",
+             [fp4q.StepItem("w", g)], [fp4q.AdamWHyperparameters(lr=0.1)], 1),
+            (grpc.StatusCode.FAILED_PRECONDITION, r"^step: 0 is not newer than the last step 0 "
+             r"of weight 'w'", [fp4q.StepItem("w", g)], sgd, 0),
+        ]
+        before = {n: c.get_weight(n, quantized=True).quantized.codes.clone() for n in ("w", "m")}
+        for code, pattern, items, groups, step in cases:
+            with self.subTest(pattern):
+                self.assertFp4qError(code, pattern, c.step, step, items, groups)
+        for n in ("w", "m"):
+            st = c.get_weight(n, quantized=True)
+            self.assertEqual((st.info.last_step, st.info.optimizer_steps), (0, 0))
+            self.assertTrue(torch.equal(st.quantized.codes, before[n]))
+        with self.assertRaisesRegex(fp4q.ClientArgumentError, r"items\[0\]: expected "
+                                    r"fp4q\.StepItem, got tuple"):
+            c.step(1, [("w", g)], sgd)
+
+    def test_optimizer_state_reset_and_namespace_deletion(self):
+        c = self.c
+        spec = fp4q.OptimizerSpec(kind="adamw", amsgrad=True, state_dtype="bf16")
+        info = c.create_weight("w", randn(16, 32, seed=220), optimizer=spec)
+        self.assertEqual((info.options.optimizer.kind, info.options.optimizer.amsgrad,
+                          info.options.optimizer.state_dtype), (2, True, 2))
+        c.step(1, [fp4q.StepItem("w", randn(16, 32, seed=221))],
+               [fp4q.AdamWHyperparameters(lr=1e-2)])
+        st = c.get_weight("w", optimizer_state=True).optimizer_state
+        self.assertEqual((st.spec, st.steps), (spec, 1))
+        self.assertEqual({k: (v.dtype, tuple(v.shape)) for k, v in st.moments.items()},
+                         {k: (torch.bfloat16, (16, 32)) for k in
+                          ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")})
+        self.assertGreater(float(st.moments["exp_avg_sq"].float().abs().max()), 0)
+        info = c.reset_optimizer("w", fp4q.OptimizerSpec(kind="sgd", momentum=True))
+        self.assertEqual((info.options.optimizer.kind, info.optimizer_steps), (1, 0))
+        st = c.get_weight("w", optimizer_state=True).optimizer_state
+        self.assertEqual(float(st.moments["momentum_buffer"].abs().max()), 0.0)
+        self.assertEqual(c.join_group("g", 2, 1), 1)
+        self.assertFp4qError(grpc.StatusCode.INVALID_ARGUMENT, r"^rank: 2 is not in \[0, 2\)$",
+                             c.join_group, "g", 2, 2)
+        c.leave_group("g")
+        self.assertFp4qError(grpc.StatusCode.NOT_FOUND, r"^group: this session is not a member "
+                             r"of group 'g'$", c.leave_group, "g")
+        self.assertEqual([t.name for t in c.list_tensors()], ["w"])
+        self.assertEqual([t.name for t in CLIENT.list_tensors() if t.name == "w"], [])
+        self.assertEqual(c.delete_namespace(), 1)
+        self.assertEqual(c.list_tensors(), [])
+        self.assertEqual(c._session.server_namespace, c.namespace)
+
+
 class CudaIpcTest(unittest.TestCase):
     @unittest.skipUnless(torch.cuda.is_available(),
                          "CUDA IPC needs a CUDA device in this process (torch.cuda.is_available() "

@@ -7,13 +7,15 @@
     packed, scale = fp4q.quantize(x, stochastic=True, seed=1, step=7)   # an fp4q.Fp4Tensor
     y = fp4q.fp4_mm(a, b)                              # a @ b^T (tensor cores where there are)
     layer = fp4q.nn.Linear(1024, 4096)                 # drop-in nn.Linear, NVFP4 recipe
+    opt = fp4q.optim.AdamW(model.parameters(), lr=1e-3, client=client)  # 4-bit stored weights
 
 Failures raise fp4q.Fp4qError (gRPC code + server message). See client.py for the transport
-contract (inline vs CUDA IPC), functional.py / nn.py for the numerics API and the client's
-Step, optimizer and replica-group RPCs.
+contract (inline vs CUDA IPC), functional.py / nn.py for the numerics API and optim.py for the
+optimizers whose parameters the server stores in 4 bits.
 """
 
 from fp4q import nn
+from fp4q import optim
 from fp4q.client import Client
 from fp4q.errors import Fp4qError, ServerRestartedError
 from fp4q.functional import (ErrorFeedback, Fp4MmPath, Fp4Operands, Fp4Pair, Fp4Tensor,
@@ -34,6 +36,6 @@ __all__ = [
     "QuantOptions", "QuantizeResult", "QuantizedTensor", "ServerRestartedError",
     "SgdHyperparameters", "StepItem", "StepItemResult", "StepResult", "UpdateResult",
     "WeightState", "default_client", "dequantize", "fp4_linear", "fp4_matmul", "fp4_mm",
-    "fp4_mm_path", "last_fp4_mm_path", "nn", "qdq", "quantize", "set_default_client",
+    "fp4_mm_path", "last_fp4_mm_path", "nn", "optim", "qdq", "quantize", "set_default_client",
     "swizzle_scales", "to_fp4_operands",
 ]

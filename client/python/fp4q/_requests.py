@@ -29,8 +29,8 @@ Contract
 A new RPC with tensors is one method here (or in the module that offers it, e.g. fp4q.optim):
 a build(tr) with the blocks above, call(rpc, build), and the reply decoded with deliver; then a
 public method that calls it. Its stub comes from the descriptor (fp4q._transport), sessions and
-retries are the call path's; over the fast socket it goes once its framing serves it and
-fp4q._fast_frames.REPLY_INLINE_BYTES bounds its reply (else it goes by gRPC).
+retries are the call path's; it goes over the fast socket when its request and reply fit there
+(fp4q._fast_frames.REPLY_BOUNDS holds each method's reply bound; else it goes by gRPC).
 """
 
 import threading
