@@ -805,6 +805,22 @@ class NamespaceAndRetryTest(Assertions):
                                r"namespace cannot be deleted at once", default.delete_namespace)
         cb.close()
 
+    def test_a_lost_session_of_a_single_worker_is_replaced_and_the_step_sent_once(self):
+        c = client()
+        m = Small(seed=125)
+        opt = fp4q.optim.SGD([("w", m.w)], lr=0.1, client=c)
+        old = c.session_id
+        path, req, rep = fp4q._messages.METHODS["CloseSession"]
+        with grpc.insecure_channel(SERVER.target) as channel:  # behind the client's back
+            channel.unary_unary(path, request_serializer=req.SerializeToString,
+                                response_deserializer=rep.FromString)(
+                req(), metadata=(("fp4q-session", old),), timeout=30)
+        set_grads(m, 0)
+        opt.step()
+        self.assertNotIn(c.session_id, (None, old))
+        self.assertEqual([(t.name, t.last_step) for t in c.list_tensors()], [("w", 1)])
+        c.close()
+
     def test_a_retried_step_is_not_applied_twice_and_a_changed_retry_is_refused(self):
         c = client()
         m = Small(seed=120)
@@ -833,13 +849,19 @@ class NamespaceAndRetryTest(Assertions):
 
 class RestartTest(Assertions):
     def test_a_restarted_server_is_reported_and_nothing_is_re_created(self):
+        for fast in (False, True):
+            with self.subTest(fast_socket=fast):
+                self.restart(fast)
+
+    def restart(self, fast):
         sock = fp4q_testing.socket_path("grpc.sock")
         folder = os.path.dirname(sock)
         state = os.path.join(folder, "state")
         os.makedirs(state)
-        args = ("--unix_socket", sock, "--state_dir", state)
+        fast_path = os.path.join(folder, "fast.sock")
+        args = ("--unix_socket", sock, "--state_dir", state, "--fast_socket", fast_path)
         server = fp4q_testing.Server(*args)
-        c = fp4q.Client("unix:" + sock, timeout=30)
+        c = fp4q.Client("unix:" + sock, timeout=30, fast_socket=fast_path if fast else "")
         try:
             m = Small(seed=130)
             opt = fp4q.optim.SGD([("restart-w", m.w)], lr=0.1, client=c)
@@ -849,6 +871,7 @@ class RestartTest(Assertions):
             c.checkpoint()
             set_grads(m, 2)
             opt.step()  # step 3: after the checkpoint
+            self.assertEqual(c.stats["fast_socket_calls"] > 0, fast)
             old = c.server_epoch
             server.proc.kill()  # kill -9: no final checkpoint (SIGTERM would write one)
             server.proc.wait(30)
@@ -857,8 +880,8 @@ class RestartTest(Assertions):
             fp4q_testing.wait_serving(c)
             set_grads(m, 3)
             err = self.assertRefused(grpc.StatusCode.FAILED_PRECONDITION,
-                                     r"^fp4qd restarted \(server_epoch %d, now \d+\): its weights"
-                                     % old, opt.step)
+                                     r"^fp4qd restarted \(server_epoch %d, now \d+\): its "
+                                     r"weights" % old, opt.step)
             self.assertIsInstance(err, fp4q.ServerRestartedError)
             self.assertNotEqual(err.new_epoch, old)
             self.assertRefused(grpc.StatusCode.FAILED_PRECONDITION, r"^fp4qd restarted",
