@@ -218,7 +218,7 @@ def nvfp4_ef_update(codes, scales, s_dec, r, g, lr, out):
     lut = torch.tensor(_E2M1 + tuple(-v for v in _E2M1), device=codes.device)
     idx = torch.stack((codes & 15, codes >> 4), dim=-1).reshape(rows, cols).long()
     d = (lut[idx].view(rows, cols // 16, 16) * scales.unsqueeze(-1)).view(rows, cols) * s_dec
-    v = d + r - lr * g.float()
+    v = (d - lr * g.float()) + r  # NUMERICS 5.1's order: x = RN(d - RN(lr g)), v = RN(x + r)
     amax = v.abs().amax()
     s_enc = torch.clamp(2688.0 / amax, max=_FLT_MAX)  # G2: 1 for amax 0 or Inf
     s_enc = torch.where((amax > 0) & torch.isfinite(amax) & (s_enc > 0), s_enc,

@@ -810,7 +810,8 @@ class ClientProtocolTest(Counting):
         def oversize(n, req):
             body = pb.KeepAliveReply()
             body.header.backend = "x" * 66000
-            return pb.FastReply(call_id=req.call_id, reply=body.SerializeToString()).SerializeToString()
+            reply = pb.FastReply(call_id=req.call_id, reply=body.SerializeToString())
+            return reply.SerializeToString()
 
         def wrong_op(n, req):  # a hello's reply to a call
             return pb.FastReply(call_id=req.call_id,

@@ -618,12 +618,14 @@ class StateDictTest(Assertions):
         sgd = fp4q.optim.SGD(m.parameters(), lr=0.1, client=c)
         sd = sgd.state_dict()
         other = fp4q.optim.AdamW(Small(seed=96).parameters(), client=client())
-        with self.assertRaisesRegex(fp4q.ClientArgumentError, r"INVALID_ARGUMENT: state_dict\['fp4q'\]"
+        with self.assertRaisesRegex(fp4q.ClientArgumentError,
+                                    r"INVALID_ARGUMENT: state_dict\['fp4q'\]"
                                     r"\['optimizer'\]: 'sgd', this optimizer is 'adamw'$"):
             other.load_state_dict(sd)
         sr = fp4q.optim.SGD(Small(seed=97).parameters(), lr=0.1, rounding="stochastic",
                             client=client())
-        with self.assertRaisesRegex(fp4q.ClientArgumentError, r"INVALID_ARGUMENT: state_dict\['fp4q'\]"
+        with self.assertRaisesRegex(fp4q.ClientArgumentError,
+                                    r"INVALID_ARGUMENT: state_dict\['fp4q'\]"
                                     r"\['options'\]\['rounding'\]: 'nearest', this optimizer "
                                     r"has 'stochastic'$"):
             sr.load_state_dict(sd)

@@ -529,9 +529,10 @@ class StoredOptimizer(torch.optim.Optimizer):
         _optim_state.load_state_dict(self, state_dict)
 
     def __repr__(self):
-        return "%s(%d stored, %d in torch, rounding=%r, error_feedback=%r, block=%r, scaling=%r)" % (
-            type(self).__name__, len(self._stored), len(self._torch_side), self._rounding,
-            self._error_feedback, self._block, self._scaling)
+        return ("%s(%d stored, %d in torch, rounding=%r, error_feedback=%r, block=%r, "
+                "scaling=%r)" % (type(self).__name__, len(self._stored), len(self._torch_side),
+                                 self._rounding, self._error_feedback, self._block,
+                                 self._scaling))
 
 
 _REQUIRED = _torch_optimizer.required
