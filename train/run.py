@@ -44,8 +44,8 @@ from fp4q_train import variants as V  # noqa: E402
 # Presets: model size, steps, batch and evaluation cadence. Command-line flags override them.
 PRESETS = {
     # One H200, all variants of both tasks: see docs/TRAINING.md for the measured time.
-    "gpu": dict(tasks="add,text", variants="all", layers=4, d_model=384, heads=6, steps=1500,
-                recipe_steps=300, batch_add=512, batch_text=64, block_size=128, eval_every=100,
+    "gpu": dict(tasks="add,text", variants="all", layers=4, d_model=384, heads=6, steps=1000,
+                recipe_steps=200, batch_add=512, batch_text=64, block_size=128, eval_every=100,
                 warmup=100, lr_adamw=1e-3, lr_sgd=0.3, amp="bf16", device="cuda", heldout=2000),
     # CI on two CPU cores: a tiny model on the text task, AdamW at 1e-3 (as the GPU run):
     # bf16, frozen block weights, RTN and RTN+EF stored weights (see docs/TRAINING.md).
@@ -123,7 +123,8 @@ def _import_fp4q():
 
 def _git_commit():
     try:
-        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
+        # "-dirty": tracked files differ from the commit (fp4qd may be built from them).
+        return subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty"],
                               capture_output=True, text=True, timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -209,6 +210,7 @@ def main(argv=None):
                                 "heads": cfg.heads, "vocab": cfg.vocab_size,
                                 "block_size": cfg.block_size}
                 results[v.name] = res
+                log("== %s / %s: %.1f s" % (task_name, v.name, res["wall_s"]))
                 with open(os.path.join(a.out, "summary.json"), "w") as f:
                     json.dump(summary, f, indent=1)
         summary["wall_s"] = time.perf_counter() - t_all
