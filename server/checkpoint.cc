@@ -609,10 +609,11 @@ const FieldRule kFieldRules[] = {
     {"name", kEveryKind,
      [](const CheckpointRecord& r) -> Problem {
        // "namespace|name" outside the default namespace.
-       absl::Status s = CheckNamespace(NamespaceOf(r.name), "namespace");
-       if (s.ok()) s = CheckName(LocalName(r.name), "name");
-       if (s.ok()) return std::nullopt;
-       return std::string(s.message());
+       absl::Status s = CheckName(LocalName(r.name), "name");
+       if (!s.ok()) return std::string(absl::StripPrefix(s.message(), "name: "));
+       s = CheckNamespace(NamespaceOf(r.name), "namespace");
+       if (!s.ok()) return std::string(s.message());
+       return std::nullopt;
      }},
     {"device", kEveryKind,
      [](const CheckpointRecord& r) -> Problem {

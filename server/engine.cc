@@ -147,6 +147,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<DeviceSet
 
 Engine::~Engine() {
   Shutdown();
+  // Sessions closed by the region manager's destructor no longer reach the groups (gone first).
+  if (regions_ != nullptr) regions_->SetSessionEndHandler(nullptr);
   // The workers are joined: their streams are idle. Scratch goes before the streams.
   pools_.clear();
   for (size_t i = 0; i < streams_.size(); ++i) {

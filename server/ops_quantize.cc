@@ -46,7 +46,8 @@ absl::Status GuardStatus(const kernels::FiniteGuard& g, absl::string_view key) {
       return absl::OkStatus();
     case kernels::StepOutcome::kNonFiniteUpdate:
       return absl::InvalidArgumentError(absl::StrCat(
-          "input: element ", g.index, " is ", std::isnan(g.value) ? "NaN" : "infinite",
+          "input: element ", g.index, " is ",
+          std::isnan(g.value) ? "NaN" : (g.value > 0 ? "Inf" : "-Inf"),
           " (a call with options.residual_key changes state and refuses non-finite values); "
           "the residual is unchanged"));
     case kernels::StepOutcome::kNonFiniteResult:

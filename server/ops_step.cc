@@ -125,13 +125,13 @@ absl::Status Refusal(const StepJob& job, const std::vector<size_t>& items,
     const size_t i = items[k];
     const std::string weight = Quote(job.Name(i));
     const std::string rank =
-        job.ranks.size() > 1 ? absl::StrCat("rank ", job.RankOf(r.rank), "'s ") : "";
+        job.world_size > 1 ? absl::StrCat("rank ", job.RankOf(r.rank), "'s ") : "";
     const std::string nothing = "; nothing was applied";
     switch (r.outcome) {
       case kernels::StepOutcome::kNonFiniteUpdate:
         return absl::InvalidArgumentError(absl::StrCat(
             rank, Sub(job, i, "update"), ": element ", r.index, " is ",
-            std::isnan(r.value) ? "NaN" : (r.value > 0 ? "+Inf" : "-Inf"), " (weight ", weight,
+            std::isnan(r.value) ? "NaN" : (r.value > 0 ? "Inf" : "-Inf"), " (weight ", weight,
             ", step ", job.step, ")", nothing));
       case kernels::StepOutcome::kNonFiniteResult:
         return absl::InvalidArgumentError(absl::StrCat(
@@ -259,7 +259,7 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
     const size_t dq_bytes = static_cast<size_t>(e.rows * e.cols) * kernels::DTypeSize(e.params.dtype);
     for (size_t r = 0; r < K; ++r) {
       const StepItemIn& ri = job.ranks[r].req->items[i];
-      const std::string f = job.ranks.size() > 1
+      const std::string f = job.world_size > 1
                                 ? absl::StrCat("rank ", job.ranks[r].rank, "'s ",
                                                Sub(job, i, "update"))
                                 : Sub(job, i, "update");

@@ -1,6 +1,7 @@
 // Engine bodies of the stored-weight operations (run on the weight's device executor).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -186,8 +187,18 @@ absl::Status Engine::RunCreateWeight(OpEnv& env, const CreateWeightRequest& req,
       return b.CopyToHost(&seen.bad, bad, sizeof(int64_t), env.stream());
     }));
     if (seen.bad >= 0) {
+      // The offending element itself, for the message (a refusal: one more small copy).
+      float v = 0.0f;
+      const size_t esize = kernels::DTypeSize(x.dtype);
+      uint32_t bits = 0;
+      FP4Q_RETURN_IF_ERROR(env.ToHost(&bits, static_cast<const uint8_t*>(x.data) +
+                                                 static_cast<size_t>(seen.bad) * esize,
+                                      esize));
+      if (esize == 2) bits <<= 16;
+      std::memcpy(&v, &bits, sizeof(v));
       return absl::InvalidArgumentError(absl::StrCat(
-          "initial: element ", seen.bad, " is not finite (a stored weight must start finite)"));
+          "initial: element ", seen.bad, " is ", std::isnan(v) ? "NaN" : (v > 0 ? "Inf" : "-Inf"),
+          " (a stored weight must start finite)"));
     }
     opts.has_amax = true;
     opts.amax = seen.amax;
@@ -233,10 +244,8 @@ absl::Status Engine::RunUpdateWeight(OpEnv& env, const UpdateWeightRequest& req,
     default:
       return absl::InvalidArgumentError(absl::StrCat("kind: unknown value ", req.kind));
   }
-  if (step->kind == kernels::UpdateKind::kGradient &&
-      (!std::isfinite(req.lr) || req.lr < 0.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("lr: ", req.lr, " must be finite and >= 0"));
+  if (step->kind == kernels::UpdateKind::kGradient && !std::isfinite(req.lr)) {
+    return absl::InvalidArgumentError(absl::StrCat("lr: ", req.lr, " is not finite"));
   }
   HyperIn h;
   h.lr = step->kind == kernels::UpdateKind::kGradient ? req.lr : 0.0f;

@@ -279,7 +279,7 @@ std::vector<BadCase> TensorOpCases() {
          r.mutable_options()->set_step(1);
          return Call(s, r);
        },
-       Code::INVALID_ARGUMENT, "input: element 9 is Inf"},
+       Code::INVALID_ARGUMENT, "input: element 9 is -Inf"},
       // ---- output targets.
       {"unknown output region",
        [](auto& s, auto& env) {

@@ -52,18 +52,28 @@ TEST(E2eBadInputTest, EachBadInputGetsItsCodeAndFieldAndChangesNothing) {
     EXPECT_THAT(s.error_message(), Not(HasSubstr("another-client"))) << c.name;
     EXPECT_TRUE(TakeSnapshot(*stub) == before) << c.name << " changed the state";
   }
-  // A repeated step is a safe retry: OK, applied=false.
+  // The weight's creation step is not a retry of anything: an update there is refused.
   v1::UpdateWeightRequest dup = U("w", 5, InlineTensor(RandomF32(16 * 32, 3), 16, 32));
   v1::UpdateWeightReply dup_rep;
   auto ctx = Context();
-  ASSERT_TRUE(stub->UpdateWeight(ctx.get(), dup, &dup_rep).ok());
-  EXPECT_FALSE(dup_rep.applied());
-  EXPECT_EQ(dup_rep.last_step(), 5);
+  grpc::Status at_creation = stub->UpdateWeight(ctx.get(), dup, &dup_rep);
+  EXPECT_EQ(at_creation.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(at_creation.error_message(),
+              HasSubstr("step: 5 is not newer than the last step 5 of weight 'w'"));
   // Still serving, nothing changed; the process never died.
   v1::ServerInfoReply info;
   auto ictx = Context();
   EXPECT_TRUE(stub->ServerInfo(ictx.get(), v1::ServerInfoRequest(), &info).ok());
   EXPECT_TRUE(TakeSnapshot(*stub) == before);
+  // A repeated applied step is a safe retry: OK, applied=false.
+  dup.set_step(6);
+  auto c1 = Context();
+  ASSERT_TRUE(stub->UpdateWeight(c1.get(), dup, &dup_rep).ok());
+  EXPECT_TRUE(dup_rep.applied());
+  auto c2 = Context();
+  ASSERT_TRUE(stub->UpdateWeight(c2.get(), dup, &dup_rep).ok());
+  EXPECT_FALSE(dup_rep.applied());
+  EXPECT_EQ(dup_rep.last_step(), 6);
 }
 
 }  // namespace

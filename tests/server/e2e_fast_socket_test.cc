@@ -256,8 +256,10 @@ TEST(E2eFastSocketTest, ResultsAreByteIdenticalToGrpcAndPipelinedCallsAllReturn)
                                    &rep)
                     .ok());
   }
+  v1::Tensor last_g;  // step 3's update
   for (int step = 1; step <= 3; ++step) {
     const v1::Tensor g = InlineTensor(RandomF32(16 * 32, 100 + step, 0.01f), 16, 32);
+    last_g = g;
     v1::UpdateWeightReply rep;
     auto c = Context(session);
     ASSERT_TRUE(stub->UpdateWeight(c.get(), U("via-grpc", step, g), &rep).ok());
@@ -266,11 +268,14 @@ TEST(E2eFastSocketTest, ResultsAreByteIdenticalToGrpcAndPipelinedCallsAllReturn)
     EXPECT_TRUE(r->applied());
     EXPECT_EQ(r->last_step(), step);
   }
-  // A repeated step: applied=false, as over gRPC.
-  absl::StatusOr<v1::UpdateWeightReply> dup =
-      f->UpdateWeight(U("via-fast", 3, InlineTensor(RandomF32(16 * 32, 9), 16, 32)));
+  // A repeated step with its update: applied=false, as over gRPC; with another update: refused.
+  absl::StatusOr<v1::UpdateWeightReply> dup = f->UpdateWeight(U("via-fast", 3, last_g));
   ASSERT_TRUE(dup.ok()) << dup.status();
   EXPECT_FALSE(dup->applied());
+  EXPECT_EQ(f->UpdateWeight(U("via-fast", 3, InlineTensor(RandomF32(16 * 32, 9), 16, 32)))
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
   std::string codes[2];
   for (int i = 0; i < 2; ++i) {
     v1::GetWeightRequest g;

@@ -118,9 +118,11 @@ struct StormStats {
 
 class Storm {
  public:
+  // `sent` records, per weight, the cycle that last sent each step (its update is
+  // Delta(that cycle, w, step): what a retry of that step must resend).
   Storm(int cycle, const std::string& address, std::map<int64_t, WeightBytes>* records,
-        int64_t* last)
-      : cycle_(cycle), address_(address), records_(records) {
+        std::map<int64_t, int>* sent, int64_t* last)
+      : cycle_(cycle), address_(address), records_(records), sent_(sent) {
     for (int w = 0; w < kWeights; ++w) {
       issued_[w] = last[w];
       completed_[w] = last[w];
@@ -152,6 +154,10 @@ class Storm {
       v1::UpdateWeightRequest r =
           U(WeightName(w), step, InlineTensor(Delta(cycle_, w, step), kRows, kCols));
       r.set_kind(v1::UPDATE_KIND_DELTA);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        sent_[w][step] = cycle_;
+      }
       issued_[w] = step;
       v1::UpdateWeightReply rep;
       auto ctx = Context("", absl::Seconds(10));
@@ -200,6 +206,7 @@ class Storm {
   const int cycle_;
   const std::string address_;
   std::map<int64_t, WeightBytes>* const records_;
+  std::map<int64_t, int>* const sent_;
   std::atomic<bool> stop_{false};
   std::vector<std::thread> threads_;
 };
@@ -213,6 +220,7 @@ TEST(E2eFaultTest, KillNineInTheMiddleOfAnUpdateStormTwentyTimes) {
   TempDir dir;
   const std::vector<std::string> flags = {"--state_dir=" + dir.path(), "--workers=2"};
   std::map<int64_t, WeightBytes> records[kWeights];
+  std::map<int64_t, int> sent[kWeights];  // the cycle that last sent each step
   int64_t last[kWeights] = {};
   Window acked{}, storm_in_flight{};
   bool have_acked = false;
@@ -294,11 +302,15 @@ TEST(E2eFaultTest, KillNineInTheMiddleOfAnUpdateStormTwentyTimes) {
         records[w].erase(records[w].upper_bound(step[w]), records[w].end());
         records[w][step[w]] = want;
         last[w] = step[w];
-        // The restored step is a safe retry: applied=false, nothing changes.
+        // The restored step, resent as it was, is a safe retry: applied=false, nothing
+        // changes (the checkpoint keeps each weight's last update fingerprint).
         v1::UpdateWeightReply rep;
         auto uctx = Context();
+        if (step[w] == 0) continue;  // never updated: its creation step is not a retry
+        ASSERT_TRUE(sent[w].count(step[w])) << "cycle " << cycle << " weight " << w;
         v1::UpdateWeightRequest dup =
-            U(WeightName(w), step[w], InlineTensor(Delta(99, w, 1), kRows, kCols));
+            U(WeightName(w), step[w], InlineTensor(Delta(sent[w][step[w]], w, step[w]), kRows, kCols));
+        dup.set_kind(v1::UPDATE_KIND_DELTA);
         ASSERT_TRUE(stub->UpdateWeight(uctx.get(), dup, &rep).ok());
         EXPECT_FALSE(rep.applied());
         EXPECT_EQ(rep.last_step(), step[w]);
@@ -320,7 +332,7 @@ TEST(E2eFaultTest, KillNineInTheMiddleOfAnUpdateStormTwentyTimes) {
       have_acked = true;
     }
     // ---- The storm, and a kill at a random moment of it.
-    Storm storm(cycle, (*server)->address(), records, last);
+    Storm storm(cycle, (*server)->address(), records, sent, last);
     storm.Start();
     std::this_thread::sleep_for(std::chrono::milliseconds(250 + gen() % 500));
     (*server)->Signal(SIGKILL);

@@ -154,12 +154,13 @@ TEST(E2eMetricsTest, MetricsAfterKnownTraffic) {
   EXPECT_EQ(Metric(*text, "fp4q_processed_elements_total", {{"rpc", "Quantize"}}), 3 * 128);
   EXPECT_EQ(Metric(*text, "fp4q_kernel_duration_seconds_count", {{"op", "quantize"}}), 5)
       << "3 Quantize + 2 CreateWeight";
-  EXPECT_EQ(Metric(*text, "fp4q_kernel_duration_seconds_count", {{"op", "update_weight"}}), 1);
+  // An UpdateWeight is a one-item step; its retry runs the step's check (the fingerprint).
+  EXPECT_EQ(Metric(*text, "fp4q_kernel_duration_seconds_count", {{"op", "step"}}), 2);
   EXPECT_EQ(Metric(*text, "fp4q_kernel_duration_seconds_count", {{"op", "dequantize"}}), 0)
       << "the repeated step returned no dequantized tensor";
   // The per-device counters see every kernel op, whatever the op.
   double ops = 0;
-  for (const char* op : {"amax", "quantize", "dequantize", "qdq", "matmul", "update_weight"}) {
+  for (const char* op : {"amax", "quantize", "dequantize", "qdq", "matmul", "step"}) {
     ops += Metric(*text, "fp4q_kernel_duration_seconds_count", {{"op", op}});
   }
   EXPECT_EQ(Metric(*text, "fp4q_device_kernels_total", {{"device", "cpu"}}), ops);

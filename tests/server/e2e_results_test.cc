@@ -300,12 +300,11 @@ TEST_F(E2eResultsTest, StateChangingCallsWhoseReplyCannotFitAreRefusedBeforeThey
   {
     auto c = Context();
     v1::CreateWeightReply rep;
-    ASSERT_TRUE(
-        stub->CreateWeight(c.get(), Weight("w", RandomF32(512 * 512, 1, 0.05f), 512, 512, true),
-                           &rep)
-            .ok());
+    v1::CreateWeightRequest w = Weight("w", "", 512, 512, /*ef=*/false);
+    *w.mutable_initial() = InlineTensor(RandomBF16(512 * 512, 1, 0.05f), 512, 512, v1::DTYPE_BF16);
+    ASSERT_TRUE(stub->CreateWeight(c.get(), w, &rep).ok());
   }
-  const std::string before = StateOf(*stub, "w", true);
+  const std::string before = StateOf(*stub, "w", false);
   v1::UpdateWeightRequest u;
   u.set_name("w");
   u.set_step(1);
@@ -318,7 +317,7 @@ TEST_F(E2eResultsTest, StateChangingCallsWhoseReplyCannotFitAreRefusedBeforeThey
   grpc::Status s = stub->UpdateWeight(c.get(), u, &rep);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
   EXPECT_THAT(s.error_message(), HasSubstr("nothing was run"));
-  EXPECT_EQ(StateOf(*stub, "w", true), before);
+  EXPECT_EQ(StateOf(*stub, "w", false), before);
   // Without the inline output it applies, once.
   u.set_return_dequantized(false);
   auto c2 = Context();

@@ -2,7 +2,7 @@
 // with exit code 4 and a message naming the first one's pid; the lock goes with
 // the holder (clean stop or kill -9).
 //
-// DISABLED_ until server/main.cc calls LockStateDir (server/state_dir.h) at
+//  until server/main.cc calls LockStateDir (server/state_dir.h) at
 // startup; whoever wires it drops the prefix. Today's fp4qd starts the second
 // server and both write the same checkpoint (the finding: the second
 // one's weights vanished after both stopped).
@@ -22,7 +22,7 @@ using ::testing::HasSubstr;
 
 constexpr int kExitStateDirLocked = 4;  // server/state_dir.h, docs/DESIGN.md exit codes
 
-TEST(E2eStateDirLockTest, DISABLED_SecondServerOnOneStateDirExitsAtOnceNamingTheHolder) {
+TEST(E2eStateDirLockTest, SecondServerOnOneStateDirExitsAtOnceNamingTheHolder) {
   TempDir dir;
   auto first = ServerProcess::Start({"--state_dir=" + dir.path()});
   ASSERT_TRUE(first.ok()) << first.status();
@@ -43,7 +43,7 @@ TEST(E2eStateDirLockTest, DISABLED_SecondServerOnOneStateDirExitsAtOnceNamingThe
   EXPECT_TRUE(next.ok()) << next.status();
 }
 
-TEST(E2eStateDirLockTest, DISABLED_KillNineOfTheHolderFreesTheDirectory) {
+TEST(E2eStateDirLockTest, KillNineOfTheHolderFreesTheDirectory) {
   TempDir dir;
   auto first = ServerProcess::Start({"--state_dir=" + dir.path()});
   ASSERT_TRUE(first.ok()) << first.status();

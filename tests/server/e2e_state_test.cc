@@ -131,8 +131,9 @@ TEST(E2eStateTest, LifecycleOfWeightsAndResiduals) {
   EXPECT_TRUE(created.weight().options().error_feedback());
   EXPECT_EQ(created.weight().options().block(), v1::BLOCK_SHAPE_1X16);
   EXPECT_EQ(created.weight().options().dtype(), v1::DTYPE_F32);
+  // Codes, scales, the global record, the step statistics (8 floats) and the residual.
   EXPECT_EQ(created.weight().bytes(),
-            uint64_t(rows * cols / 2 + rows * cols / 16 + 8 + rows * cols * 4));
+            uint64_t(rows * cols / 2 + rows * cols / 16 + 8 + 32 + rows * cols * 4));
 
   v1::GetWeightReply got = GetW(*stub, "model/w0", true);
   EXPECT_EQ(got.quantized().codes(), ref.codes());
@@ -206,7 +207,12 @@ TEST(E2eStateTest, RepeatedStepIsNotAppliedOlderStepIsRefused) {
   v1::UpdateWeightReply a, b;
   ASSERT_TRUE(UpdateW(*stub, "w", 3, g, 16, 32, 1.0f, &a).ok());
   const v1::GetWeightReply before = GetW(*stub, "w", true);
-  ASSERT_TRUE(UpdateW(*stub, "w", 3, RandomF32(16 * 32, 6, 9.0f), 16, 32, 1.0f, &b).ok());
+  // Another update for the applied step is refused, never dropped silently.
+  grpc::Status changed = UpdateW(*stub, "w", 3, RandomF32(16 * 32, 6, 9.0f), 16, 32, 1.0f, &b);
+  EXPECT_EQ(changed.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(changed.error_message(), HasSubstr("already applied step 3 with a different update"));
+  // The same update again (a retry) is answered applied=false.
+  ASSERT_TRUE(UpdateW(*stub, "w", 3, g, 16, 32, 1.0f, &b).ok());
   EXPECT_TRUE(a.applied());
   EXPECT_FALSE(b.applied());
   EXPECT_EQ(b.last_step(), 3);

@@ -98,7 +98,8 @@ TEST_F(EngineStateTest, CreateStoresTheCpuBackendsQuantization) {
   EXPECT_EQ(c->weight.name, "w");
   EXPECT_EQ(c->weight.last_step, 5);
   EXPECT_EQ(c->weight.device_uuid, "cpu");
-  EXPECT_EQ(c->weight.bytes, 16u * 32 + 16 * 4 + 8);
+  // Codes, scales, the global record and the step statistics (kStepStatFloats floats).
+  EXPECT_EQ(c->weight.bytes, 16u * 32 + 16 * 4 + 8 + 32);
   auto g = Get("w");
   ASSERT_TRUE(g.ok()) << g.status();
   const auto ref = RefQuantize(x, 16, 64);
@@ -159,8 +160,14 @@ TEST_F(EngineStateTest, StepsAreIdempotentAndStrictlyIncreasing) {
   EXPECT_EQ(u1->last_step, 4);
   auto before = Get("w", /*residual=*/true);
   ASSERT_TRUE(before.ok());
-  // The same step again (a retry or another data-parallel worker): not applied, nothing changes.
-  auto u1b = Update("w", 4, RandomF32(16 * 32, 99, 5.0f), 16, 32);
+  // The same step with another update: refused, never silently dropped (replica groups combine
+  // data-parallel workers' updates; a lone retry must resend its own).
+  EXPECT_THAT(Update("w", 4, RandomF32(16 * 32, 99, 5.0f), 16, 32),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("update: weight 'w' already applied step 4 with a different "
+                                 "update")));
+  // The same step again (a retry): not applied, nothing changes.
+  auto u1b = Update("w", 4, g1, 16, 32);
   ASSERT_TRUE(u1b.ok()) << u1b.status();
   EXPECT_FALSE(u1b->applied);
   EXPECT_EQ(u1b->last_step, 4);
@@ -259,16 +266,16 @@ TEST_F(EngineStateTest, BadInputsChangeNothing) {
 }
 
 TEST_F(EngineStateTest, BudgetIsEnforcedWithoutSideEffects) {
-  engine_ = MakeEngine(/*budget=*/1000);
-  // 16x32 weight: 256 codes + 32 scales + 8 global = 296 bytes.
+  engine_ = MakeEngine(/*budget=*/1100);
+  // 16x32 weight: 256 codes + 32 scales + 8 global + 32 statistics = 328 bytes.
   ASSERT_TRUE(Create("a", RandomF32(16 * 32, 1), 16, 32).ok());
   ASSERT_TRUE(Create("b", RandomF32(16 * 32, 2), 16, 32).ok());
   ASSERT_TRUE(Create("c", RandomF32(16 * 32, 3), 16, 32).ok());
   EXPECT_THAT(Create("d", RandomF32(16 * 32, 4), 16, 32),
               StatusIs(absl::StatusCode::kResourceExhausted,
-                       HasSubstr("name: 'd' needs 296 bytes of state; 112 of the 1000-byte state "
+                       HasSubstr("name: 'd' needs 328 bytes of state; 116 of the 1100-byte state "
                                  "budget are free")));
-  EXPECT_EQ(engine_->store().used_bytes(), 888u);
+  EXPECT_EQ(engine_->store().used_bytes(), 984u);
   EXPECT_EQ(engine_->ListTensors()->size(), 3u);
   auto del = Await<EmptyResult>([&](auto done) { engine_->DeleteWeight({}, {"b"}, done); });
   ASSERT_TRUE(del.ok());

@@ -3,6 +3,8 @@
 // replica groups (a K-rank step equals a one-worker replay of the rank-order mean); namespaces.
 #include <cmath>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <limits>
 #include <thread>
 #include <vector>
@@ -37,7 +39,16 @@ struct Snapshot {
   }
 };
 
+struct WeightSpec {
+  bool ef = true;
+  int block = 1;     // 1x16, 2: 16x16
+  int rounding = 1;  // 1 RTN, 2 SR
+  kernels::Scaling scaling = kernels::Scaling::kCurrent;
+  OptimizerSpecIn optimizer;
+  int64_t step = 0;
+};
 class EngineStepTest : public ::testing::Test {
+
  protected:
   void SetUp() override { engine_ = MakeEngine(uint64_t{1} << 30); }
 
@@ -52,15 +63,6 @@ class EngineStepTest : public ::testing::Test {
     EXPECT_TRUE(e.ok()) << e.status();
     return std::move(*e);
   }
-
-  struct WeightSpec {
-    bool ef = true;
-    int block = 1;     // 1x16, 2: 16x16
-    int rounding = 1;  // 1 RTN, 2 SR
-    kernels::Scaling scaling = kernels::Scaling::kCurrent;
-    OptimizerSpecIn optimizer;
-    int64_t step = 0;
-  };
 
   absl::Status Create(const std::string& name, int64_t rows, int64_t cols, uint32_t seed,
                       const WeightSpec& spec = {}, const RequestContext& ctx = {}) {
@@ -118,11 +120,20 @@ class EngineStepTest : public ::testing::Test {
     return s;
   }
 
-  static StepItemIn Item(const std::string& name, const std::string& grad, int64_t rows,
-                         int64_t cols, uint32_t group = 0) {
+  // Requests view their tensors' bytes: the fixture keeps every one alive.
+  const std::string& Keep(std::string bytes) {
+    std::lock_guard<std::mutex> lock(kept_mu_);
+    kept_.push_back(std::move(bytes));
+    return kept_.back();
+  }
+  TensorIn Tensor(std::string bytes, int64_t rows, int64_t cols) {
+    return InlineF32(Keep(std::move(bytes)), rows, cols);
+  }
+  StepItemIn Item(const std::string& name, std::string grad, int64_t rows, int64_t cols,
+                  uint32_t group = 0) {
     StepItemIn it;
     it.name = name;
-    it.update = InlineF32(grad, rows, cols);
+    it.update = Tensor(std::move(grad), rows, cols);
     it.return_dequantized = true;
     it.group = group;
     return it;
@@ -162,6 +173,8 @@ class EngineStepTest : public ::testing::Test {
 
   std::unique_ptr<Engine> engine_;
   std::map<std::string, std::string> init_;
+  std::mutex kept_mu_;
+  std::deque<std::string> kept_;
 };
 
 struct Shape {
@@ -229,11 +242,12 @@ TEST_F(EngineStepTest, NonFiniteGradientRefusesTheWholeStep) {
     StepRequest req;
     req.step = 1;
     req.groups = {Sgd(0.1f)};
+    std::vector<std::string> grads;  // the request's views point into these
     for (int i = 0; i < 3; ++i) {
-      std::string g = RandomF32(16 * 32, 50 + i);
-      if (i == 2) std::memcpy(g.data() + 4 * 77, &bad, 4);
-      req.items.push_back(Item(absl::StrCat("w", i), g, 16, 32));
+      grads.push_back(RandomF32(16 * 32, 50 + i));
+      if (i == 2) std::memcpy(grads.back().data() + 4 * 77, &bad, 4);
     }
+    for (int i = 0; i < 3; ++i) req.items.push_back(Item(absl::StrCat("w", i), grads[i], 16, 32));
     EXPECT_THAT(Step(req), StatusIs(absl::StatusCode::kInvalidArgument,
                                     HasSubstr(std::isnan(bad) ? "items[2].update: element 77 is NaN"
                                                               : "items[2].update: element 77 is "
@@ -294,7 +308,7 @@ TEST_F(EngineStepTest, BadStepsNameTheItemAndFieldAndChangeNothing) {
   }
   {
     StepRequest r = base();
-    r.items[1].update = InlineF32(RandomF32(16 * 16, 6), 16, 16);
+    r.items[1].update = Tensor(RandomF32(16 * 16, 6), 16, 16);
     EXPECT_THAT(Step(r), StatusIs(absl::StatusCode::kInvalidArgument,
                                   HasSubstr("items[1].update.shape: [16, 16] does not match "
                                             "weight 'b' of shape [16, 32]")));
@@ -309,7 +323,7 @@ TEST_F(EngineStepTest, BadStepsNameTheItemAndFieldAndChangeNothing) {
     StepRequest r = base();
     r.items[0].update.data.inline_data = absl::string_view(g).substr(0, 100);
     EXPECT_THAT(Step(r), StatusIs(absl::StatusCode::kInvalidArgument,
-                                  HasSubstr("items[0].update.inline_data: 100 bytes, expected 2048")));
+                                  HasSubstr("items[0].update.inline_data: 100 bytes; DTYPE_F32 [16, 32] needs 2048")));
   }
   {
     StepRequest r = base();
@@ -336,7 +350,7 @@ TEST_F(EngineStepTest, BadStepsNameTheItemAndFieldAndChangeNothing) {
   {
     StepRequest r = base();
     r.step = 0;  // the weights were created at step 0: not newer
-    r.items[0].update = InlineF32(RandomF32(16 * 32, 7), 16, 32);
+    r.items[0].update = Tensor(RandomF32(16 * 32, 7), 16, 32);
     EXPECT_THAT(Step(r), StatusIs(absl::StatusCode::kFailedPrecondition,
                                   HasSubstr("step: 0 is not newer than the last step 0 of weight "
                                             "'a' (its creation or restored step)")));
@@ -375,7 +389,7 @@ TEST_F(EngineStepTest, RetriesAreIdempotentAndChangedRetriesAreRefused) {
   EXPECT_EQ(again->items[0].dequantized.inline_data, first->items[0].dequantized.inline_data);
   EXPECT_EQ(again->items[0].global_amax, first->items[0].global_amax);
   EXPECT_TRUE(Take("w") == after);
-  req.items[0].update = InlineF32(RandomF32(16 * 32, 10), 16, 32);
+  req.items[0].update = Tensor(RandomF32(16 * 32, 10), 16, 32);
   EXPECT_THAT(Step(req),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("update: weight 'w' already applied step 4 with a different "
@@ -563,7 +577,7 @@ TEST_F(EngineStepTest, ReplicaGroupEqualsARankOrderReplay) {
   retry.items = {Item("g", RandomF32(16 * 32, 4242), 16, 32)};
   EXPECT_THAT(Step(retry, ctx[1]),
               StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("rank 1's update: weight 'g' already applied step 3 with a "
+                       HasSubstr("rank 1's items[0].update: weight 'g' already applied step 3 with a "
                                  "different update")));
 }
 
@@ -663,7 +677,7 @@ TEST_F(EngineStepTest, NamespacesKeepJobsApart) {
                        HasSubstr("namespace: 'job-b' is not the namespace this caller's token is "
                                  "bound to ('job-a')")));
   bound.session_id = b.session_id;
-  EXPECT_THAT(engine_->ListTensors(bound), StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(engine_->ListTensors(bound), StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("bound to ('job-a')")));
   EXPECT_THAT(engine_->OpenSession(RequestContext{}, "x", "bad|name"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("namespace: byte 3")));
   // Deleting job-b's namespace leaves job-a alone.
