@@ -12,9 +12,12 @@
 # (estimate; the summary records the measured time). fp4qd comes from --bundle (default .bundle
 # when it holds bin/fp4qd: scripts/device-bundle.sh, with its libraries and the Python client's
 # descriptor) or else from --build-dir (default build). Results in --out (default
-# $OUT/train when $OUT is set, else DIR/train-cpu or DIR/train-gpu); --doc also rewrites the
-# results block of docs/TRAINING.md and its images (docs/img/train/). Exit status: run.py's
-# (0 done, 1 error, 2 bad usage); plotting is skipped, saying so, where matplotlib is missing.
+# DIR/train-cpu or DIR/train-gpu). Where $OUT is set (the device tool's machine, which returns
+# at most 8 files), the run goes to /tmp/fp4q-train and $OUT gets train.tgz (the whole folder:
+# unpack it and run train/plot.py on it), summary.json, results.md, the PNGs and train.log.
+# --doc also rewrites the results block of docs/TRAINING.md and its images (docs/img/train/).
+# Exit status: run.py's (0 done, 1 error, 2 bad usage); plotting is skipped, saying so, where
+# matplotlib is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -57,20 +60,45 @@ else
   preset=cpu-ci
   [[ -x /usr/bin/python3 ]] && py=/usr/bin/python3  # Debian's torch (scripts/install-deps.sh)
 fi
+pack=""
 if [[ -z "$out" ]]; then
-  if [[ -n "${OUT:-}" ]]; then out=$OUT/train; else out=$build_dir/train-${preset%%-*}; fi
+  if [[ -n "${OUT:-}" ]]; then
+    out=/tmp/fp4q-train
+    pack=$OUT
+    rm -rf "$out"
+  else
+    out=$build_dir/train-${preset%%-*}
+  fi
 fi
 export PYTHONPATH="$PWD/client/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 
 start=$(date +%s)
-"$py" train/run.py --preset "$preset" --fp4qd "$fp4qd" --out "$out" "${extra[@]}"
-echo "train-transformer.sh: run.py took $(($(date +%s) - start)) s; results in $out"
-if "$py" -c 'import matplotlib' 2>/dev/null; then
+mkdir -p "$out"
+set +e
+"$py" train/run.py --preset "$preset" --fp4qd "$fp4qd" --out "$out" "${extra[@]}" 2>&1 |
+  tee "$out/train.log"
+rc=${PIPESTATUS[0]}
+set -e
+echo "train-transformer.sh: run.py took $(($(date +%s) - start)) s (exit $rc); results in $out"
+if [[ ! -f "$out/summary.json" ]]; then
+  echo "train-transformer.sh: no $out/summary.json: nothing to plot"
+elif "$py" -c 'import matplotlib' 2>/dev/null; then
   plot=("$py" train/plot.py "$out")
-  ((doc)) && plot+=(--img-dir docs/img/train --doc docs/TRAINING.md)
-  "${plot[@]}" > /dev/null
-  echo "train-transformer.sh: plots and table in $out (results.md, *.png)"
+  if ((doc)); then plot+=(--img-dir docs/img/train --doc docs/TRAINING.md); fi
+  if "${plot[@]}" > /dev/null; then
+    echo "train-transformer.sh: plots and table in $out (results.md, *.png)"
+  else
+    echo "train-transformer.sh: train/plot.py failed (above)"
+  fi
 else
   echo "train-transformer.sh: no matplotlib for $py: plots skipped (train/plot.py $out)"
 fi
+if [[ -n "$pack" ]]; then
+  tar czf "$pack/train.tgz" -C "$out" .
+  for f in summary.json results.md add.png text.png train.log; do
+    if [[ -f "$out/$f" ]]; then cp "$out/$f" "$pack/"; fi
+  done
+  echo "train-transformer.sh: $pack/train.tgz and the summary, table, plots and log in $pack"
+fi
+exit "$rc"
