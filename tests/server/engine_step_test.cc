@@ -251,7 +251,7 @@ TEST_F(EngineStepTest, NonFiniteGradientRefusesTheWholeStep) {
     EXPECT_THAT(Step(req), StatusIs(absl::StatusCode::kInvalidArgument,
                                     HasSubstr(std::isnan(bad) ? "items[2].update: element 77 is NaN"
                                                               : "items[2].update: element 77 is "
-                                                                "+Inf")));
+                                                                "Inf (weight")));
     EXPECT_THAT(Step(req), StatusIs(absl::StatusCode::kInvalidArgument,
                                     HasSubstr("weight 'w2', step 1); nothing was applied")));
   }
