@@ -21,6 +21,14 @@
 #              --profile also a cProfile of the Python call
 #   examples   the training examples with --transport cuda_ipc (example 1 inline too) compared
 #              bit for bit with the CPU backend's results carried in the bundle
+#   step       the trainer's step: fp4q_bench --only step (kernels vs the copy ceiling), then
+#              through fp4qd: fp4q bench-step (C++: GPT-2-small, Llama-3-8B-shaped, 8192x8192;
+#              SGD RTN+EF current/delayed, AdamW; fast socket and gRPC) and
+#              bench/trainer_step.py (Python fp4q.optim beside torch's SGD/AdamW and an
+#              in-process torch NVFP4 update); FP4Q_STEP_LLAMA_LAYERS (default 32)
+#   train      train/ (scripts/train-transformer.sh --gpu): the transformer in every variant
+#   dp         bench/dp_step.py: 4 data-parallel ranks sharing the GPU through one fp4qd, beside
+#              torch.distributed all-reduce (gloo) with per-rank fp32 masters
 #   multigpu   (2+ GPUs: kind nvidia-h200-x2) fp4q_multigpu_test with every GPU and with one
 #              (it must skip, saying why), ipc_gpu_test, tests/python/multigpu_check.py
 #
@@ -57,7 +65,7 @@ example_steps="200 500"
 profile=0
 dry=0
 suites=()
-known="info gpu-tests memcheck bench profile service python examples multigpu"
+known="info gpu-tests memcheck bench profile service python examples step train dp multigpu"
 while (($#)); do
   case "$1" in
     --bundle) bundle="$2"; shift 2 ;;
@@ -483,6 +491,55 @@ for s in steps:
 sys.exit(1 if bad else 0)
 PY
   record compare $? "$(grep -c '^IDENTICAL' "$work/compare.txt") identical, $(grep -cE '^(DIFFERENT|MISSING)' "$work/compare.txt") different or missing"
+}
+
+suite_step() {
+  run_step kernel-step 300 "$b/bin/fp4q_bench" --out "$work/fp4q_bench_step.json" \
+    --commit "${commit%% *}" --only step
+  local copy
+  copy=$(sed -n 's/^copy: .*: \([0-9.]*\) GB\/s$/\1/p' "$work/kernel-step.log" | head -n 1)
+  detail copy "${copy:-?} GB/s"
+  local sock=$root/step.sock fast=$root/step.fast
+  rm -f "$sock" "$fast"
+  if ((!dry)); then
+    "$b/bin/fp4qd" --backend "$backend" --allow_cuda_ipc --unix_socket "$sock" --fast_socket "$fast" \
+      --listen 127.0.0.1:0 --metrics_listen= --state_budget_bytes=137438953472 --log_format text \
+      > "$work/fp4qd.out" 2> "$work/fp4qd.log" &
+    pid=$!
+    for _ in $(seq 150); do grep -q listening "$work/fp4qd.out" && break; sleep 0.1; done
+  fi
+  local layers=${FP4Q_STEP_LLAMA_LAYERS:-32}
+  st() {  # st NAME ARGS...: one bench-step configuration
+    local name=$1
+    shift
+    run_step "$name" 240 "$b/bin/fp4q" --server "unix://$sock" bench-step \
+      ${copy:+--copy-bandwidth "$copy"} --json "$work/$name.json" "$@"
+  }
+  local F=(--fast-socket "$fast")
+  st gpt2-sgd-grpc --model gpt2-small
+  st gpt2-sgd-fast --model gpt2-small "${F[@]}"
+  st gpt2-sgd-delayed-fast --model gpt2-small --scaling delayed "${F[@]}"
+  st gpt2-adamw-fast --model gpt2-small --optimizer adamw "${F[@]}"
+  st gpt2-adamw-nvfp4-fast --model gpt2-small --optimizer adamw --state-dtype nvfp4 "${F[@]}"
+  st sq8192-fast --model square8192 "${F[@]}"
+  st sq8192-delayed-fast --model square8192 --scaling delayed "${F[@]}"
+  st llama-sgd-fast --model llama3-8b --layers "$layers" --iters 20 --warmup 3 "${F[@]}"
+  st llama-sgd-delayed-fast --model llama3-8b --layers "$layers" --iters 20 --warmup 3 \
+    --scaling delayed "${F[@]}"
+  st llama-adamw-fast --model llama3-8b --layers "$layers" --iters 10 --warmup 2 \
+    --optimizer adamw "${F[@]}"
+  stop_server
+  run_step trainer-step 420 python3 bench/trainer_step.py --fp4qd "$b/bin/fp4qd" \
+    --llama-layers "${FP4Q_STEP_PY_LLAMA_LAYERS:-8}" --json "$work/trainer_step.json"
+}
+
+suite_train() {
+  OUT=$work run_step train 560 bash scripts/train-transformer.sh --gpu
+}
+
+suite_dp() {
+  run_step dp 400 python3 bench/dp_step.py --fp4qd "$b/bin/fp4qd" --ranks 4 \
+    --json "$work/dp_step.json"
 }
 
 suite_multigpu() {
