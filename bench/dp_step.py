@@ -187,11 +187,14 @@ def main():
               "torch": torch.__version__, "ways": {}}
     if args.device.startswith("cuda"):
         report["gpu"] = torch.cuda.get_device_name(0)
-    try:
-        report["commit"] = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
-                                          capture_output=True, text=True).stdout.strip()
-    except OSError:
-        report["commit"] = "unknown"
+    report["commit"] = os.environ.get("FP4Q_COMMIT")
+    if not report["commit"]:
+        try:
+            report["commit"] = subprocess.run(
+                ["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
+                text=True).stdout.strip()
+        except OSError:
+            report["commit"] = "unknown"
     try:
         for way in args.ways.split(","):
             mp.spawn(run_rank, args=(args, way, tmp), nprocs=args.ranks, join=True)

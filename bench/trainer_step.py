@@ -435,11 +435,51 @@ def print_table(name, section):
 
 
 def commit():
+    if os.environ.get("FP4Q_COMMIT"):  # set by scripts/device/run.sh: the bundle's commit
+        return os.environ["FP4Q_COMMIT"]
     try:
         return subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
                               text=True, timeout=30).stdout.strip() or None
     except OSError:
         return None
+
+
+def profile_steps(server, args, device, path):
+    """cProfile of the Python side of fp4q.optim.SGD.step on the GPT-2 shapes (fast socket):
+    the functions by own time, then by cumulative time, into `path`."""
+    import cProfile
+    import io
+    import pstats
+    model = Model(gpt2_shapes(args.dry_run), device, torch.bfloat16, seed=5)
+    c = server.client(True, "bench-profile-%d" % os.getpid())
+    try:
+        opt = fp4q.optim.SGD(model.params, lr=1e-2, client=c, existing="replace")
+        for _ in range(args.warmup):
+            opt.step()
+        prof = cProfile.Profile()
+        sync(device)
+        t0 = time.perf_counter()
+        prof.enable()
+        for _ in range(args.steps):
+            opt.step()
+        prof.disable()
+        sync(device)
+        wall = (time.perf_counter() - t0) / args.steps * 1e3
+        buf = io.StringIO()
+        buf.write("fp4q.optim.SGD.step, GPT-2 shapes, fast socket, %d steps under cProfile: "
+                  "%.3f ms a step (profiled)\n" % (args.steps, wall))
+        st = pstats.Stats(prof, stream=buf)
+        st.sort_stats("tottime").print_stats(40)
+        st.sort_stats("cumulative").print_stats(40)
+        with open(path, "w") as f:
+            f.write(buf.getvalue())
+        print("wrote %s (%.3f ms a profiled step)" % (path, wall))
+    finally:
+        try:
+            c.delete_namespace()
+        except fp4q.Fp4qError:
+            pass
+        c.close()
 
 
 def main(argv=None):
@@ -461,6 +501,9 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--profile", metavar="PATH",
+                    help="also profile the Python side of GPT-2-shaped fp4q.optim.SGD steps "
+                         "(cProfile) into PATH")
     args = ap.parse_args(argv)
     DRY = args.dry_run
     if args.dry_run:
@@ -496,6 +539,8 @@ def main(argv=None):
             results["models"][name] = model_section(name, shapes, server, args, device,
                                                     bandwidth)
             print_table(name, results["models"][name])
+        if args.profile:
+            profile_steps(server, args, device, args.profile)
         u = update_8192(server, args, device, bandwidth)
         results["update_8192"] = u
         if "error" in u:

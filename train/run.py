@@ -126,6 +126,8 @@ def _import_fp4q():
 
 
 def _git_commit():
+    if os.environ.get("FP4Q_COMMIT"):  # set by scripts/device/run.sh: the bundle's commit
+        return os.environ["FP4Q_COMMIT"]
     try:
         # "-dirty": tracked files differ from the commit (fp4qd may be built from them).
         return subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty"],

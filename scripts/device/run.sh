@@ -119,6 +119,7 @@ export PYTHONPATH="$PWD/client/python:$PWD/tests/python${PYTHONPATH:+:$PYTHONPAT
 export PYTHONUNBUFFERED=1
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 commit=$(tr '\n' ' ' 2>/dev/null < "$b/COMMIT" || echo unknown)
+export FP4Q_COMMIT="${commit% }"  # the benchmarks and train/run.py record the bundle's commit
 gpu=$(nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader 2>/dev/null |
       tr '\n' ';' || true)
 
@@ -530,6 +531,7 @@ suite_step() {
     --optimizer adamw "${F[@]}"
   stop_server
   run_step trainer-step 420 python3 bench/trainer_step.py --fp4qd "$b/bin/fp4qd" \
+    --profile "$work/trainer_step_profile.txt" \
     --llama-layers "${FP4Q_STEP_PY_LLAMA_LAYERS:-8}" --json "$work/trainer_step.json"
 }
 

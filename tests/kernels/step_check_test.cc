@@ -259,10 +259,10 @@ TEST_F(StepCheckTest, FingerprintKnownAnswers) {
     b[i] = static_cast<uint16_t>(step_testing::Bits(0.25f * static_cast<float>(i - 16)) >> 16);
   }
   std::vector<float> z(16, 0.0f);
-  EXPECT_EQ(ReferenceFingerprint(a.data(), DType::kF32, 1, 16), 0xc3739c94fdcb4f96ull);
-  EXPECT_EQ(ReferenceFingerprint(b.data(), DType::kBF16, 2, 16), 0xe9ccf5929dff1394ull);
-  EXPECT_EQ(ReferenceFingerprint(b.data(), DType::kBF16, 1, 32), 0xe36c7bc65a1b218aull);
-  EXPECT_EQ(ReferenceFingerprint(z.data(), DType::kF32, 1, 16), 0x8f07c1a7b91470e2ull);
+  EXPECT_EQ(ReferenceFingerprint(a.data(), DType::kF32, 1, 16), 0x9d7cb1b305e14183ull);
+  EXPECT_EQ(ReferenceFingerprint(b.data(), DType::kBF16, 2, 16), 0xcd9db92cef49e8efull);
+  EXPECT_EQ(ReferenceFingerprint(b.data(), DType::kBF16, 1, 32), 0xe82675666cbe6240ull);
+  EXPECT_EQ(ReferenceFingerprint(z.data(), DType::kF32, 1, 16), 0x80a384b1aab06508ull);
 
   // The backend's report carries the same fingerprints, for every update of every item.
   StepCase c1;
@@ -287,9 +287,9 @@ TEST_F(StepCheckTest, FingerprintKnownAnswers) {
       *cpu_, {MakeItem(c1, &s1, u1), MakeItem(c2, &s2, u2), MakeItem(c3, &s3, u3)}, &report));
   ASSERT_TRUE(report.ok);
   ASSERT_EQ(report.fingerprints.size(), 3u);
-  EXPECT_EQ(report.fingerprints[0], std::vector<uint64_t>{0xc3739c94fdcb4f96ull});
-  EXPECT_EQ(report.fingerprints[1], std::vector<uint64_t>{0xe9ccf5929dff1394ull});
-  EXPECT_EQ(report.fingerprints[2][0], 0xe36c7bc65a1b218aull);
+  EXPECT_EQ(report.fingerprints[0], std::vector<uint64_t>{0x9d7cb1b305e14183ull});
+  EXPECT_EQ(report.fingerprints[1], std::vector<uint64_t>{0xcd9db92cef49e8efull});
+  EXPECT_EQ(report.fingerprints[2][0], 0xe82675666cbe6240ull);
   EXPECT_EQ(report.fingerprints[2][1], ReferenceFingerprint(u3[1].data(), DType::kF32, 1, 32));
 }
 

@@ -518,20 +518,15 @@ void ApplyItem(const StepItem& item, const Plan& plan) {
 }  // namespace
 
 uint64_t UpdateFingerprint(const ConstTensor& u) {
-  const uint64_t n = static_cast<uint64_t>(u.rows * u.cols);
+  // The tensor's bytes as little-endian 64-bit words (four bf16 or two f32 elements each; a
+  // tensor has a multiple of 16 elements, so whole words).
+  const uint64_t words = static_cast<uint64_t>(u.rows * u.cols) * DTypeSize(u.dtype) / 8;
+  const auto* bytes = static_cast<const uint8_t*>(u.data);
   uint64_t sum = 0;
-  for (uint64_t i = 0; i < n; ++i) {
-    uint64_t e;
-    if (u.dtype == DType::kF32) {
-      uint32_t bits;
-      std::memcpy(&bits, static_cast<const uint8_t*>(u.data) + 4 * i, 4);
-      e = bits;
-    } else {
-      uint16_t bits;
-      std::memcpy(&bits, static_cast<const uint8_t*>(u.data) + 2 * i, 2);
-      e = bits;
-    }
-    sum += Mix64(i * 0x9E3779B97F4A7C15ull + e);
+  for (uint64_t j = 0; j < words; ++j) {
+    uint64_t w = 0;
+    for (int b = 7; b >= 0; --b) w = (w << 8) | bytes[8 * j + static_cast<uint64_t>(b)];
+    sum += Mix64(j * 0x9E3779B97F4A7C15ull + w);
   }
   const uint64_t c = u.dtype == DType::kF32 ? 1 : 2;
   const uint64_t shape =

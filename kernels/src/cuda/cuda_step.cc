@@ -294,11 +294,26 @@ absl::Status CheckWorkspaceAligned(const void* ws) {
   return absl::OkStatus();
 }
 
+// The kernels index blocks and block rows in 32 bits (step_device.cuh's LocateHalf).
+absl::Status CheckKernelLimits(const std::vector<StepItem>& items) {
+  constexpr int64_t kMaxElements = int64_t{1} << 36;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const QuantizedTensor& w = items[i].weight;
+    if (w.rows * w.cols >= kMaxElements) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "items[", i, "].weight: ", w.rows, " x ", w.cols,
+          " elements; the CUDA step kernels take weights of fewer than 2^36 elements"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CudaBackend::StepCheckImpl(const std::vector<StepItem>& items, void* workspace,
                                         cudaStream_t s) {
   FP4Q_RETURN_IF_ERROR(CheckWorkspaceAligned(workspace));
+  FP4Q_RETURN_IF_ERROR(CheckKernelLimits(items));
   const HostPlan h = BuildPlan(items);
   const Layout& l = h.layout;
   auto* ws = static_cast<uint8_t*>(workspace);
@@ -341,6 +356,7 @@ absl::Status CudaBackend::StepCheckImpl(const std::vector<StepItem>& items, void
 absl::Status CudaBackend::StepApplyImpl(const std::vector<StepItem>& items, void* workspace,
                                         cudaStream_t s) {
   FP4Q_RETURN_IF_ERROR(CheckWorkspaceAligned(workspace));
+  FP4Q_RETURN_IF_ERROR(CheckKernelLimits(items));
   const HostPlan h = BuildPlan(items);  // the same lists the check copied
   const Layout& l = h.layout;
   auto* ws = static_cast<uint8_t*>(workspace);

@@ -91,46 +91,6 @@ FP4Q_D void WidenGran(const Gran<In, kRes>& gr, float* v) {
   }
 }
 
-// Byte k of the word: byte `b` of a[k] (k = 0..3), by three byte permutes.
-FP4Q_D uint32_t GatherBytes(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b) {
-  const uint32_t sel = b | ((b + 4u) << 4);  // lo byte from the first operand, next from the second
-  return __byte_perm(__byte_perm(a0, a1, sel), __byte_perm(a2, a3, sel), 0x5410);
-}
-
-// The 8 codes of a granule as one word (element e in bits 4e .. 4e+3), as Codes16 does for 16.
-// Packing by byte permutes: byte 0 of each magnitude's float bits is its code (plus 1 with the SR
-// base) and byte 3 of y carries its sign, so the even and the odd elements' bytes are gathered
-// into two words each and merged with one shift (8 ALU-pipe operations per 8 elements for the
-// codes, 8 for the signs, instead of 24 IMADs).
-template <bool kSr>
-FP4Q_D uint32_t Codes8(const float* v, float inv, const UnitCtx& c, uint64_t group) {
-  constexpr uint32_t kBase = kSr ? kSrMagBase : kRnMagBase;
-  constexpr uint32_t kLowBias = (kBase & 0xFFu) * 0x11111111u;  // 0 (RTN) or 1 per nibble (SR)
-  uint4 r = make_uint4(0u, 0u, 0u, 0u);
-  if (kSr) r = SrBits(group, c.seed, c.step);
-  uint32_t m[8], y[8];
-  float probe = 0.0f;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    probe = __fadd_rn(probe, fabsf(v[e]));
-    const float ye = __fmul_rn(v[e], inv);
-    y[e] = __float_as_uint(ye);
-    m[e] = __float_as_uint(kSr ? E2M1SrMagnitude(ye, SrOperand(r, e)) : E2M1RnMagnitude(ye));
-  }
-  const uint32_t codes = GatherBytes(m[0], m[2], m[4], m[6], 0) +
-                         GatherBytes(m[1], m[3], m[5], m[7], 0) * 16u - kLowBias;
-  const uint32_t signs_even = GatherBytes(y[0], y[2], y[4], y[6], 3);  // sign of 2k at bit 8k+7
-  const uint32_t signs_odd = GatherBytes(y[1], y[3], y[5], y[7], 3);   // sign of 2k+1 at 8k+7
-  uint32_t acc = codes | ((signs_even >> 4) & 0x08080808u) | (signs_odd & 0x80808080u);
-  if (isnan(probe)) {  // NaN elements: code 0x7, no sign
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      if (isnan(v[e])) acc &= ~(8u << (4 * e));
-    }
-  }
-  return acc;
-}
-
 // Error feedback (and its amax-only pass): x and the f32 residual, a lane pair per block.
 // kTrack: the guarded amax-only pass (its own instantiation).
 template <typename In, bool kSr, bool kTrack = false>

@@ -6,11 +6,10 @@
 // weight's codes and scale (0.5625 bytes, read and written), the residual (4 + 4), each moment
 // in its dtype (read and written), each dequantized output (written). For SGD with error
 // feedback, bf16 gradients and a bf16 output that is 6.5625 bytes read and 6.5625 written per
-// element, the floor. Lanes own 16-element blocks; every access is a 16-byte vector (8 bytes for
-// a block's codes, 1 for its scale) and a warp's lanes cover contiguous memory (1x16), or
-// 16 rows x 64 bytes of codes (16x16 tiles). Grid-stride over the launch's warp-units, no host
-// synchronization. Dense (f32 / bf16) moments are advanced eight elements at a time to keep
-// few registers live; NVFP4 moments need a whole block for its amax.
+// element, the floor. A lane pair owns a 16-element block, eight consecutive elements a lane
+// (step_device.cuh's LaneHalf), so a bf16 access is one 16-byte vector a lane and a warp's lanes
+// cover contiguous memory (1x16), or 16 rows of one 16x16 tile; block amaxes are shuffles. No
+// host synchronization.
 #ifndef FP4Q_KERNELS_SRC_CUDA_STEP_APPLY_CUH_
 #define FP4Q_KERNELS_SRC_CUDA_STEP_APPLY_CUH_
 
@@ -23,14 +22,62 @@
 
 namespace fp4q::kernels::cuda::step_dev {
 
-// What a warp keeps of its current item.
+// What a warp keeps of its current item: the scalars, the scaling, and the item's pointers in
+// registers (read once per item; the kernel's byte stores could alias the descriptor table, so
+// reading them through it would reload them after every store).
 struct ApplyItem {
   Scalars s;
   UnitCtx q;            // the weight's new global scale and the SR key
   float s_dec_old;      // the weight's old decode scale
   NvGlobal mg[3];       // NVFP4 moments: new global scales
   float m_sdec_old[3];  // and old decode scales
+  HalfItem p;
+  const void* g0;       // rank 0's update and the first output
+  int g0_dtype;
+  void* o0;
+  int o0_dtype;
+  int first_update, n_updates, first_out, n_outs;
+  void* m_dense[3];
+  uint8_t* m_codes[3];
+  uint8_t* m_scales[3];
 };
+
+FP4Q_D void LoadApplyItem(const StepKernelArgs& a, int it, ApplyItem* c) {
+  const ItemDesc& d = a.descs[it];
+  const step_ws::Plan plan = a.plans[it];
+  c->s = LoadScalars(d);
+  c->q = UnitCtx{};
+  c->q.g = MakeNvGlobal(plan.amax, 2688.0f);
+  c->q.amax = plan.amax;
+  c->q.scale_sel = kSelMapTo6;
+  c->q.seed = d.seed;
+  c->q.step = d.sr_step;
+  c->s_dec_old = __frcp_rn(plan.s_enc_old);
+#pragma unroll
+  for (int j = 0; j < 3; ++j) {
+    c->mg[j] = MakeNvGlobal(plan.m_amax[j], 2688.0f);
+    c->m_sdec_old[j] = __frcp_rn(plan.m_senc_old[j]);
+    c->m_dense[j] = d.m_dense[j];
+    c->m_codes[j] = d.m_codes[j];
+    c->m_scales[j] = d.m_scales[j];
+  }
+  c->p = LoadHalfItem(d);
+  c->first_update = d.first_update;
+  c->n_updates = d.n_updates;
+  c->first_out = d.first_out;
+  c->n_outs = d.n_outs;
+  const step_ws::UpdateDesc u0 = a.updates[d.first_update];
+  c->g0 = u0.data;
+  c->g0_dtype = u0.dtype;
+  if (d.n_outs > 0) {
+    const step_ws::OutDesc o = a.outs[d.first_out];
+    c->o0 = o.data;
+    c->o0_dtype = o.dtype;
+  } else {
+    c->o0 = nullptr;
+    c->o0_dtype = 0;
+  }
+}
 
 struct ApplyAcc {
   float v = 0.0f, r = 0.0f, m1 = 0.0f, s2 = 0.0f, svm = 0.0f;
@@ -45,181 +92,254 @@ FP4Q_D void FlushApply(const StepKernelArgs& a, int item, const ApplyAcc& c) {
   if (HasMm2<kOpt>()) FlushMax(a.max_acc, item, step_ws::kMaxApplySvm, c.svm);
 }
 
-// Stores an NVFP4 moment block (10.5): codes + scale (`squared`: the roots, zero-free).
-FP4Q_D void StoreMomentNv(const ItemDesc& d, int j, const NvGlobal& g, int64_t base, bool squared,
-                          float* vals) {
-  if (squared) {
-#pragma unroll
-    for (int e = 0; e < 16; ++e) vals[e] = __fsqrt_rn(vals[e]);
+// The raw words of a lane's half block that the apply reads first (rank 0's update, the
+// weight's codes and scale, the residual): loaded one slot ahead of their use.
+struct ApplyRaw {
+  uint4 g[2];  // 8 bf16 (g[0]) or f32 (PairLoadF32Raw's words)
+  uint32_t codes;
+  uint32_t scale;
+  float4 r[2];  // PairLoadF32Raw's words
+};
+
+FP4Q_D void LoadApplyRaw(const ApplyItem& c, const LaneHalf& b, ApplyRaw* w) {
+  if (!b.valid) return;
+  if (c.g0_dtype == kF32) {
+    float4 x, y;
+    PairLoadF32Raw(static_cast<const float*>(c.g0), b.at, b.h, &x, &y);
+    w->g[0] = make_uint4(__float_as_uint(x.x), __float_as_uint(x.y), __float_as_uint(x.z),
+                         __float_as_uint(x.w));
+    w->g[1] = make_uint4(__float_as_uint(y.x), __float_as_uint(y.y), __float_as_uint(y.z),
+                         __float_as_uint(y.w));
+  } else {
+    w->g[0] = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(c.g0) + b.at);
   }
-  uint32_t w0, w1, sf;
-  QuantizeMoment16(vals, g, squared, &w0, &w1, &sf);
-  *reinterpret_cast<uint2*>(d.m_codes[j] + (base >> 1)) = make_uint2(w0, w1);
-  d.m_scales[j][base >> 4] = static_cast<uint8_t>(sf);
+  w->codes = *reinterpret_cast<const uint32_t*>(c.p.codes + (b.at >> 1));
+  w->scale = c.p.scales[b.scale_at];
+  if (c.s.has_r) PairLoadF32Raw(c.p.residual, b.at, b.h, &w->r[0], &w->r[1]);
 }
 
+// Max over the lanes sharing the block (the pair; for 16x16 the whole warp: 16 rows x 2 halves).
+template <bool kTile>
+FP4Q_D float BlockMax(unsigned mask, float m) {
+  m = fmaxf(m, __shfl_xor_sync(mask, m, 1));
+  if constexpr (kTile) {
+#pragma unroll
+    for (int d = 2; d <= 16; d <<= 1) m = fmaxf(m, __shfl_xor_sync(mask, m, d));
+  }
+  return m;
+}
+
+FP4Q_D float Max8Abs(const float* v) {
+  float m = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v[i]));
+  return m;
+}
+
+// Stores the lane's half of an NVFP4 moment block (10.5) with the block's amax `bamax` (of the
+// stored values: the roots for `squared` moments, which are zero-free).
+FP4Q_D void StoreMomentHalf(const ApplyItem& c, int j, const LaneHalf& b, float bamax,
+                            bool squared, const float* vals) {
+  const uint32_t sf = E4M3Rn(__fmul_rn(bamax, c.mg[j].t));
+  UnitCtx q{};
+  q.g = c.mg[j];
+  uint32_t w = Codes8<false>(vals, InvScale(E4M3Value(sf), c.mg[j].s_dec), q, 0);
+  if (squared) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      if (vals[e] > 0.0f && ((w >> (4 * e)) & 0xFu) == 0u) w |= 1u << (4 * e);
+    }
+  }
+  *reinterpret_cast<uint32_t*>(c.m_codes[j] + (b.at >> 1)) = w;
+  if (b.h == 0) c.m_scales[j][b.at >> 4] = static_cast<uint8_t>(sf);
+}
+
+// One slot: the lane's eight elements of one half block, from its raw words.
 template <int kOpt, int kSt, bool kSr, bool kTile>
-__global__ void __launch_bounds__(kThreads, 2) StepApplyKernel(const StepKernelArgs a) {
-  if (a.header->checked != step_ws::kCheckedMagic || a.header->ok != 1) return;
+FP4Q_D void ApplyHalf(const StepKernelArgs& a, const ApplyItem& c, const LaneHalf& b,
+                      const ApplyRaw& w, ApplyAcc* acc) {
   constexpr bool kDenseState = HasM1<kOpt>() && kSt != step_ws::kStNvfp4;
   constexpr bool kNvState = HasM1<kOpt>() && kSt == step_ws::kStNvfp4;
   constexpr int kStDtype = kSt == step_ws::kStF32 ? kF32 : kBF16;
+  const unsigned mask = __ballot_sync(kFull, b.valid);  // pairs (16x16: warps) are valid together
+  if (!b.valid) return;
+  const bool skip_m1 = kOpt == step_ws::kOptSgdMomentum && c.s.t1;  // b = g at t == 1
+  float v[8], dq[8], r[8];
+  if (c.g0_dtype == kF32) {
+    const float4 x = make_float4(__uint_as_float(w.g[0].x), __uint_as_float(w.g[0].y),
+                                 __uint_as_float(w.g[0].z), __uint_as_float(w.g[0].w));
+    const float4 y = make_float4(__uint_as_float(w.g[1].x), __uint_as_float(w.g[1].y),
+                                 __uint_as_float(w.g[1].z), __uint_as_float(w.g[1].w));
+    PairSwapF32(mask, b.h, x, y, v);
+  } else {
+    const uint32_t u[4] = {w.g[0].x, w.g[0].y, w.g[0].z, w.g[0].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[2 * j] = Bf16Lo(u[j]);
+      v[2 * j + 1] = Bf16Hi(u[j]);
+    }
+  }
+  for (int k = 1; k < c.n_updates; ++k) {
+    const step_ws::UpdateDesc uk = a.updates[c.first_update + k];
+    PairLoad8(mask, uk.data, uk.dtype, b.at, b.h, dq);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __fadd_rn(v[i], dq[i]);
+  }
+  if (c.n_updates > 1) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __fdiv_rn(v[i], c.s.kf);
+  }
+  {
+    const float sfv = E4M3Value(w.scale);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      dq[e] = __fmul_rn(__fmul_rn(E2M1Value((w.codes >> (4 * e)) & 0xFu), sfv), c.s_dec_old);
+    }
+  }
+  if (c.s.has_r) {
+    PairSwapF32(mask, b.h, w.r[0], w.r[1], r);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r[i] = 0.0f;
+  }
+  float bamax = 0.0f;
+  float m1[kNvState ? 8 : 1], m2[kNvState ? 8 : 1], mm2[kNvState ? 8 : 1];
+  if constexpr (kDenseState) {
+    // f32 / bf16 moments: loaded, advanced and stored here; v <- the new weight value.
+    float a1[8], a2[8], a3[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) a1[i] = a2[i] = a3[i] = 0.0f;
+    if (!skip_m1) PairLoad8(mask, c.m_dense[0], kStDtype, b.at, b.h, a1);
+    if (IsAdamW<kOpt>()) PairLoad8(mask, c.m_dense[1], kStDtype, b.at, b.h, a2);
+    if (HasMm2<kOpt>()) PairLoad8(mask, c.m_dense[2], kStDtype, b.at, b.h, a3);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const Elem el = StepElement<kOpt>(c.s, v[i], dq[i], r[i], a1[i], a2[i], a3[i]);
+      v[i] = el.v;
+      a1[i] = el.m1;
+      a2[i] = el.v2;
+      a3[i] = el.vm;
+      bamax = fmaxf(bamax, fabsf(el.v));
+      acc->m1 = fmaxf(acc->m1, fabsf(el.m1));
+      if (IsAdamW<kOpt>()) acc->s2 = fmaxf(acc->s2, __fsqrt_rn(el.v2));
+      if (HasMm2<kOpt>()) acc->svm = fmaxf(acc->svm, __fsqrt_rn(el.vm));
+    }
+    PairStore8(mask, c.m_dense[0], kStDtype, b.at, b.h, a1);
+    if (IsAdamW<kOpt>()) PairStore8(mask, c.m_dense[1], kStDtype, b.at, b.h, a2);
+    if (HasMm2<kOpt>()) PairStore8(mask, c.m_dense[2], kStDtype, b.at, b.h, a3);
+  } else {
+    // No moments, or NVFP4 ones: m1 <- b or m, m2 <- sqrt(v2), mm2 <- sqrt(vm) (the stored roots).
+    if constexpr (kNvState) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) m1[i] = m2[i] = mm2[i] = 0.0f;
+      if (!skip_m1) LoadMoment8<kSt>(mask, b.h, c.m_dense[0], c.m_codes[0], c.m_scales[0],
+                                           c.m_sdec_old[0], b.at, false, m1);
+      if (IsAdamW<kOpt>()) LoadMoment8<kSt>(mask, b.h, c.m_dense[1], c.m_codes[1], c.m_scales[1],
+                                           c.m_sdec_old[1], b.at, true, m2);
+      if (HasMm2<kOpt>()) LoadMoment8<kSt>(mask, b.h, c.m_dense[2], c.m_codes[2], c.m_scales[2],
+                                           c.m_sdec_old[2], b.at, true, mm2);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float m1i = kNvState ? m1[kNvState ? i : 0] : 0.0f;
+      const float m2i = kNvState ? m2[kNvState ? i : 0] : 0.0f;
+      const float mm2i = kNvState ? mm2[kNvState ? i : 0] : 0.0f;
+      const Elem el = StepElement<kOpt>(c.s, v[i], dq[i], r[i], m1i, m2i, mm2i);
+      v[i] = el.v;
+      if constexpr (kNvState) {
+        m1[i] = el.m1;
+        m2[i] = __fsqrt_rn(el.v2);
+        mm2[i] = __fsqrt_rn(el.vm);
+      }
+      bamax = fmaxf(bamax, fabsf(el.v));
+    }
+  }
+  bamax = BlockMax<kTile>(mask, bamax);
+  // Q: the new weight block.
+  const uint32_t sf = E4M3Rn(__fmul_rn(bamax, c.q.g.t));
+  const float sfv = E4M3Value(sf);
+  const uint32_t word = Codes8<kSr>(v, InvScale(sfv, c.q.g.s_dec), c.q, static_cast<uint64_t>(b.at) >> 3);
+  *reinterpret_cast<uint32_t*>(c.p.codes + (b.at >> 1)) = word;
+  if (b.h == 0) c.p.scales[b.scale_at] = static_cast<uint8_t>(sf);
+  // R and O: DQ(W'), the residual, the outputs.
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    dq[i] = __fmul_rn(__fmul_rn(E2M1Value((word >> (4 * i)) & 0xFu), sfv), c.q.g.s_dec);
+    acc->v = fmaxf(acc->v, fabsf(v[i]));
+  }
+  if (c.s.has_r) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      r[i] = __fsub_rn(v[i], dq[i]);
+      acc->r = fmaxf(acc->r, fabsf(r[i]));
+    }
+    PairStoreF32(mask, c.p.residual, b.at, b.h, r);
+  }
+  if (c.o0 != nullptr) PairStore8(mask, c.o0, c.o0_dtype, b.at, b.h, dq);
+  for (int k = 1; k < c.n_outs; ++k) {
+    const step_ws::OutDesc o = a.outs[c.first_out + k];
+    PairStore8(mask, o.data, o.dtype, b.at, b.h, dq);
+  }
+  // NVFP4 moments (dense ones were stored above): the block amaxes, then the halves.
+  if constexpr (kNvState) {
+    const float a1 = BlockMax<false>(mask, Max8Abs(m1));
+    acc->m1 = fmaxf(acc->m1, a1);
+    StoreMomentHalf(c, 0, b, a1, false, m1);
+    if constexpr (IsAdamW<kOpt>()) {
+      const float a2 = BlockMax<false>(mask, Max8Abs(m2));
+      acc->s2 = fmaxf(acc->s2, a2);
+      StoreMomentHalf(c, 1, b, a2, true, m2);
+    }
+    if constexpr (HasMm2<kOpt>()) {
+      const float a3 = BlockMax<false>(mask, Max8Abs(mm2));
+      acc->svm = fmaxf(acc->svm, a3);
+      StoreMomentHalf(c, 2, b, a3, true, mm2);
+    }
+  }
+}
+
+// Warps own contiguous runs of slots (a slot: half a warp-unit, 256 elements; 16x16: one tile of
+// the unit's pair) so that a warp changes item rarely, and (SGD) each lane loads the next slot's
+// raw words before it computes the current one when both are in the same item.
+template <int kOpt, int kSt, bool kSr, bool kTile>
+__global__ void __launch_bounds__(kThreads, 2) StepApplyKernel(const StepKernelArgs a) {
+  if (a.header->checked != step_ws::kCheckedMagic || a.header->ok != 1) return;
+  // AdamW's moments leave no registers for a second slot's words (it would spill).
+  constexpr bool kPrefetch = !IsAdamW<kOpt>();
   const int lane = threadIdx.x & 31;
   const int64_t gw = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) >> 5;
   const int64_t nw = (static_cast<int64_t>(gridDim.x) * kThreads) >> 5;
+  const int64_t slots = 2 * a.total_units;
+  const int64_t per = (slots + nw - 1) / nw;
+  int64_t s = gw * per;
+  const int64_t s_end = s + per < slots ? s + per : slots;
   int e = 0;
   int item = -1;
-  const ItemDesc* d = nullptr;
-  ApplyItem c{};
+  ApplyItem c;
   ApplyAcc acc;
-  for (int64_t u = gw; u < a.total_units; u += nw) {
+  ApplyRaw cur{}, nxt{};
+  bool have = false;  // cur holds slot s
+  for (; s < s_end; ++s) {
+    const int64_t u = s >> 1;
     e = Advance(a.list, a.n_entries, e, u);
     const int it = a.list[e].item;
     if (it != item) {
       if (item >= 0) FlushApply<kOpt>(a, item, acc);
       acc = ApplyAcc();
       item = it;
-      d = &a.descs[it];
-      const step_ws::Plan plan = a.plans[it];
-      c.s = LoadScalars(*d);
-      c.q = UnitCtx{};
-      c.q.g = MakeNvGlobal(plan.amax, 2688.0f);
-      c.q.amax = plan.amax;
-      c.q.scale_sel = kSelMapTo6;
-      c.q.seed = d->seed;
-      c.q.step = d->sr_step;
-      c.s_dec_old = __frcp_rn(plan.s_enc_old);
-#pragma unroll
-      for (int j = 0; j < 3; ++j) {
-        c.mg[j] = MakeNvGlobal(plan.m_amax[j], 2688.0f);
-        c.m_sdec_old[j] = __frcp_rn(plan.m_senc_old[j]);
-      }
+      LoadApplyItem(a, it, &c);
+      have = false;
     }
-    const LaneBlock b = Locate<kTile>(*d, u - a.list[e].unit_begin, lane);
-    const bool skip_m1 = kOpt == step_ws::kOptSgdMomentum && c.s.t1;  // b = g at t == 1
-    // Loads: the block's updates, weight and residual first (all in flight together).
-    float v[16], dq[16], r[16];
-    float m1[kNvState ? 16 : 1], m2[kNvState ? 16 : 1], mm2[kNvState ? 16 : 1];
-    const int64_t w_scale = b.valid ? WeightScaleAt(*d, b) : 0;
-    float bamax = 0.0f;
-    if (b.valid) {
-      const step_ws::UpdateDesc u0 = a.updates[d->first_update];
-      Load16(u0.data, u0.dtype, b.base, v);
-      for (int k = 1; k < d->n_updates; ++k) {
-        const step_ws::UpdateDesc uk = a.updates[d->first_update + k];
-        Load16(uk.data, uk.dtype, b.base, dq);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) v[i] = __fadd_rn(v[i], dq[i]);
-      }
-      if (d->n_updates > 1) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) v[i] = __fdiv_rn(v[i], c.s.kf);
-      }
-      Dq16(d->codes, b.base, E4M3Value(d->scales[w_scale]), c.s_dec_old, dq);
-      if (c.s.has_r) {
-        Load16(d->residual, kF32, b.base, r);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) r[i] = 0.0f;
-      }
-      if constexpr (kDenseState) {
-        // f32 / bf16 moments: eight elements at a time, loaded, advanced and stored; v <- the
-        // new weight value.
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t at = b.base + 8 * h;
-          float a1[8], a2[8], a3[8];
-#pragma unroll
-          for (int i = 0; i < 8; ++i) a1[i] = a2[i] = a3[i] = 0.0f;
-          if (!skip_m1) Load8(d->m_dense[0], kStDtype, at, a1);
-          if (IsAdamW<kOpt>()) Load8(d->m_dense[1], kStDtype, at, a2);
-          if (HasMm2<kOpt>()) Load8(d->m_dense[2], kStDtype, at, a3);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            const int k = 8 * h + i;
-            const Elem el = StepElement<kOpt>(c.s, v[k], dq[k], r[k], a1[i], a2[i], a3[i]);
-            v[k] = el.v;
-            a1[i] = el.m1;
-            a2[i] = el.v2;
-            a3[i] = el.vm;
-            bamax = fmaxf(bamax, fabsf(el.v));
-            acc.m1 = fmaxf(acc.m1, fabsf(el.m1));
-            if (IsAdamW<kOpt>()) acc.s2 = fmaxf(acc.s2, __fsqrt_rn(el.v2));
-            if (HasMm2<kOpt>()) acc.svm = fmaxf(acc.svm, __fsqrt_rn(el.vm));
-          }
-          Store8(d->m_dense[0], kStDtype, at, a1);
-          if (IsAdamW<kOpt>()) Store8(d->m_dense[1], kStDtype, at, a2);
-          if (HasMm2<kOpt>()) Store8(d->m_dense[2], kStDtype, at, a3);
-        }
-      } else {
-        // No moments, or NVFP4 ones: in place, m1 <- b or m, m2 <- v2, mm2 <- vm.
-        if constexpr (kNvState) {
-#pragma unroll
-          for (int i = 0; i < 16; ++i) m1[i] = m2[i] = mm2[i] = 0.0f;
-          if (!skip_m1) LoadMoment<kSt>(*d, 0, c.m_sdec_old[0], b.base, false, m1);
-          if (IsAdamW<kOpt>()) LoadMoment<kSt>(*d, 1, c.m_sdec_old[1], b.base, true, m2);
-          if (HasMm2<kOpt>()) LoadMoment<kSt>(*d, 2, c.m_sdec_old[2], b.base, true, mm2);
-        }
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const float m1i = kNvState ? m1[kNvState ? i : 0] : 0.0f;
-          const float m2i = kNvState ? m2[kNvState ? i : 0] : 0.0f;
-          const float mm2i = kNvState ? mm2[kNvState ? i : 0] : 0.0f;
-          const Elem el = StepElement<kOpt>(c.s, v[i], dq[i], r[i], m1i, m2i, mm2i);
-          v[i] = el.v;
-          if constexpr (kNvState) {
-            m1[i] = el.m1;
-            m2[i] = el.v2;
-            mm2[i] = el.vm;
-          }
-          bamax = fmaxf(bamax, fabsf(el.v));
-        }
-      }
+    const int64_t u0 = a.list[e].unit_begin;
+    const LaneHalf b = LocateHalf<kTile>(c.p, u - u0, static_cast<int>(s & 1), lane);
+    if (!have) LoadApplyRaw(c, b, &cur);
+    const int64_t s1 = s + 1;
+    have = kPrefetch && s1 < s_end && (s1 >> 1) < a.list[e + 1].unit_begin;
+    if (have) {
+      LoadApplyRaw(c, LocateHalf<kTile>(c.p, (s1 >> 1) - u0, static_cast<int>(s1 & 1), lane), &nxt);
     }
-    if constexpr (kTile) bamax = TileMax<0>(bamax);  // every lane: the 16 rows of its tile
-    if (!b.valid) continue;
-    // Q: the new weight block.
-    const uint32_t sf = E4M3Rn(__fmul_rn(bamax, c.q.g.t));
-    const float sfv = E4M3Value(sf);
-    uint32_t w0, w1;
-    Codes16<kSr>(v, InvScale(sfv, c.q.g.s_dec), c.q, static_cast<uint64_t>(b.base) >> 3, &w0, &w1);
-    *reinterpret_cast<uint2*>(d->codes + (b.base >> 1)) = make_uint2(w0, w1);
-    d->scales[w_scale] = static_cast<uint8_t>(sf);
-    // R and O: DQ(W'), the residual, the outputs.
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const uint32_t code = ((i < 8 ? w0 : w1) >> (4 * (i & 7))) & 0xFu;
-      dq[i] = __fmul_rn(__fmul_rn(E2M1Value(code), sfv), c.q.g.s_dec);
-      acc.v = fmaxf(acc.v, fabsf(v[i]));
-    }
-    if (c.s.has_r) {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        r[i] = __fsub_rn(v[i], dq[i]);
-        acc.r = fmaxf(acc.r, fabsf(r[i]));
-      }
-      Store16(d->residual, kF32, b.base, r);
-    }
-    for (int k = 0; k < d->n_outs; ++k) {
-      const step_ws::OutDesc o = a.outs[d->first_out + k];
-      Store16(o.data, o.dtype, b.base, dq);
-    }
-    // NVFP4 moments (dense ones were stored above).
-    if constexpr (kNvState) {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) acc.m1 = fmaxf(acc.m1, fabsf(m1[i]));
-      StoreMomentNv(*d, 0, c.mg[0], b.base, false, m1);
-      if constexpr (IsAdamW<kOpt>()) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) acc.s2 = fmaxf(acc.s2, __fsqrt_rn(m2[i]));
-        StoreMomentNv(*d, 1, c.mg[1], b.base, true, m2);
-      }
-      if constexpr (HasMm2<kOpt>()) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) acc.svm = fmaxf(acc.svm, __fsqrt_rn(mm2[i]));
-        StoreMomentNv(*d, 2, c.mg[2], b.base, true, mm2);
-      }
-    }
+    ApplyHalf<kOpt, kSt, kSr, kTile>(a, c, b, cur, &acc);
+    cur = nxt;
   }
   if (item >= 0) FlushApply<kOpt>(a, item, acc);
 }

@@ -16,8 +16,9 @@
 // grid-stride, per-item partial results stay in registers until the warp's item changes and are
 // then flushed with one atomic per warp into one of kAccCopies replicas (no hot address).
 //
-// The fingerprint costs about 20 integer operations per element (two 64-bit multiplies), so the
-// updates-only check of bf16 updates is bound by instruction issue, not memory, on Hopper.
+// The fingerprint hashes 64-bit words (four bf16 or two f32 elements): about 25 integer
+// operations a word. Lanes own eight consecutive elements (step_device.cuh's LocateHalf), so a
+// warp's bf16 loads cover 512 contiguous bytes.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -53,12 +54,11 @@ struct CheckAcc {
   }
 };
 
-FP4Q_D void FlushCheck(const StepKernelArgs& a, int item, const ItemDesc& d, const CheckAcc& c,
-                       bool full) {
-  const int64_t u0 = d.first_update;
+FP4Q_D void FlushCheck(const StepKernelArgs& a, int item, int64_t u0, bool check_only,
+                       const CheckAcc& c, bool full) {
   FlushSum(a.fp_acc + u0 * step_ws::kAccCopies, c.fp0);
   FlushMin(a.upd_idx_acc + u0 * step_ws::kAccCopies, c.bad0);
-  if (d.check_only) return;
+  if (check_only) return;
   const int q_end = full ? step_ws::kIdxSlots : step_ws::kIdxG + 1;
   for (int q = 0; q < q_end; ++q) {
     FlushMin(
@@ -73,114 +73,165 @@ FP4Q_D void NoteBad(uint64_t* slot, int64_t index) {
   if (static_cast<uint64_t>(index) < *slot) *slot = static_cast<uint64_t>(index);
 }
 
+// What a warp keeps of its current item (in registers: see step_apply.cuh's ApplyItem).
+struct CheckItem {
+  Scalars s;
+  float s_dec_old;
+  float m_sdec[3];
+  HalfItem p;
+  const void* g0;
+  int g0_dtype;
+  int first_update, n_updates;
+  bool check_only;
+  void* m_dense[3];
+  uint8_t* m_codes[3];
+  uint8_t* m_scales[3];
+};
+
+template <bool kFull, int kSt>
+FP4Q_D void LoadCheckItem(const StepKernelArgs& a, int it, CheckItem* c) {
+  const ItemDesc& d = a.descs[it];
+  c->s = LoadScalars(d);
+  c->p = LoadHalfItem(d);
+  c->first_update = d.first_update;
+  c->n_updates = d.n_updates;
+  c->check_only = d.check_only != 0;
+  const step_ws::UpdateDesc u0 = a.updates[d.first_update];
+  c->g0 = u0.data;
+  c->g0_dtype = u0.dtype;
+  c->s_dec_old = 1.0f;
+#pragma unroll
+  for (int j = 0; j < 3; ++j) {
+    c->m_sdec[j] = 1.0f;
+    c->m_dense[j] = d.m_dense[j];
+    c->m_codes[j] = d.m_codes[j];
+    c->m_scales[j] = d.m_scales[j];
+  }
+  if (kFull) {
+    c->s_dec_old = __frcp_rn(d.global[1]);
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+      if (kSt == step_ws::kStNvfp4 && d.m_global[j] != nullptr) c->m_sdec[j] = __frcp_rn(d.m_global[j][1]);
+    }
+  }
+}
+
+// One slot (eight elements a lane, step_device.cuh's LocateHalf; a check always sees the
+// flattened tensor). Every lane of the warp calls it (the rank flushes are warp-wide).
 template <bool kFull, int kOpt, int kSt>
-__global__ void __launch_bounds__(kThreads) StepCheckKernel(const StepKernelArgs a) {
-  const int lane = threadIdx.x & 31;
-  const int64_t gw = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) >> 5;
-  const int64_t nw = (static_cast<int64_t>(gridDim.x) * kThreads) >> 5;
-  int e = 0;
-  int item = -1;
-  const ItemDesc* d = nullptr;
-  Scalars s{};
-  float s_dec_old = 1.0f;
-  float m_sdec[3] = {1.0f, 1.0f, 1.0f};
-  CheckAcc acc;
-  acc.Reset();
-  for (int64_t u = gw; u < a.total_units; u += nw) {
-    e = Advance(a.list, a.n_entries, e, u);
-    const int it = a.list[e].item;
-    if (it != item) {
-      if (item >= 0) FlushCheck(a, item, *d, acc, kFull);
-      acc.Reset();
-      item = it;
-      d = &a.descs[it];
-      s = LoadScalars(*d);
-      if (kFull) {
-        s_dec_old = __frcp_rn(d->global[1]);
+FP4Q_D void CheckHalf(const StepKernelArgs& a, const CheckItem& c, const LaneHalf& b,
+                      CheckAcc* acc) {
+  const unsigned mask = __ballot_sync(kFull, b.valid);  // pairs are valid together
+  float g[8];
+  if (b.valid) {
+    PairLoad8(mask, c.g0, c.g0_dtype, b.at, b.h, g);
+    acc->fp0 += FingerprintPart8(g, c.g0_dtype, b.at);
+    if (!c.check_only) {
 #pragma unroll
-        for (int j = 0; j < 3; ++j) {
-          m_sdec[j] = (kSt == step_ws::kStNvfp4 && d->m_global[j] != nullptr)
-                          ? __frcp_rn(d->m_global[j][1])
-                          : 1.0f;
-        }
-      }
-    }
-    const LaneBlock b = Locate<false>(*d, u - a.list[e].unit_begin, lane);
-    const int k_count = d->n_updates;
-    float g[16];
-    if (b.valid) {
-      const step_ws::UpdateDesc ud = a.updates[d->first_update];
-      Load16(ud.data, ud.dtype, b.base, g);
-      acc.fp0 += FingerprintPart(g, ud.dtype, b.base);
-      if (!d->check_only) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          if (!Finite(g[i])) NoteBad(&acc.bad0, b.base + i);
-        }
-      }
-    }
-    // Ranks after the first flush per unit (uniform over the warp: the item is).
-    for (int k = 1; k < k_count; ++k) {
-      uint64_t fp = 0;
-      uint64_t bad = kNone;
-      if (b.valid) {
-        const step_ws::UpdateDesc ud = a.updates[d->first_update + k];
-        float uk[16];
-        Load16(ud.data, ud.dtype, b.base, uk);
-        fp = FingerprintPart(uk, ud.dtype, b.base);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          if (!Finite(uk[i])) NoteBad(&bad, b.base + i);
-          g[i] = __fadd_rn(g[i], uk[i]);
-        }
-      }
-      const int64_t slot = (static_cast<int64_t>(d->first_update) + k) * step_ws::kAccCopies;
-      FlushSum(a.fp_acc + slot, fp);
-      if (!d->check_only) FlushMin(a.upd_idx_acc + slot, bad);
-    }
-    if (!b.valid || d->check_only) continue;
-    if (k_count > 1) {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) g[i] = __fdiv_rn(g[i], s.kf);
-    }
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      acc.max[step_ws::kMaxG] = fmaxf(acc.max[step_ws::kMaxG], fabsf(g[i]));
-      if (!Finite(g[i])) NoteBad(&acc.bad[step_ws::kIdxG], b.base + i);
-    }
-    if constexpr (kFull) {
-      float dq[16], r[16], m1[16], m2[16], mm2[16];
-      Dq16(d->codes, b.base, E4M3Value(d->scales[WeightScaleAt(*d, b)]), s_dec_old, dq);
-      if (s.has_r) {
-        Load16(d->residual, kF32, b.base, r);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) r[i] = 0.0f;
-      }
-#pragma unroll
-      for (int i = 0; i < 16; ++i) m1[i] = m2[i] = mm2[i] = 0.0f;
-      if (HasM1<kOpt>() && !(kOpt == step_ws::kOptSgdMomentum && s.t1)) {
-        LoadMoment<kSt>(*d, 0, m_sdec[0], b.base, false, m1);
-      }
-      if (IsAdamW<kOpt>()) LoadMoment<kSt>(*d, 1, m_sdec[1], b.base, true, m2);
-      if (HasMm2<kOpt>()) LoadMoment<kSt>(*d, 2, m_sdec[2], b.base, true, mm2);
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const Elem el = StepElement<kOpt>(s, g[i], dq[i], r[i], m1[i], m2[i], mm2[i]);
-        const int64_t idx = b.base + i;
-        if (HasM1<kOpt>() && !Finite(el.m1)) NoteBad(&acc.bad[step_ws::kIdxM1], idx);
-        if (IsAdamW<kOpt>() && (!Finite(el.v2) || (HasMm2<kOpt>() && !Finite(el.vm)))) {
-          NoteBad(&acc.bad[step_ws::kIdxM2], idx);
-        }
-        if (!Finite(el.x) || !Finite(el.v)) NoteBad(&acc.bad[step_ws::kIdxW], idx);
-        acc.max[step_ws::kMaxV] = fmaxf(acc.max[step_ws::kMaxV], fabsf(el.v));
-        acc.max[step_ws::kMaxM1] = fmaxf(acc.max[step_ws::kMaxM1], fabsf(el.m1));
-        acc.max[step_ws::kMaxS2] = fmaxf(acc.max[step_ws::kMaxS2], __fsqrt_rn(el.v2));
-        acc.max[step_ws::kMaxSvm] = fmaxf(acc.max[step_ws::kMaxSvm], __fsqrt_rn(el.vm));
+      for (int i = 0; i < 8; ++i) {
+        if (!Finite(g[i])) NoteBad(&acc->bad0, b.at + i);
       }
     }
   }
-  if (item >= 0) FlushCheck(a, item, *d, acc, kFull);
+  // Ranks after the first flush per slot (uniform over the warp: the item is).
+  for (int k = 1; k < c.n_updates; ++k) {
+    uint64_t fp = 0;
+    uint64_t bad = kNone;
+    if (b.valid) {
+      const step_ws::UpdateDesc ud = a.updates[c.first_update + k];
+      float uk[8];
+      PairLoad8(mask, ud.data, ud.dtype, b.at, b.h, uk);
+      fp = FingerprintPart8(uk, ud.dtype, b.at);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if (!Finite(uk[i])) NoteBad(&bad, b.at + i);
+        g[i] = __fadd_rn(g[i], uk[i]);
+      }
+    }
+    const int64_t slot = (static_cast<int64_t>(c.first_update) + k) * step_ws::kAccCopies;
+    FlushSum(a.fp_acc + slot, fp);
+    if (!c.check_only) FlushMin(a.upd_idx_acc + slot, bad);
+  }
+  if (!b.valid || c.check_only) return;
+  if (c.n_updates > 1) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) g[i] = __fdiv_rn(g[i], c.s.kf);
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    acc->max[step_ws::kMaxG] = fmaxf(acc->max[step_ws::kMaxG], fabsf(g[i]));
+    if (!Finite(g[i])) NoteBad(&acc->bad[step_ws::kIdxG], b.at + i);
+  }
+  if constexpr (kFull) {
+    float dq[8], r[8], m1[8], m2[8], mm2[8];
+    Dq8(c.p.codes, b.at, E4M3Value(c.p.scales[b.scale_at]), c.s_dec_old, dq);
+    if (c.s.has_r) {
+      PairLoad8(mask, c.p.residual, kF32, b.at, b.h, r);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) r[i] = 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m1[i] = m2[i] = mm2[i] = 0.0f;
+    if (HasM1<kOpt>() && !(kOpt == step_ws::kOptSgdMomentum && c.s.t1)) {
+      LoadMoment8<kSt>(mask, b.h, c.m_dense[0], c.m_codes[0], c.m_scales[0], c.m_sdec[0],
+                       b.at, false, m1);
+    }
+    if (IsAdamW<kOpt>()) {
+      LoadMoment8<kSt>(mask, b.h, c.m_dense[1], c.m_codes[1], c.m_scales[1], c.m_sdec[1],
+                       b.at, true, m2);
+    }
+    if (HasMm2<kOpt>()) {
+      LoadMoment8<kSt>(mask, b.h, c.m_dense[2], c.m_codes[2], c.m_scales[2], c.m_sdec[2],
+                       b.at, true, mm2);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const Elem el = StepElement<kOpt>(c.s, g[i], dq[i], r[i], m1[i], m2[i], mm2[i]);
+      const int64_t idx = b.at + i;
+      if (HasM1<kOpt>() && !Finite(el.m1)) NoteBad(&acc->bad[step_ws::kIdxM1], idx);
+      if (IsAdamW<kOpt>() && (!Finite(el.v2) || (HasMm2<kOpt>() && !Finite(el.vm)))) {
+        NoteBad(&acc->bad[step_ws::kIdxM2], idx);
+      }
+      if (!Finite(el.x) || !Finite(el.v)) NoteBad(&acc->bad[step_ws::kIdxW], idx);
+      acc->max[step_ws::kMaxV] = fmaxf(acc->max[step_ws::kMaxV], fabsf(el.v));
+      acc->max[step_ws::kMaxM1] = fmaxf(acc->max[step_ws::kMaxM1], fabsf(el.m1));
+      acc->max[step_ws::kMaxS2] = fmaxf(acc->max[step_ws::kMaxS2], __fsqrt_rn(el.v2));
+      acc->max[step_ws::kMaxSvm] = fmaxf(acc->max[step_ws::kMaxSvm], __fsqrt_rn(el.vm));
+    }
+  }
+}
+
+// Warps own contiguous runs of slots, as the apply does.
+template <bool kFull, int kOpt, int kSt>
+__global__ void __launch_bounds__(kThreads, 2) StepCheckKernel(const StepKernelArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t gw = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) >> 5;
+  const int64_t nw = (static_cast<int64_t>(gridDim.x) * kThreads) >> 5;
+  const int64_t slots = 2 * a.total_units;
+  const int64_t per = (slots + nw - 1) / nw;
+  int64_t s = gw * per;
+  const int64_t s_end = s + per < slots ? s + per : slots;
+  int e = 0;
+  int item = -1;
+  CheckItem c;
+  CheckAcc acc;
+  acc.Reset();
+  for (; s < s_end; ++s) {
+    const int64_t u = s >> 1;
+    e = Advance(a.list, a.n_entries, e, u);
+    const int it = a.list[e].item;
+    if (it != item) {
+      if (item >= 0) FlushCheck(a, item, c.first_update, c.check_only, acc, kFull);
+      acc.Reset();
+      item = it;
+      LoadCheckItem<kFull, kSt>(a, it, &c);
+    }
+    const LaneHalf b =
+        LocateHalf<false>(c.p, u - a.list[e].unit_begin, static_cast<int>(s & 1), lane);
+    CheckHalf<kFull, kOpt, kSt>(a, c, b, &acc);
+  }
+  if (item >= 0) FlushCheck(a, item, c.first_update, c.check_only, acc, kFull);
 }
 
 // ---------------------------------------------------------------- the decide kernel

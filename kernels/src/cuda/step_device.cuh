@@ -4,10 +4,9 @@
 // state dtype, the fingerprint hash (10.7), the mapping of warp-units to (item, block) and the
 // warp-level flushes of the replicated accumulators.
 //
-// A warp-unit is 512 elements: lane l owns one 16-element block. 1x16 weights (and every check)
-// use the flattened tensor, block 32 * unit + l; 16x16 weights (apply) use two tiles side by
-// side, 16 rows x 32 columns, lane l holding row l % 16 of tile l / 16 so that a tile's amax is
-// a shuffle over lane bits 0..3.
+// A warp-unit is 512 elements. The checks give lane l one 16-element block of the flattened
+// tensor, block 32 * unit + l (Locate); the apply gives a lane pair a block, in two slots of
+// 256 elements (LocateHalf; 16x16 weights: two tiles side by side, one a slot).
 #ifndef FP4Q_KERNELS_SRC_CUDA_STEP_DEVICE_CUH_
 #define FP4Q_KERNELS_SRC_CUDA_STEP_DEVICE_CUH_
 
@@ -142,51 +141,6 @@ constexpr bool HasMm2() {
 
 // ---------------------------------------------------------------- 16-element loads and stores
 
-// 16 elements at element offset `base` of a dense tensor (16-byte aligned rows of 16).
-FP4Q_D void Load16(const void* p, int dtype, int64_t base, float* v) {
-  if (dtype == kF32) {
-    const float4* q = reinterpret_cast<const float4*>(static_cast<const float*>(p) + base);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float4 f = q[k];
-      v[4 * k] = f.x;
-      v[4 * k + 1] = f.y;
-      v[4 * k + 2] = f.z;
-      v[4 * k + 3] = f.w;
-    }
-  } else {
-    const uint4* q = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + base);
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const uint4 w = q[k];
-      const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        v[8 * k + 2 * j] = Bf16Lo(u[j]);
-        v[8 * k + 2 * j + 1] = Bf16Hi(u[j]);
-      }
-    }
-  }
-}
-
-FP4Q_D void Store16(void* p, int dtype, int64_t base, const float* v) {
-  if (dtype == kF32) {
-    float4* q = reinterpret_cast<float4*>(static_cast<float*>(p) + base);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      q[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
-    }
-  } else {
-    uint4* q = reinterpret_cast<uint4*>(static_cast<uint16_t*>(p) + base);
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      q[k] = make_uint4(PackBf16x2(v[8 * k], v[8 * k + 1]), PackBf16x2(v[8 * k + 2], v[8 * k + 3]),
-                        PackBf16x2(v[8 * k + 4], v[8 * k + 5]),
-                        PackBf16x2(v[8 * k + 6], v[8 * k + 7]));
-    }
-  }
-}
-
 // 8 elements at element offset `base` (a multiple of 8) of a dense f32 / bf16 tensor.
 FP4Q_D void Load8(const void* p, int dtype, int64_t base, float* v) {
   if (dtype == kF32) {
@@ -223,46 +177,120 @@ FP4Q_D void Store8(void* p, int dtype, int64_t base, const float* v) {
   }
 }
 
-// The raw bits NUMERICS 10.7 hashes: f32 bits, or the bf16 bits of an exactly widened value.
-FP4Q_D uint64_t ElemBits(float v, int dtype) {
-  const uint32_t b = __float_as_uint(v);
-  return dtype == kF32 ? b : (b >> 16);
+// f32 arrays under the apply's mapping (a lane pair per 16-element block, lane h holding elements
+// 8h .. 8h + 7): each of the pair's two 16-byte accesses covers one whole 32-byte sector (lane h
+// reads elements 4h .. 4h + 3, then 8 + 4h .. 11 + 4h), and one shuffle of four values swaps the
+// quarters each lane read for its partner. `mask`: the valid lanes (pairs are valid together).
+FP4Q_D void PairSwapF32(unsigned mask, int h, const float4& a, const float4& b, float* v) {
+  const float4 send = h ? a : b;
+  float4 recv;
+  recv.x = __shfl_xor_sync(mask, send.x, 1);
+  recv.y = __shfl_xor_sync(mask, send.y, 1);
+  recv.z = __shfl_xor_sync(mask, send.z, 1);
+  recv.w = __shfl_xor_sync(mask, send.w, 1);
+  const float4 lo = h ? recv : a;
+  const float4 hi = h ? b : recv;
+  v[0] = lo.x;
+  v[1] = lo.y;
+  v[2] = lo.z;
+  v[3] = lo.w;
+  v[4] = hi.x;
+  v[5] = hi.y;
+  v[6] = hi.z;
+  v[7] = hi.w;
 }
 
-// Sum over the block of mix64(i * 0x9E3779B97F4A7C15 + e_i), i = base .. base + 15.
-FP4Q_D uint64_t FingerprintPart(const float* u, int dtype, int64_t base) {
-  uint64_t h = static_cast<uint64_t>(base) * 0x9E3779B97F4A7C15ull;
+// The two raw 16-byte words PairSwapF32 takes, of the block holding element `at` (lane h).
+FP4Q_D void PairLoadF32Raw(const float* p, int64_t at, int h, float4* a, float4* b) {
+  const float* blk = p + (at - 8 * h);
+  *a = *reinterpret_cast<const float4*>(blk + 4 * h);
+  *b = *reinterpret_cast<const float4*>(blk + 8 + 4 * h);
+}
+
+FP4Q_D void PairStoreF32(unsigned mask, float* p, int64_t at, int h, const float* v) {
+  const float4 own_lo = make_float4(v[0], v[1], v[2], v[3]);
+  const float4 own_hi = make_float4(v[4], v[5], v[6], v[7]);
+  const float4 send = h ? own_lo : own_hi;
+  float4 recv;
+  recv.x = __shfl_xor_sync(mask, send.x, 1);
+  recv.y = __shfl_xor_sync(mask, send.y, 1);
+  recv.z = __shfl_xor_sync(mask, send.z, 1);
+  recv.w = __shfl_xor_sync(mask, send.w, 1);
+  float* blk = p + (at - 8 * h);
+  *reinterpret_cast<float4*>(blk + 4 * h) = h ? recv : own_lo;
+  *reinterpret_cast<float4*>(blk + 8 + 4 * h) = h ? own_hi : recv;
+}
+
+// Load8 / Store8 under the apply's mapping (f32 through the pair, bf16 one 16-byte word a lane).
+FP4Q_D void PairLoad8(unsigned mask, const void* p, int dtype, int64_t at, int h, float* v) {
+  if (dtype == kF32) {
+    float4 a, b;
+    PairLoadF32Raw(static_cast<const float*>(p), at, h, &a, &b);
+    PairSwapF32(mask, h, a, b, v);
+  } else {
+    Load8(p, dtype, at, v);
+  }
+}
+
+FP4Q_D void PairStore8(unsigned mask, void* p, int dtype, int64_t at, int h, const float* v) {
+  if (dtype == kF32) {
+    PairStoreF32(mask, static_cast<float*>(p), at, h, v);
+  } else {
+    Store8(p, dtype, at, v);
+  }
+}
+
+// Sum over the 64-bit words w_j of elements base .. base + 7 of mix64(j * 0x9E3779B97F4A7C15 +
+// w_j) (NUMERICS 10.7): the little-endian words of the update's bytes, four bf16 elements
+// (j = base / 4 ..) or two f32 (j = base / 2 ..) each; `u` holds the loaded values (bf16
+// exactly widened).
+FP4Q_D uint64_t FingerprintPart8(const float* u, int dtype, int64_t base) {
+  constexpr uint64_t kG = 0x9E3779B97F4A7C15ull;
   uint64_t sum = 0;
+  if (dtype == kF32) {
+    uint64_t h = static_cast<uint64_t>(base >> 1) * kG;
 #pragma unroll
-  for (int e = 0; e < 16; ++e) {
-    sum += Mix64(h + ElemBits(u[e], dtype));
-    h += 0x9E3779B97F4A7C15ull;
+    for (int k = 0; k < 4; ++k) {
+      const uint64_t w = static_cast<uint64_t>(__float_as_uint(u[2 * k])) |
+                         (static_cast<uint64_t>(__float_as_uint(u[2 * k + 1])) << 32);
+      sum += Mix64(h + w);
+      h += kG;
+    }
+  } else {
+    uint64_t h = static_cast<uint64_t>(base >> 2) * kG;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const uint32_t lo = __byte_perm(__float_as_uint(u[4 * k]), __float_as_uint(u[4 * k + 1]), 0x7632);
+      const uint32_t hi =
+          __byte_perm(__float_as_uint(u[4 * k + 2]), __float_as_uint(u[4 * k + 3]), 0x7632);
+      sum += Mix64(h + (static_cast<uint64_t>(hi) << 32 | lo));
+      h += kG;
+    }
   }
   return sum;
 }
 
-// DQ of a 16-element NVFP4 block: codes at byte base / 2, scale value sfv, decode scale s_dec.
-FP4Q_D void Dq16(const uint8_t* codes, int64_t base, float sfv, float s_dec, float* v) {
-  const uint2 w = *reinterpret_cast<const uint2*>(codes + (base >> 1));
+// DQ of eight NVFP4 elements at element offset `at` (a multiple of 8): their codes are the
+// 32-bit word at byte at / 2; scale value sfv, decode scale s_dec.
+FP4Q_D void Dq8(const uint8_t* codes, int64_t at, float sfv, float s_dec, float* v) {
+  const uint32_t w = *reinterpret_cast<const uint32_t*>(codes + (at >> 1));
 #pragma unroll
-  for (int e = 0; e < 16; ++e) {
-    const uint32_t code = ((e < 8 ? w.x : w.y) >> (4 * (e & 7))) & 0xFu;
-    v[e] = __fmul_rn(__fmul_rn(E2M1Value(code), sfv), s_dec);
-  }
+  for (int e = 0; e < 8; ++e) v[e] = __fmul_rn(__fmul_rn(E2M1Value((w >> (4 * e)) & 0xFu), sfv), s_dec);
 }
 
-// A moment of the block as f32 values (NUMERICS 10.5 load); `squared`: NVFP4 stores sqrt.
+// Eight elements of a moment as f32 values (NUMERICS 10.5 load; `squared`: NVFP4 stores roots).
 template <int kSt>
-FP4Q_D void LoadMoment(const ItemDesc& d, int j, float s_dec_old, int64_t base, bool squared,
-                       float* m) {
+FP4Q_D void LoadMoment8(unsigned mask, int h, const void* dense, const uint8_t* codes,
+                        const uint8_t* scales, float s_dec_old, int64_t at, bool squared,
+                        float* m) {
   if constexpr (kSt == step_ws::kStNvfp4) {
-    Dq16(d.m_codes[j], base, E4M3Value(d.m_scales[j][base >> 4]), s_dec_old, m);
+    Dq8(codes, at, E4M3Value(scales[at >> 4]), s_dec_old, m);
     if (squared) {
 #pragma unroll
-      for (int e = 0; e < 16; ++e) m[e] = __fmul_rn(m[e], m[e]);
+      for (int e = 0; e < 8; ++e) m[e] = __fmul_rn(m[e], m[e]);
     }
   } else {
-    Load16(d.m_dense[j], kSt == step_ws::kStF32 ? kF32 : kBF16, base, m);
+    PairLoad8(mask, dense, kSt == step_ws::kStF32 ? kF32 : kBF16, at, h, m);
   }
 }
 
@@ -282,56 +310,67 @@ FP4Q_D float MomentAt(const ItemDesc& d, int j, float s_dec_old, int64_t i, bool
   }
 }
 
-// NVFP4 1x16 of 16 f32 values with global scale g (NUMERICS 2, RTN); zero-free: a positive value
-// never gets code 0 (10.5).
-FP4Q_D void QuantizeMoment16(const float* vals, const NvGlobal& g, bool zero_free, uint32_t* w0,
-                             uint32_t* w1, uint32_t* sf) {
-  *sf = E4M3Rn(__fmul_rn(BlockAmax16(vals), g.t));
-  UnitCtx c{};
-  c.g = g;
-  Codes16<false>(vals, InvScale(E4M3Value(*sf), g.s_dec), c, 0, w0, w1);
-  if (zero_free) {
-#pragma unroll
-    for (int e = 0; e < 16; ++e) {
-      uint32_t& w = e < 8 ? *w0 : *w1;
-      const int sh = 4 * (e & 7);
-      if (vals[e] > 0.0f && ((w >> sh) & 0xFu) == 0u) w |= 1u << sh;
-    }
-  }
-}
-
 // ---------------------------------------------------------------- warp-units
 
-// The lane's 16-element block of warp-unit `unit` of an item.
-struct LaneBlock {
-  bool valid;
-  int64_t base;  // row-major index of the block's first element
-  int64_t row;   // its row and block column (for the weight's swizzled scales)
-  int64_t cb;
+// The apply's mapping: a lane pair per 16-element block, eight consecutive elements a lane.
+// Slot `sp` (0 or 1) of a warp-unit is, for 1x16 weights, blocks 32 * unit + 16 * sp .. + 15 of
+// the flattened tensor (lanes 2p, 2p + 1 hold block 32 * unit + 16 * sp + p); for 16x16 weights
+// tile sp of the unit's pair, lane pair p holding its row p, so a tile is the whole warp.
+struct HalfItem {
+  uint8_t* codes;
+  uint8_t* scales;
+  float* residual;
+  int64_t cols;
+  int64_t blocks;  // n / 16
+  uint32_t sc;     // blocks per row
+  bool swizzled;
 };
 
+FP4Q_D HalfItem LoadHalfItem(const ItemDesc& d) {
+  HalfItem p;
+  p.codes = d.codes;
+  p.scales = d.scales;
+  p.residual = d.residual;
+  p.cols = d.cols;
+  p.blocks = d.n >> 4;
+  p.sc = static_cast<uint32_t>(d.cols >> 4);
+  p.swizzled = d.swizzled != 0;
+  return p;
+}
+
+struct LaneHalf {
+  bool valid;
+  int h;             // which half of the block
+  int64_t at;        // row-major index of the lane's first element
+  int64_t scale_at;  // the byte offset of the weight's scale of the block
+};
+
+// Block rows and columns fit 32 bits (the host refuses weights of 2^36 elements or more).
 template <bool kTile>
-FP4Q_D LaneBlock Locate(const ItemDesc& d, int64_t unit, int lane) {
-  LaneBlock b;
-  const int64_t sc = d.cols >> 4;
+FP4Q_D LaneHalf LocateHalf(const HalfItem& p, int64_t unit, int sp, int lane) {
+  LaneHalf b;
+  b.h = lane & 1;
+  const uint32_t pr = static_cast<uint32_t>(lane >> 1);
+  uint32_t row, cb;
   if constexpr (kTile) {
-    const int64_t pairs = (sc + 1) >> 1;
-    const int64_t rg = unit / pairs;
-    b.row = rg * 16 + (lane & 15);
-    b.cb = (unit - rg * pairs) * 2 + (lane >> 4);
-    b.valid = b.cb < sc;
-    b.base = b.row * d.cols + b.cb * 16;
+    const uint32_t pairs = (p.sc + 1u) >> 1;
+    const uint32_t rg = static_cast<uint32_t>(unit) / pairs;
+    row = rg * 16u + pr;
+    cb = (static_cast<uint32_t>(unit) - rg * pairs) * 2u + static_cast<uint32_t>(sp);
+    b.valid = cb < p.sc;
+    b.at = static_cast<int64_t>(row) * p.cols + static_cast<int64_t>(cb) * 16 + 8 * b.h;
   } else {
-    const int64_t blk = unit * 32 + lane;
-    b.valid = blk < (d.n >> 4);
-    b.base = blk * 16;
-    b.row = 0;
-    b.cb = blk;
-    if (d.swizzled && b.valid) {
-      b.row = blk / sc;
-      b.cb = blk - b.row * sc;
+    const int64_t blk = unit * 32 + sp * 16 + pr;
+    b.valid = blk < p.blocks;
+    b.at = blk * 16 + 8 * b.h;
+    row = 0;
+    cb = 0;
+    if (p.swizzled && b.valid) {
+      row = static_cast<uint32_t>(blk) / p.sc;
+      cb = static_cast<uint32_t>(blk) - row * p.sc;
     }
   }
+  b.scale_at = p.swizzled ? ScaleOffset(row, cb, p.sc, true) : (b.at >> 4);
   return b;
 }
 
@@ -339,11 +378,6 @@ FP4Q_D LaneBlock Locate(const ItemDesc& d, int64_t unit, int lane) {
 FP4Q_HD int64_t UnitsOf(int64_t rows, int64_t cols, bool tile) {
   if (tile) return (rows >> 4) * (((cols >> 4) + 1) >> 1);
   return (rows * cols + step_ws::kUnitElems - 1) / step_ws::kUnitElems;
-}
-
-// The byte offset of the weight's scale of a block.
-FP4Q_D int64_t WeightScaleAt(const ItemDesc& d, const LaneBlock& b) {
-  return d.swizzled ? ScaleOffset(b.row, b.cb, d.cols >> 4, true) : (b.base >> 4);
 }
 
 // Walks a launch's list: the entry holding warp-unit u (u only grows).

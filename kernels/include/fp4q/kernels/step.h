@@ -161,7 +161,7 @@ struct StepReport {
   bool ok = false;  // every item passed the check
   std::vector<StepItemReport> items;
   // Fingerprint of every update, item by item and within an item in update order: a 64-bit
-  // hash of the update's dtype, shape and element bits (NUMERICS), equal for equal updates.
+  // hash of the update's dtype, shape and bytes (NUMERICS 10.7), equal for equal updates.
   std::vector<std::vector<uint64_t>> fingerprints;
 };
 
