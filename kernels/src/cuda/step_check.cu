@@ -88,7 +88,7 @@ struct CheckItem {
   uint8_t* m_scales[3];
 };
 
-template <bool kFull, int kSt>
+template <bool kCurrent, int kSt>
 FP4Q_D void LoadCheckItem(const StepKernelArgs& a, int it, CheckItem* c) {
   const ItemDesc& d = a.descs[it];
   c->s = LoadScalars(d);
@@ -107,7 +107,7 @@ FP4Q_D void LoadCheckItem(const StepKernelArgs& a, int it, CheckItem* c) {
     c->m_codes[j] = d.m_codes[j];
     c->m_scales[j] = d.m_scales[j];
   }
-  if (kFull) {
+  if (kCurrent) {
     c->s_dec_old = __frcp_rn(d.global[1]);
 #pragma unroll
     for (int j = 0; j < 3; ++j) {
@@ -118,7 +118,7 @@ FP4Q_D void LoadCheckItem(const StepKernelArgs& a, int it, CheckItem* c) {
 
 // One slot (eight elements a lane, step_device.cuh's LocateHalf; a check always sees the
 // flattened tensor). Every lane of the warp calls it (the rank flushes are warp-wide).
-template <bool kFull, int kOpt, int kSt>
+template <bool kCurrent, int kOpt, int kSt>
 FP4Q_D void CheckHalf(const StepKernelArgs& a, const CheckItem& c, const LaneHalf& b,
                       CheckAcc* acc) {
   const unsigned mask = __ballot_sync(kFull, b.valid);  // pairs are valid together
@@ -162,7 +162,7 @@ FP4Q_D void CheckHalf(const StepKernelArgs& a, const CheckItem& c, const LaneHal
     acc->max[step_ws::kMaxG] = fmaxf(acc->max[step_ws::kMaxG], fabsf(g[i]));
     if (!Finite(g[i])) NoteBad(&acc->bad[step_ws::kIdxG], b.at + i);
   }
-  if constexpr (kFull) {
+  if constexpr (kCurrent) {
     float dq[8], r[8], m1[8], m2[8], mm2[8];
     Dq8(c.p.codes, b.at, E4M3Value(c.p.scales[b.scale_at]), c.s_dec_old, dq);
     if (c.s.has_r) {
@@ -203,7 +203,7 @@ FP4Q_D void CheckHalf(const StepKernelArgs& a, const CheckItem& c, const LaneHal
 }
 
 // Warps own contiguous runs of slots, as the apply does.
-template <bool kFull, int kOpt, int kSt>
+template <bool kCurrent, int kOpt, int kSt>
 __global__ void __launch_bounds__(kThreads, 2) StepCheckKernel(const StepKernelArgs a) {
   const int lane = threadIdx.x & 31;
   const int64_t gw = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) >> 5;
@@ -222,16 +222,16 @@ __global__ void __launch_bounds__(kThreads, 2) StepCheckKernel(const StepKernelA
     e = Advance(a.list, a.n_entries, e, u);
     const int it = a.list[e].item;
     if (it != item) {
-      if (item >= 0) FlushCheck(a, item, c.first_update, c.check_only, acc, kFull);
+      if (item >= 0) FlushCheck(a, item, c.first_update, c.check_only, acc, kCurrent);
       acc.Reset();
       item = it;
-      LoadCheckItem<kFull, kSt>(a, it, &c);
+      LoadCheckItem<kCurrent, kSt>(a, it, &c);
     }
     const LaneHalf b =
         LocateHalf<false>(c.p, u - a.list[e].unit_begin, static_cast<int>(s & 1), lane);
-    CheckHalf<kFull, kOpt, kSt>(a, c, b, &acc);
+    CheckHalf<kCurrent, kOpt, kSt>(a, c, b, &acc);
   }
-  if (item >= 0) FlushCheck(a, item, c.first_update, c.check_only, acc, kFull);
+  if (item >= 0) FlushCheck(a, item, c.first_update, c.check_only, acc, kCurrent);
 }
 
 // ---------------------------------------------------------------- the decide kernel
@@ -548,14 +548,14 @@ int ResidentCtas(Kernel k) {
   return n;
 }
 
-template <bool kFull, int kOpt, int kSt>
+template <bool kCurrent, int kOpt, int kSt>
 cudaError_t LaunchCheck(const StepKernelArgs& a, cudaStream_t s) {
-  static const int per_sm = ResidentCtas(StepCheckKernel<kFull, kOpt, kSt>);
+  static const int per_sm = ResidentCtas(StepCheckKernel<kCurrent, kOpt, kSt>);
   int64_t ctas = (a.total_units + kWarps - 1) / kWarps;
   const int64_t cap = static_cast<int64_t>(SmCount()) * per_sm;
   if (ctas > cap) ctas = cap;
   if (ctas == 0) return cudaSuccess;
-  StepCheckKernel<kFull, kOpt, kSt><<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(a);
+  StepCheckKernel<kCurrent, kOpt, kSt><<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(a);
   return cudaGetLastError();
 }
 
