@@ -4,6 +4,7 @@
 // INVALID_ARGUMENT with a message; long CPU work stops at its deadline and costly requests are
 // refused up front; the trainer's Step over both transports.
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <limits>
@@ -203,6 +204,80 @@ TEST_F(E2eResultsTest, StepsOverBothTransportsAreAppliedAsAUnit) {
     EXPECT_THAT(s.error_message(), HasSubstr("items[1].update: element 300 is NaN"));
     EXPECT_EQ(StateOf(*stub_, a, true), sa);
   }
+}
+
+// fp4qd's resident memory in KiB (VmRSS of /proc/PID/status), -1 if unreadable.
+int64_t RssKib(pid_t pid) {
+  std::FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/status").c_str(), "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  int64_t kib = -1;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    long long v = 0;
+    if (std::sscanf(line, "VmRSS: %lld kB", &v) == 1) kib = v;
+  }
+  std::fclose(f);
+  return kib;
+}
+
+// Issue 13's "memory flat over 10,000 steps": SGD with momentum and error feedback and AdamW
+// weights stepped 10,000 times over the fast socket, every 4th step a refused one (a NaN).
+TEST_F(E2eResultsTest, TenThousandStepsKeepTheServersMemoryFlat) {
+  v1::CreateWeightRequest sgd = Weight("flat-sgd", RandomF32(32 * 64, 11, 0.05f), 32, 64, true);
+  sgd.mutable_options()->mutable_optimizer()->set_kind(v1::OPTIMIZER_KIND_SGD);
+  sgd.mutable_options()->mutable_optimizer()->set_momentum(true);
+  Create(sgd);
+  v1::CreateWeightRequest adam = Weight("flat-adamw", RandomF32(32 * 64, 12, 0.05f), 32, 64, true);
+  adam.mutable_options()->mutable_optimizer()->set_kind(v1::OPTIMIZER_KIND_ADAMW);
+  Create(adam);
+  const std::string good = RandomF32(32 * 64, 13, 0.01f);
+  std::string bad = good;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(bad.data() + 4 * 5, &nan, 4);
+  v1::StepRequest step;
+  v1::Hyperparameters* hs = step.add_groups();
+  hs->set_lr(0.01f);
+  hs->mutable_sgd()->set_momentum(0.9f);
+  v1::Hyperparameters* ha = step.add_groups();
+  ha->set_lr(1e-3f);
+  ha->mutable_adamw()->set_beta1(0.9f);
+  ha->mutable_adamw()->set_beta2(0.999f);
+  ha->mutable_adamw()->set_eps(1e-8f);
+  for (int g = 0; g < 2; ++g) {
+    v1::StepItem* it = step.add_items();
+    it->set_name(g == 0 ? "flat-sgd" : "flat-adamw");
+    it->set_group(g);
+    *it->mutable_update() = InlineTensor(good, 32, 64);
+  }
+  int64_t applied = 0;
+  int64_t rss_after_1000 = -1;
+  for (int i = 1; i <= 10000; ++i) {
+    const bool refuse = i % 4 == 0;
+    step.set_step(applied + 1);
+    *step.mutable_items(1)->mutable_update()->mutable_inline_data() = refuse ? bad : good;
+    v1::StepReply rep;
+    const absl::Status s = fast_->Invoke("Step", step, &rep);
+    if (refuse) {
+      ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "step " << i << ": " << s;
+    } else {
+      ASSERT_TRUE(s.ok()) << "step " << i << ": " << s;
+      ++applied;
+    }
+    if (i == 1000) rss_after_1000 = RssKib(server_->pid());
+  }
+  const int64_t rss_end = RssKib(server_->pid());
+  ASSERT_GT(rss_after_1000, 0);
+  std::printf("fp4qd VmRSS: %lld kB after 1,000 steps, %lld kB after 10,000\n",
+              static_cast<long long>(rss_after_1000), static_cast<long long>(rss_end));
+  EXPECT_LE(rss_end - rss_after_1000, 1024) << "VmRSS " << rss_after_1000 << " kB after 1,000 "
+                                            << "steps, " << rss_end << " kB after 10,000";
+  v1::GetWeightRequest g;
+  g.set_name("flat-adamw");
+  v1::GetWeightReply rep;
+  auto ctx = Context();
+  ASSERT_TRUE(stub_->GetWeight(ctx.get(), g, &rep).ok());
+  EXPECT_EQ(rep.weight().last_step(), applied);
+  EXPECT_EQ(applied, 7500);
 }
 
 TEST_F(E2eResultsTest, UndecodableRequestsAreInvalidArgumentWithAMessage) {
