@@ -2,8 +2,9 @@
 # The fp4q demo ("main job"): builds what is missing, starts fp4qd on a free port (backend auto:
 # CUDA where a GPU is usable, else CPU), shows it working (fp4q health, fp4q info), runs the short
 # version of the three training examples (RTN / SR / EF tables, docs/TRAINING.md), then the path a
-# PyTorch team takes: the Python client pip-installed into a venv, its fp4-train functions and a
-# small model trained with fp4q.nn.Linear (scripts/demo_pytorch.py), and the CLI turning that
+# PyTorch team takes: the Python client pip-installed into a venv, its fp4-train functions, a
+# small model trained with fp4q.nn.Linear, the same model with its weights stored in 4 bits and
+# updated by fp4qd (fp4q.optim.AdamW, the trainer's step; scripts/demo_pytorch.py), the CLI turning that
 # model's weights into an NVFP4 checkpoint inference engines load (and back). Then it stops the
 # server with SIGTERM. A yes/NO verdict is printed only for an asserted check: the examples'
 # by CI (tests/examples, examples.demo_results), the Python part's by this demo itself.
@@ -122,9 +123,7 @@ step "the Python client, installed as a PyTorch team would: pip install ./client
   --no-index ./client/python || die "pip install ./client/python"
 echo "installed fp4q into $out/venv"
 
-# (fp4q.optim, the server-side optimizer, joins this step where scripts/demo_pytorch.py marks
-# its spot, once the client has it.)
-step "PyTorch: the fp4-train functions and a small model trained with fp4q.nn.Linear"
+step "PyTorch: the fp4-train functions, a small model trained with fp4q.nn.Linear, and the same model with its weights stored in 4 bits by fp4q.optim.AdamW"
 "$out/venv/bin/python" "$repo/scripts/demo_pytorch.py" train --server "$addr" \
   --out "$out/pytorch" --seed "$seed" | tee "$out/pytorch.txt"
 ((PIPESTATUS[0] == 0)) || die "scripts/demo_pytorch.py train"

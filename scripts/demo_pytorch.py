@@ -3,8 +3,10 @@ installed with pip (the demo runs this file with its venv's interpreter).
 
   demo_pytorch.py train --server ADDR --out DIR [--steps N] [--seed N]
       the fp4-train functions (quantize, dequantize, fp4_mm), then a small model whose MLP is
-      trained with fp4q.nn.Linear against the same model in fp32; writes DIR/model.safetensors
-      (its weights, for the CLI step) and DIR/pytorch.json
+      trained with fp4q.nn.Linear against the same model in fp32, then the fp32 model with its
+      weights stored in 4 bits on fp4qd by fp4q.optim.AdamW (round-to-nearest with and without
+      error feedback, --stored-lr); writes DIR/model.safetensors (the fp4q.nn.Linear model's
+      weights, for the CLI step) and DIR/pytorch.json
   demo_pytorch.py check-checkpoint --out DIR
       reads DIR/model.safetensors and what `fp4q quantize` / `fp4q dequantize` made of it
       (DIR/nvfp4/model.safetensors, DIR/dequantized.safetensors) and checks them
@@ -17,6 +19,7 @@ import json
 import os
 import struct
 import sys
+import time
 
 import numpy as np
 import torch
@@ -115,6 +118,7 @@ def train(args):
     fp32 = TinyModel(torch.nn.Linear)
     nvfp4 = TinyModel(lambda i, o: fp4q.nn.Linear(i, o, seed=args.seed))
     nvfp4.load_state_dict(fp32.state_dict())  # the same start
+    init = {k: v.clone() for k, v in fp32.state_dict().items()}
     results = {}
     for name, m in (("fp32", fp32), ("nvfp4", nvfp4)):
         opt = torch.optim.Adam(m.parameters(), lr=1e-2)
@@ -127,10 +131,6 @@ def train(args):
             losses.append(loss.item())
         results[name] = losses
         print("  %-6s start loss %.5f  final loss %.5f" % (name, losses[0], losses[-1]))
-    # ---- The spot for fp4q.optim (the server-side optimizer, added by the optimizer work;
-    # ---- not in the client yet). There, the same model trains with its 4-bit weights held and
-    # ---- updated by fp4qd, e.g. opt = fp4q.optim.AdamW(nvfp4.parameters(), lr=1e-2), in place
-    # ---- of torch.optim.Adam on fp32 master weights, with its own asserted checks.
     f32, f4 = results["fp32"], results["nvfp4"]
     checks.check("NVFP4 model: final loss <= 0.25 x its start", f4[-1] <= 0.25 * f4[0],
                  "%.5f vs %.5f" % (f4[-1], 0.25 * f4[0]))
@@ -139,6 +139,37 @@ def train(args):
                  "%.5f vs %.5f" % (f4[-1], 0.15 * zero))
     print("  (fp32 memorises the table further, to %.5f; with weights, activations and "
           "gradients in NVFP4 the model stops higher)" % f32[-1])
+
+    # The trainer's step: the fp32 model again, its 2-D weights (embedding and MLP) stored in
+    # NVFP4 on fp4qd by fp4q.optim.AdamW; step() sends every gradient in one Step call and
+    # writes DQ(W) back into the parameters. The norm and the biases stay in torch.
+    print("\nthe fp32 model with its weights stored in 4 bits on fp4qd (fp4q.optim.AdamW, lr "
+          "%g, %d steps):" % (args.stored_lr, args.steps))
+    stored = {}
+    for label, ef in (("rtn", False), ("rtn+ef", True)):
+        m = TinyModel(torch.nn.Linear)
+        m.load_state_dict(init)
+        opt = fp4q.optim.AdamW(m.parameters(), lr=args.stored_lr, error_feedback=ef,
+                               name_prefix="demo-%s/" % label.replace("+", "-"), existing="replace")
+        losses, step_ms = [], []
+        for _ in range(args.steps):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(m(ids), target)
+            loss.backward()
+            t0 = time.perf_counter()
+            opt.step()
+            step_ms.append((time.perf_counter() - t0) * 1e3)
+            losses.append(loss.item())
+        stored[label] = losses
+        print("  %-7s start loss %.5f  final loss %.5f  (%s; optimizer step %.2f ms median, "
+              "one Step call)" % (label, losses[0], losses[-1], repr(opt),
+                                  sorted(step_ms)[len(step_ms) // 2]))
+    results["stored"] = stored
+    rtn, ef = stored["rtn"], stored["rtn+ef"]
+    checks.check("4-bit stored weights with error feedback: final loss <= 0.25 x its start",
+                 ef[-1] <= 0.25 * ef[0], "%.5f vs %.5f" % (ef[-1], 0.25 * ef[0]))
+    checks.check("round-to-nearest alone learns less: its final loss >= 2 x error feedback's",
+                 rtn[-1] >= 2.0 * ef[-1], "%.5f vs %.5f" % (rtn[-1], 2.0 * ef[-1]))
 
     os.makedirs(args.out, exist_ok=True)
     weights = {NAMES[k]: v for k, v in nvfp4.state_dict().items()}
@@ -195,6 +226,8 @@ def main(argv):
     t.add_argument("--out", required=True)
     t.add_argument("--steps", type=int, default=100)
     t.add_argument("--seed", type=int, default=1)
+    t.add_argument("--stored-lr", type=float, default=1e-2,
+                   help="AdamW's learning rate for the 4-bit stored weights (default 1e-2)")
     c = sub.add_parser("check-checkpoint")
     c.add_argument("--out", required=True)
     args = parser.parse_args(argv)
