@@ -188,7 +188,8 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   absl::SetProgramUsageMessage(
-      "fp4q server: NVFP4/MXFP4 quantization, FP4 GEMM and named training state over gRPC.\n"
+      "fp4q server: 4-bit (NVFP4) stored weights and their optimizer step, NVFP4/MXFP4\n"
+      "quantization and FP4 GEMM, over gRPC and the fast socket.\n"
       "Usage: fp4qd [--listen HOST:PORT] [--metrics_listen HOST:PORT] [--backend auto|cpu|cuda]\n"
       "             [--state_dir DIR] [flags...]\n"
       "Prints 'fp4qd: listening on HOST:PORT' and 'fp4qd: metrics on HOST:PORT' on stdout.\n"

@@ -262,7 +262,7 @@ Metrics::Metrics(prometheus::Registry& registry, const std::string& version,
       .Register(registry)
       .Add({{"version", version}, {"backend", backend}})
       .Set(1);
-  for (const char* op : {"amax", "quantize", "dequantize", "qdq", "matmul", "update_weight"}) {
+  for (const char* op : {"amax", "quantize", "dequantize", "qdq", "matmul", "step"}) {
     kernel_ops_[op] = &kernel_duration_.Add({{"op", op}}, LatencyBuckets());
   }
 }
