@@ -314,8 +314,12 @@ absl::Status RenameField(const absl::Status& status, absl::string_view from, abs
     if (!at(i)) continue;
     absl::StrAppend(&out, msg.substr(copied, i - copied), to);
     size_t end = i + from.size();
-    for (auto [dim, index] : {std::pair<absl::string_view, absl::string_view>{".rows", ".shape[0]"},
-                              {".cols", ".shape[1]"}}) {
+    // A tensor's dimensions are its shape's entries; a stored weight (`to` its weight_name)
+    // has no shape field in the request: its rows and columns are the weight's.
+    const bool stored = absl::EndsWith(to, ".weight_name");
+    for (auto [dim, index] :
+         {std::pair<absl::string_view, absl::string_view>{".rows", stored ? " (the weight's rows)" : ".shape[0]"},
+          {".cols", stored ? " (the weight's columns)" : ".shape[1]"}}) {
       const absl::string_view rest = msg.substr(end);
       if (absl::StartsWith(rest, dim) && (rest.size() == dim.size() || !ident(rest[dim.size()]))) {
         absl::StrAppend(&out, index);

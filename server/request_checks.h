@@ -72,7 +72,8 @@ int ToWireLayout(kernels::ScaleLayout l);
 // field `from` (e.g. "x") becomes `to` (e.g. "input"), and "from.rows" / "from.cols" become
 // "to.shape[0]" / "to.shape[1]"; so do the paths below `from` that the message quotes later
 // ("does not match a.cols 32": `from`. or `from`[ after a non-path byte). Non-INVALID_ARGUMENT
-// statuses pass through unchanged.
+// statuses pass through unchanged. A stored weight's operand (`to` ending in ".weight_name") has
+// no shape in the request: its dimensions read "to (the weight's rows)" / "(... columns)".
 absl::Status RenameField(const absl::Status& status, absl::string_view from, absl::string_view to);
 
 

@@ -206,11 +206,9 @@ std::vector<BadCase> ExtraCases() {
   };
 }
 
-// Found by this test and not fixed here: a stored weight as a Matmul operand. The kernels' "b.cols"
-// becomes "b.weight_name.shape[1]" (server/ops_quantize.cc renames "b" to "b.weight_name"), but
-// weight_name is a string: the message should name the weight's own shape instead. The fix
-// belongs in ops_quantize.cc (RunMatmul's RenameField calls); enable the test with it.
-std::vector<BadCase> KnownFindings() {
+// A stored weight as a Matmul operand: the kernels' "b.cols" must not become a path below the
+// string weight_name; RenameField writes "b.weight_name (the weight's columns)".
+std::vector<BadCase> StoredOperandCases() {
   using Code = grpc::StatusCode;
   return {
       // Stored weights as Matmul operands: their shape is the weight's, not a request field.
@@ -281,9 +279,10 @@ TEST(E2eFieldPathsTest, EveryFieldPathInAnErrorMessageExistsInTheRequest) {
   std::fprintf(stderr, "%d INVALID_ARGUMENT messages checked\n", checked);
 }
 
-// KnownFindings (above): enable with the fix in server/ops_quantize.cc.
-TEST(E2eFieldPathsTest, DISABLED_StoredWeightOperandsNameExistingFields) {
-  EXPECT_EQ(CheckCases(KnownFindings()), 2);
+// Stored weights as Matmul operands: the message names the weight_name field (its shape is
+// the weight's, not a request field).
+TEST(E2eFieldPathsTest, StoredWeightOperandsNameExistingFields) {
+  EXPECT_EQ(CheckCases(StoredOperandCases()), 2);
 }
 
 // The resolver itself: what it accepts and what it refuses.
