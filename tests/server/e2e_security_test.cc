@@ -190,6 +190,89 @@ TEST(E2eSecurityTest, BearerTokenAppliesOnTheUnixSocketToo) {
   EXPECT_TRUE(Info(*stub, nullptr, "tok-123").ok());
 }
 
+// --namespace_tokens_file: a token binds its caller to one namespace; a weight of one team is
+// invisible to the other, and neither can open the other's sessions.
+TEST(E2eSecurityTest, NamespaceTokensBindCallersToTheirNamespace) {
+  TempDir dir;
+  { std::ofstream(dir.File("ns")) << "# team tokens\nteam-a tok-a\n\nteam-b\ttok-b\n"; }
+  auto server = ServerProcess::Start({"--namespace_tokens_file=" + dir.File("ns")});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = (*server)->Stub();
+  auto open = [&](const std::string& token, const std::string& ns, std::string* id) {
+    v1::OpenSessionRequest r;
+    r.set_client_name("team client");
+    r.set_namespace_(ns);
+    v1::OpenSessionReply rep;
+    auto ctx = Context();
+    if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
+    grpc::Status st = stub->OpenSession(ctx.get(), r, &rep);
+    if (id != nullptr) *id = rep.session_id();
+    return st;
+  };
+  std::string a, b;
+  ASSERT_TRUE(open("tok-a", "team-a", &a).ok());
+  ASSERT_TRUE(open("tok-b", "team-b", &b).ok());
+  grpc::Status cross = open("tok-a", "team-b", nullptr);
+  EXPECT_EQ(cross.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(cross.error_message(),
+              HasSubstr("namespace: 'team-b' is not the namespace this caller's token is bound "
+                        "to ('team-a')"));
+  EXPECT_THAT(cross.error_message(), Not(HasSubstr("tok-")));
+  EXPECT_EQ(open("", "team-a", nullptr).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(open("tok-c", "team-a", nullptr).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // Team A's weight, in its session.
+  auto call = [&](const std::string& token, const std::string& session, auto&& rpc) {
+    auto ctx = Context(session);
+    ctx->AddMetadata("authorization", "Bearer " + token);
+    return rpc(ctx.get());
+  };
+  v1::CreateWeightRequest cw = C("shared-name", InlineTensor(RandomF32(32, 1), 2, 16));
+  v1::CreateWeightReply cwr;
+  ASSERT_TRUE(call("tok-a", a, [&](grpc::ClientContext* c) {
+                return stub->CreateWeight(c, cw, &cwr);
+              }).ok());
+  // Team B sees nothing of it, and may create the same name in its own namespace.
+  v1::ListTensorsReply list;
+  ASSERT_TRUE(call("tok-b", b, [&](grpc::ClientContext* c) {
+                return stub->ListTensors(c, v1::ListTensorsRequest(), &list);
+              }).ok());
+  EXPECT_EQ(list.tensors_size(), 0);
+  v1::GetWeightRequest g;
+  g.set_name("shared-name");
+  v1::GetWeightReply gr;
+  EXPECT_EQ(call("tok-b", b, [&](grpc::ClientContext* c) { return stub->GetWeight(c, g, &gr); })
+                .error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(call("tok-b", b, [&](grpc::ClientContext* c) {
+                return stub->CreateWeight(c, cw, &cwr);
+              }).ok());
+  // Team B's token with team A's session id is refused.
+  grpc::Status stolen =
+      call("tok-b", a, [&](grpc::ClientContext* c) { return stub->GetWeight(c, g, &gr); });
+  EXPECT_EQ(stolen.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(stolen.error_message(), HasSubstr("the session's namespace 'team-a'"));
+  ASSERT_TRUE(call("tok-a", a, [&](grpc::ClientContext* c) {
+                return stub->ListTensors(c, v1::ListTensorsRequest(), &list);
+              }).ok());
+  EXPECT_EQ(list.tensors_size(), 1);
+}
+
+TEST(E2eSecurityTest, BadNamespaceTokenFilesStopStartupNamingTheLine) {
+  TempDir dir;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"team-a tok-a extra\n", "line 1 is not"},
+      {"team-a tok-a\nteam-b tok-a\n", "line 2: the token is listed twice"},
+      {"bad!name tok\n", "line 1: namespace"},
+  };
+  for (const auto& [text, want] : cases) {
+    { std::ofstream(dir.File("ns")) << text; }
+    auto server = ServerProcess::Start({"--namespace_tokens_file=" + dir.File("ns")},
+                                       absl::Seconds(10));
+    ASSERT_FALSE(server.ok()) << text;
+    EXPECT_THAT(server.status().message(), HasSubstr(want)) << text;
+  }
+}
+
 TEST(E2eSecurityTest, ErrorsCarryOnlyWhatTheCallerSent) {
   TempDir dir;
   const std::string state = dir.File("state");
