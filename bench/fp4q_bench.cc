@@ -191,6 +191,7 @@ std::vector<std::pair<int64_t, int64_t>> Gpt2SmallShapes() {
 int Run(int argc, char** argv) {
   std::string out_path, commit = "unknown", only;
   int iters = 30;
+  kernels::CudaBackendOptions tuning;  // A/B knobs of the row-kernel choice (kernel_choice.h)
   std::string command;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
   for (int i = 1; i < argc; ++i) {
@@ -203,9 +204,14 @@ int Run(int argc, char** argv) {
       iters = std::atoi(argv[++i]);
     } else if (a == "--only" && i + 1 < argc) {
       only = argv[++i];
+    } else if (a == "--rows-only") {
+      tuning.rows_only = true;
+    } else if (a == "--bf16-block-ctas" && i + 1 < argc) {
+      tuning.bf16_block_ctas = std::atoi(argv[++i]);
     } else {
       std::fprintf(stderr,
-                   "usage: fp4q_bench --out results.json [--commit SHA] [--iters N] [--only S]\n");
+                   "usage: fp4q_bench --out results.json [--commit SHA] [--iters N] [--only S]\n"
+                   "                  [--rows-only] [--bf16-block-ctas 3|4]\n");
       return 2;
     }
   }
@@ -214,9 +220,10 @@ int Run(int argc, char** argv) {
     return 2;
   }
 
-  auto module = kernels::CudaModule::Load();
+  const char* module_env = std::getenv("FP4Q_CUDA_MODULE");
+  auto module = kernels::CudaModule::Load(module_env != nullptr ? module_env : "");
   Ok(module.status(), "loading the CUDA module");
-  auto backend = (*module)->CreateBackend(0);
+  auto backend = (*module)->CreateBackend(0, tuning);
   Ok(backend.status(), "creating the CUDA backend");
   Backend& gpu = **backend;
   const kernels::DeviceInfo info = gpu.Info();

@@ -25,15 +25,15 @@ std::unique_ptr<DeviceSet> DeviceSet::CreateCpu() {
   return set;
 }
 
-absl::StatusOr<std::unique_ptr<DeviceSet>> DeviceSet::CreateCuda(const std::string& module_path) {
+absl::StatusOr<std::unique_ptr<DeviceSet>> DeviceSet::CreateCuda(const DeviceSetOptions& options) {
   std::unique_ptr<DeviceSet> set(new DeviceSet());
-  FP4Q_ASSIGN_OR_RETURN(set->module_, kernels::CudaModule::Load(module_path));
+  FP4Q_ASSIGN_OR_RETURN(set->module_, kernels::CudaModule::Load(options.cuda_module));
   FP4Q_ASSIGN_OR_RETURN(int count, set->module_->DeviceCount());
   if (count < 1) return absl::UnavailableError("CUDA: no visible devices");
   for (int ordinal = 0; ordinal < count; ++ordinal) {
     auto device = std::make_unique<Device>();
     device->index = ordinal;
-    FP4Q_ASSIGN_OR_RETURN(device->backend, set->module_->CreateBackend(ordinal));
+    FP4Q_ASSIGN_OR_RETURN(device->backend, set->module_->CreateBackend(ordinal, options.cuda));
     device->info = device->backend->Info();
     device->label = device->info.uuid;
     if (device->label.empty()) {
@@ -48,12 +48,12 @@ absl::StatusOr<std::unique_ptr<DeviceSet>> DeviceSet::CreateCuda(const std::stri
 
 absl::StatusOr<std::unique_ptr<DeviceSet>> DeviceSet::Create(const DeviceSetOptions& options) {
   if (options.backend == "cpu") return CreateCpu();
-  if (options.backend == "cuda") return CreateCuda(options.cuda_module);
+  if (options.backend == "cuda") return CreateCuda(options);
   if (options.backend != "auto") {
     return absl::InvalidArgumentError(
         absl::StrCat("backend: '", options.backend, "' is not one of auto, cpu, cuda"));
   }
-  absl::StatusOr<std::unique_ptr<DeviceSet>> cuda = CreateCuda(options.cuda_module);
+  absl::StatusOr<std::unique_ptr<DeviceSet>> cuda = CreateCuda(options);
   if (cuda.ok()) return cuda;
   std::unique_ptr<DeviceSet> cpu = CreateCpu();
   cpu->fallback_reason_ = cuda.status().ToString();

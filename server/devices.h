@@ -32,6 +32,7 @@ struct Device {
 struct DeviceSetOptions {
   std::string backend = "auto";  // "auto", "cpu", "cuda"
   std::string cuda_module;       // path of libfp4q_cuda.so; empty = CudaModule's search
+  kernels::CudaBackendOptions cuda;  // every CUDA backend's kernel-choice tuning
 };
 
 class DeviceSet {
@@ -58,7 +59,7 @@ class DeviceSet {
 
  private:
   DeviceSet() = default;
-  static absl::StatusOr<std::unique_ptr<DeviceSet>> CreateCuda(const std::string& module_path);
+  static absl::StatusOr<std::unique_ptr<DeviceSet>> CreateCuda(const DeviceSetOptions& options);
   static std::unique_ptr<DeviceSet> CreateCpu();
 
   std::unique_ptr<kernels::CudaModule> module_;

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -52,7 +53,15 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9450",
           "Prometheus /metrics address HOST:PORT; empty disables; port 0 picks one");
 ABSL_FLAG(std::string, backend, "auto",
           "auto (CUDA when a GPU is usable, else CPU), cpu, or cuda (fail if none)");
-ABSL_FLAG(std::string, cuda_module, "", "path of libfp4q_cuda.so (default: search beside fp4qd)");
+ABSL_FLAG(std::string, cuda_module, "",
+          "path of libfp4q_cuda.so (default: $FP4Q_CUDA_MODULE when set, else beside fp4qd, "
+          "../lib, then the dynamic linker's path)");
+ABSL_FLAG(std::string, cuda_row_kernels, "auto",
+          "CUDA backend: auto (each row-wise quantization pass on the kernel "
+          "kernels/src/cuda/kernel_choice.h picks) or rows (the general row kernel for every "
+          "pass; for A/B measurements)");
+ABSL_FLAG(int32_t, cuda_bf16_block_ctas, 3,
+          "CUDA backend: CTAs per SM of the bf16 one-block-a-lane quantize kernel (3 or 4)");
 ABSL_FLAG(std::string, state_dir, "", "checkpoint directory; empty = no persistence");
 ABSL_FLAG(int64_t, checkpoint_interval_s, 0,
           "periodic checkpoint interval; 0 = only on request and on SIGTERM");
@@ -149,6 +158,11 @@ ServerOptions OptionsFromFlags() {
   o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   o.backend = absl::GetFlag(FLAGS_backend);
   o.cuda_module = absl::GetFlag(FLAGS_cuda_module);
+  if (const char* env = std::getenv("FP4Q_CUDA_MODULE"); o.cuda_module.empty() && env != nullptr) {
+    o.cuda_module = env;
+  }
+  o.cuda_row_kernels = absl::GetFlag(FLAGS_cuda_row_kernels);
+  o.cuda_bf16_block_ctas = absl::GetFlag(FLAGS_cuda_bf16_block_ctas);
   o.ignore_corrupt_checkpoint = absl::GetFlag(FLAGS_ignore_corrupt_checkpoint);
   o.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   EngineOptions& e = o.engine;

@@ -290,6 +290,14 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   if (s.ok()) s = InRange(e.max_step_items, 1, 1 << 20, "max_step_items");
   if (s.ok()) s = InRange(e.max_world_size, 1, 1024, "max_world_size");
   if (!s.ok()) return s;
+  if (o.cuda_row_kernels != "auto" && o.cuda_row_kernels != "rows") {
+    return absl::InvalidArgumentError(absl::StrCat("--cuda_row_kernels: '", o.cuda_row_kernels,
+                                                   "' is not auto or rows"));
+  }
+  if (o.cuda_bf16_block_ctas != 3 && o.cuda_bf16_block_ctas != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cuda_bf16_block_ctas: ", o.cuda_bf16_block_ctas, " is not 3 or 4"));
+  }
   if (o.tls_cert.empty() != o.tls_key.empty()) {
     return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
   }
@@ -331,6 +339,8 @@ int RunServer(const ServerOptions& o, Logger& log) {
   DeviceSetOptions device_options;
   device_options.backend = o.backend;
   device_options.cuda_module = o.cuda_module;
+  device_options.cuda.rows_only = o.cuda_row_kernels == "rows";
+  device_options.cuda.bf16_block_ctas = o.cuda_bf16_block_ctas;
   absl::StatusOr<std::unique_ptr<DeviceSet>> devices = DeviceSet::Create(device_options);
   if (!devices.ok()) {
     log.Error("no backend", {{"backend", o.backend}, {"error", devices.status().ToString()}});

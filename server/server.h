@@ -42,7 +42,9 @@ struct ServerOptions {
   std::string tls_cert, tls_key, tls_client_ca;
   // Devices and the engine.
   std::string backend = "auto";
-  std::string cuda_module;
+  std::string cuda_module;              // empty: CudaModule's search
+  std::string cuda_row_kernels = "auto";  // "auto" or "rows" (kernel_choice.h)
+  int cuda_bf16_block_ctas = 3;
   EngineOptions engine;
   bool ignore_corrupt_checkpoint = false;
   int64_t drain_timeout_s = 30;

@@ -6,7 +6,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -51,8 +50,6 @@ absl::StatusOr<std::unique_ptr<CudaModule>> CudaModule::Load(const std::string& 
   std::vector<Candidate> candidates;
   if (!path.empty()) {
     candidates.push_back({path, true, "the given path"});
-  } else if (const char* env = std::getenv("FP4Q_CUDA_MODULE"); env != nullptr && *env != '\0') {
-    candidates.push_back({env, true, "$FP4Q_CUDA_MODULE"});
   } else {
     const std::string dir = ExecutableDir();
     if (!dir.empty()) {
@@ -122,15 +119,17 @@ absl::StatusOr<int> CudaModule::DeviceCount() const {
   return n;
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CudaModule::CreateBackend(int ordinal) const {
+absl::StatusOr<std::unique_ptr<Backend>> CudaModule::CreateBackend(
+    int ordinal, const CudaBackendOptions& options) const {
   absl::StatusOr<int> count = DeviceCount();
   if (!count.ok()) return count.status();
   if (ordinal < 0 || ordinal >= *count) {
     return absl::InvalidArgumentError(
         absl::StrCat("ordinal: ", ordinal, " is not in [0, ", *count, ")"));
   }
+  const fp4q_cuda_options abi_options{options.rows_only ? 1 : 0, options.bf16_block_ctas};
   char err[512] = {0};
-  Backend* backend = create_backend_(ordinal, err, sizeof(err));
+  Backend* backend = create_backend_(ordinal, &abi_options, err, sizeof(err));
   if (backend == nullptr) {
     err[sizeof(err) - 1] = '\0';
     return absl::UnavailableError(absl::StrCat(

@@ -18,7 +18,8 @@ int fp4q_cuda_device_count(char* err, size_t err_len) {
   return FAKE_DEVICES;
 }
 
-fp4q::kernels::Backend* fp4q_cuda_create_backend(int ordinal, char* err, size_t err_len) {
+fp4q::kernels::Backend* fp4q_cuda_create_backend(int ordinal, const fp4q_cuda_options* /*options*/,
+                                                 char* err, size_t err_len) {
   if (ordinal == 1) {
     std::snprintf(err, err_len, "fake: device 1 is unusable");
     return nullptr;

@@ -22,6 +22,7 @@ namespace {
 
 using ::grpc::health::v1::HealthCheckResponse;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -138,7 +139,25 @@ TEST(E2eLifecycleTest, BadFlagsFailStartup) {
     EXPECT_EQ(
         RunServerToExit({"--backend=cuda", "--cuda_module=/nonexistent/libfp4q_cuda.so"}, &log), 1);
     EXPECT_THAT(log, HasSubstr("no backend"));
+    // fp4qd, not the kernels library, reads $FP4Q_CUDA_MODULE; the flag wins over it.
+    const char* before = std::getenv("FP4Q_CUDA_MODULE");
+    const std::string saved = before == nullptr ? "" : before;
+    ASSERT_EQ(setenv("FP4Q_CUDA_MODULE", "/nonexistent/from-env/libfp4q_cuda.so", 1), 0);
+    EXPECT_EQ(RunServerToExit({"--backend=cuda"}, &log), 1);
+    EXPECT_THAT(log, HasSubstr("tried: /nonexistent/from-env/libfp4q_cuda.so"));
+    EXPECT_EQ(
+        RunServerToExit({"--backend=cuda", "--cuda_module=/nonexistent/flag/libfp4q_cuda.so"}, &log),
+        1);
+    EXPECT_THAT(log, HasSubstr("tried: /nonexistent/flag/libfp4q_cuda.so"));
+    EXPECT_THAT(log, Not(HasSubstr("from-env")));
+    ASSERT_EQ(saved.empty() ? unsetenv("FP4Q_CUDA_MODULE")
+                            : setenv("FP4Q_CUDA_MODULE", saved.c_str(), 1),
+              0);
   }
+  EXPECT_EQ(RunServerToExit({"--cuda_row_kernels=cols"}, &log), 1);
+  EXPECT_THAT(log, HasSubstr("--cuda_row_kernels: 'cols' is not auto or rows"));
+  EXPECT_EQ(RunServerToExit({"--cuda_bf16_block_ctas=5"}, &log), 1);
+  EXPECT_THAT(log, HasSubstr("--cuda_bf16_block_ctas: 5 is not 3 or 4"));
 }
 
 TEST(E2eLifecycleTest, BearerTokenGuardsTheServiceButNotHealth) {

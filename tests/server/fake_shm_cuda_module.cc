@@ -158,7 +158,8 @@ int fp4q_cuda_abi_version(void) { return FP4Q_CUDA_ABI_VERSION; }
 
 int fp4q_cuda_device_count(char* /*err*/, size_t /*err_len*/) { return 1; }
 
-fp4q::kernels::Backend* fp4q_cuda_create_backend(int ordinal, char* err, size_t err_len) {
+fp4q::kernels::Backend* fp4q_cuda_create_backend(int ordinal, const fp4q_cuda_options* /*options*/,
+                                                 char* err, size_t err_len) {
   if (ordinal != 0) {
     std::snprintf(err, err_len, "fake shm module: no device %d", ordinal);
     return nullptr;

@@ -33,7 +33,12 @@ int DtypeCode(DType d) { return d == DType::kF32 ? kF32 : kBF16; }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int ordinal) {
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int ordinal,
+                                                                 const RowKernelTuning& tuning) {
+  if (tuning.bf16_block_ctas != 3 && tuning.bf16_block_ctas != 4) {
+    return absl::InvalidArgumentError(absl::StrCat("bf16_block_ctas: ", tuning.bf16_block_ctas,
+                                                   " is not 3 or 4"));
+  }
   int count = 0;
   FP4Q_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
   if (ordinal < 0 || ordinal >= count) {
@@ -63,7 +68,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int ordinal) {
   cudaStream_t stream = nullptr;
   FP4Q_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   return std::unique_ptr<CudaBackend>(
-      new CudaBackend(ordinal, stream, std::move(info), std::move(blas)));
+      new CudaBackend(ordinal, stream, std::move(info), std::move(blas), tuning));
 }
 
 CudaBackend::~CudaBackend() {

@@ -24,14 +24,17 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "cuda/blas_lt.h"
+#include "cuda/kernel_choice.h"
 #include "fp4q/kernels/backend.h"
 
 namespace fp4q::kernels::cuda {
 
 class CudaBackend final : public Backend {
  public:
-  // A backend on device `ordinal` (creates its stream and cuBLASLt handle).
-  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int ordinal);
+  // A backend on device `ordinal` (creates its stream and cuBLASLt handle); `tuning` steers
+  // the choice of row-wise quantize kernels (kernel_choice.h).
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int ordinal,
+                                                             const RowKernelTuning& tuning = {});
   ~CudaBackend() override;
 
   DeviceInfo Info() const override { return info_; }
@@ -74,8 +77,13 @@ class CudaBackend final : public Backend {
                      const MutTensor& out, Stream stream) override;
 
  private:
-  CudaBackend(int ordinal, cudaStream_t stream, DeviceInfo info, std::unique_ptr<BlasLt> blas)
-      : ordinal_(ordinal), stream_(stream), info_(std::move(info)), blas_(std::move(blas)) {}
+  CudaBackend(int ordinal, cudaStream_t stream, DeviceInfo info, std::unique_ptr<BlasLt> blas,
+              const RowKernelTuning& tuning)
+      : ordinal_(ordinal),
+        stream_(stream),
+        info_(std::move(info)),
+        blas_(std::move(blas)),
+        tuning_(tuning) {}
 
   // Makes the device current and checks the poison flag. Every entry point calls it first.
   absl::Status Enter() const;
@@ -108,6 +116,7 @@ class CudaBackend final : public Backend {
   const cudaStream_t stream_;
   const DeviceInfo info_;
   const std::unique_ptr<BlasLt> blas_;
+  const RowKernelTuning tuning_;
 
   mutable absl::Mutex mu_;
   mutable absl::Status poison_ ABSL_GUARDED_BY(mu_);

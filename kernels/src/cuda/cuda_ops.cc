@@ -26,7 +26,15 @@
 namespace fp4q::kernels::cuda {
 namespace {
 
-int DtypeCode(DType d) { return d == DType::kF32 ? kF32 : kBF16; }
+// The kernels' int codes (kernel_codes.h) are the public enums' values.
+static_assert(kF32 == static_cast<int>(DType::kF32) && kBF16 == static_cast<int>(DType::kBF16));
+static_assert(kSelMapTo6 == static_cast<int>(ScaleSelection::kMapTo6) &&
+              kSelMae == static_cast<int>(ScaleSelection::kFourOverSixMae) &&
+              kSelMse == static_cast<int>(ScaleSelection::kFourOverSixMse));
+static_assert(kMxRceil == static_cast<int>(MxScaleRule::kRceil) &&
+              kMxFloor == static_cast<int>(MxScaleRule::kFloor));
+
+int DtypeCode(DType d) { return static_cast<int>(d); }
 
 int FmtCode(Format f, BlockShape b) {
   if (f == Format::kMxfp4) return kFmtMx;
@@ -41,11 +49,9 @@ QuantOptions MakeQuantOptions(const QuantizeOptions& o) {
   q.step = o.step;
   q.rht = o.rht != RhtMode::kOff;
   q.rht_signs = q.rht ? RhtSignMask(static_cast<int>(o.rht), o.rht_seed) : 0u;
-  q.scale_sel = o.scale_selection == ScaleSelection::kFourOverSixMae   ? kSelMae
-                : o.scale_selection == ScaleSelection::kFourOverSixMse ? kSelMse
-                                                                       : kSelMapTo6;
+  q.scale_sel = static_cast<int>(o.scale_selection);
   q.emax = o.four_over_six_emax;
-  q.mx_rule = o.mx_rule == MxScaleRule::kFloor ? kMxFloor : kMxRceil;
+  q.mx_rule = static_cast<int>(o.mx_rule);
   return q;
 }
 
@@ -154,6 +160,7 @@ absl::Status CudaBackend::QuantizeImpl(const ConstTensor& x, const QuantizeOptio
     p.x = xp;
     p.x_dtype = DtypeCode(x.dtype);
     p.residual = res;
+    p.tuning = tuning_;
     if (guarded) {
       FP4Q_ASSIGN_OR_RETURN(GuardPod * g,
                             st.UseAs<GuardPod>(guard, sizeof(GuardPod), false, true));
@@ -176,7 +183,7 @@ absl::Status CudaBackend::QuantizeImpl(const ConstTensor& x, const QuantizeOptio
     } else if (options.has_amax) {
       row.amax_value = options.amax;
       row.write_amax = true;
-    } else if (res == nullptr && FusedAmaxFits(p)) {  // one launch: amax, then quantize
+    } else if (res == nullptr && FusedAmaxFits(RowPassOf(p), p.tuning)) {  // one launch
       row.write_amax = true;
       p.out = row;
       FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchQuantizeFusedAmax(p, row.global, s)));
@@ -249,6 +256,7 @@ absl::Status CudaBackend::QdqImpl(const ConstTensor& x, const QuantizeOptions& o
   p.q = MakeQuantOptions(options);
   p.rows = x.rows;
   p.cols = x.cols;
+  p.tuning = tuning_;
   FP4Q_ASSIGN_OR_RETURN(p.x, st.Use(x.data, x_bytes, true, false));
   p.x_dtype = DtypeCode(x.dtype);
   FP4Q_ASSIGN_OR_RETURN(p.residual, st.UseAs<float>(residual, x.rows * x.cols * 4, true, true));

@@ -12,13 +12,10 @@
 
 #include <cstdint>
 
-namespace fp4q::kernels::cuda {
+#include "cuda/kernel_choice.h"
+#include "cuda/kernel_codes.h"
 
-// Mirrors of the public enums as plain ints (types.h values).
-enum : int { kF32 = 1, kBF16 = 2 };                    // DType
-enum : int { kFmtNv1x16 = 0, kFmtNv16x16 = 1, kFmtMx = 2 };  // format + block
-enum : int { kSelMapTo6 = 0, kSelMae = 1, kSelMse = 2 };     // ScaleSelection
-enum : int { kMxRceil = 0, kMxFloor = 1 };                   // MxScaleRule
+namespace fp4q::kernels::cuda {
 
 // One quantized output (row-wise: [rows, cols]; column-wise: [cols, rows] of x^T).
 struct QOut {
@@ -70,7 +67,23 @@ struct RowParams {
   // Gate of a writing pass: when non-null the kernel returns at once unless *gate == 0 (the
   // outcome word of the FiniteGuard the guard kernel wrote).
   const int32_t* gate = nullptr;
+  RowKernelTuning tuning;  // the backend's (kernel_choice.h)
 };
+
+// What kernel_choice.h decides a row pass's kernel from.
+inline RowPass RowPassOf(const RowParams& p) {
+  RowPass r;
+  r.fmt = p.q.fmt;
+  r.scale_sel = p.q.scale_sel;
+  r.rht = p.q.rht;
+  r.residual = p.residual != nullptr;
+  r.amax_only = p.amax_out != nullptr;
+  r.guarded = p.first_bad_x != nullptr;
+  r.x_dtype = p.x_dtype;
+  r.rows = p.rows;
+  r.cols = p.cols;
+  return r;
+}
 
 // Row-wise and/or column-wise quantization from one read of x through shared memory (tiles of
 // 64 rows x 128 columns). No residual.
@@ -139,16 +152,14 @@ struct SmallMParams {
 // of x into *first_bad (set to ~0 = "none" by the launcher; read as int64 it is -1).
 cudaError_t LaunchAmax(const void* x, int dtype, int64_t n, float* amax, uint64_t* first_bad,
                        cudaStream_t s);
+// A row pass on the kernel ChooseRowKernel(RowPassOf(p), p.tuning) names.
 cudaError_t LaunchQuantizeRows(const RowParams& p, cudaStream_t s);
-// The lane-granular fast path of LaunchQuantizeRows (quantize_lanes.cu), which calls it itself
-// for the requests it covers: NVFP4 1x16, map-to-6, cols % 64 == 0.
-bool QuantizeLanesEligible(const RowParams& p);
-cudaError_t LaunchQuantizeLanes(const RowParams& p, cudaStream_t s);
-// Small tensors (lane-eligible, no residual, at most kFusedAmaxMaxElems elements) with the
-// global amax computed: one cooperative launch computes it into *amax (zeroed by the launch
-// itself) and quantizes with it, instead of a memset, a reduction and the quantize launch.
-inline constexpr uint64_t kFusedAmaxMaxElems = uint64_t{1} << 20;
-bool FusedAmaxFits(const RowParams& p);
+// The lane kernels (quantize_lanes.cu) for a pass the choice gives them; cudaErrorInvalidValue
+// for one it gives kRows.
+cudaError_t LaunchQuantizeLanes(const RowParams& p, RowKernel k, cudaStream_t s);
+// A pass with FusedAmaxFits(RowPassOf(p), p.tuning) and its global amax computed: one
+// cooperative launch computes the amax into *amax (zeroed by the launch itself) and quantizes
+// with it, instead of a memset, a reduction and the quantize launch.
 cudaError_t LaunchQuantizeFusedAmax(const RowParams& p, float* amax, cudaStream_t s);
 cudaError_t LaunchQuantizeTile(const TileParams& p, cudaStream_t s);
 cudaError_t LaunchDequantize(const DequantParams& p, cudaStream_t s);

@@ -38,9 +38,14 @@ __attribute__((visibility("default"))) int fp4q_cuda_device_count(char* err, siz
 }
 
 __attribute__((visibility("default"))) fp4q::kernels::Backend* fp4q_cuda_create_backend(
-    int ordinal, char* err, size_t err_len) {
+    int ordinal, const fp4q_cuda_options* options, char* err, size_t err_len) {
   try {
-    auto backend = fp4q::kernels::cuda::CudaBackend::Create(ordinal);
+    fp4q::kernels::cuda::RowKernelTuning tuning;
+    if (options != nullptr) {
+      tuning.rows_only = options->rows_only != 0;
+      tuning.bf16_block_ctas = options->bf16_block_ctas;
+    }
+    auto backend = fp4q::kernels::cuda::CudaBackend::Create(ordinal, tuning);
     if (!backend.ok()) {
       WriteError(err, err_len, std::string(backend.status().ToString()));
       return nullptr;

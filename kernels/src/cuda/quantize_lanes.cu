@@ -20,15 +20,13 @@
 // (software pipelining). A granule of 8 is exactly one Philox group (NUMERICS 4: counter =
 // element index / 8); a granule of 16 is two.
 //
-// FP4Q_ROW_KERNEL=legacy in the environment sends every request to quantize_rows.cu instead
-// (for A/B measurements; read once per process).
+// Which of these kernels runs a pass (or quantize_rows.cu instead) is kernel_choice.h's
+// decision, tuned by the backend's RowKernelTuning.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cfloat>
-#include <cstdlib>
-#include <cstring>
 
 #include "launch.h"
 #include "quantize_unit.cuh"
@@ -425,20 +423,10 @@ cudaError_t LaunchBlocksWith(const LaneParams& lp, cudaStream_t s) {
   return cudaGetLastError();
 }
 
-// FP4Q_LANES_CTAS=4: bf16 with one block a lane per step at 4 CTAs per SM instead of two at 3
-// (an A/B knob for the benchmark; read once per process).
-bool FourCtasRequested() {
-  static const bool four = [] {
-    const char* v = std::getenv("FP4Q_LANES_CTAS");
-    return v != nullptr && std::strcmp(v, "4") == 0;
-  }();
-  return four;
-}
-
 template <typename In, bool kSr, bool kRht>
-cudaError_t LaunchBlocks(const LaneParams& lp, cudaStream_t s) {
+cudaError_t LaunchBlocks(const LaneParams& lp, bool four_ctas, cudaStream_t s) {
   if constexpr (sizeof(In) == 2) {
-    if (FourCtasRequested()) return LaunchBlocksWith<In, kSr, kRht, 4>(lp, s);
+    if (four_ctas) return LaunchBlocksWith<In, kSr, kRht, 4>(lp, s);
   }
   return LaunchBlocksWith<In, kSr, kRht, 3>(lp, s);
 }
@@ -457,78 +445,68 @@ cudaError_t LaunchLanes(const LaneParams& lp, cudaStream_t s) {
 }
 
 template <typename In>
-cudaError_t Dispatch(const LaneParams& lp, cudaStream_t s) {
+cudaError_t Dispatch(const LaneParams& lp, RowKernel k, cudaStream_t s) {
   const QuantOptions& q = lp.p.q;
-  if (lp.p.residual != nullptr && lp.p.amax_out != nullptr && lp.p.first_bad_x != nullptr) {
-    return LaunchLanes<In, false, true>(lp, s);  // the guarded amax pass: no rounding
+  switch (k) {
+    case RowKernel::kLanesGuardedAmax:
+      return LaunchLanes<In, false, true>(lp, s);  // no rounding
+    case RowKernel::kLanesResidual:
+      return q.sr ? LaunchLanes<In, true>(lp, s) : LaunchLanes<In, false>(lp, s);
+    case RowKernel::kLanesBlocks:
+    case RowKernel::kLanesBlocksFourCtas: {
+      const bool four = k == RowKernel::kLanesBlocksFourCtas;
+      if (q.rht) {
+        return q.sr ? LaunchBlocks<In, true, true>(lp, four, s)
+                    : LaunchBlocks<In, false, true>(lp, four, s);
+      }
+      return q.sr ? LaunchBlocks<In, true, false>(lp, four, s)
+                  : LaunchBlocks<In, false, false>(lp, four, s);
+    }
+    case RowKernel::kRows:
+      break;
   }
-  if (lp.p.residual != nullptr) {  // error feedback (never with RHT: checked by the caller)
-    return q.sr ? LaunchLanes<In, true>(lp, s) : LaunchLanes<In, false>(lp, s);
-  }
-  if (q.rht) {
-    return q.sr ? LaunchBlocks<In, true, true>(lp, s) : LaunchBlocks<In, false, true>(lp, s);
-  }
-  return q.sr ? LaunchBlocks<In, true, false>(lp, s) : LaunchBlocks<In, false, false>(lp, s);
+  return cudaErrorInvalidValue;
 }
 
-bool LegacyRequested() {
-  static const bool legacy = [] {
-    const char* v = std::getenv("FP4Q_ROW_KERNEL");
-    return v != nullptr && std::strcmp(v, "legacy") == 0;
-  }();
-  return legacy;
+LaneParams LaneParamsOf(const RowParams& p) {
+  LaneParams lp;
+  lp.p = p;
+  lp.n_gran = static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) / 8;
+  lp.n_blocks = static_cast<uint32_t>(lp.n_gran / 2);
+  lp.scale_cols = static_cast<uint32_t>(p.cols / 16);
+  lp.row_magic = ~uint64_t{0} / lp.scale_cols + 1;
+  return lp;
 }
 
 }  // namespace
 
-bool QuantizeLanesEligible(const RowParams& p) {
-  if (p.q.fmt != kFmtNv1x16 || p.q.scale_sel != kSelMapTo6) return false;
-  if (p.residual != nullptr && p.q.rht) return false;
-  if (p.rows <= 0 || p.cols <= 0 || p.cols % 64 != 0) return false;
-  // Block indices stay below 2^31 (32-bit block arithmetic, the swizzled layout's row division).
-  if (static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) / 16 >= (uint64_t{1} << 31)) {
-    return false;
-  }
-  return !LegacyRequested();
-}
-
-bool FusedAmaxFits(const RowParams& p) {
-  return QuantizeLanesEligible(p) && p.residual == nullptr && p.amax_out == nullptr &&
-         static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) <= kFusedAmaxMaxElems;
-}
-
 cudaError_t LaunchQuantizeFusedAmax(const RowParams& p, float* amax, cudaStream_t s) {
-  if (!FusedAmaxFits(p) || amax == nullptr) return cudaErrorInvalidValue;
-  LaneParams lp;
-  lp.p = p;
+  if (!FusedAmaxFits(RowPassOf(p), p.tuning) || amax == nullptr) return cudaErrorInvalidValue;
+  LaneParams lp = LaneParamsOf(p);
   lp.p.out.amax_ptr = nullptr;
-  lp.n_gran = static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) / 8;
-  lp.n_blocks = static_cast<uint32_t>(lp.n_gran / 2);
-  lp.scale_cols = static_cast<uint32_t>(p.cols / 16);
-  lp.row_magic = ~uint64_t{0} / lp.scale_cols + 1;
   lp.fused_amax = amax;
   const QuantOptions& q = p.q;
+  const bool four = ChooseRowKernel(RowPassOf(p), p.tuning) == RowKernel::kLanesBlocksFourCtas;
   if (p.x_dtype == kF32) {
-    if (q.rht) return q.sr ? LaunchBlocks<float, true, true>(lp, s) : LaunchBlocks<float, false, true>(lp, s);
-    return q.sr ? LaunchBlocks<float, true, false>(lp, s) : LaunchBlocks<float, false, false>(lp, s);
+    if (q.rht) {
+      return q.sr ? LaunchBlocks<float, true, true>(lp, four, s)
+                  : LaunchBlocks<float, false, true>(lp, four, s);
+    }
+    return q.sr ? LaunchBlocks<float, true, false>(lp, four, s)
+                : LaunchBlocks<float, false, false>(lp, four, s);
   }
   if (q.rht) {
-    return q.sr ? LaunchBlocks<__nv_bfloat16, true, true>(lp, s)
-                : LaunchBlocks<__nv_bfloat16, false, true>(lp, s);
+    return q.sr ? LaunchBlocks<__nv_bfloat16, true, true>(lp, four, s)
+                : LaunchBlocks<__nv_bfloat16, false, true>(lp, four, s);
   }
-  return q.sr ? LaunchBlocks<__nv_bfloat16, true, false>(lp, s)
-              : LaunchBlocks<__nv_bfloat16, false, false>(lp, s);
+  return q.sr ? LaunchBlocks<__nv_bfloat16, true, false>(lp, four, s)
+              : LaunchBlocks<__nv_bfloat16, false, false>(lp, four, s);
 }
 
-cudaError_t LaunchQuantizeLanes(const RowParams& p, cudaStream_t s) {
-  if (!QuantizeLanesEligible(p)) return cudaErrorInvalidValue;
-  LaneParams lp;
-  lp.p = p;
-  lp.n_gran = static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) / 8;
-  lp.n_blocks = static_cast<uint32_t>(lp.n_gran / 2);
-  lp.scale_cols = static_cast<uint32_t>(p.cols / 16);
-  lp.row_magic = ~uint64_t{0} / lp.scale_cols + 1;
-  return p.x_dtype == kF32 ? Dispatch<float>(lp, s) : Dispatch<__nv_bfloat16>(lp, s);
+cudaError_t LaunchQuantizeLanes(const RowParams& p, RowKernel k, cudaStream_t s) {
+  if (k == RowKernel::kRows) return cudaErrorInvalidValue;
+  const LaneParams lp = LaneParamsOf(p);
+  return p.x_dtype == kF32 ? Dispatch<float>(lp, k, s) : Dispatch<__nv_bfloat16>(lp, k, s);
 }
 
 }  // namespace fp4q::kernels::cuda

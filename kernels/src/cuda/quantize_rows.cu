@@ -289,7 +289,8 @@ cudaError_t DispatchFormat(const RowParams& p, cudaStream_t s) {
 }  // namespace
 
 cudaError_t LaunchQuantizeRows(const RowParams& p, cudaStream_t s) {
-  if (QuantizeLanesEligible(p)) return LaunchQuantizeLanes(p, s);
+  const RowKernel k = ChooseRowKernel(RowPassOf(p), p.tuning);
+  if (k != RowKernel::kRows) return LaunchQuantizeLanes(p, k, s);
   return p.x_dtype == kF32 ? DispatchFormat<float>(p, s) : DispatchFormat<__nv_bfloat16>(p, s);
 }
 

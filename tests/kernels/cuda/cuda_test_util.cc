@@ -17,7 +17,8 @@ CudaEnv* MakeEnv() {
   env->seed = seed_env != nullptr ? static_cast<uint32_t>(std::strtoul(seed_env, nullptr, 10))
                                   : std::random_device{}();
   std::fprintf(stderr, "cuda tests: random seed %u (set FP4Q_TEST_SEED to repeat)\n", env->seed);
-  auto module = CudaModule::Load();
+  const char* module_env = std::getenv("FP4Q_CUDA_MODULE");  // scripts/device/run.sh sets it
+  auto module = CudaModule::Load(module_env != nullptr ? module_env : "");
   if (!module.ok()) {
     env->skip_reason = absl::StrCat("CUDA module not loadable: ", module.status().ToString());
     return env;

@@ -17,24 +17,37 @@
 #include "absl/status/statusor.h"
 #include "fp4q/kernels/backend.h"
 
-// C ABI of the module. Bump kFp4qCudaAbiVersion on any change of it or of Backend.
-#define FP4Q_CUDA_ABI_VERSION 3
+// C ABI of the module. Bump FP4Q_CUDA_ABI_VERSION on any change of it or of Backend.
+#define FP4Q_CUDA_ABI_VERSION 4
 extern "C" {
+// How a backend chooses its row-wise quantize kernels (kernels/src/cuda/kernel_choice.h).
+struct fp4q_cuda_options {
+  int rows_only;        // 1: every row-wise pass takes the general row kernel
+  int bf16_block_ctas;  // 3 or 4: CTAs per SM of the bf16 one-block-a-lane kernel
+};
 // Returns FP4Q_CUDA_ABI_VERSION.
 int fp4q_cuda_abi_version(void);
 // Number of visible CUDA devices, or -1 with a message in err (e.g. no driver).
 int fp4q_cuda_device_count(char* err, size_t err_len);
 // A new Backend on device `ordinal` (caller owns it), or null with a message in err.
-fp4q::kernels::Backend* fp4q_cuda_create_backend(int ordinal, char* err, size_t err_len);
+fp4q::kernels::Backend* fp4q_cuda_create_backend(int ordinal, const fp4q_cuda_options* options,
+                                                 char* err, size_t err_len);
 }
 
 namespace fp4q::kernels {
 
+// Tuning of a CUDA backend's kernel choices (fp4qd --cuda_row_kernels, --cuda_bf16_block_ctas).
+struct CudaBackendOptions {
+  bool rows_only = false;
+  int bf16_block_ctas = 3;
+};
+
 class CudaModule {
  public:
-  // Loads the module from `path`, or when empty from, in order: $FP4Q_CUDA_MODULE, the
-  // directory of the running executable, ../lib next to it, then the dynamic linker's path.
-  // NOT_FOUND when no module is found; FAILED_PRECONDITION on an ABI mismatch.
+  // Loads the module from `path`, or when empty from, in order: the directory of the running
+  // executable, ../lib next to it, then the dynamic linker's path. (Programs that honor
+  // $FP4Q_CUDA_MODULE pass it as `path`: fp4qd, fp4q_bench, the GPU tests.) NOT_FOUND when no
+  // module is found; FAILED_PRECONDITION on an ABI mismatch.
   static absl::StatusOr<std::unique_ptr<CudaModule>> Load(const std::string& path = "");
   ~CudaModule();
   CudaModule(const CudaModule&) = delete;
@@ -43,7 +56,8 @@ class CudaModule {
   const std::string& path() const { return path_; }
   // UNAVAILABLE with the CUDA error text when the driver or devices are missing.
   absl::StatusOr<int> DeviceCount() const;
-  absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(int ordinal) const;
+  absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(
+      int ordinal, const CudaBackendOptions& options = {}) const;
 
  private:
   CudaModule() = default;

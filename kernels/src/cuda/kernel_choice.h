@@ -1,0 +1,61 @@
+// Which kernel runs a row-wise quantization pass: the one host-side decision for every such
+// pass the CUDA backend launches (cuda_ops.cc plans the passes; quantize_rows.cu and
+// quantize_lanes.cu launch what this says). Plain C++, no CUDA types, so it is unit-tested on
+// machines without a GPU (tests/kernels/kernel_choice_test.cc).
+//
+// The kernels (all bit-identical, NUMERICS):
+//   kRows               quantize_rows.cu: one thread per 32 elements of a row; every format
+//                       (MXFP4, 16x16 tiles, four-over-six) and row length.
+//   kLanesGuardedAmax   quantize_lanes.cu, the guarded amax-only pass of error feedback (first
+//                       non-finite x and v; no rounding).
+//   kLanesResidual      quantize_lanes.cu, a lane pair per block with the f32 residual (error
+//                       feedback, QDQ and Quantize).
+//   kLanesBlocks        quantize_lanes.cu, one block a lane (no residual), 3 CTAs per SM.
+//   kLanesBlocksFourCtas the same for bf16 input at 4 CTAs per SM (RowKernelTuning).
+// The lane kernels cover NVFP4 1x16 with map-to-6 scales, rows whose length is a multiple of
+// 64, no RHT with a residual, and fewer than 2^31 blocks.
+#ifndef FP4Q_KERNELS_SRC_CUDA_KERNEL_CHOICE_H_
+#define FP4Q_KERNELS_SRC_CUDA_KERNEL_CHOICE_H_
+
+#include <cstdint>
+
+#include "cuda/kernel_codes.h"
+
+namespace fp4q::kernels::cuda {
+
+// Knobs of the choice (fp4qd --cuda_row_kernels, --cuda_bf16_block_ctas; fp4q_bench for A/B
+// measurements). The defaults are what the H200 measurements chose (bench/results/h200.md).
+struct RowKernelTuning {
+  bool rows_only = false;  // every pass takes kRows
+  int bf16_block_ctas = 3;  // 3 or 4: CTAs per SM of the bf16 one-block-a-lane kernel
+};
+
+// What the choice depends on, from the pass's RowParams.
+struct RowPass {
+  int fmt = kFmtNv1x16;
+  int scale_sel = kSelMapTo6;
+  bool rht = false;
+  bool residual = false;     // error feedback: the f32 residual is read (and written)
+  bool amax_only = false;    // the pass only reduces max |v|
+  bool guarded = false;      // the guarded amax-only pass (first non-finite x and v)
+  int x_dtype = kBF16;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+enum class RowKernel { kRows, kLanesGuardedAmax, kLanesResidual, kLanesBlocks, kLanesBlocksFourCtas };
+
+RowKernel ChooseRowKernel(const RowPass& p, const RowKernelTuning& t);
+
+// Elements up to which the global amax and the quantization share one cooperative launch.
+inline constexpr uint64_t kFusedAmaxMaxElems = uint64_t{1} << 20;
+
+// Whether a pass that computes its own global amax can do it in that one launch: a
+// one-block-a-lane pass of at most kFusedAmaxMaxElems elements.
+bool FusedAmaxFits(const RowPass& p, const RowKernelTuning& t);
+
+const char* RowKernelName(RowKernel k);
+
+}  // namespace fp4q::kernels::cuda
+
+#endif  // FP4Q_KERNELS_SRC_CUDA_KERNEL_CHOICE_H_

@@ -1,0 +1,92 @@
+// The CUDA backend's choice of row-wise quantize kernel (kernels/src/cuda/kernel_choice.h):
+// plain C++, so it runs where there is no GPU. Every case is a pass cuda_ops.cc launches.
+#include "cuda/kernel_choice.h"
+
+#include "gtest/gtest.h"
+
+namespace fp4q::kernels::cuda {
+namespace {
+
+RowPass Nv(int64_t rows, int64_t cols, int dtype = kBF16) {
+  RowPass p;
+  p.rows = rows;
+  p.cols = cols;
+  p.x_dtype = dtype;
+  return p;
+}
+
+TEST(KernelChoiceTest, LaneKernelsTakeNvfp4OneBySixteenMapToSixOnRowsOfSixtyFour) {
+  const RowKernelTuning t;
+  EXPECT_EQ(ChooseRowKernel(Nv(8192, 8192), t), RowKernel::kLanesBlocks);
+  EXPECT_EQ(ChooseRowKernel(Nv(1, 64, kF32), t), RowKernel::kLanesBlocks);
+  RowPass sr = Nv(128, 4096);
+  sr.rht = true;  // RHT without a residual stays on the lanes
+  EXPECT_EQ(ChooseRowKernel(sr, t), RowKernel::kLanesBlocks);
+  // Everything else: the general row kernel.
+  EXPECT_EQ(ChooseRowKernel(Nv(16, 48), t), RowKernel::kRows);   // cols % 64 != 0
+  EXPECT_EQ(ChooseRowKernel(Nv(0, 64), t), RowKernel::kRows);
+  RowPass mx = Nv(64, 64);
+  mx.fmt = kFmtMx;
+  EXPECT_EQ(ChooseRowKernel(mx, t), RowKernel::kRows);
+  RowPass tile = Nv(64, 64);
+  tile.fmt = kFmtNv16x16;
+  EXPECT_EQ(ChooseRowKernel(tile, t), RowKernel::kRows);
+  RowPass four = Nv(64, 64);
+  four.scale_sel = kSelMse;
+  EXPECT_EQ(ChooseRowKernel(four, t), RowKernel::kRows);
+  // 2^31 blocks or more: the lanes' 32-bit block arithmetic would wrap.
+  EXPECT_EQ(ChooseRowKernel(Nv(int64_t{1} << 20, int64_t{1} << 15), t), RowKernel::kRows);
+  EXPECT_EQ(ChooseRowKernel(Nv((int64_t{1} << 20) - 1, int64_t{1} << 15), t),
+            RowKernel::kLanesBlocks);
+}
+
+TEST(KernelChoiceTest, ErrorFeedbackPassesTakeTheResidualLanesAndTheGuardItsOwn) {
+  const RowKernelTuning t;
+  RowPass ef = Nv(768, 3072);
+  ef.residual = true;
+  EXPECT_EQ(ChooseRowKernel(ef, t), RowKernel::kLanesResidual);
+  ef.amax_only = true;  // the unguarded amax pass of x + r
+  EXPECT_EQ(ChooseRowKernel(ef, t), RowKernel::kLanesResidual);
+  ef.guarded = true;
+  EXPECT_EQ(ChooseRowKernel(ef, t), RowKernel::kLanesGuardedAmax);
+  ef.rht = true;  // RHT with a residual: the row kernel
+  EXPECT_EQ(ChooseRowKernel(ef, t), RowKernel::kRows);
+}
+
+TEST(KernelChoiceTest, TuningSendsPassesToTheRowKernelOrFourCtas) {
+  RowKernelTuning rows;
+  rows.rows_only = true;
+  RowPass ef = Nv(64, 64);
+  ef.residual = true;
+  EXPECT_EQ(ChooseRowKernel(Nv(64, 64), rows), RowKernel::kRows);
+  EXPECT_EQ(ChooseRowKernel(ef, rows), RowKernel::kRows);
+  RowKernelTuning four;
+  four.bf16_block_ctas = 4;
+  EXPECT_EQ(ChooseRowKernel(Nv(64, 64), four), RowKernel::kLanesBlocksFourCtas);
+  EXPECT_EQ(ChooseRowKernel(Nv(64, 64, kF32), four), RowKernel::kLanesBlocks);  // bf16 only
+  EXPECT_EQ(ChooseRowKernel(ef, four), RowKernel::kLanesResidual);
+}
+
+TEST(KernelChoiceTest, FusedAmaxTakesSmallOneBlockALanePassesOnly) {
+  const RowKernelTuning t;
+  EXPECT_TRUE(FusedAmaxFits(Nv(1024, 1024), t));  // 2^20 elements: the limit
+  EXPECT_FALSE(FusedAmaxFits(Nv(1025, 1024), t));
+  RowPass ef = Nv(64, 64);
+  ef.residual = true;
+  EXPECT_FALSE(FusedAmaxFits(ef, t));
+  RowPass amax = Nv(64, 64);
+  amax.amax_only = true;
+  EXPECT_FALSE(FusedAmaxFits(amax, t));
+  EXPECT_FALSE(FusedAmaxFits(Nv(16, 48), t));  // the row kernel
+  RowKernelTuning rows;
+  rows.rows_only = true;
+  EXPECT_FALSE(FusedAmaxFits(Nv(64, 64), rows));
+  RowKernelTuning four;
+  four.bf16_block_ctas = 4;
+  EXPECT_TRUE(FusedAmaxFits(Nv(64, 64), four));
+  EXPECT_STREQ(RowKernelName(ChooseRowKernel(Nv(64, 64), four)),
+               "lanes, one block a lane, 4 CTAs");
+}
+
+}  // namespace
+}  // namespace fp4q::kernels::cuda
