@@ -55,6 +55,8 @@ enum Rpc : uint8_t {
   kResetResidual,
   kRegister,
   kUnregister,
+  kStep,
+  kResetOptimizer,
   kRpcCount,
 };
 
@@ -165,7 +167,12 @@ void RunOne(Fixture& f, uint8_t selector, const uint8_t* data, size_t size) {
     case kCreateWeight: {
       v1::CreateWeightRequest m;
       if (!Parse(&m, data, size)) return;
-      CreateWeightRequest r = FromProto(m);
+      absl::StatusOr<CreateWeightRequest> converted = FromProto(m);
+      if (!converted.ok()) {
+        Check(!converted.status().message().empty(), "a conversion error names the field");
+        return;
+      }
+      CreateWeightRequest r = std::move(*converted);
       fix(r.initial);
       v1::CreateWeightReply rep;
       Run<CreateWeightResult>([&](auto d) { e.CreateWeight(ctx, r, d); }, &rep);
@@ -206,6 +213,36 @@ void RunOne(Fixture& f, uint8_t selector, const uint8_t* data, size_t size) {
       RegionSlice s{m.region_id(), 0};
       fix(s);
       Await<EmptyResult>([&](auto d) { e.UnregisterRegion(ctx, s.region_id, d); }).IgnoreError();
+      return;
+    }
+    case kStep: {
+      v1::StepRequest m;
+      if (!Parse(&m, data, size)) return;
+      absl::StatusOr<StepRequest> converted = FromProto(m);
+      if (!converted.ok()) {
+        Check(!converted.status().message().empty(), "a conversion error names the field");
+        return;
+      }
+      StepRequest r = std::move(*converted);
+      for (StepItemIn& item : r.items) {
+        fix(item.update);
+        fix(item.dequantized_out);
+      }
+      v1::StepReply rep;
+      Run<StepResult>([&](auto d) { e.Step(ctx, std::move(r), d); }, &rep);
+      return;
+    }
+    case kResetOptimizer: {
+      v1::ResetOptimizerRequest m;
+      if (!Parse(&m, data, size)) return;
+      absl::StatusOr<ResetOptimizerRequest> converted = FromProto(m);
+      if (!converted.ok()) {
+        Check(!converted.status().message().empty(), "a conversion error names the field");
+        return;
+      }
+      v1::ResetOptimizerReply rep;
+      Run<ResetOptimizerResult>(
+          [&](auto d) { e.ResetOptimizer(ctx, std::move(*converted), d); }, &rep);
       return;
     }
   }
@@ -345,6 +382,32 @@ void WriteSeeds(const char* dir) {
     v1::UnregisterCudaRegionRequest u;
     u.set_region_id("R");
     Seed(dir, "unregister", kUnregister, u);
+  }
+  {
+    v1::StepRequest st;
+    st.set_step(7);
+    v1::Hyperparameters* g = st.add_groups();
+    g->set_lr(0.5f);
+    g->mutable_sgd()->set_weight_decay(0.01f);
+    for (const char* name : {"w", "plain"}) {
+      v1::StepItem* item = st.add_items();
+      item->set_name(name);
+      *item->mutable_update() = wt;
+    }
+    st.mutable_items(0)->set_return_dequantized(true);
+    Seed(dir, "step-two-weights", kStep, st);
+    st.mutable_items(1)->mutable_dequantized_out()->mutable_region()->set_region_id("R");
+    st.mutable_items(1)->mutable_update()->mutable_region()->set_region_id("R");
+    st.mutable_items(1)->mutable_update()->mutable_region()->set_offset(32768);
+    st.mutable_items(1)->mutable_update()->clear_inline_data();
+    Seed(dir, "step-regions", kStep, st);
+    st.set_kind(v1::UPDATE_KIND_DELTA);
+    st.mutable_groups(0)->clear_sgd();
+    Seed(dir, "step-delta", kStep, st);
+    v1::ResetOptimizerRequest ro;
+    ro.set_name("w");
+    ro.mutable_optimizer()->set_kind(v1::OPTIMIZER_KIND_ADAMW);
+    Seed(dir, "reset-optimizer", kResetOptimizer, ro);
   }
 }
 
