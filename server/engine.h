@@ -210,9 +210,18 @@ class Engine {
   void Dispatch(const RequestContext& ctx, Req req, Done<Res> done,
                 void (*route)(const Req&, Route*),
                 absl::Status (Engine::*body)(OpEnv&, const Req&, Res*));
-  // Runs `fn` on the control executor.
+  // Runs `fn` on the control executor and answers `done` with its result (or the executor's
+  // refusal). Control work (cleanup, checkpoints) is admitted while draining too.
   template <typename Res>
-  void Control(const RequestContext& ctx, Done<Res> done, std::function<absl::StatusOr<Res>()> fn);
+  void Control(const RequestContext& ctx, Done<Res> done, std::function<absl::StatusOr<Res>()> fn) {
+    auto shared = std::make_shared<Done<Res>>(std::move(done));
+    SubmitControl(
+        ctx, [shared, fn = std::move(fn)] { (*shared)(fn()); },
+        [shared](const absl::Status& s) { (*shared)(s); });
+  }
+  // Runs `work` on the control executor, or `refused` with why it did not run.
+  void SubmitControl(const RequestContext& ctx, std::function<void()> work,
+                     std::function<void(const absl::Status&)> refused);
   Executor& ExecutorFor(const Device& d) { return *executors_[d.index]; }
   void CheckHealth(Device& d);
   bool Admit();    // counts a request in flight unless draining

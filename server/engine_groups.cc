@@ -26,8 +26,6 @@
 namespace fp4q::server {
 namespace {
 
-std::string Quote(absl::string_view s) { return absl::StrCat("'", s, "'"); }
-
 bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
 
 bool SameHyper(const HyperIn& a, const HyperIn& b) {

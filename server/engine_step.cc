@@ -17,8 +17,6 @@
 namespace fp4q::server {
 namespace {
 
-std::string Quote(absl::string_view s) { return absl::StrCat("'", s, "'"); }
-
 // The checks of a step request that need no state: sizes, names, groups, hyperparameters.
 absl::Status CheckStepShape(const StepRequest& req, int max_items) {
   if (req.step < 0) {

@@ -19,8 +19,6 @@
 namespace fp4q::server {
 namespace {
 
-std::string Quote(absl::string_view name) { return absl::StrCat("'", name, "'"); }
-
 // The item's field path as the request spells it ("items[3]"), with the rank for groups.
 std::string ItemField(const StepJob& job, size_t i) {
   return absl::StrCat(job.update_weight ? "" : absl::StrCat("items[", i, "]"));

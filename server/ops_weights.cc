@@ -15,10 +15,6 @@
 namespace fp4q::server {
 namespace {
 
-alignas(16) const uint8_t kProbe[16] = {};
-
-std::string Quote(absl::string_view name) { return absl::StrCat("'", name, "'"); }
-
 absl::StatusOr<WeightParams> ToWeightParams(const WeightOptionsIn& in) {
   WeightParams p;
   switch (in.block) {
@@ -147,7 +143,7 @@ absl::Status Engine::RunCreateWeight(OpEnv& env, const CreateWeightRequest& req,
   }
   kernels::QuantizeOptions opts = WeightQuantOptions(params, req.step);
   FP4Q_RETURN_IF_ERROR(RenameField(
-      kernels::ValidateQuantizeInput({kProbe, shape.dtype, shape.rows, shape.cols}, opts), "x",
+      kernels::ValidateQuantizeInput({ShapeProbe(), shape.dtype, shape.rows, shape.cols}, opts), "x",
       "initial"));
   FP4Q_ASSIGN_OR_RETURN(kernels::ConstTensor x, env.Input(req.initial, shape, "initial"));
   FP4Q_ASSIGN_OR_RETURN(EntrySizes sizes, SizesFor(EntryKind::kWeight, shape.rows, shape.cols,

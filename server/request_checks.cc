@@ -22,6 +22,13 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+std::string Quote(absl::string_view name) { return absl::StrCat("'", name, "'"); }
+
+const uint8_t* ShapeProbe() {
+  alignas(16) static const uint8_t probe[16] = {};
+  return probe;
+}
+
 std::string WireDTypeName(int dtype) {
   switch (dtype) {
     case kWireDTypeUnspecified:

@@ -22,6 +22,16 @@ std::string ShapeString(const std::vector<int64_t>& shape);
 // "DTYPE_F32", or "unknown value 9".
 std::string WireDTypeName(int dtype);
 
+// 'name', quoted for messages.
+std::string Quote(absl::string_view name);
+
+// A non-null, 16-byte aligned placeholder that lets the kernels' validators check a request's
+// shapes before its buffers exist; never read or written.
+const uint8_t* ShapeProbe();
+inline float* ShapeProbeFloat() {
+  return reinterpret_cast<float*>(const_cast<uint8_t*>(ShapeProbe()));
+}
+
 // A state tensor name: 1..256 bytes of [A-Za-z0-9._:/-].
 absl::Status CheckName(absl::string_view name, absl::string_view field);
 

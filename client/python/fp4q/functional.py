@@ -18,9 +18,11 @@ bfloat16 tensors whose last axis is a multiple of 16; leading axes are flattened
 Error feedback with a caller-held `residual` (f32, x's shape, updated in place) follows
 NUMERICS 5 exactly: v = RN(x + r) is formed here in f32 (one IEEE add, as on the server), v is
 quantized by the server (its amax taken from v), and r <- RN(v - DQ(q)).
+
+ErrorFeedback is defined in fp4q._error_feedback, set_default_client / default_client and the
+argument helpers in fp4q._functional_common; both are imported here.
 """
 
-import re
 import threading
 import typing
 
@@ -28,52 +30,18 @@ import grpc
 import numpy as np
 import torch
 
-from fp4q._messages import pb
-from fp4q.client import Client
+from fp4q._error_feedback import ErrorFeedback
+from fp4q._functional_common import (_SEED_SPLIT, _client, _key, _rounding, _rows,
+                                     default_client, set_default_client)
 from fp4q.errors import Fp4qError
 from fp4q.results import QuantizedTensor
 from fp4q.tensors import ClientArgumentError, has_float8
 
-_default = None
-_default_lock = threading.Lock()
-# Second operand's SR key differs from the first's so the two never share random bits.
-_SEED_SPLIT = 0x9E3779B97F4A7C15
-
-
-def set_default_client(client):
-    """Sets the Client the module-level functions use (None: make one from $FP4Q_SERVER)."""
-    global _default
-    with _default_lock:
-        _default = client
-
-
-def default_client():
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = Client()
-        return _default
-
-
-def _client(client):
-    return client if client is not None else default_client()
-
-
-def _rounding(stochastic):
-    return "stochastic" if stochastic else "nearest"
-
-
-def _rows(x, field):
-    if not isinstance(x, torch.Tensor):
-        raise ClientArgumentError("%s: expected a torch.Tensor, got %s" %
-                                  (field, type(x).__name__))
-    if x.dim() < 1:
-        raise ClientArgumentError("%s.shape: %s has no last axis" % (field, list(x.shape)))
-    return x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
-
-
-def _key(seed, salt=0):
-    return (int(seed) ^ salt) & (2**64 - 1)
+__all__ = [
+    "ErrorFeedback", "Fp4MmPath", "Fp4Operands", "Fp4Pair", "Fp4Tensor", "default_client",
+    "dequantize", "fp4_linear", "fp4_matmul", "fp4_mm", "fp4_mm_path", "last_fp4_mm_path", "qdq",
+    "quantize", "set_default_client", "swizzle_scales", "to_fp4_operands",
+]
 
 
 class Fp4Tensor:
@@ -521,92 +489,3 @@ def to_fp4_operands(a, b, stochastic=False, seed=0, step=0, *, client=None):
     return Fp4Operands(a=qa.codes.view(torch.float4_e2m1fn_x2), scale_a=qa.scales_e4m3(),
                        b=qb.codes.view(torch.float4_e2m1fn_x2), scale_b=qb.scales_e4m3(),
                        alpha=qa.s_dec * qb.s_dec)
-
-
-_NAME_CHARS = re.compile(r"^[A-Za-z0-9._\-/:]+$")
-
-
-class ErrorFeedback:
-    """QDQ with an error-feedback residual held by the server, one per name.
-
-    qdq(name, W, step): returns DQ(Q(W + r)) in W's dtype and updates r on the server
-    (NUMERICS 5). Within a sequence, steps must increase per name: a repeated step is refused
-    with ALREADY_EXISTS, an older one with FAILED_PRECONDITION.
-
-    Sequences. Like fp4-train's ErrorFeedback, whose residuals live in the process, each
-    ErrorFeedback object starts its own sequence: the first qdq of a name deletes a residual
-    the server still holds under that name (from an earlier run of the script), so the name
-    starts again at any step with a zero residual. resume=True keeps the server's residual and
-    its last step instead (a restarted job continuing where it stopped).
-    reset(name) ends the sequence of `name` now (reset() ends every name this object used):
-    the server's residual is deleted and the next qdq starts afresh. To zero a residual but
-    keep its step, use Client.reset_residual.
-
-    Names. `scope` is the job's prefix: the server key of `name` is "<scope>/<name>", so two
-    jobs (or two ranks) with different scopes never share a residual. Without a scope the
-    name is the server key, shared by every client of that server (within the session's
-    namespace, where the server has namespaces). Keys follow the server's name rules (1..256
-    bytes of A-Z a-z 0-9 . _ - / :). A key that names a stored weight is refused here (it is
-    never deleted).
-    """
-
-    def __init__(self, stochastic=False, seed=0, *, scope=None, resume=False, client=None):
-        if scope is not None and (not isinstance(scope, str) or not _NAME_CHARS.match(scope)):
-            raise ClientArgumentError("scope: %r is not a name (A-Z a-z 0-9 . _ - / :)" % (scope,))
-        self.stochastic = bool(stochastic)
-        self.seed = int(seed)
-        self.scope = scope
-        self.resume = bool(resume)
-        self._client = client
-        self._started = set()  # names whose sequence this object has started
-        self._lock = threading.Lock()
-
-    def key(self, name):
-        """The server's residual key of `name` ("<scope>/<name>" with a scope)."""
-        if not isinstance(name, str) or not name:
-            raise ClientArgumentError("name: expected a non-empty str, got %r" % (name,))
-        return "%s/%s" % (self.scope, name) if self.scope else name
-
-    def qdq(self, name, W, step):
-        c = _client(self._client)
-        key = self.key(name)
-        with self._lock:
-            if name not in self._started:
-                if not self.resume:
-                    self._delete(c, [key])
-                self._started.add(name)
-        x2 = _rows(W, "W")
-        y = c.qdq(x2, rounding=_rounding(self.stochastic), seed=_key(self.seed), step=int(step),
-                  residual_key=key)
-        return y.reshape(W.shape)
-
-    def reset(self, name=None):
-        """Deletes the server's residual of `name` (None: of every name this object used), so
-        the next qdq of it starts a fresh sequence. Returns how many residuals were deleted."""
-        c = _client(self._client)
-        with self._lock:
-            names = [name] if name is not None else sorted(self._started)
-            keys = [self.key(n) for n in names]
-            deleted = self._delete(c, keys)
-            self._started.update(names)
-            return deleted
-
-    @staticmethod
-    def _delete(c, keys):
-        kinds = {t.name: t.kind for t in c.list_tensors()}
-        weight = pb.TensorKind.TENSOR_KIND_WEIGHT
-        for key in keys:
-            if kinds.get(key) == weight:
-                raise ClientArgumentError("name: %r is a stored weight on the server, not an "
-                                          "error-feedback residual" % key)
-        deleted = 0
-        for key in keys:
-            if key not in kinds:
-                continue
-            try:
-                c.delete_weight(key)
-                deleted += 1
-            except Fp4qError as e:
-                if e.code != grpc.StatusCode.NOT_FOUND:  # gone meanwhile: fresh all the same
-                    raise
-        return deleted

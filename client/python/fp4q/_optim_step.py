@@ -1,0 +1,117 @@
+"""The helpers of StoredOptimizer.step (fp4q.optim): checks, the Step request and torch's side.
+
+StepMixin holds the StoredOptimizer methods that step() calls: the server-epoch checks, every
+group's hyperparameters validated, the Step items built from the gradients, the Step RPC (a
+lost session handled), and torch's optimizer stepped for the parameters kept in torch.
+"""
+
+import grpc
+import torch
+
+from fp4q.errors import Fp4qError, ServerRestartedError
+from fp4q.results import StepItem
+from fp4q.tensors import ClientArgumentError
+
+_SESSION_GONE = ("hello.session_id: unknown or expired session",
+                 "metadata fp4q-session: unknown or expired session")
+
+
+class StepMixin:
+    """StoredOptimizer's step machinery (see fp4q.optim); it uses the optimizer's fields."""
+
+    def _check_epoch(self):
+        now = self.client.server_epoch
+        if now is not None and now != self._epoch:
+            raise ServerRestartedError(self._epoch, now)
+
+    def _check_reply_epoch(self, header, rpc):
+        if header is not None and header.server_epoch != self._epoch:
+            raise ServerRestartedError(self._epoch, header.server_epoch, rpc)
+
+    def _hyper_for_step(self):
+        """Every group's hyperparameters, validated (torch's rules and what the group's weights
+        were created for), before anything is sent."""
+        hypers = []
+        for gi, group in enumerate(self.param_groups):
+            field = "param_groups[%d]" % gi
+            self.check_group(group, field)
+            spec = self.spec_for(group)
+            for s in self._stored:
+                if s.group == gi and s.spec != spec:
+                    raise ClientArgumentError(
+                        "%s: %s, but its weights were created for %s (fixed at construction: %s)"
+                        % (field, self._describe(spec), self._describe(s.spec),
+                           ", ".join(self.FIXED)))
+            hypers.append(self.hyperparameters(group))
+        return hypers
+
+    @staticmethod
+    def _describe(spec):
+        parts = [spec.kind]
+        if spec.momentum:
+            parts.append("a momentum buffer")
+        if spec.amsgrad:
+            parts.append("amsgrad")
+        return " with ".join(parts)
+
+    def _items(self):
+        items, group_index = [], {}
+        for s in self._stored:
+            p = s.param
+            g = p.grad
+            if g is None:
+                continue
+            field = "parameter %d ('%s')" % (s.index, s.name)
+            if g.is_sparse:
+                raise ClientArgumentError("%s: sparse gradients are not supported" % field)
+            if tuple(g.shape) != tuple(p.shape):
+                raise ClientArgumentError("%s: gradient of shape %s for a parameter of shape %s"
+                                          % (field, list(g.shape), list(p.shape)))
+            if p.dtype != s.dtype:
+                raise ClientArgumentError(
+                    "%s: the parameter is %s now, but its weight was created %s (convert the "
+                    "model before building the optimizer)" % (field, p.dtype, s.dtype))
+            gi = group_index.setdefault(s.group, len(group_index))
+            items.append(StepItem(name=s.name, update=g, dequantized_out=p.data, group=gi))
+        return items, group_index
+
+    def _send(self, step, items, groups):
+        c = self.client
+        replica = (self._replica, self._rank) if self._replica is not None else None
+        for attempt in (0, 1):
+            try:
+                result = c.step(step, items, groups, replica=replica, resend=False)
+                break
+            except Fp4qError as e:
+                if e.code != grpc.StatusCode.NOT_FOUND or not e.message.startswith(_SESSION_GONE):
+                    raise
+                # The session this optimizer's calls ran in is gone: a restarted server, or a
+                # lapsed lease. Nothing of this step ran.
+                epoch = c.server_info().server_epoch
+                if epoch != self._epoch:
+                    raise ServerRestartedError(self._epoch, epoch, "Step") from None
+                if self._replica is not None or attempt == 1:
+                    raise Fp4qError(grpc.StatusCode.UNAVAILABLE, (
+                        "step %d: this optimizer's session ended (its lease lapsed: the process "
+                        "was stopped for longer than the lease, or the session was closed)%s; "
+                        "nothing was applied") % (step, (
+                            "; rank %d's place in replica group '%s' is free again: every rank "
+                            "must build its optimizer again (existing='attach')"
+                            % (self._rank, self._replica)) if self._replica else ""),
+                        "Step") from None
+                c._ensure_session()  # same server: its weights are intact
+        self._check_reply_epoch(result.header, "Step")
+        return result
+
+    def _torch_step(self):
+        if self._inner is None:
+            return
+        for gi, k in self._inner_group.items():
+            self._inner.param_groups[k].update(self._torch_hyper(self.param_groups[gi]))
+        if self._world_size > 1:
+            dist = torch.distributed
+            for p, _, _, _ in self._torch_side:
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad.div_(self._world_size)
+        self._inner.step()

@@ -1,0 +1,234 @@
+// Engine bodies of Dequantize and Matmul (run on the device's executor): their operands are
+// request tensors or stored weights; Matmul chunks long A operands by rows.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "fp4q/common/status_macros.h"
+#include "fp4q/kernels/validate.h"
+#include "server/engine.h"
+#include "server/op_env.h"
+#include "server/request_checks.h"
+
+namespace fp4q::server {
+
+// A quantized operand: a request tensor, or a stored weight (then `entry` is set and the view
+// is filled in once its lock is held).
+struct Operand {
+  kernels::ConstQuantizedTensor q;
+  std::shared_ptr<StateEntry> entry;
+  std::string field;  // "a", "b", "input"
+};
+namespace {
+
+// A's rows [r0, r0 + rows) as an operand of their own: plain scale layouts slice by rows (16x16
+// blocks at multiples of 16 rows); swizzled ones by 128-row tiles (a tile's scales are
+// contiguous). Null when `rows` cannot be cut there.
+bool RowSlice(const kernels::ConstQuantizedTensor& q, int64_t r0, int64_t rows,
+              kernels::ConstQuantizedTensor* out) {
+  const int64_t unit = q.scale_layout == kernels::ScaleLayout::kSwizzled ? 128
+                       : q.block == kernels::BlockShape::k16x16          ? 16
+                                                                         : 1;
+  if (r0 % unit != 0 || (rows % unit != 0 && r0 + rows != q.rows)) return false;
+  const int64_t per_block = kernels::BlockElems(q.format);
+  const int64_t scale_cols = q.cols / per_block;
+  *out = q;
+  out->rows = rows;
+  out->codes = q.codes + r0 * q.cols / 2;
+  out->codes_capacity = static_cast<size_t>(rows * q.cols / 2);
+  if (q.scale_layout == kernels::ScaleLayout::kSwizzled) {
+    const int64_t tile = ((scale_cols + 3) / 4) * 512;  // bytes of one 128-row tile
+    out->scales = q.scales + (r0 / 128) * tile;
+    out->scales_capacity = static_cast<size_t>((rows + 127) / 128 * tile);
+  } else {
+    out->scales = q.scales + r0 * scale_cols;
+    out->scales_capacity = static_cast<size_t>(rows * scale_cols);
+  }
+  return true;
+}
+
+absl::Status ChunkedMatmul(OpEnv& env, const kernels::ConstQuantizedTensor& a,
+                           const kernels::ConstQuantizedTensor& b, const kernels::MutTensor& c) {
+  const double per_row = static_cast<double>(b.rows) * static_cast<double>(a.cols);
+  const int64_t unit = a.scale_layout == kernels::ScaleLayout::kSwizzled ? 128
+                       : a.block == kernels::BlockShape::k16x16          ? 16
+                                                                         : 1;
+  int64_t chunk = static_cast<int64_t>(static_cast<double>(int64_t{1} << 27) / per_row);
+  chunk = std::max<int64_t>(unit, chunk / unit * unit);
+  const size_t esize = kernels::DTypeSize(c.dtype);
+  for (int64_t r0 = 0; r0 < a.rows; r0 += chunk) {
+    FP4Q_RETURN_IF_ERROR(env.StillWanted());
+    const int64_t rows = std::min(chunk, a.rows - r0);
+    kernels::ConstQuantizedTensor part;
+    if (!RowSlice(a, r0, rows, &part)) {
+      return env.backend().Matmul(a, b, c, env.stream());  // not sliceable: whole
+    }
+    kernels::MutTensor out = c;
+    out.data = static_cast<uint8_t*>(c.data) + static_cast<size_t>(r0 * c.cols) * esize;
+    out.rows = rows;
+    out.capacity = static_cast<size_t>(rows * c.cols) * esize;
+    FP4Q_RETURN_IF_ERROR(env.backend().Matmul(part, b, out, env.stream()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ResolveOperand(OpEnv& env, StateStore& store, const QuantizedOperandIn& in,
+                            const std::string& field, Operand* out) {
+  out->field = field;
+  if (!in.is_set) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": set tensor or weight_name"));
+  }
+  if (in.is_weight) {
+    const std::string f = absl::StrCat(field, ".weight_name");
+    FP4Q_RETURN_IF_ERROR(CheckName(in.weight_name, f));
+    out->entry = store.Find(env.Key(in.weight_name));
+    if (out->entry == nullptr) {
+      return absl::NotFoundError(absl::StrCat(f, ": no weight ", Quote(in.weight_name)));
+    }
+    if (out->entry->kind != EntryKind::kWeight) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f, ": ", Quote(in.weight_name), " is a residual, not a weight"));
+    }
+    return absl::OkStatus();
+  }
+  const QuantizedIn& t = in.tensor;
+  const std::string f = absl::StrCat(field, ".tensor");
+  kernels::ConstQuantizedTensor& q = out->q;
+  FP4Q_ASSIGN_OR_RETURN(q.format, ToFormat(t.format, f));
+  FP4Q_ASSIGN_OR_RETURN(q.block, ToBlock(t.block, q.format, f));
+  FP4Q_ASSIGN_OR_RETURN(q.scale_layout, ToLayout(t.scale_layout, f));
+  FP4Q_RETURN_IF_ERROR(CheckShape2D(t.shape, absl::StrCat(f, ".shape")));
+  q.rows = t.shape[0];
+  q.cols = t.shape[1];
+  float s_enc = t.s_enc;
+  if (q.format == kernels::Format::kMxfp4 && s_enc == 0.0f) s_enc = 1.0f;  // no global scale
+  if (!std::isfinite(s_enc) || !(s_enc > 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(f, ".s_enc: ", t.s_enc, " must be finite and > 0"));
+  }
+  absl::StatusOr<size_t> codes_bytes = kernels::CodeBytes(q.rows, q.cols, f);
+  if (!codes_bytes.ok()) return RenameField(codes_bytes.status(), f, f);
+  absl::StatusOr<size_t> scales_bytes =
+      kernels::ScaleBytes(q.rows, q.cols, q.format, q.scale_layout, f);
+  if (!scales_bytes.ok()) return RenameField(scales_bytes.status(), f, f);
+  q.codes_capacity = *codes_bytes;
+  q.scales_capacity = *scales_bytes;
+  // Shape rules before touching any bytes (placeholders stand in for the buffers).
+  kernels::ConstQuantizedTensor probe = q;
+  probe.codes = ShapeProbe();
+  probe.scales = ShapeProbe();
+  probe.global = ShapeProbeFloat();
+  // Renaming f.rows / f.cols to f.shape[0] / f.shape[1].
+  FP4Q_RETURN_IF_ERROR(RenameField(kernels::ValidateQuantizedInput(probe, f), f, f));
+  FP4Q_ASSIGN_OR_RETURN(q.codes,
+                        env.InputBytes(t.codes, q.codes_capacity, absl::StrCat(f, ".codes"),
+                                       absl::StrCat(f, ".codes_region")));
+  FP4Q_ASSIGN_OR_RETURN(q.scales,
+                        env.InputBytes(t.scales, q.scales_capacity, absl::StrCat(f, ".scales"),
+                                       absl::StrCat(f, ".scales_region")));
+  const float global[kernels::kGlobalFloats] = {t.global_amax, s_enc};
+  FP4Q_ASSIGN_OR_RETURN(void* g, env.Scratch(sizeof(global)));
+  if (env.device().host_memory) {
+    std::memcpy(g, global, sizeof(global));
+  } else {
+    FP4Q_RETURN_IF_ERROR(env.backend().CopyFromHost(g, global, sizeof(global), env.stream()));
+  }
+  q.global = static_cast<const float*>(g);
+  return absl::OkStatus();
+}
+
+// Locks the distinct stored weights among `ops` in name order and fills in their views.
+absl::Status LockOperands(std::vector<Operand*> ops,
+                          std::vector<std::unique_lock<std::mutex>>* locks) {
+  std::vector<Operand*> weights;
+  for (Operand* op : ops) {
+    if (op->entry != nullptr) weights.push_back(op);
+  }
+  std::sort(weights.begin(), weights.end(),
+            [](Operand* x, Operand* y) { return x->entry->name < y->entry->name; });
+  StateEntry* last = nullptr;
+  for (Operand* op : weights) {
+    if (op->entry.get() != last) locks->emplace_back(op->entry->op_mu);
+    last = op->entry.get();
+    if (!op->entry->live.load()) {
+      return absl::NotFoundError(
+          absl::StrCat(op->field, ".weight_name: no weight ", Quote(LocalName(op->entry->name))));
+    }
+    op->q = kernels::AsConst(op->entry->Weight());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Engine::RunDequantize(OpEnv& env, const DequantizeRequest& req,
+                                   DequantizeResult* res) {
+  Operand op;
+  FP4Q_RETURN_IF_ERROR(ResolveOperand(env, *store_, req.input, "input", &op));
+  FP4Q_ASSIGN_OR_RETURN(kernels::DType dt, DenseDType(req.out_dtype, "out_dtype", true));
+  std::vector<std::unique_lock<std::mutex>> locks;
+  FP4Q_RETURN_IF_ERROR(LockOperands({&op}, &locks));
+  FP4Q_ASSIGN_OR_RETURN(size_t bytes, kernels::DenseBytes(op.q.rows, op.q.cols, dt, "out"));
+  FP4Q_RETURN_IF_ERROR(env.InlineFits(req.out, bytes, "out"));
+  FP4Q_ASSIGN_OR_RETURN(uint8_t * out, env.Output(req.out, bytes, "out", &res->output));
+  FP4Q_RETURN_IF_ERROR(env.CheckNoOverlap());
+  if (op.entry != nullptr) env.AddProcessed(op.entry->sizes.codes + op.entry->sizes.scales);
+  kernels::MutTensor m{out, dt, op.q.rows, op.q.cols, bytes};
+  absl::Status s =
+      env.Kernel("dequantize", [&] { return env.backend().Dequantize(op.q, m, env.stream()); });
+  if (s.ok()) s = env.FinishOutputs();
+  FP4Q_RETURN_IF_ERROR(RenameField(s, "q", "input"));
+  res->output.dtype = ToWireDType(dt);
+  res->output.shape = {op.q.rows, op.q.cols};
+  res->meta.processed_elements = static_cast<uint64_t>(op.q.rows * op.q.cols);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::RunMatmul(OpEnv& env, const MatmulRequest& req, MatmulResult* res) {
+  Operand a, b;
+  FP4Q_RETURN_IF_ERROR(ResolveOperand(env, *store_, req.a, "a", &a));
+  FP4Q_RETURN_IF_ERROR(ResolveOperand(env, *store_, req.b, "b", &b));
+  FP4Q_ASSIGN_OR_RETURN(kernels::DType dt, DenseDType(req.out_dtype, "out_dtype", true));
+  std::vector<std::unique_lock<std::mutex>> locks;
+  FP4Q_RETURN_IF_ERROR(LockOperands({&a, &b}, &locks));
+  for (const Operand* op : {&a, &b}) {
+    if (op->entry != nullptr) env.AddProcessed(op->entry->sizes.codes + op->entry->sizes.scales);
+  }
+  const int64_t m = a.q.rows;
+  const int64_t n = b.q.rows;
+  FP4Q_ASSIGN_OR_RETURN(size_t bytes, kernels::DenseBytes(m, n, dt, "out"));
+  FP4Q_RETURN_IF_ERROR(env.InlineFits(req.out, bytes, "out"));
+  // The CPU backend computes every product: refuse what would take hours, before it starts.
+  const double flops = static_cast<double>(m) * static_cast<double>(n) *
+                       static_cast<double>(a.q.cols);
+  if (env.device().host_memory && options_.cpu_max_request_flops > 0 &&
+      flops > static_cast<double>(options_.cpu_max_request_flops)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a: ", m, "x", a.q.cols, " times b: ", n, "x", b.q.cols, "^T is ", flops,
+        " multiply-adds, over the CPU backend's per-request limit of ",
+        options_.cpu_max_request_flops, " (fp4qd --cpu_max_request_flops); nothing was run"));
+  }
+  FP4Q_ASSIGN_OR_RETURN(uint8_t * out, env.Output(req.out, bytes, "out", &res->output));
+  FP4Q_RETURN_IF_ERROR(env.CheckNoOverlap());
+  kernels::MutTensor c{out, dt, m, n, bytes};
+  {
+    absl::Status s = kernels::ValidateMatmulArgs(a.q, b.q, c);
+    s = RenameField(s, "a", a.entry ? "a.weight_name" : "a.tensor");
+    s = RenameField(s, "b", b.entry ? "b.weight_name" : "b.tensor");
+    FP4Q_RETURN_IF_ERROR(RenameField(s, "c", "out"));
+  }
+  absl::Status s = env.Kernel("matmul", [&] {
+    if (!env.device().host_memory) return env.backend().Matmul(a.q, b.q, c, env.stream());
+    // On the CPU: row chunks of A (~2^27 multiply-adds each), the deadline checked between them.
+    return ChunkedMatmul(env, a.q, b.q, c);
+  });
+  if (s.ok()) s = env.FinishOutputs();
+  FP4Q_RETURN_IF_ERROR(s);
+  res->output.dtype = ToWireDType(dt);
+  res->output.shape = {m, n};
+  res->meta.processed_elements = static_cast<uint64_t>(m * n);
+  return absl::OkStatus();
+}
+}  // namespace fp4q::server
