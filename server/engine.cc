@@ -525,39 +525,4 @@ void Engine::ResetOptimizer(const RequestContext& ctx, ResetOptimizerRequest req
       &Engine::RunResetOptimizer);
 }
 
-void Engine::DeleteNamespace(const RequestContext& ctx, Done<DeleteNamespaceResult> done) {
-  absl::StatusOr<std::string> ns = ResolveNamespace(ctx);
-  if (!ns.ok()) return done(ns.status());
-  if (ns->empty()) {
-    return done(absl::FailedPreconditionError(
-        "namespace: the default namespace cannot be deleted at once (delete its names one by "
-        "one; open sessions with a namespace for jobs)"));
-  }
-  const std::string target = *ns;
-  Control<DeleteNamespaceResult>(
-      ctx, std::move(done), [this, target]() -> absl::StatusOr<DeleteNamespaceResult> {
-        DeleteNamespaceResult r;
-        for (const std::shared_ptr<StateEntry>& e : store_->Entries()) {
-          if (NamespaceOf(e->name) != target) continue;
-          std::unique_lock<std::mutex> lock(e->op_mu);
-          if (!e->live.load()) continue;
-          store_->Drop(e);
-          ++r.deleted;
-        }
-        r.deleted += DropGroupsOf(target);
-        return r;
-      });
-}
-
-void Engine::Checkpoint(const RequestContext& ctx, Done<CheckpointResult> done) {
-  Control<CheckpointResult>(ctx, std::move(done), [this]() -> absl::StatusOr<CheckpointResult> {
-    FP4Q_ASSIGN_OR_RETURN(CheckpointStats stats, CheckpointNow());
-    CheckpointResult r;
-    r.file_name = stats.file_name;
-    r.bytes = stats.bytes;
-    r.tensors = stats.records;
-    return r;
-  });
-}
-
 }  // namespace fp4q::server

@@ -271,4 +271,15 @@ absl::Status Engine::Restore() {
   return absl::OkStatus();
 }
 
+void Engine::Checkpoint(const RequestContext& ctx, Done<CheckpointResult> done) {
+  Control<CheckpointResult>(ctx, std::move(done), [this]() -> absl::StatusOr<CheckpointResult> {
+    FP4Q_ASSIGN_OR_RETURN(CheckpointStats stats, CheckpointNow());
+    CheckpointResult r;
+    r.file_name = stats.file_name;
+    r.bytes = stats.bytes;
+    r.tensors = stats.records;
+    return r;
+  });
+}
+
 }  // namespace fp4q::server

@@ -1,6 +1,7 @@
-// Engine: sessions, CUDA IPC regions and inspection (ListTensors, ServerInfo). The operations
-// and their dispatch are in engine.cc.
+// Engine: sessions, CUDA IPC regions, namespaces (DeleteNamespace) and inspection (ListTensors,
+// ServerInfo). The operations and their dispatch are in engine.cc.
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -149,6 +150,30 @@ ServerInfoResult Engine::ServerInfo() const {
   r.max_world_size = static_cast<uint32_t>(options_.max_world_size);
   r.cpu_max_request_flops = devices_->kind() == "cpu" ? options_.cpu_max_request_flops : 0;
   return r;
+}
+
+void Engine::DeleteNamespace(const RequestContext& ctx, Done<DeleteNamespaceResult> done) {
+  absl::StatusOr<std::string> ns = ResolveNamespace(ctx);
+  if (!ns.ok()) return done(ns.status());
+  if (ns->empty()) {
+    return done(absl::FailedPreconditionError(
+        "namespace: the default namespace cannot be deleted at once (delete its names one by "
+        "one; open sessions with a namespace for jobs)"));
+  }
+  const std::string target = *ns;
+  Control<DeleteNamespaceResult>(
+      ctx, std::move(done), [this, target]() -> absl::StatusOr<DeleteNamespaceResult> {
+        DeleteNamespaceResult r;
+        for (const std::shared_ptr<StateEntry>& e : store_->Entries()) {
+          if (NamespaceOf(e->name) != target) continue;
+          std::unique_lock<std::mutex> lock(e->op_mu);
+          if (!e->live.load()) continue;
+          store_->Drop(e);
+          ++r.deleted;
+        }
+        r.deleted += DropGroupsOf(target);
+        return r;
+      });
 }
 
 }  // namespace fp4q::server
