@@ -37,10 +37,6 @@ void Drain(int fd) {
   }
 }
 
-// Bytes a FastReply adds around the method's reply (call_id, code, the reply field's tag and
-// length): the call layer's reply limit is the frame less this.
-constexpr size_t kFastReplyFraming = 32;
-
 }  // namespace
 
 class FastSocketServer::Connection : public std::enable_shared_from_this<Connection> {
@@ -281,7 +277,7 @@ void FastSocketServer::Connection::Start(const v1::FastRequest& req,
   call.arrival = arrival;
   call.fast_socket = true;
   call.authenticated = true;  // at hello
-  call.reply_limit = kMaxFrameBytes - kFastReplyFraming;
+  call.reply_limit = kMaxFrameBytes - v1::FAST_SOCKET_REPLY_FRAMING_BYTES;
   RequestContext& rc = call.context;
   rc.session_id = session_id_;
   rc.peer = peer_;

@@ -303,8 +303,9 @@ std::vector<Op> MakeTable() {
         ToProto(env.engine->ServerInfo(), env.max_message_bytes, rep);
         v1::Limits* l = rep->mutable_limits();
         l->set_fast_socket_max_frame_bytes(env.fast_socket_frame_bytes);
-        l->set_fast_socket_reply_margin_bytes(
-            env.fast_socket_frame_bytes == 0 ? 0 : v1::FAST_SOCKET_REPLY_MARGIN_BYTES);
+        const bool fast = env.fast_socket_frame_bytes != 0;
+        l->set_fast_socket_reply_margin_bytes(fast ? v1::FAST_SOCKET_REPLY_MARGIN_BYTES : 0);
+        l->set_fast_socket_reply_framing_bytes(fast ? v1::FAST_SOCKET_REPLY_FRAMING_BYTES : 0);
         if (!env.engine->CudaIpcAllowedFor(ctx.peer)) {  // listed only for callers who may
           auto* modes = rep->mutable_supported_modes();
           for (int i = modes->size() - 1; i >= 0; --i) {

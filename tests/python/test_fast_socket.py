@@ -365,7 +365,7 @@ class EveryMethodTest(Counting):
             # one connection.
             self.assertCounts(c, before, calls=9, connects=1)
             self.assertEqual(c.server_info().limits.fast_socket_max_frame_bytes, 65536)
-            self.assertEqual(c._fast.limits, (65536, 4096))
+            self.assertEqual(c._fast.limits, (65536, 4096, 32))  # as the server reports them
 
     def test_a_step_whose_reply_cannot_fit_goes_by_grpc(self):
         name = "fast-step-big-%d" % os.getpid()

@@ -309,6 +309,10 @@ TEST(E2eFastSocketTest, ResultsAreByteIdenticalToGrpcAndPipelinedCallsAllReturn)
   ASSERT_TRUE(stub->ServerInfo(ictx2.get(), v1::ServerInfoRequest(), &info_grpc).ok());
   EXPECT_EQ(info_fast->backend(), "cpu");
   EXPECT_GT(info_fast->limits().max_message_bytes(), 0u);
+  // The frame limit, the reply margin and the reply envelope's bytes, served from one place.
+  EXPECT_EQ(info_fast->limits().fast_socket_max_frame_bytes(), 65536u);
+  EXPECT_EQ(info_fast->limits().fast_socket_reply_margin_bytes(), 4096u);
+  EXPECT_EQ(info_fast->limits().fast_socket_reply_framing_bytes(), 32u);
   EXPECT_EQ(info_fast->SerializeAsString(), info_grpc.SerializeAsString());
 
   // Pipelining: 200 frames sent before any reply is read (beyond the per-connection limit of

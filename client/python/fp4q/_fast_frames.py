@@ -6,11 +6,12 @@ Contract
   message = 3, reply = 4, hello = 5}. GENERIC (GenericFraming) is the framing that speaks it,
   the one fp4q._fast_socket.FastSocket uses unless given another with the same five methods:
   serves(rpc), carried(rpc), request(rpc, body), hello(body) and parse(data, rpc).
-- Limits: Limits(max_frame, reply_margin). DEFAULT_LIMITS holds the proto's enum FastSocketLimit
-  (FAST_SOCKET_MAX_FRAME_BYTES, FAST_SOCKET_REPLY_MARGIN_BYTES: 65536 and 4096), read from the
-  descriptor; Limits.from_server_info takes a server's own (ServerInfo.limits.fast_socket_*) when
-  it reports them. A call goes on the fast socket only when its frame fits in max_frame and its
-  reply's bound (below) plus reply_margin fits in max_frame - REPLY_FRAMING_BYTES: exactly the
+- Limits: Limits(max_frame, reply_margin, reply_framing). DEFAULT_LIMITS holds the proto's enum
+  FastSocketLimit (FAST_SOCKET_MAX_FRAME_BYTES, FAST_SOCKET_REPLY_MARGIN_BYTES,
+  FAST_SOCKET_REPLY_FRAMING_BYTES: 65536, 4096 and 32), read from the descriptor;
+  Limits.from_server_info takes a server's own (ServerInfo.limits.fast_socket_*) when it reports
+  them. A call goes on the fast socket only when its frame fits in max_frame and its reply's
+  bound (below) plus reply_margin fits in max_frame - reply_framing: exactly the
   check fp4qd makes (server/call_layer.cc), so a state-changing call is never refused for its
   reply size there.
 - reply_bound(rpc, request): the bytes a reply may carry beyond its fixed fields, from the request
@@ -38,9 +39,8 @@ from fp4q._messages import METHODS, pb
 MAX_FRAME_BYTES = pb.FastSocketLimit.FAST_SOCKET_MAX_FRAME_BYTES
 REPLY_MARGIN_BYTES = pb.FastSocketLimit.FAST_SOCKET_REPLY_MARGIN_BYTES
 # What fp4qd keeps of a frame for the FastReply's own fields around the method's reply (call_id,
-# code, the reply field's tag and length): its reply limit is the frame less this
-# (server/fast_socket.cc, kFastReplyFraming). The envelope itself needs at most 16 bytes.
-REPLY_FRAMING_BYTES = 32
+# code, the reply field's tag and length): its reply limit is the frame less this.
+REPLY_FRAMING_BYTES = pb.FastSocketLimit.FAST_SOCKET_REPLY_FRAMING_BYTES
 # The server refuses timeout_micros over one day; a longer client timeout sends one day.
 MAX_TIMEOUT_MICROS = 86400 * 10**6
 # The methods a fast-socket connection cannot carry (it is bound to one session by its hello).
@@ -71,29 +71,31 @@ _METHOD_KEY = _key(pb.FastRequest, "method", _WIRE_BYTES)
 _REQUEST_KEY = _key(pb.FastRequest, "request", _WIRE_BYTES)
 
 
-class Limits(collections.namedtuple("Limits", ("max_frame", "reply_margin"))):
-    """The fast socket's frame limit and the room kept in a reply for its fixed fields."""
+class Limits(collections.namedtuple("Limits", ("max_frame", "reply_margin", "reply_framing"))):
+    """The fast socket's frame limit, the room kept in a reply for its fixed fields, and what the
+    FastReply envelope takes of a frame."""
 
     __slots__ = ()
 
     @classmethod
     def from_server_info(cls, info, current):
-        """The limits a ServerInfoReply reports (limits.fast_socket_max_frame_bytes and
-        fast_socket_reply_margin_bytes), each kept at `current`'s value where it is 0 (a server
-        that reports none, or has no fast socket)."""
+        """The limits a ServerInfoReply reports (limits.fast_socket_max_frame_bytes,
+        fast_socket_reply_margin_bytes and fast_socket_reply_framing_bytes), each kept at
+        `current`'s value where it is 0 (a server that reports none, or has no fast socket)."""
         limits = getattr(info, "limits", None)
         if limits is None:
             return current
         frame = int(limits.fast_socket_max_frame_bytes) or current.max_frame
         margin = int(limits.fast_socket_reply_margin_bytes) or current.reply_margin
-        return cls(frame, margin)
+        framing = int(limits.fast_socket_reply_framing_bytes) or current.reply_framing
+        return cls(frame, margin, framing)
 
     def reply_fits(self, bound):
         """Whether a reply carrying `bound` bytes beyond its fixed fields fits in a frame."""
-        return bound + self.reply_margin <= self.max_frame - REPLY_FRAMING_BYTES
+        return bound + self.reply_margin <= self.max_frame - self.reply_framing
 
 
-DEFAULT_LIMITS = Limits(MAX_FRAME_BYTES, REPLY_MARGIN_BYTES)
+DEFAULT_LIMITS = Limits(MAX_FRAME_BYTES, REPLY_MARGIN_BYTES, REPLY_FRAMING_BYTES)
 
 
 class Frame:
