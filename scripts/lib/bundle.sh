@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# Shared by the scripts that pack binaries for the lent GPU machine (scripts/device-bundle.sh,
-# tests/server/device_bundle.sh). Source it; each function exits the script on error.
+# Shared by the scripts that pack binaries for the lent GPU machine (scripts/device-bundle.sh).
+# Source it; each function exits the script on error.
 #
 # The GPU machine has glibc, libstdc++, the CUDA driver and the CUDA 13 toolkit in
 # /usr/local/cuda, but none of gRPC, protobuf, Abseil or prometheus-cpp: those travel in lib/.

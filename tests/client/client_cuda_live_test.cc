@@ -25,7 +25,7 @@ namespace fp4q::client {
 namespace {
 
 using ::fp4q::client::testing::ConnectTo;
-using ::fp4q::client::testing::RealCuda;
+using ::fp4q::client::testing::TestRuntime;
 using ::fp4q::client::testing::ServerProcess;
 using ::fp4q::client::testing::StartFp4qd;
 using ::fp4q::testing::IsOk;
@@ -33,11 +33,12 @@ using ::fp4q::testing::IsOk;
 TEST(LiveCudaIpc, QuantizeAndQdqInPlaceAreBitIdenticalToInline) {
   absl::StatusOr<std::unique_ptr<CudaIpc>> ipc = CudaIpc::Load();
   if (!ipc.ok()) GTEST_SKIP() << "no CUDA runtime: " << ipc.status();
-  RealCuda cuda((*ipc)->runtime_library());
-  ASSERT_TRUE(cuda.ok());
+  absl::StatusOr<std::unique_ptr<CudaRuntime>> runtime = TestRuntime(**ipc);
+  ASSERT_THAT(runtime, IsOk());
+  const CudaRuntime& cuda = **runtime;
   constexpr size_t kBytes = 4 << 20;
   void* dev = nullptr;
-  if (const int err = cuda.malloc(&dev, kBytes); err != 0) {
+  if (const int err = cuda.Malloc(&dev, kBytes); err != 0) {
     int probe = 0;
     GTEST_SKIP() << "no usable CUDA device (cudaMalloc error " << err << "; "
                  << (*ipc)->Export(&probe).status() << ")";
@@ -62,10 +63,10 @@ TEST(LiveCudaIpc, QuantizeAndQdqInPlaceAreBitIdenticalToInline) {
   x[777] = 300.0f;  // an outlier
   const size_t x_bytes = x.size() * 4, codes_bytes = x.size() / 2, scales_bytes = x.size() / 16;
   const size_t x_off = 0, codes_off = 1 << 20, scales_off = 2 << 20, qdq_off = 3 << 20;
-  ASSERT_EQ(cuda.memcpy(base + x_off, x.data(), x_bytes, RealCuda::kHostToDevice), 0);
+  ASSERT_EQ(cuda.Memcpy(base + x_off, x.data(), x_bytes, CudaMemcpyKind::kHostToDevice), 0);
   const std::vector<char> poison(1 << 20, '\xAB');
   for (size_t off : {codes_off, scales_off, qdq_off}) {
-    ASSERT_EQ(cuda.memcpy(base + off, poison.data(), poison.size(), RealCuda::kHostToDevice), 0);
+    ASSERT_EQ(cuda.Memcpy(base + off, poison.data(), poison.size(), CudaMemcpyKind::kHostToDevice), 0);
   }
 
   SessionOptions options;
@@ -101,8 +102,8 @@ TEST(LiveCudaIpc, QuantizeAndQdqInPlaceAreBitIdenticalToInline) {
   ASSERT_THAT(q_inline, IsOk());
 
   std::string codes(codes_bytes, '\0'), scales(scales_bytes, '\0');
-  ASSERT_EQ(cuda.memcpy(codes.data(), base + codes_off, codes_bytes, RealCuda::kDeviceToHost), 0);
-  ASSERT_EQ(cuda.memcpy(scales.data(), base + scales_off, scales_bytes, RealCuda::kDeviceToHost),
+  ASSERT_EQ(cuda.Memcpy(codes.data(), base + codes_off, codes_bytes, CudaMemcpyKind::kDeviceToHost), 0);
+  ASSERT_EQ(cuda.Memcpy(scales.data(), base + scales_off, scales_bytes, CudaMemcpyKind::kDeviceToHost),
             0);
   EXPECT_EQ(codes, q_inline->rowwise().codes());
   EXPECT_EQ(scales, q_inline->rowwise().scales());
@@ -120,12 +121,12 @@ TEST(LiveCudaIpc, QuantizeAndQdqInPlaceAreBitIdenticalToInline) {
   absl::StatusOr<v1::QdqReply> qdq = client->Qdq(qdq_inline);
   ASSERT_THAT(qdq, IsOk());
   std::string dq(x_bytes, '\0');
-  ASSERT_EQ(cuda.memcpy(dq.data(), base + qdq_off, x_bytes, RealCuda::kDeviceToHost), 0);
+  ASSERT_EQ(cuda.Memcpy(dq.data(), base + qdq_off, x_bytes, CudaMemcpyKind::kDeviceToHost), 0);
   EXPECT_EQ(dq, qdq->output().inline_data());
 
   // The same in-place calls over the fast socket (outputs poisoned again first).
   for (size_t off : {codes_off, scales_off, qdq_off}) {
-    ASSERT_EQ(cuda.memcpy(base + off, poison.data(), poison.size(), RealCuda::kHostToDevice), 0);
+    ASSERT_EQ(cuda.Memcpy(base + off, poison.data(), poison.size(), CudaMemcpyKind::kHostToDevice), 0);
   }
   FastSocketOptions fo;
   fo.path = fast_path;
@@ -139,11 +140,11 @@ TEST(LiveCudaIpc, QuantizeAndQdqInPlaceAreBitIdenticalToInline) {
   EXPECT_GT(q_fast->header().kernel_micros(), 0.0);
   ASSERT_THAT((*fast)->Qdq(qdq_region), IsOk());
   std::string fast_codes(codes_bytes, '\0'), fast_scales(scales_bytes, '\0'), fast_dq(x_bytes, '\0');
-  ASSERT_EQ(cuda.memcpy(fast_codes.data(), base + codes_off, codes_bytes, RealCuda::kDeviceToHost),
+  ASSERT_EQ(cuda.Memcpy(fast_codes.data(), base + codes_off, codes_bytes, CudaMemcpyKind::kDeviceToHost),
             0);
   ASSERT_EQ(
-      cuda.memcpy(fast_scales.data(), base + scales_off, scales_bytes, RealCuda::kDeviceToHost), 0);
-  ASSERT_EQ(cuda.memcpy(fast_dq.data(), base + qdq_off, x_bytes, RealCuda::kDeviceToHost), 0);
+      cuda.Memcpy(fast_scales.data(), base + scales_off, scales_bytes, CudaMemcpyKind::kDeviceToHost), 0);
+  ASSERT_EQ(cuda.Memcpy(fast_dq.data(), base + qdq_off, x_bytes, CudaMemcpyKind::kDeviceToHost), 0);
   EXPECT_EQ(fast_codes, q_inline->rowwise().codes());
   EXPECT_EQ(fast_scales, q_inline->rowwise().scales());
   EXPECT_EQ(fast_dq, qdq->output().inline_data());
@@ -151,7 +152,7 @@ TEST(LiveCudaIpc, QuantizeAndQdqInPlaceAreBitIdenticalToInline) {
 
   EXPECT_THAT(s.ReleaseAllocation(base), IsOk());
   EXPECT_EQ(s.Close().value_or(99), 0u);  // nothing left to release
-  cuda.free(dev);
+  cuda.Free(dev);
   EXPECT_EQ((*server)->Stop(), 0) << (*server)->Log();
 }
 

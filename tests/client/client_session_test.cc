@@ -27,7 +27,7 @@ namespace {
 
 using ::fp4q::client::testing::FakeServer;
 using ::fp4q::client::testing::Hex;
-using ::fp4q::client::testing::RealCuda;
+using ::fp4q::client::testing::TestRuntime;
 using ::fp4q::client::testing::Unhex;
 using ::fp4q::testing::IsOk;
 using ::fp4q::testing::StatusIs;
@@ -127,11 +127,11 @@ TEST(CudaIpc, ExportFindsBaseOffsetHandleAndUuidAndRestoresTheDevice) {
 TEST(CudaIpc, RealRuntimeExportsADeviceAllocation) {
   absl::StatusOr<std::unique_ptr<CudaIpc>> ipc = CudaIpc::Load();
   if (!ipc.ok()) GTEST_SKIP() << "no CUDA runtime: " << ipc.status();
-  RealCuda cuda((*ipc)->runtime_library());
-  ASSERT_NE(cuda.malloc, nullptr);
-  ASSERT_NE(cuda.memcpy, nullptr);
+  absl::StatusOr<std::unique_ptr<CudaRuntime>> runtime = TestRuntime(**ipc);
+  ASSERT_THAT(runtime, IsOk());
+  const CudaRuntime& cuda = **runtime;
   void* dev = nullptr;
-  const int err = cuda.malloc(&dev, 1 << 20);
+  const int err = cuda.Malloc(&dev, 1 << 20);
   if (err != 0) {
     int probe = 0;
     const absl::Status why = (*ipc)->Export(&probe).status();
@@ -139,8 +139,8 @@ TEST(CudaIpc, RealRuntimeExportsADeviceAllocation) {
   }
   std::string pattern(64, '\0');
   for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<char>(i * 7 + 3);
-  ASSERT_EQ(cuda.memcpy(static_cast<char*>(dev) + 4096, pattern.data(), pattern.size(),
-                        RealCuda::kHostToDevice),
+  ASSERT_EQ(cuda.Memcpy(static_cast<char*>(dev) + 4096, pattern.data(), pattern.size(),
+                        CudaMemcpyKind::kHostToDevice),
             0);
   absl::StatusOr<CudaIpcExport> a = (*ipc)->Export(static_cast<char*>(dev) + 4096);
   absl::StatusOr<CudaIpcExport> b = (*ipc)->Export(dev);
@@ -166,7 +166,7 @@ TEST(CudaIpc, RealRuntimeExportsADeviceAllocation) {
       {self, "--gtest_filter=CudaIpcChild.OpensTheExportedHandle"},
       {"FP4Q_IPC_HANDLE_HEX=" + Hex(a->handle), "FP4Q_IPC_OFFSET=" + std::to_string(a->offset),
        "FP4Q_IPC_BYTES=64"});
-  cuda.free(dev);
+  cuda.Free(dev);
   ASSERT_THAT(child, IsOk());
   EXPECT_EQ(child->exit_code, 0) << child->out << child->err;
   EXPECT_THAT(child->out, HasSubstr("IPC_READ " + Hex(pattern) + "\n")) << child->err;
@@ -180,19 +180,20 @@ TEST(CudaIpcChild, OpensTheExportedHandle) {
   const size_t bytes = std::stoul(std::getenv("FP4Q_IPC_BYTES"));
   absl::StatusOr<std::unique_ptr<CudaIpc>> ipc = CudaIpc::Load();
   ASSERT_THAT(ipc, IsOk());
-  RealCuda cuda((*ipc)->runtime_library());
-  ASSERT_NE(cuda.ipc_open, nullptr);
-  RealCuda::Handle handle;
+  absl::StatusOr<std::unique_ptr<CudaRuntime>> runtime = TestRuntime(**ipc);
+  ASSERT_THAT(runtime, IsOk());
+  const CudaRuntime& cuda = **runtime;
+  CudaIpcMemHandle handle;
   const std::string raw = Unhex(hex);
-  ASSERT_EQ(raw.size(), sizeof(handle.bytes));
-  std::memcpy(handle.bytes, raw.data(), raw.size());
+  ASSERT_EQ(raw.size(), sizeof(handle.reserved));
+  std::memcpy(handle.reserved, raw.data(), raw.size());
   void* base = nullptr;
-  ASSERT_EQ(cuda.ipc_open(&base, handle, 1), 0);
+  ASSERT_EQ(cuda.IpcOpenMemHandle(&base, handle, 1), 0);
   std::string got(bytes, '\0');
-  ASSERT_EQ(cuda.memcpy(got.data(), static_cast<char*>(base) + offset, bytes,
-                        RealCuda::kDeviceToHost),
+  ASSERT_EQ(cuda.Memcpy(got.data(), static_cast<char*>(base) + offset, bytes,
+                        CudaMemcpyKind::kDeviceToHost),
             0);
-  cuda.ipc_close(base);
+  ASSERT_EQ(cuda.IpcCloseMemHandle(base), 0);
   std::printf("IPC_READ %s\n", Hex(got).c_str());
 }
 

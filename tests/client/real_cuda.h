@@ -1,47 +1,28 @@
-// The CUDA runtime calls the GPU tests need beyond the client's own (cudaMalloc, cudaMemcpy,
-// IPC open), reached with dlsym like the client does, so the tests link no CUDA either.
+// The GPU tests' CUDA runtime: the client's own dlopen wrapper (client::CudaRuntime), loaded
+// from the library CudaIpc chose, with the calls the tests make (cudaMalloc, cudaMemcpy, IPC
+// open), so the tests link no CUDA either.
 #ifndef FP4Q_TESTS_CLIENT_REAL_CUDA_H_
 #define FP4Q_TESTS_CLIENT_REAL_CUDA_H_
 
-#include <dlfcn.h>
-
-#include <cstddef>
+#include <memory>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "fp4q/client/cuda_ipc.h"
+#include "fp4q/client/cuda_runtime.h"
 
 namespace fp4q::client::testing {
 
-struct RealCuda {
-  static constexpr int kHostToDevice = 1;
-  static constexpr int kDeviceToHost = 2;
-  struct Handle {
-    char bytes[kCudaIpcHandleBytes];
-  };
-
-  explicit RealCuda(const std::string& runtime_path) {
-    rt = dlopen(runtime_path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (rt == nullptr) return;
-    malloc = reinterpret_cast<decltype(malloc)>(dlsym(rt, "cudaMalloc"));
-    free = reinterpret_cast<decltype(free)>(dlsym(rt, "cudaFree"));
-    memcpy = reinterpret_cast<decltype(memcpy)>(dlsym(rt, "cudaMemcpy"));
-    ipc_open = reinterpret_cast<decltype(ipc_open)>(dlsym(rt, "cudaIpcOpenMemHandle"));
-    ipc_close = reinterpret_cast<decltype(ipc_close)>(dlsym(rt, "cudaIpcCloseMemHandle"));
+inline absl::StatusOr<std::unique_ptr<CudaRuntime>> TestRuntime(const CudaIpc& ipc) {
+  absl::StatusOr<std::unique_ptr<CudaRuntime>> rt = CudaRuntime::Load({ipc.runtime_library()});
+  if (!rt.ok()) return rt.status();
+  if (absl::Status s = (*rt)->Require({CudaCall::kMalloc, CudaCall::kFree, CudaCall::kMemcpy,
+                                       CudaCall::kIpcOpenMemHandle, CudaCall::kIpcCloseMemHandle});
+      !s.ok()) {
+    return s;
   }
-  ~RealCuda() {
-    if (rt != nullptr) dlclose(rt);
-  }
-  RealCuda(const RealCuda&) = delete;
-  RealCuda& operator=(const RealCuda&) = delete;
-  bool ok() const { return malloc && free && memcpy && ipc_open && ipc_close; }
-
-  void* rt = nullptr;
-  int (*malloc)(void**, size_t) = nullptr;
-  int (*free)(void*) = nullptr;
-  int (*memcpy)(void*, const void*, size_t, int) = nullptr;
-  int (*ipc_open)(void**, Handle, unsigned) = nullptr;
-  int (*ipc_close)(void*) = nullptr;
-};
+  return rt;
+}
 
 inline std::string Hex(const std::string& bytes) {
   static const char* kDigits = "0123456789abcdef";
