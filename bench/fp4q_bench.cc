@@ -1,6 +1,6 @@
 // fp4q_bench: measures, in one run on one GPU, the device copy bandwidth (the ceiling), cuBLAS
 // bf16 GEMM on the GEMM rows' shapes, and the CUDA backend (loaded through CudaModule, called
-// through the public Backend API on a caller stream) for every row of issue 4's target table,
+// through the public Backend API on a caller stream) for every row of the kernel target table,
 // plus a few informative rows and the trainer's step (GPT-2 small's weights and one 8192x8192
 // weight, beside its bytes floor). Random non-zero data; CUDA events; warm-up; medians; rotating
 // buffer sets larger than the L2 cache.

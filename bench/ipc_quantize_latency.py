@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Latency of one big Quantize through fp4qd, against the server's own kernel time.
 
-Issue 8's goal on the H200: Quantize of an 8192x8192 bf16 tensor by CUDA IPC at
+The goal on the H200: Quantize of an 8192x8192 bf16 tensor by CUDA IPC at
 p50 <= kernel time + 100 us. For each call this records the client's wall time and the reply's
 header.kernel_micros (and queue_micros, server_micros), and reports p50/p99 of each, of
 wall - kernel (the service overhead: RPC, routing, IPC pinning, synchronization) and of

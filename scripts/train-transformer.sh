@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The transformer proof (issue 16, docs/TRAINING.md "A transformer with 4-bit stored weights"):
+# The transformer proof (docs/TRAINING.md "A transformer with 4-bit stored weights"):
 # train/run.py against an fp4qd it starts itself, then train/plot.py on the results.
 #
 #   scripts/train-transformer.sh [--gpu] [--build-dir DIR] [--bundle DIR] [--out DIR]

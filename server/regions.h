@@ -15,7 +15,7 @@
 //   longer touches that memory.
 // - RegionPin::Slice checks offset and size in 64-bit arithmetic without overflow against the
 //   region's declared size. The declared size is the client's promise about its allocation; the
-//   Backend API cannot query the real size of an IPC mapping (issue 8 hardening).
+//   Backend API cannot query the real size of an IPC mapping.
 // Thread-safe.
 #ifndef FP4Q_SERVER_REGIONS_H_
 #define FP4Q_SERVER_REGIONS_H_

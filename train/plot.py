@@ -12,8 +12,7 @@ verdicts below. With --doc it replaces the text between the markers
 (images linked relative to the file), so the document's numbers always come from a summary.
 
 Verdicts (computed here, from the summary):
-  matches bf16    text: final validation bits per byte within 5% of the reference's (issue
-                  16's target); add: final held-out accuracy within 5 points of the
+  matches bf16    text: final validation bits per byte within 5% of the reference's; add: final held-out accuracy within 5 points of the
                   reference's; and, where a frozen run exists, at least 50% of the gain kept
                   (below): a variant whose block weights learned nothing does not match even
                   where the frozen run itself is within 5%.

@@ -40,7 +40,7 @@ constexpr char kUsage[] =
     "                                      [--warmup N] [--cuda-runtime LIB] [--json FILE]\n"
     "                                      [--fast-socket PATH [--spin-us N]]\n"
     "\n"
-    "Latency of Quantize by CUDA IPC (issue 8: p50 <= kernel time + 100 us): allocates an RxC\n"
+    "Latency of Quantize by CUDA IPC (goal: p50 <= kernel time + 100 us): allocates an RxC\n"
     "tensor of random non-zero values on GPU 0 and its row-wise NVFP4 outputs, registers them\n"
     "as regions of one session and quantizes in place --iters times. Reports p50/p99/min/max/\n"
     "mean (microseconds) of the wall time, the server's kernel_micros, queue_micros and\n"

@@ -28,7 +28,7 @@ const char kUsage[] =
     "           [--prefix NAME] [--copy-bandwidth GBPS] [--cuda-runtime LIB] [--json FILE]\n"
     "           [--fast-socket PATH [--spin-us N]]\n"
     "\n"
-    "The trainer's step (issue 13): one Step call updates every weight of a model stored in\n"
+    "The trainer's step: one Step call updates every weight of a model stored in\n"
     "NVFP4 (1x16) on the server. On GPU 0 it allocates one bf16 gradient buffer and one bf16\n"
     "parameter buffer holding every weight back to back, fills the gradients with random\n"
     "non-zero values and the parameters with ~N(0, 0.02) (random blocks tiled over the buffers),\n"

@@ -1,4 +1,4 @@
-// fp4q bench-step: the trainer's step from C++ (issue 13 item 5). One Step call updates every
+// fp4q bench-step: the trainer's step from C++. One Step call updates every
 // weight of a model stored in NVFP4 on the server, its gradients and DQ(W) outputs in this
 // process's GPU memory by CUDA IPC, as a training worker does.
 //

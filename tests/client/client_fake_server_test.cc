@@ -172,7 +172,7 @@ TEST(ClientHealth, LivenessReadinessAndUnknownService) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("service name unknown")));
 }
 
-// ---- TLS and bearer tokens (the options issue 8 builds on).
+// ---- TLS and bearer tokens.
 
 struct Pem {
   std::string cert, key;

@@ -1,5 +1,5 @@
 // Checks the results of the short demo (scripts/demo.sh on the CPU backend, run
-// by the ctest fixture examples.demo) against the shape the issue asks for, per
+// by the ctest fixture examples.demo) against the shape each example must show, per
 // example:
 //   RTN final >= 0.9 x RTN start;
 //   SR, RTN+EF and SR+EF final <= 0.5 x RTN final;

@@ -1,4 +1,4 @@
-// The checkpoint file in a hostile state directory (issue 17, item 4):
+// The checkpoint file in a hostile state directory:
 // symlinks, hard links, stale temporaries, FIFOs and directories planted at the
 // temporary or final path never make the writer or the reader touch another
 // file; and ValidateCheckpointRecord's table (item 6): each impossible field of

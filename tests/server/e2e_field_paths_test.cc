@@ -1,5 +1,4 @@
-// Every field path an error message quotes exists in the proto (issue 17, item
-// 8).
+// Every field path an error message quotes exists in the proto.
 //
 // The hostile-input tables (e2e_bad_input.h) and a few cases of this file run
 // against a CPU fp4qd through a channel whose interceptor records each call's

@@ -220,7 +220,7 @@ int64_t RssKib(pid_t pid) {
   return kib;
 }
 
-// Issue 13's "memory flat over 10,000 steps": SGD with momentum and error feedback and AdamW
+// Memory flat over 10,000 steps (docs/RELIABILITY.md C4): SGD with momentum and error feedback and AdamW
 // weights stepped 10,000 times over the fast socket, every 4th step a refused one (a NaN).
 TEST_F(E2eResultsTest, TenThousandStepsKeepTheServersMemoryFlat) {
   v1::CreateWeightRequest sgd = Weight("flat-sgd", RandomF32(32 * 64, 11, 0.05f), 32, 64, true);

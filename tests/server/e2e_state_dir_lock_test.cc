@@ -1,4 +1,4 @@
-// Two fp4qd on one --state_dir (issue 17, item 5): the second exits at once
+// Two fp4qd on one --state_dir: the second exits at once
 // with exit code 4 and a message naming the first one's pid; the lock goes with
 // the holder (clean stop or kill -9).
 //

@@ -1,5 +1,5 @@
 // Engine::Restore of checkpoints whose CRC is valid but whose contents are
-// impossible (issue 17, item 6): each is DATA_LOSS naming the record and field,
+// impossible: each is DATA_LOSS naming the record and field,
 // and nothing is loaded, not even the valid records before it. The files are
 // crafted with CheckpointWriter (which writes any record it is given, checksum
 // included) from the records of a real checkpoint.

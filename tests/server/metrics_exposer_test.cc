@@ -1,4 +1,4 @@
-// The /metrics exposer (issue 17, item 9; server/metrics.h StartExposer):
+// The /metrics exposer (server/metrics.h StartExposer):
 // scrapes are answered while a few hundred connections that never finish a
 // request are held open, idle connections are closed after the request timeout,
 // and a port in use is reported as such. Loopback only.

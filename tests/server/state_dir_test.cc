@@ -1,4 +1,4 @@
-// The state directory's lock (issue 17, item 5; server/state_dir.h): one holder
+// The state directory's lock (server/state_dir.h): one holder
 // at a time, in one process or across processes; the refusal names the holder's
 // pid; the kernel releases the lock when the holder ends, kill -9 included. Its
 // own test binary: the tests fork, and a process without other threads forks

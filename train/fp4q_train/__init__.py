@@ -1,2 +1,2 @@
-"""The transformer proof of issue 16 (train/run.py): data, model, variants, training loop and
+"""The transformer proof (train/run.py): data, model, variants, training loop and
 the fp4qd it starts. docs/TRAINING.md "A transformer with 4-bit stored weights" describes it."""

@@ -26,7 +26,7 @@ from fp4q.tensors import ClientArgumentError
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
-    """Per-GEMM choices. Defaults: the NVFP4 training recipe of issue 6."""
+    """Per-GEMM choices. Defaults: the NVFP4 training recipe (docs/NUMERICS.md)."""
 
     input_block: str = "1x16"
     weight_block: str = "16x16"
