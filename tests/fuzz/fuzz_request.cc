@@ -28,6 +28,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fp4q/v1/fp4q.pb.h"
@@ -105,6 +106,19 @@ bool Parse(Msg* m, const uint8_t* data, size_t size) {
   return m->ParseFromArray(data, static_cast<int>(size));
 }
 
+// The adapter's conversion of `m` into *out; false when it refuses the request (its error must
+// name what is wrong).
+template <typename Req, typename Msg>
+bool Convert(const Msg& m, Req* out) {
+  absl::StatusOr<Req> r = FromProto(m);
+  if (!r.ok()) {
+    Check(!r.status().message().empty(), "a conversion error names the field");
+    return false;
+  }
+  *out = std::move(*r);
+  return true;
+}
+
 void RunOne(Fixture& f, uint8_t selector, const uint8_t* data, size_t size) {
   Engine& e = *f.engine;
   const RequestContext& ctx = (selector & 0x80) ? f.none : f.mine;
@@ -167,12 +181,8 @@ void RunOne(Fixture& f, uint8_t selector, const uint8_t* data, size_t size) {
     case kCreateWeight: {
       v1::CreateWeightRequest m;
       if (!Parse(&m, data, size)) return;
-      absl::StatusOr<CreateWeightRequest> converted = FromProto(m);
-      if (!converted.ok()) {
-        Check(!converted.status().message().empty(), "a conversion error names the field");
-        return;
-      }
-      CreateWeightRequest r = std::move(*converted);
+      CreateWeightRequest r;
+      if (!Convert(m, &r)) return;
       fix(r.initial);
       v1::CreateWeightReply rep;
       Run<CreateWeightResult>([&](auto d) { e.CreateWeight(ctx, r, d); }, &rep);
@@ -218,12 +228,8 @@ void RunOne(Fixture& f, uint8_t selector, const uint8_t* data, size_t size) {
     case kStep: {
       v1::StepRequest m;
       if (!Parse(&m, data, size)) return;
-      absl::StatusOr<StepRequest> converted = FromProto(m);
-      if (!converted.ok()) {
-        Check(!converted.status().message().empty(), "a conversion error names the field");
-        return;
-      }
-      StepRequest r = std::move(*converted);
+      StepRequest r;
+      if (!Convert(m, &r)) return;
       for (StepItemIn& item : r.items) {
         fix(item.update);
         fix(item.dequantized_out);
@@ -235,14 +241,10 @@ void RunOne(Fixture& f, uint8_t selector, const uint8_t* data, size_t size) {
     case kResetOptimizer: {
       v1::ResetOptimizerRequest m;
       if (!Parse(&m, data, size)) return;
-      absl::StatusOr<ResetOptimizerRequest> converted = FromProto(m);
-      if (!converted.ok()) {
-        Check(!converted.status().message().empty(), "a conversion error names the field");
-        return;
-      }
+      ResetOptimizerRequest r;
+      if (!Convert(m, &r)) return;
       v1::ResetOptimizerReply rep;
-      Run<ResetOptimizerResult>(
-          [&](auto d) { e.ResetOptimizer(ctx, std::move(*converted), d); }, &rep);
+      Run<ResetOptimizerResult>([&](auto d) { e.ResetOptimizer(ctx, std::move(r), d); }, &rep);
       return;
     }
   }
