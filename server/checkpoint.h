@@ -137,8 +137,8 @@ absl::Status ReadCheckpoint(const std::string& path,
 // The meaning of record number `index` (0-based, file order): what a CRC cannot vouch for.
 // OK, or DATA_LOSS "checkpoint is corrupt: record 3 (weight 'layer0/w'): s_enc: nan is not
 // finite and > 0", naming the record and its field as the layout above spells it, checked
-// against the table of record kinds and field rules in checkpoint.cc (one row per kind, one rule
-// per field: a new record kind or field adds rows there). Rules:
+// against the table of record kinds and field rules in checkpoint_records.cc (one row per kind,
+// one rule per field: a new record kind or field adds rows there). Rules:
 //   every kind  kind known; name as request names (1..256 of A-Z a-z 0-9 . _ - / :), after a
 //               namespace and '|' outside the default namespace; device
 //               1..256 printable ASCII bytes; rows, cols >= 1; last_step >= 0; residual_len as
