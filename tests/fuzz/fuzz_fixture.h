@@ -78,6 +78,29 @@ inline std::unique_ptr<Fixture> MakeFixture() {
     Check(Await<CreateWeightResult>([&](auto d) { engine.CreateWeight(f->none, c, d); }).ok(),
           "create");
   }
+  // Weights with optimizer state, so Step reaches AdamW (NVFP4 moments, delayed scaling) and
+  // SGD momentum (16x16 blocks, stochastic rounding) as well.
+  {
+    CreateWeightRequest c;
+    c.name = "adam";
+    c.initial = testing::InlineF32(x, 16, 32);
+    c.options.error_feedback = true;
+    c.options.scaling = kernels::Scaling::kDelayed;
+    c.options.optimizer.set = true;
+    c.options.optimizer.kind = kernels::OptimizerKind::kAdamW;
+    c.options.optimizer.dtype = kernels::StateDType::kNvfp4;
+    c.step = 5;
+    Check(Await<CreateWeightResult>([&](auto d) { engine.CreateWeight(f->none, c, d); }).ok(),
+          "create adam");
+    c.name = "mom";
+    c.options = WeightOptionsIn();
+    c.options.block = 2;     // fp4q.v1.BLOCK_SHAPE_16X16
+    c.options.rounding = 2;  // fp4q.v1.ROUNDING_STOCHASTIC
+    c.options.optimizer.set = true;
+    c.options.optimizer.momentum = true;
+    Check(Await<CreateWeightResult>([&](auto d) { engine.CreateWeight(f->none, c, d); }).ok(),
+          "create mom");
+  }
   const std::string r = testing::RandomF32(32, 2);
   QdqRequest q;
   q.input = testing::InlineF32(r, 2, 16);

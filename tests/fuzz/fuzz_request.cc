@@ -8,7 +8,8 @@
 //
 // Each input runs against a fresh engine on the fake IPC backend over host
 // memory (the engine tests' FakeIpcBackend), holding weights "w" (error
-// feedback) and "plain" ([16, 32]), residual key "r" ([2, 16]) and a 64 KiB
+// feedback), "plain", "adam" (AdamW, NVFP4 moments, delayed scaling) and "mom"
+// (SGD momentum, 16x16, SR), all [16, 32], residual key "r" ([2, 16]) and a 64 KiB
 // region in the caller's session and one in another session. A region id "R" in
 // the input is replaced by the caller's region's id and "S" by the other
 // session's, so the fuzzer reaches the slice checks without guessing 128-bit
@@ -406,6 +407,26 @@ void WriteSeeds(const char* dir) {
     st.set_kind(v1::UPDATE_KIND_DELTA);
     st.mutable_groups(0)->clear_sgd();
     Seed(dir, "step-delta", kStep, st);
+    v1::StepRequest adam;
+    adam.set_step(9);
+    v1::AdamWHyperparameters* h = adam.add_groups()->mutable_adamw();
+    adam.mutable_groups(0)->set_lr(1e-3f);
+    h->set_beta1(0.9f);
+    h->set_beta2(0.999f);
+    h->set_eps(1e-8f);
+    h->set_weight_decay(0.01f);
+    v1::Hyperparameters* sgd = adam.add_groups();
+    sgd->set_lr(0.1f);
+    sgd->mutable_sgd()->set_momentum(0.9f);
+    sgd->mutable_sgd()->set_nesterov(true);
+    for (const char* name : {"adam", "mom"}) {
+      v1::StepItem* item = adam.add_items();
+      item->set_name(name);
+      *item->mutable_update() = wt;
+      item->set_group(std::string(name) == "mom" ? 1 : 0);
+      item->set_return_dequantized(true);
+    }
+    Seed(dir, "step-adamw-momentum", kStep, adam);
     v1::ResetOptimizerRequest ro;
     ro.set_name("w");
     ro.mutable_optimizer()->set_kind(v1::OPTIMIZER_KIND_ADAMW);
