@@ -709,6 +709,38 @@ class ReplicaGroupTest(Assertions):
         group_c.close()
         replay_c.close()
 
+    def test_server_state_is_one_copy_whatever_the_number_of_ranks(self):
+        # K = 1, 2, 4 ranks train the same MLP (SGD momentum, error feedback): the server holds
+        # the same bytes for each K (one weight, residual and momentum buffer per parameter),
+        # where per-rank fp32 masters with momentum would hold 8 B/param on each of K ranks.
+        held, params = {}, None
+        for world in (1, 2, 4):
+            namespace = "dp-mem%d-%d" % (world, os.getpid())
+            folder, procs, outs = self.ranks(namespace, "mem", world, 2)
+            try:
+                for p in procs:
+                    self.assertEqual(p.wait(timeout=300), 0)
+                if params is None:
+                    params = sum(t.numel() for t in torch.load(outs[0])["params"].values())
+            finally:
+                shutil.rmtree(os.path.dirname(folder), ignore_errors=True)
+            c = fp4q.Client(SERVER.target, namespace=namespace)
+            listing = c.list_tensors()
+            self.assertEqual(sorted(t.name for t in listing), ["w1", "w2"])
+            self.assertEqual({t.last_step for t in listing}, {2})
+            held[world] = sum(t.bytes for t in listing)
+            self.assertEqual(c.delete_namespace(), 2)
+            c.close()
+        self.assertEqual(held[2], held[1])
+        self.assertEqual(held[4], held[1])
+        per_param = held[1] / params
+        # codes 0.5 + scales 0.0625 + residual 4 + momentum 4, and the per-tensor scalars.
+        self.assertGreater(per_param, 8.5625)
+        self.assertLess(per_param, 8.6)
+        print("\nserver state: %d bytes for %d parameters (%.3f B/param) at K = 1, 2 and 4; "
+              "per-rank fp32 masters with momentum: %d bytes at K = 4"
+              % (held[1], params, per_param, 4 * 8 * params))
+
     def test_a_missing_rank_fails_the_step_for_all_and_nothing_is_applied(self):
         ns = "miss-%d" % os.getpid()
         c0, c1 = (fp4q.Client(SERVER.target, timeout=60, namespace=ns) for _ in range(2))
