@@ -622,6 +622,38 @@ TEST_F(EngineStepTest, ReplicaGroupFailuresApplyNothing) {
   t.join();
   EXPECT_THAT(first, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("differs")));
   EXPECT_TRUE(Take("g") == before);
+  // Ranks disagreeing on the step number, a shape or the hyperparameters: rank 1's contribution
+  // is refused naming the field, rank 0's fails with it, and nothing is applied.
+  auto disagree = [&](StepRequest second, const std::string& message) {
+    absl::StatusOr<StepResult> rank0 = absl::UnknownError("unset");
+    std::thread r0([&] { rank0 = Step(req(0, "g", 1), ctx[0]); });
+    absl::SleepFor(absl::Milliseconds(50));
+    EXPECT_THAT(Step(second, ctx[1]),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message)));
+    r0.join();
+    EXPECT_THAT(rank0, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message)));
+    EXPECT_TRUE(Take("g") == before) << message;
+  };
+  disagree(req(1, "g", 2),
+           "replica: rank 1 sent step 2 while group 'dp' collects step 1 (ranks must step "
+           "together); nothing was applied");
+  StepRequest transposed = req(1, "g", 1);
+  transposed.items = {Item("g", RandomF32(16 * 32, 1), 32, 16)};
+  disagree(transposed,
+           "replica: rank 1's items[0].update.shape ([32, 16] vs [16, 32]) differs from rank "
+           "0's; nothing was applied");
+  StepRequest faster = req(1, "g", 1);
+  faster.groups = {Sgd(0.2f)};
+  disagree(faster,
+           "replica: rank 1's groups[0] hyperparameters differs from rank 0's; nothing was "
+           "applied");
+  // A session of another namespace cannot reach this namespace's group, and may not name it.
+  RequestContext stranger;
+  stranger.session_id = engine_->OpenSession(RequestContext{}, "stranger", "job-x")->session_id;
+  EXPECT_THAT(Step(req(0, "g", 1), stranger),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("replica.group: no group 'dp' (JoinGroup first)")));
+  EXPECT_TRUE(Take("g") == before);
   // A rank whose session ends during the step: named, nothing applied, the rank is free.
   std::thread u([&] { first = Step(req(0, "g", 1), ctx[0]); });
   absl::SleepFor(absl::Milliseconds(50));
@@ -652,6 +684,13 @@ TEST_F(EngineStepTest, ReplicaGroupFailuresApplyNothing) {
   EXPECT_THAT(Await<JoinGroupResult>([&](auto d) { engine_->JoinGroup(other, j, d); }),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("world_size: 0 is not in [1, 64]")));
+  j.group = "big";
+  j.world_size = 65;  // over --max_world_size (64)
+  j.rank = 0;
+  EXPECT_THAT(Await<JoinGroupResult>([&](auto d) { engine_->JoinGroup(other, j, d); }),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("world_size: 65 is not in [1, 64]")));
+  j.group = "dp";
   j.world_size = 2;
   j.rank = 1;  // freed by the closed session
   EXPECT_TRUE(Await<JoinGroupResult>([&](auto d) { engine_->JoinGroup(other, j, d); }).ok());
