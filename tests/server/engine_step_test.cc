@@ -6,6 +6,7 @@
 #include <deque>
 #include <mutex>
 #include <limits>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -579,6 +580,121 @@ TEST_F(EngineStepTest, ReplicaGroupEqualsARankOrderReplay) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("rank 1's items[0].update: weight 'g' already applied step 3 with a "
                                  "different update")));
+}
+
+// A group's weights spread over the devices that serve it: each new weight goes to the device
+// holding the fewest state bytes unless the caller names one; the group's step updates every
+// weight on its holder, and the result equals a one-device engine's, bit for bit.
+TEST_F(EngineStepTest, AGroupsWeightsSpreadOverTheDevicesAndStepWhereTheyLive) {
+  std::unique_ptr<Engine> single = std::move(engine_);
+  {
+    std::vector<std::unique_ptr<kernels::Backend>> b;
+    b.push_back(std::make_unique<testing::FakeIpcBackend>("GPU-fake-0"));
+    b.push_back(std::make_unique<testing::FakeIpcBackend>("GPU-fake-1"));
+    EngineOptions o;
+    o.state_budget_bytes = uint64_t{1} << 30;
+    auto e = Engine::Create(DeviceSet::FromBackends(std::move(b), true), o, nullptr, nullptr);
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine_ = std::move(*e);
+  }
+  struct Shape {
+    const char* name;
+    int64_t rows, cols;
+  };
+  const std::vector<Shape> shapes = {{"a", 16, 32}, {"b", 32, 32}, {"c", 16, 64}, {"d", 16, 32}};
+  std::map<std::string, std::string> placed;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    CreateWeightRequest r;
+    r.name = shapes[i].name;
+    init_[r.name] = RandomF32(shapes[i].rows * shapes[i].cols, 10 + i, 0.05f);
+    r.initial = InlineF32(init_[r.name], shapes[i].rows, shapes[i].cols);
+    r.options.error_feedback = true;
+    r.options.seed = 99;
+    if (i == 3) r.device_uuid = "GPU-fake-0";  // the caller's placement
+    absl::StatusOr<CreateWeightResult> c =
+        Await<CreateWeightResult>([&](auto d) { engine_->CreateWeight({}, r, d); });
+    ASSERT_TRUE(c.ok()) << c.status();
+    placed[r.name] = c->weight.device_uuid;
+  }
+  // By state bytes: a (0 vs 0 bytes) on the first, b on the other, c beside the smaller a;
+  // d where it was asked for.
+  EXPECT_EQ(placed, (std::map<std::string, std::string>{
+                        {"a", "GPU-fake-0"}, {"b", "GPU-fake-1"}, {"c", "GPU-fake-0"},
+                        {"d", "GPU-fake-0"}}));
+  std::vector<RequestContext> ctx(2);
+  for (int r = 0; r < 2; ++r) {
+    ctx[r].session_id = engine_->OpenSession(absl::StrCat("rank", r))->session_id;
+    JoinGroupRequest j;
+    j.group = "dp";
+    j.world_size = 2;
+    j.rank = static_cast<uint32_t>(r);
+    ASSERT_TRUE(Await<JoinGroupResult>([&](auto d) { engine_->JoinGroup(ctx[r], j, d); }).ok());
+  }
+  std::vector<std::vector<std::string>> grads;  // [step][rank * 4 + weight]
+  for (int64_t step = 1; step <= 2; ++step) {
+    grads.emplace_back();
+    for (int r = 0; r < 2; ++r) {
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        grads.back().push_back(RandomF32(shapes[i].rows * shapes[i].cols,
+                                         static_cast<uint32_t>(100 * step + 10 * r + i)));
+      }
+    }
+    std::vector<absl::StatusOr<StepResult>> results(2, absl::UnknownError("unset"));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        StepRequest req;
+        req.step = step;
+        req.groups = {Sgd(0.25f)};
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          req.items.push_back(Item(shapes[i].name, grads.back()[r * shapes.size() + i],
+                                   shapes[i].rows, shapes[i].cols));
+        }
+        req.has_replica = true;
+        req.replica_group = "dp";
+        req.rank = static_cast<uint32_t>(r);
+        results[r] = Step(req, ctx[r]);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < 2; ++r) ASSERT_TRUE(results[r].ok()) << results[r].status();
+  }
+  std::map<std::string, Snapshot> spread;
+  for (const Shape& w : shapes) spread[w.name] = Take(w.name);
+  // The replay on one device: the same weights, each step's two gradients summed in rank
+  // order and halved.
+  engine_ = std::move(single);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    CreateWeightRequest r;
+    r.name = shapes[i].name;
+    r.initial = InlineF32(init_[r.name], shapes[i].rows, shapes[i].cols);
+    r.options.error_feedback = true;
+    r.options.seed = 99;
+    ASSERT_TRUE(
+        Await<CreateWeightResult>([&](auto d) { engine_->CreateWeight({}, r, d); }).ok());
+  }
+  for (int64_t step = 1; step <= 2; ++step) {
+    StepRequest one;
+    one.step = step;
+    one.groups = {Sgd(0.25f)};
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const std::vector<float> g0 = testing::AsFloats(grads[step - 1][i]);
+      const std::vector<float> g1 = testing::AsFloats(grads[step - 1][shapes.size() + i]);
+      std::string mean(g0.size() * 4, '\0');
+      for (size_t k = 0; k < g0.size(); ++k) {
+        const float v = (g0[k] + g1[k]) / 2.0f;
+        std::memcpy(mean.data() + 4 * k, &v, 4);
+      }
+      one.items.push_back(Item(shapes[i].name, mean, shapes[i].rows, shapes[i].cols));
+    }
+    ASSERT_TRUE(Step(one).ok());
+  }
+  for (const Shape& w : shapes) {
+    const Snapshot replay = Take(w.name);
+    EXPECT_EQ(spread[w.name].codes, replay.codes) << w.name;
+    EXPECT_EQ(spread[w.name].residual, replay.residual) << w.name;
+    EXPECT_EQ(spread[w.name].last_step, 2) << w.name;
+  }
 }
 
 TEST_F(EngineStepTest, ReplicaGroupFailuresApplyNothing) {
