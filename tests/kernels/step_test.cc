@@ -25,7 +25,10 @@ using step_testing::MakeUpdates;
 using step_testing::ReferenceStep;
 using step_testing::RunStep;
 using step_testing::SameState;
+using step_testing::kSweepOptimizers;
 using step_testing::StepCase;
+using step_testing::SweepHyper;
+using step_testing::SweepOptimizer;
 using step_testing::StepState;
 using step_testing::Updates;
 
@@ -33,17 +36,7 @@ using step_testing::Updates;
 std::vector<StepCase> SweepCases() {
   std::vector<StepCase> out;
   int id = 0;
-  struct Opt {
-    OptimizerKind kind;
-    bool momentum, amsgrad, nesterov, delta;
-  };
-  const Opt opts[] = {{OptimizerKind::kSgd, false, false, false, false},
-                      {OptimizerKind::kSgd, false, false, false, true},
-                      {OptimizerKind::kSgd, true, false, false, false},
-                      {OptimizerKind::kSgd, true, false, true, false},
-                      {OptimizerKind::kAdamW, false, false, false, false},
-                      {OptimizerKind::kAdamW, false, true, false, false}};
-  for (const Opt& opt : opts) {
+  for (const SweepOptimizer& opt : kSweepOptimizers) {
     for (StateDType dtype : {StateDType::kF32, StateDType::kBF16, StateDType::kNvfp4}) {
       const bool stateless = opt.kind == OptimizerKind::kSgd && !opt.momentum;
       if (stateless && dtype != StateDType::kF32) continue;
@@ -80,20 +73,7 @@ std::vector<StepCase> SweepCases() {
                              : id % 4 == 1 ? std::vector<DType>{DType::kF32}
                              : id % 4 == 2 ? std::vector<DType>{DType::kBF16}
                                            : std::vector<DType>{DType::kF32, DType::kBF16};
-              StepHyper& h = c.hyper;
-              if (opt.kind == OptimizerKind::kSgd) {
-                h.lr = 0.05f;
-                h.momentum = opt.momentum ? 0.9f : 0.0f;
-                h.dampening = opt.momentum && !opt.nesterov && id % 2 ? 0.1f : 0.0f;
-                h.nesterov = opt.nesterov;
-                h.weight_decay = !opt.delta && id % 3 == 1 ? 0.01f : 0.0f;
-              } else {
-                h.lr = 0.05f;
-                h.beta1 = 0.9f;
-                h.beta2 = 0.999f;
-                h.eps = id % 2 ? 1e-8f : 1e-3f;
-                h.weight_decay = id % 3 == 2 ? 0.0f : 0.01f;
-              }
+              c.hyper = SweepHyper(opt, id);
               c.seed = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(id);
               out.push_back(c);
             }

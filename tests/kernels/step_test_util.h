@@ -42,6 +42,39 @@ inline uint16_t ToBf16(float f) {
 }
 inline float FromBf16(uint16_t b) { return FromBits(static_cast<uint32_t>(b) << 16); }
 
+// The optimizer variants the step kernels template over, for the sweeps of step_test.cc (CPU)
+// and cuda_step_test.cc (CUDA, against the CPU backend).
+struct SweepOptimizer {
+  OptimizerKind kind;
+  bool momentum, amsgrad, nesterov, delta;
+};
+inline constexpr SweepOptimizer kSweepOptimizers[] = {
+    {OptimizerKind::kSgd, false, false, false, false},
+    {OptimizerKind::kSgd, false, false, false, true},
+    {OptimizerKind::kSgd, true, false, false, false},
+    {OptimizerKind::kSgd, true, false, true, false},
+    {OptimizerKind::kAdamW, false, false, false, false},
+    {OptimizerKind::kAdamW, false, true, false, false}};
+
+// The sweeps' hyperparameters for case number `id`: the cheap choices (dampening, weight
+// decay, eps) spread over the cases.
+inline StepHyper SweepHyper(const SweepOptimizer& opt, int id) {
+  StepHyper h;
+  h.lr = 0.05f;
+  if (opt.kind == OptimizerKind::kSgd) {
+    h.momentum = opt.momentum ? 0.9f : 0.0f;
+    h.dampening = opt.momentum && !opt.nesterov && id % 2 ? 0.1f : 0.0f;
+    h.nesterov = opt.nesterov;
+    h.weight_decay = !opt.delta && id % 3 == 1 ? 0.01f : 0.0f;
+  } else {
+    h.beta1 = 0.9f;
+    h.beta2 = 0.999f;
+    h.eps = id % 2 ? 1e-8f : 1e-3f;
+    h.weight_decay = id % 3 == 2 ? 0.0f : 0.01f;
+  }
+  return h;
+}
+
 // What one item keeps and how it is stepped.
 struct StepCase {
   int64_t rows = 32;

@@ -26,6 +26,9 @@ using cuda_testing::Dist;
 using step_testing::MakeItem;
 using step_testing::MakeState;
 using step_testing::SameState;
+using step_testing::kSweepOptimizers;
+using step_testing::SweepHyper;
+using step_testing::SweepOptimizer;
 using step_testing::StepCase;
 using step_testing::StepState;
 using step_testing::Updates;
@@ -187,20 +190,10 @@ Updates RandomUpdates(const StepCase& c, Dist dist, float scale, std::mt19937& r
 // Every variant the kernels template over, with shapes and cheap options spread over them.
 std::vector<StepCase> Variants() {
   std::vector<StepCase> out;
-  struct Opt {
-    OptimizerKind kind;
-    bool momentum, amsgrad, nesterov, delta;
-  };
-  const Opt opts[] = {{OptimizerKind::kSgd, false, false, false, false},
-                      {OptimizerKind::kSgd, false, false, false, true},
-                      {OptimizerKind::kSgd, true, false, false, false},
-                      {OptimizerKind::kSgd, true, false, true, false},
-                      {OptimizerKind::kAdamW, false, false, false, false},
-                      {OptimizerKind::kAdamW, false, true, false, false}};
   const std::pair<int64_t, int64_t> flat[] = {{1, 16}, {7, 48}, {217, 256}, {3, 1040}};
   const std::pair<int64_t, int64_t> tiles[] = {{16, 16}, {32, 48}, {48, 144}, {256, 272}};
   int id = 0;
-  for (const Opt& opt : opts) {
+  for (const SweepOptimizer& opt : kSweepOptimizers) {
     for (StateDType dtype : {StateDType::kF32, StateDType::kBF16, StateDType::kNvfp4}) {
       if (opt.kind == OptimizerKind::kSgd && !opt.momentum && dtype != StateDType::kF32) continue;
       for (Scaling scaling : {Scaling::kCurrent, Scaling::kDelayed}) {
@@ -229,20 +222,7 @@ std::vector<StepCase> Variants() {
               c.out_dtypes = id % 3 == 0   ? std::vector<DType>{DType::kBF16}
                              : id % 3 == 1 ? std::vector<DType>{}
                                            : std::vector<DType>{DType::kF32, DType::kBF16};
-              StepHyper& h = c.hyper;
-              if (opt.kind == OptimizerKind::kSgd) {
-                h.lr = 0.05f;
-                h.momentum = opt.momentum ? 0.9f : 0.0f;
-                h.dampening = opt.momentum && !opt.nesterov && id % 2 ? 0.1f : 0.0f;
-                h.nesterov = opt.nesterov;
-                h.weight_decay = !opt.delta && id % 3 == 1 ? 0.01f : 0.0f;
-              } else {
-                h.lr = 0.05f;
-                h.beta1 = 0.9f;
-                h.beta2 = 0.999f;
-                h.eps = id % 2 ? 1e-8f : 1e-3f;
-                h.weight_decay = id % 3 == 2 ? 0.0f : 0.01f;
-              }
+              c.hyper = SweepHyper(opt, id);
               c.seed = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(id);
               out.push_back(c);
             }
