@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "args.h"
+#include "bench_cuda.h"
 #include "bench_stats.h"
 #include "commands.h"
 #include "fp4q/client/cuda_runtime.h"
@@ -58,33 +59,6 @@ constexpr char kUsage[] =
     "                     there (the small-RPC floor of that transport)\n"
     "  --spin-us N        with --fast-socket: busy-poll each reply this long (default 0)\n"
     "Exit code 0 when every call succeeded; 1 on any error, or without a GPU (said why).\n";
-
-// The runtime with the calls this tool makes, device 0 current.
-absl::StatusOr<std::unique_ptr<CudaRuntime>> LoadCuda(const std::string& wanted) {
-  absl::StatusOr<std::unique_ptr<CudaRuntime>> cuda =
-      CudaRuntime::Load(wanted.empty() ? std::vector<std::string>{}
-                                       : std::vector<std::string>{wanted});
-  if (!cuda.ok()) return cuda.status();
-  if (absl::Status s = (*cuda)->Require({CudaCall::kGetErrorName, CudaCall::kGetErrorString,
-                                          CudaCall::kGetDeviceCount, CudaCall::kSetDevice,
-                                          CudaCall::kMalloc, CudaCall::kFree, CudaCall::kMemcpy,
-                                          CudaCall::kDeviceSynchronize});
-      !s.ok()) {
-    return s;
-  }
-  if (absl::StatusOr<int> n = (*cuda)->DeviceCount(); !n.ok()) return n.status();
-  if (absl::Status s = (*cuda)->Check("cudaSetDevice(0)", (*cuda)->SetDevice(0)); !s.ok()) {
-    return s;
-  }
-  return cuda;
-}
-
-uint16_t ToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fff + ((u >> 16) & 1);  // round to nearest even (finite inputs)
-  return static_cast<uint16_t>(u >> 16);
-}
 
 std::string SummaryJson(const LatencySummary& s, const std::vector<double>& v) {
   double lo = v.empty() ? 0 : v[0];
@@ -134,7 +108,7 @@ int RunBenchIpc(const CommandContext& context) {
   }
 
   absl::StatusOr<std::unique_ptr<CudaRuntime>> loaded =
-      LoadCuda(GetString(*args, "cuda-runtime", ""));
+      LoadBenchCuda(GetString(*args, "cuda-runtime", ""));
   if (!loaded.ok()) return Failure("bench-ipc", loaded.status());
   const CudaRuntime& cuda = **loaded;
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(context.client);

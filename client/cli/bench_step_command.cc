@@ -29,6 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "args.h"
+#include "bench_cuda.h"
 #include "bench_step.h"
 #include "bench_step_args.h"
 #include "commands.h"
@@ -47,32 +48,6 @@ using bench_step::StepOptions;
 using bench_step::WeightShape;
 
 constexpr char kName[] = "bench-step";
-
-// The runtime with the calls this tool makes, device 0 current.
-absl::StatusOr<std::unique_ptr<CudaRuntime>> LoadCuda(const std::string& wanted) {
-  absl::StatusOr<std::unique_ptr<CudaRuntime>> cuda = CudaRuntime::Load(
-      wanted.empty() ? std::vector<std::string>{} : std::vector<std::string>{wanted});
-  if (!cuda.ok()) return cuda.status();
-  if (absl::Status s =
-          (*cuda)->Require({CudaCall::kGetErrorName, CudaCall::kGetErrorString,
-                            CudaCall::kGetDeviceCount, CudaCall::kSetDevice, CudaCall::kMalloc,
-                            CudaCall::kFree, CudaCall::kMemcpy, CudaCall::kDeviceSynchronize});
-      !s.ok()) {
-    return s;
-  }
-  if (absl::StatusOr<int> n = (*cuda)->DeviceCount(); !n.ok()) return n.status();
-  if (absl::Status s = (*cuda)->Check("cudaSetDevice(0)", (*cuda)->SetDevice(0)); !s.ok()) {
-    return s;
-  }
-  return cuda;
-}
-
-uint16_t ToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fff + ((u >> 16) & 1);  // round to nearest even (finite inputs)
-  return static_cast<uint16_t>(u >> 16);
-}
 
 // A block of bf16 normal values (|v| >= floor, so none is zero when floor > 0), tiled over a
 // buffer by Tile and by the inline initial values alike.
@@ -174,7 +149,7 @@ int RunBenchStep(const CommandContext& context) {
   const bench_step::FloorBytes floor = bench_step::FloorFor(c.shapes, c.options);
   const bench_step::Layout layout = bench_step::PackBf16(c.shapes, c.align);
 
-  absl::StatusOr<std::unique_ptr<CudaRuntime>> loaded = LoadCuda(c.cuda_runtime);
+  absl::StatusOr<std::unique_ptr<CudaRuntime>> loaded = LoadBenchCuda(c.cuda_runtime);
   if (!loaded.ok()) return Failure(kName, loaded.status());
   const CudaRuntime& cuda = **loaded;
   absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(context.client);
