@@ -17,9 +17,12 @@
 #include "gtest/gtest.h"
 #include "subprocess.h"
 #include "testing/status_matchers.h"
+#include "testing/files.h"
 
 namespace fp4q::client {
 namespace {
+
+using ::fp4q::testing::ReadAll;
 
 using ::fp4q::client::cli::bench_step::WeightShape;
 using ::fp4q::client::testing::FakeFp4q;
@@ -34,17 +37,6 @@ RunResult Cli(std::vector<std::string> args) {
   absl::StatusOr<RunResult> r = testing::Run(args, {"FP4Q_SERVER=", "FP4Q_TOKEN="});
   EXPECT_THAT(r, IsOk());
   return r.ok() ? *r : RunResult{};
-}
-
-std::string ReadAll(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return "";
-  std::string s;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) s.append(buf, n);
-  std::fclose(f);
-  return s;
 }
 
 float Bf16ToFloat(uint16_t b) {

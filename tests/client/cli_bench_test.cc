@@ -8,22 +8,14 @@
 #include "gtest/gtest.h"
 #include "live_support.h"
 #include "subprocess.h"
+#include "testing/files.h"
 
 namespace fp4q::client::testing {
 namespace {
 
-using ::testing::HasSubstr;
+using ::fp4q::testing::ReadAll;
 
-std::string ReadAll(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return "";
-  std::string s;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) s.append(buf, n);
-  std::fclose(f);
-  return s;
-}
+using ::testing::HasSubstr;
 
 TEST(CliBenchTest, ShortRunReportsEveryRpcAndCleansUp) {
   auto server = StartFp4qd();

@@ -21,27 +21,19 @@
 #include "gtest/gtest.h"
 #include "server/checkpoint.h"
 #include "testing/status_matchers.h"
+#include "testing/files.h"
 
 namespace fp4q::server {
 namespace {
+
+using ::fp4q::testing::ReadAll;
+using ::fp4q::testing::WriteAll;
 
 using ::fp4q::testing::IsOk;
 using ::fp4q::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void WriteAll(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 bool IsSymlink(const std::string& path) {
   struct stat st;

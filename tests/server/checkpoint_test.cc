@@ -13,9 +13,13 @@
 #include "gtest/gtest.h"
 #include "server/crc32c.h"
 #include "testing/status_matchers.h"
+#include "testing/files.h"
 
 namespace fp4q::server {
 namespace {
+
+using ::fp4q::testing::ReadAll;
+using ::fp4q::testing::WriteAll;
 
 using ::fp4q::testing::StatusIs;
 using ::testing::HasSubstr;
@@ -24,18 +28,6 @@ std::string TempDir() {
   char tmpl[] = "/tmp/fp4q_ckpt_test_XXXXXX";
   const char* d = mkdtemp(tmpl);
   return d == nullptr ? std::string() : std::string(d);
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void WriteAll(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 CheckpointRecord WeightRecord() {

@@ -37,9 +37,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "shm_region.h"
+#include "testing/files.h"
 
 namespace fp4q::server::testing {
 namespace {
+
+using ::fp4q::testing::ReadAll;
+using ::fp4q::testing::WriteAll;
 
 using ::testing::HasSubstr;
 
@@ -373,14 +377,6 @@ TEST(E2eFaultTest, KillNineInTheMiddleOfAnUpdateStormTwentyTimes) {
 
 // ---------------------------------------------------------------- damaged
 // checkpoint files
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-void WriteAll(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
 
 // Writes a checkpoint holding weight "d/a" at `step` (a clean SIGTERM) and
 // returns its bytes.

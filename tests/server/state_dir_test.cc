@@ -20,21 +20,17 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/status_matchers.h"
+#include "testing/files.h"
 
 namespace fp4q::server {
 namespace {
+
+using ::fp4q::testing::ReadAll;
 
 using ::fp4q::testing::IsOk;
 using ::fp4q::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // A child process that takes the lock of `dir`, reports "locked <pid>" or the
 // error's message on a pipe, then waits until the parent closes its end of a
