@@ -1,4 +1,4 @@
-"""One data-parallel rank of test_optim's replica-group tests, run as its own process.
+"""One data-parallel rank of test_optim_groups.py's replica-group tests, run as its own process.
 
     optim_rank.py TARGET NAMESPACE GROUP WORLD_SIZE RANK STEPS OUT [--hang]
 
