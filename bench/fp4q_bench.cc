@@ -6,7 +6,11 @@
 // buffer sets larger than the L2 cache.
 //
 //   fp4q_bench --out results.json [--commit SHA] [--iters N] [--only SUBSTRING]
-// (--only: run just the rows whose name contains SUBSTRING, e.g. under a profiler.)
+//              [--rows-only] [--bf16-block-ctas 3|4] [--step-prefetch N]
+//              [--step-prefetch-sweep N,N,...]
+// (--only: run just the rows whose name contains SUBSTRING, e.g. under a profiler; the tuning
+// flags set the backend's kernel knobs, kernel_choice.h; the sweep times the step rows again on
+// one more backend per prefetch distance.)
 //
 // Bytes counted per row are the fewest a kernel must move (each input read once, each output
 // written once); GB/s = bytes / median time; "vs copy" = GB/s over the measured copy GB/s
@@ -14,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -22,8 +27,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "bench_util.h"
 #include "fp4q/kernels/backend.h"
 #include "fp4q/kernels/cuda_module.h"
@@ -191,7 +198,8 @@ std::vector<std::pair<int64_t, int64_t>> Gpt2SmallShapes() {
 int Run(int argc, char** argv) {
   std::string out_path, commit = "unknown", only;
   int iters = 30;
-  kernels::CudaBackendOptions tuning;  // A/B knobs of the row-kernel choice (kernel_choice.h)
+  kernels::CudaBackendOptions tuning;  // A/B knobs of the kernels (kernel_choice.h)
+  std::vector<int> prefetch_sweep;     // step rows: also timed at these prefetch distances
   std::string command;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
   for (int i = 1; i < argc; ++i) {
@@ -208,10 +216,23 @@ int Run(int argc, char** argv) {
       tuning.rows_only = true;
     } else if (a == "--bf16-block-ctas" && i + 1 < argc) {
       tuning.bf16_block_ctas = std::atoi(argv[++i]);
+    } else if (a == "--step-prefetch" && i + 1 < argc) {
+      tuning.step_prefetch_slots = std::atoi(argv[++i]);
+    } else if (a == "--step-prefetch-sweep" && i + 1 < argc) {
+      for (absl::string_view v : absl::StrSplit(argv[++i], ',')) {
+        int n = 0;
+        if (!absl::SimpleAtoi(v, &n)) {
+          std::fprintf(stderr, "fp4q_bench: --step-prefetch-sweep: '%s' is not a number\n",
+                       std::string(v).c_str());
+          return 2;
+        }
+        prefetch_sweep.push_back(n);
+      }
     } else {
       std::fprintf(stderr,
                    "usage: fp4q_bench --out results.json [--commit SHA] [--iters N] [--only S]\n"
-                   "                  [--rows-only] [--bf16-block-ctas 3|4]\n");
+                   "                  [--rows-only] [--bf16-block-ctas 3|4] [--step-prefetch N]\n"
+                   "                  [--step-prefetch-sweep N,N,...]\n");
       return 2;
     }
   }
@@ -430,6 +451,15 @@ int Run(int argc, char** argv) {
   // scaling. AdamW (no EF) with bf16 moments 2 + 1.125 + 8 + 2, NVFP4 moments 2 + 1.125 +
   // 2.25 + 2 (the 8 bytes per tensor of records are left out).
   if (want("step")) {
+    // --step-prefetch-sweep: one more backend per value, timed on the same weights.
+    std::vector<std::pair<int, std::unique_ptr<Backend>>> sweep;
+    for (int v : prefetch_sweep) {
+      kernels::CudaBackendOptions o = tuning;
+      o.step_prefetch_slots = v;
+      auto b = (*module)->CreateBackend(0, o);
+      Ok(b.status(), "creating a backend of the prefetch sweep");
+      sweep.emplace_back(v, *std::move(b));
+    }
     struct StepRow {
       const char* name;
       StepKind kind;
@@ -472,22 +502,49 @@ int Run(int argc, char** argv) {
           std::exit(1);
         }
         int t = 1;
-        const Timing tm = TimeEvents(s, 3, std::max(5, iters / 3), [&](int) {
-          for (kernels::StepItem& it : items) it.hyper.t = ++t;
-          if (!sr.apply_only) Ok(gpu.StepCheck(items, workspace.get(), wbytes, ks), "check");
-          Ok(gpu.StepApply(items, workspace.get(), ks), "apply");
-        });
-        Row r;
-        r.name = sr.name;
-        r.shape = model == 0 ? "GPT-2 small, 50 weights, bf16 grad -> bf16 DQ"
-                             : "8192x8192, bf16 grad -> bf16 DQ";
-        r.us = tm.median_us;
-        r.bytes = sr.bytes_per_elem * elems;
-        r.note = absl::StrFormat("floor %.4g B/elem", sr.bytes_per_elem);
-        rows.push_back(r);
-        std::printf("%-48s %-32s %9.2f us %7.0f GB/s (floor %.4g B/elem, copy %.0f GB/s)\n",
-                    sr.name, model == 0 ? "GPT-2 small" : "8192x8192", tm.median_us,
-                    r.bytes / tm.median_us / 1e3, sr.bytes_per_elem, copy_gbps);
+        // The default backend, then each backend of the prefetch sweep, on the same weights.
+        for (size_t v = 0; v <= sweep.size(); ++v) {
+          Backend& b = v == 0 ? gpu : *sweep[v - 1].second;
+          const Timing tm = TimeEvents(s, 3, std::max(5, iters / 3), [&](int) {
+            for (kernels::StepItem& it : items) it.hyper.t = ++t;
+            if (!sr.apply_only) Ok(b.StepCheck(items, workspace.get(), wbytes, ks), "check");
+            Ok(b.StepApply(items, workspace.get(), ks), "apply");
+          });
+          const int prefetch = v == 0 ? tuning.step_prefetch_slots : sweep[v - 1].first;
+          Row r;
+          r.name = v == 0 ? std::string(sr.name)
+                          : absl::StrCat(sr.name, " [prefetch ", prefetch, "]");
+          r.shape = model == 0 ? "GPT-2 small, 50 weights, bf16 grad -> bf16 DQ"
+                               : "8192x8192, bf16 grad -> bf16 DQ";
+          r.us = tm.median_us;
+          r.bytes = sr.bytes_per_elem * elems;
+          r.note = absl::StrFormat("floor %.4g B/elem; prefetch %d slots", sr.bytes_per_elem,
+                                   prefetch);
+          std::string wall;
+          if (!sr.apply_only) {
+            // As the server calls it: check, apply and the report (one synchronization), timed
+            // on the host: the kernels plus every launch and copy around them.
+            std::vector<double> walls;
+            for (int i = 0; i < std::max(5, iters / 3); ++i) {
+              for (kernels::StepItem& it : items) it.hyper.t = ++t;
+              const auto t0 = std::chrono::steady_clock::now();
+              Ok(b.StepCheck(items, workspace.get(), wbytes, ks), "check");
+              Ok(b.StepApply(items, workspace.get(), ks), "apply");
+              Ok(b.StepReadReport(items, workspace.get(), &report, ks), "report");
+              walls.push_back(
+                  std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                      .count());
+            }
+            std::sort(walls.begin(), walls.end());
+            const double w = walls[walls.size() / 2];
+            r.note += absl::StrFormat("; host wall with the report %.1f us", w);
+            wall = absl::StrFormat(", host wall with the report %.1f us", w);
+          }
+          rows.push_back(r);
+          std::printf("%-58s %-12s %9.2f us %7.0f GB/s (floor %.4g B/elem, copy %.0f GB/s%s)\n",
+                      r.name.c_str(), model == 0 ? "GPT-2 small" : "8192x8192", tm.median_us,
+                      r.bytes / tm.median_us / 1e3, sr.bytes_per_elem, copy_gbps, wall.c_str());
+        }
       }
     }
   }

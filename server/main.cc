@@ -62,6 +62,9 @@ ABSL_FLAG(std::string, cuda_row_kernels, "auto",
           "pass; for A/B measurements)");
 ABSL_FLAG(int32_t, cuda_bf16_block_ctas, 3,
           "CUDA backend: CTAs per SM of the bf16 one-block-a-lane quantize kernel (3 or 4)");
+ABSL_FLAG(int32_t, cuda_step_prefetch, 4,
+          "CUDA backend: slots of 256 elements ahead of its work that each warp of the optimizer "
+          "step's kernels asks L2 for (0..16; 0 = none)");
 ABSL_FLAG(std::string, state_dir, "", "checkpoint directory; empty = no persistence");
 ABSL_FLAG(int64_t, checkpoint_interval_s, 0,
           "periodic checkpoint interval; 0 = only on request and on SIGTERM");
@@ -163,6 +166,7 @@ ServerOptions OptionsFromFlags() {
   }
   o.cuda_row_kernels = absl::GetFlag(FLAGS_cuda_row_kernels);
   o.cuda_bf16_block_ctas = absl::GetFlag(FLAGS_cuda_bf16_block_ctas);
+  o.cuda_step_prefetch = absl::GetFlag(FLAGS_cuda_step_prefetch);
   o.ignore_corrupt_checkpoint = absl::GetFlag(FLAGS_ignore_corrupt_checkpoint);
   o.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   EngineOptions& e = o.engine;

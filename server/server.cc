@@ -298,6 +298,10 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--cuda_bf16_block_ctas: ", o.cuda_bf16_block_ctas, " is not 3 or 4"));
   }
+  if (o.cuda_step_prefetch < 0 || o.cuda_step_prefetch > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cuda_step_prefetch: ", o.cuda_step_prefetch, " is not in [0, 16]"));
+  }
   if (o.tls_cert.empty() != o.tls_key.empty()) {
     return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
   }
@@ -341,6 +345,7 @@ int RunServer(const ServerOptions& o, Logger& log) {
   device_options.cuda_module = o.cuda_module;
   device_options.cuda.rows_only = o.cuda_row_kernels == "rows";
   device_options.cuda.bf16_block_ctas = o.cuda_bf16_block_ctas;
+  device_options.cuda.step_prefetch_slots = o.cuda_step_prefetch;
   absl::StatusOr<std::unique_ptr<DeviceSet>> devices = DeviceSet::Create(device_options);
   if (!devices.ok()) {
     log.Error("no backend", {{"backend", o.backend}, {"error", devices.status().ToString()}});

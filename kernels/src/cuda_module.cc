@@ -127,7 +127,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaModule::CreateBackend(
     return absl::InvalidArgumentError(
         absl::StrCat("ordinal: ", ordinal, " is not in [0, ", *count, ")"));
   }
-  const fp4q_cuda_options abi_options{options.rows_only ? 1 : 0, options.bf16_block_ctas};
+  const fp4q_cuda_options abi_options{options.rows_only ? 1 : 0, options.bf16_block_ctas,
+                                      options.step_prefetch_slots};
   char err[512] = {0};
   Backend* backend = create_backend_(ordinal, &abi_options, err, sizeof(err));
   if (backend == nullptr) {

@@ -16,7 +16,7 @@ RowPass Nv(int64_t rows, int64_t cols, int dtype = kBF16) {
 }
 
 TEST(KernelChoiceTest, LaneKernelsTakeNvfp4OneBySixteenMapToSixOnRowsOfSixtyFour) {
-  const RowKernelTuning t;
+  const KernelTuning t;
   EXPECT_EQ(ChooseRowKernel(Nv(8192, 8192), t), RowKernel::kLanesBlocks);
   EXPECT_EQ(ChooseRowKernel(Nv(1, 64, kF32), t), RowKernel::kLanesBlocks);
   RowPass sr = Nv(128, 4096);
@@ -41,7 +41,7 @@ TEST(KernelChoiceTest, LaneKernelsTakeNvfp4OneBySixteenMapToSixOnRowsOfSixtyFour
 }
 
 TEST(KernelChoiceTest, ErrorFeedbackPassesTakeTheResidualLanesAndTheGuardItsOwn) {
-  const RowKernelTuning t;
+  const KernelTuning t;
   RowPass ef = Nv(768, 3072);
   ef.residual = true;
   EXPECT_EQ(ChooseRowKernel(ef, t), RowKernel::kLanesResidual);
@@ -54,13 +54,13 @@ TEST(KernelChoiceTest, ErrorFeedbackPassesTakeTheResidualLanesAndTheGuardItsOwn)
 }
 
 TEST(KernelChoiceTest, TuningSendsPassesToTheRowKernelOrFourCtas) {
-  RowKernelTuning rows;
+  KernelTuning rows;
   rows.rows_only = true;
   RowPass ef = Nv(64, 64);
   ef.residual = true;
   EXPECT_EQ(ChooseRowKernel(Nv(64, 64), rows), RowKernel::kRows);
   EXPECT_EQ(ChooseRowKernel(ef, rows), RowKernel::kRows);
-  RowKernelTuning four;
+  KernelTuning four;
   four.bf16_block_ctas = 4;
   EXPECT_EQ(ChooseRowKernel(Nv(64, 64), four), RowKernel::kLanesBlocksFourCtas);
   EXPECT_EQ(ChooseRowKernel(Nv(64, 64, kF32), four), RowKernel::kLanesBlocks);  // bf16 only
@@ -68,7 +68,7 @@ TEST(KernelChoiceTest, TuningSendsPassesToTheRowKernelOrFourCtas) {
 }
 
 TEST(KernelChoiceTest, FusedAmaxTakesSmallOneBlockALanePassesOnly) {
-  const RowKernelTuning t;
+  const KernelTuning t;
   EXPECT_TRUE(FusedAmaxFits(Nv(1024, 1024), t));  // 2^20 elements: the limit
   EXPECT_FALSE(FusedAmaxFits(Nv(1025, 1024), t));
   RowPass ef = Nv(64, 64);
@@ -78,10 +78,10 @@ TEST(KernelChoiceTest, FusedAmaxTakesSmallOneBlockALanePassesOnly) {
   amax.amax_only = true;
   EXPECT_FALSE(FusedAmaxFits(amax, t));
   EXPECT_FALSE(FusedAmaxFits(Nv(16, 48), t));  // the row kernel
-  RowKernelTuning rows;
+  KernelTuning rows;
   rows.rows_only = true;
   EXPECT_FALSE(FusedAmaxFits(Nv(64, 64), rows));
-  RowKernelTuning four;
+  KernelTuning four;
   four.bf16_block_ctas = 4;
   EXPECT_TRUE(FusedAmaxFits(Nv(64, 64), four));
   EXPECT_STREQ(RowKernelName(ChooseRowKernel(Nv(64, 64), four)),

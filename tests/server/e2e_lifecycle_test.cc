@@ -158,6 +158,10 @@ TEST(E2eLifecycleTest, BadFlagsFailStartup) {
   EXPECT_THAT(log, HasSubstr("--cuda_row_kernels: 'cols' is not auto or rows"));
   EXPECT_EQ(RunServerToExit({"--cuda_bf16_block_ctas=5"}, &log), 1);
   EXPECT_THAT(log, HasSubstr("--cuda_bf16_block_ctas: 5 is not 3 or 4"));
+  EXPECT_EQ(RunServerToExit({"--cuda_step_prefetch=17"}, &log), 1);
+  EXPECT_THAT(log, HasSubstr("--cuda_step_prefetch: 17 is not in [0, 16]"));
+  EXPECT_EQ(RunServerToExit({"--cuda_step_prefetch=-1"}, &log), 1);
+  EXPECT_THAT(log, HasSubstr("--cuda_step_prefetch: -1 is not in [0, 16]"));
 }
 
 TEST(E2eLifecycleTest, BearerTokenGuardsTheServiceButNotHealth) {

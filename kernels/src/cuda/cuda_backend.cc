@@ -34,10 +34,15 @@ int DtypeCode(DType d) { return d == DType::kF32 ? kF32 : kBF16; }
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int ordinal,
-                                                                 const RowKernelTuning& tuning) {
+                                                                 const KernelTuning& tuning) {
   if (tuning.bf16_block_ctas != 3 && tuning.bf16_block_ctas != 4) {
     return absl::InvalidArgumentError(absl::StrCat("bf16_block_ctas: ", tuning.bf16_block_ctas,
                                                    " is not 3 or 4"));
+  }
+  if (tuning.step_prefetch_slots < 0 || tuning.step_prefetch_slots > kMaxStepPrefetchSlots) {
+    return absl::InvalidArgumentError(absl::StrCat("step_prefetch_slots: ",
+                                                   tuning.step_prefetch_slots, " is not in [0, ",
+                                                   kMaxStepPrefetchSlots, "]"));
   }
   int count = 0;
   FP4Q_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));

@@ -34,7 +34,7 @@ class CudaBackend final : public Backend {
   // A backend on device `ordinal` (creates its stream and cuBLASLt handle); `tuning` steers
   // the choice of row-wise quantize kernels (kernel_choice.h).
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int ordinal,
-                                                             const RowKernelTuning& tuning = {});
+                                                             const KernelTuning& tuning = {});
   ~CudaBackend() override;
 
   DeviceInfo Info() const override { return info_; }
@@ -78,7 +78,7 @@ class CudaBackend final : public Backend {
 
  private:
   CudaBackend(int ordinal, cudaStream_t stream, DeviceInfo info, std::unique_ptr<BlasLt> blas,
-              const RowKernelTuning& tuning)
+              const KernelTuning& tuning)
       : ordinal_(ordinal),
         stream_(stream),
         info_(std::move(info)),
@@ -116,7 +116,7 @@ class CudaBackend final : public Backend {
   const cudaStream_t stream_;
   const DeviceInfo info_;
   const std::unique_ptr<BlasLt> blas_;
-  const RowKernelTuning tuning_;
+  const KernelTuning tuning_;
 
   mutable absl::Mutex mu_;
   mutable absl::Status poison_ ABSL_GUARDED_BY(mu_);

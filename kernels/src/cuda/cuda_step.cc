@@ -11,7 +11,7 @@
 //   StepReadReport: one device-to-host copy of the report prefix and a stream synchronization.
 // Nothing here waits for the device except StepReadReport: the item table goes out of pinned
 // host memory (an asynchronous copy; a copy from pageable memory would first synchronize the
-// stream), and its buffer returns to a pool when the stream has passed the copy.
+// stream), and its buffer is reused once an event recorded after the copy has completed.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -40,61 +40,73 @@ using step_ws::ItemDesc;
 using step_ws::Layout;
 using step_ws::ListEntry;
 
-// Pinned host buffers for the item tables, reused: a buffer goes back to the pool from a host
-// callback once its stream has passed the copy out of it (process-wide; pinned memory serves
-// every device).
+// Pinned host buffers for the item tables, reused, one pool per device: a buffer is free again
+// once the event recorded after the copy out of it has completed (an event, not a host callback:
+// a callback would hold the stream until the driver's callback thread ran it).
 class PinnedPool {
  public:
-  static PinnedPool& Get() {
-    static PinnedPool* pool = new PinnedPool;
-    return *pool;
+  static PinnedPool& ForDevice(int ordinal) {
+    static absl::Mutex* mu = new absl::Mutex;
+    static auto* pools = new std::map<int, PinnedPool*>;
+    absl::MutexLock lock(mu);
+    PinnedPool*& p = (*pools)[ordinal];
+    if (p == nullptr) p = new PinnedPool;
+    return *p;
   }
 
-  absl::StatusOr<void*> Acquire(size_t bytes) {
+  struct Buffer {
+    void* data = nullptr;
+    size_t size = 0;
+    cudaEvent_t done = nullptr;  // recorded after the copy out of it (on this pool's device)
+  };
+
+  // A buffer of >= `bytes` whose last copy has completed (the current device is the pool's).
+  absl::StatusOr<Buffer> Acquire(size_t bytes) {
     {
       absl::MutexLock lock(&mu_);
       for (size_t i = 0; i < free_.size(); ++i) {
-        if (free_[i].second >= bytes) {
-          void* p = free_[i].first;
-          free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
-          return p;
-        }
+        if (free_[i].size < bytes) continue;
+        const cudaError_t q = cudaEventQuery(free_[i].done);
+        if (q == cudaErrorNotReady) continue;
+        FP4Q_CUDA_RETURN_IF_ERROR(q);
+        const Buffer b = free_[i];
+        free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+        return b;
       }
     }
-    void* p = nullptr;
-    const size_t size = std::max<size_t>(bytes, size_t{1} << 16);
-    FP4Q_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, size, cudaHostAllocPortable));
-    absl::MutexLock lock(&mu_);
-    sizes_[p] = size;
-    return p;
+    Buffer b;
+    b.size = std::max<size_t>(bytes, size_t{1} << 16);
+    FP4Q_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&b.data, b.size, cudaHostAllocPortable));
+    const cudaError_t e = cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+      cudaFreeHost(b.data);
+      return FP4Q_CUDA_STATUS(e);
+    }
+    return b;
   }
 
-  // Returns `p` to the pool once `s` has passed this point.
-  absl::Status ReleaseAfter(void* p, cudaStream_t s) {
-    auto* ticket = new std::pair<PinnedPool*, void*>(this, p);
-    const cudaError_t e = cudaLaunchHostFunc(s, &PinnedPool::OnStreamDone, ticket);
-    if (e == cudaSuccess) return absl::OkStatus();
-    delete ticket;
-    const cudaError_t sync = cudaStreamSynchronize(s);  // cannot defer it: wait, then return it
-    Return(p);
-    FP4Q_CUDA_RETURN_IF_ERROR(sync);
-    return FP4Q_CUDA_STATUS(e);
+  // Returns `b` to the pool, free once `s` has passed this point.
+  absl::Status ReleaseAfter(const Buffer& b, cudaStream_t s) {
+    const cudaError_t e = cudaEventRecord(b.done, s);
+    if (e != cudaSuccess) {
+      // Cannot mark it: wait for the stream, then it is free.
+      const cudaError_t sync = cudaStreamSynchronize(s);
+      if (sync == cudaSuccess) Return(b);
+      FP4Q_CUDA_RETURN_IF_ERROR(sync);
+      return FP4Q_CUDA_STATUS(e);
+    }
+    Return(b);
+    return absl::OkStatus();
   }
 
  private:
-  static void CUDART_CB OnStreamDone(void* arg) {  // no CUDA calls allowed here
-    auto* ticket = static_cast<std::pair<PinnedPool*, void*>*>(arg);
-    ticket->first->Return(ticket->second);
-    delete ticket;
-  }
-  void Return(void* p) {
+  void Return(const Buffer& b) {
     absl::MutexLock lock(&mu_);
-    free_.push_back({p, sizes_[p]});
+    free_.push_back(b);
   }
 
   absl::Mutex mu_;
-  std::vector<std::pair<void*, size_t>> free_ ABSL_GUARDED_BY(mu_);
-  std::map<void*, size_t> sizes_ ABSL_GUARDED_BY(mu_);
+  std::vector<Buffer> free_ ABSL_GUARDED_BY(mu_);
 };
 
 // Warp-units of an item (step_device.cuh's UnitsOf).
@@ -270,8 +282,9 @@ HostPlan BuildPlan(const std::vector<StepItem>& items) {
   return h;
 }
 
-StepKernelArgs ArgsFor(const Layout& l, uint8_t* ws, const Launch& launch) {
+StepKernelArgs ArgsFor(const Layout& l, uint8_t* ws, const Launch& launch, int prefetch_slots) {
   StepKernelArgs a;
+  a.prefetch_slots = prefetch_slots;
   a.header = reinterpret_cast<const step_ws::Header*>(ws);
   a.descs = reinterpret_cast<const ItemDesc*>(ws + l.descs);
   a.updates = reinterpret_cast<const step_ws::UpdateDesc*>(ws + l.updates);
@@ -319,18 +332,19 @@ absl::Status CudaBackend::StepCheckImpl(const std::vector<StepItem>& items, void
   auto* ws = static_cast<uint8_t*>(workspace);
   // The batch flag first: if a launch below fails, no stale "ok" of an earlier batch remains.
   FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(cudaMemsetAsync(ws, 0, sizeof(step_ws::Header), s)));
-  FP4Q_ASSIGN_OR_RETURN(void* pinned, PinnedPool::Get().Acquire(h.table.size()));
-  std::memcpy(pinned, h.table.data(), h.table.size());
+  PinnedPool& pool = PinnedPool::ForDevice(ordinal_);
+  FP4Q_ASSIGN_OR_RETURN(PinnedPool::Buffer pinned, pool.Acquire(h.table.size()));
+  std::memcpy(pinned.data, h.table.data(), h.table.size());
   const cudaError_t copy =
-      cudaMemcpyAsync(ws + l.descs, pinned, h.table.size(), cudaMemcpyHostToDevice, s);
-  FP4Q_RETURN_IF_ERROR(PinnedPool::Get().ReleaseAfter(pinned, s));
+      cudaMemcpyAsync(ws + l.descs, pinned.data, h.table.size(), cudaMemcpyHostToDevice, s);
+  FP4Q_RETURN_IF_ERROR(pool.ReleaseAfter(pinned, s));
   FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(copy));
   FP4Q_RETURN_IF_ERROR(
       FP4Q_CUDA_STATUS(cudaMemsetAsync(ws + l.idx_acc, 0xFF, l.ff_end - l.idx_acc, s)));
   FP4Q_RETURN_IF_ERROR(
       FP4Q_CUDA_STATUS(cudaMemsetAsync(ws + l.max_acc, 0, l.total - l.max_acc, s)));
   for (const Launch& launch : h.checks) {
-    const StepKernelArgs a = ArgsFor(l, ws, launch);
+    const StepKernelArgs a = ArgsFor(l, ws, launch, tuning_.step_prefetch_slots);
     if (launch.full) {
       FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchStepCheckFull(a, launch.opt, launch.st, s)));
     } else {
@@ -361,7 +375,7 @@ absl::Status CudaBackend::StepApplyImpl(const std::vector<StepItem>& items, void
   const Layout& l = h.layout;
   auto* ws = static_cast<uint8_t*>(workspace);
   for (const Launch& launch : h.applies) {
-    const StepKernelArgs a = ArgsFor(l, ws, launch);
+    const StepKernelArgs a = ArgsFor(l, ws, launch, tuning_.step_prefetch_slots);
     const bool sgd = launch.opt == step_ws::kOptSgdPlain || launch.opt == step_ws::kOptSgdMomentum;
     FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(
         sgd ? LaunchStepApplySgd(a, launch.opt, launch.st, launch.sr, launch.tile, s)

@@ -14,7 +14,7 @@ bool LanesCover(const RowPass& p) {
 
 }  // namespace
 
-RowKernel ChooseRowKernel(const RowPass& p, const RowKernelTuning& t) {
+RowKernel ChooseRowKernel(const RowPass& p, const KernelTuning& t) {
   if (t.rows_only || !LanesCover(p)) return RowKernel::kRows;
   if (p.residual && p.amax_only && p.guarded) return RowKernel::kLanesGuardedAmax;
   if (p.residual) return RowKernel::kLanesResidual;
@@ -22,7 +22,7 @@ RowKernel ChooseRowKernel(const RowPass& p, const RowKernelTuning& t) {
   return RowKernel::kLanesBlocks;
 }
 
-bool FusedAmaxFits(const RowPass& p, const RowKernelTuning& t) {
+bool FusedAmaxFits(const RowPass& p, const KernelTuning& t) {
   const RowKernel k = ChooseRowKernel(p, t);
   if (k != RowKernel::kLanesBlocks && k != RowKernel::kLanesBlocksFourCtas) return false;
   return !p.amax_only &&

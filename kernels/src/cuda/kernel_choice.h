@@ -11,7 +11,7 @@
 //   kLanesResidual      quantize_lanes.cu, a lane pair per block with the f32 residual (error
 //                       feedback, QDQ and Quantize).
 //   kLanesBlocks        quantize_lanes.cu, one block a lane (no residual), 3 CTAs per SM.
-//   kLanesBlocksFourCtas the same for bf16 input at 4 CTAs per SM (RowKernelTuning).
+//   kLanesBlocksFourCtas the same for bf16 input at 4 CTAs per SM (KernelTuning).
 // The lane kernels cover NVFP4 1x16 with map-to-6 scales, rows whose length is a multiple of
 // 64, no RHT with a residual, and fewer than 2^31 blocks.
 #ifndef FP4Q_KERNELS_SRC_CUDA_KERNEL_CHOICE_H_
@@ -23,11 +23,16 @@
 
 namespace fp4q::kernels::cuda {
 
-// Knobs of the choice (fp4qd --cuda_row_kernels, --cuda_bf16_block_ctas; fp4q_bench for A/B
-// measurements). The defaults are what the H200 measurements chose (bench/results/h200.md).
-struct RowKernelTuning {
+// Knobs of the CUDA backend's kernels (fp4qd --cuda_row_kernels, --cuda_bf16_block_ctas,
+// --cuda_step_prefetch; fp4q_bench for A/B measurements). The defaults are what the H200
+// measurements chose (bench/results/h200.md).
+inline constexpr int kMaxStepPrefetchSlots = 16;
+struct KernelTuning {
   bool rows_only = false;  // every pass takes kRows
   int bf16_block_ctas = 3;  // 3 or 4: CTAs per SM of the bf16 one-block-a-lane kernel
+  // Slots (256 elements each) ahead of the one it works on that a warp of the optimizer step's
+  // kernels asks L2 for, in [0, kMaxStepPrefetchSlots]; 0: no prefetch.
+  int step_prefetch_slots = 4;
 };
 
 // What the choice depends on, from the pass's RowParams.
@@ -45,14 +50,14 @@ struct RowPass {
 
 enum class RowKernel { kRows, kLanesGuardedAmax, kLanesResidual, kLanesBlocks, kLanesBlocksFourCtas };
 
-RowKernel ChooseRowKernel(const RowPass& p, const RowKernelTuning& t);
+RowKernel ChooseRowKernel(const RowPass& p, const KernelTuning& t);
 
 // Elements up to which the global amax and the quantization share one cooperative launch.
 inline constexpr uint64_t kFusedAmaxMaxElems = uint64_t{1} << 20;
 
 // Whether a pass that computes its own global amax can do it in that one launch: a
 // one-block-a-lane pass of at most kFusedAmaxMaxElems elements.
-bool FusedAmaxFits(const RowPass& p, const RowKernelTuning& t);
+bool FusedAmaxFits(const RowPass& p, const KernelTuning& t);
 
 const char* RowKernelName(RowKernel k);
 

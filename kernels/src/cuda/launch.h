@@ -67,7 +67,7 @@ struct RowParams {
   // Gate of a writing pass: when non-null the kernel returns at once unless *gate == 0 (the
   // outcome word of the FiniteGuard the guard kernel wrote).
   const int32_t* gate = nullptr;
-  RowKernelTuning tuning;  // the backend's (kernel_choice.h)
+  KernelTuning tuning;  // the backend's (kernel_choice.h)
 };
 
 // What kernel_choice.h decides a row pass's kernel from.

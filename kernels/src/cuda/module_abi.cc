@@ -9,6 +9,12 @@
 #include "cuda/cuda_backend.h"
 #include "fp4q/kernels/cuda_module.h"
 
+// The loader's defaults are the backend's.
+static_assert(fp4q::kernels::CudaBackendOptions{}.bf16_block_ctas ==
+              fp4q::kernels::cuda::KernelTuning{}.bf16_block_ctas);
+static_assert(fp4q::kernels::CudaBackendOptions{}.step_prefetch_slots ==
+              fp4q::kernels::cuda::KernelTuning{}.step_prefetch_slots);
+
 namespace {
 
 void WriteError(char* err, size_t err_len, const std::string& msg) {
@@ -40,10 +46,11 @@ __attribute__((visibility("default"))) int fp4q_cuda_device_count(char* err, siz
 __attribute__((visibility("default"))) fp4q::kernels::Backend* fp4q_cuda_create_backend(
     int ordinal, const fp4q_cuda_options* options, char* err, size_t err_len) {
   try {
-    fp4q::kernels::cuda::RowKernelTuning tuning;
+    fp4q::kernels::cuda::KernelTuning tuning;
     if (options != nullptr) {
       tuning.rows_only = options->rows_only != 0;
       tuning.bf16_block_ctas = options->bf16_block_ctas;
+      tuning.step_prefetch_slots = options->step_prefetch_slots;
     }
     auto backend = fp4q::kernels::cuda::CudaBackend::Create(ordinal, tuning);
     if (!backend.ok()) {

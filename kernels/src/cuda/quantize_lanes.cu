@@ -21,7 +21,7 @@
 // element index / 8); a granule of 16 is two.
 //
 // Which of these kernels runs a pass (or quantize_rows.cu instead) is kernel_choice.h's
-// decision, tuned by the backend's RowKernelTuning.
+// decision, tuned by the backend's KernelTuning.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -300,12 +300,15 @@ FP4Q_D void ApplyHalf(const StepKernelArgs& a, const ApplyItem& c, const LaneHal
 
 // Warps own contiguous runs of slots (a slot: half a warp-unit, 256 elements; 16x16: one tile of
 // the unit's pair) so that a warp changes item rarely, and (SGD) each lane loads the next slot's
-// raw words before it computes the current one when both are in the same item.
+// raw words before it computes the current one when both are in the same item; every variant but
+// amsgrad asks L2 for the slot prefetch_slots ahead.
 template <int kOpt, int kSt, bool kSr, bool kTile>
 __global__ void __launch_bounds__(kThreads, 2) StepApplyKernel(const StepKernelArgs a) {
   if (a.header->checked != step_ws::kCheckedMagic || a.header->ok != 1) return;
   // AdamW's moments leave no registers for a second slot's words (it would spill).
   constexpr bool kPrefetch = !IsAdamW<kOpt>();
+  // amsgrad's third moment leaves no registers for the L2 prefetch's addresses either.
+  constexpr bool kL2Prefetch = !HasMm2<kOpt>();
   const int lane = threadIdx.x & 31;
   const int64_t gw = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) >> 5;
   const int64_t nw = (static_cast<int64_t>(gridDim.x) * kThreads) >> 5;
@@ -340,6 +343,15 @@ __global__ void __launch_bounds__(kThreads, 2) StepApplyKernel(const StepKernelA
     }
     ApplyHalf<kOpt, kSt, kSr, kTile>(a, c, b, cur, &acc);
     cur = nxt;
+    // The slot prefetch_slots ahead, when it is in the item and the run (issued after the slot's
+    // work, so that none of its values is live across it).
+    const int64_t t = s + a.prefetch_slots;
+    if (kL2Prefetch && a.prefetch_slots > 0 && t < s_end && (t >> 1) < a.list[e + 1].unit_begin) {
+      const LaneHalf bt = LocateHalf<kTile>(c.p, (t >> 1) - u0, static_cast<int>(t & 1), lane);
+      if (bt.valid) {
+        PrefetchSlot<kOpt, kSt>(c.g0, c.g0_dtype, c.p, c.m_dense, c.m_codes, true, bt.at);
+      }
+    }
   }
   if (item >= 0) FlushApply<kOpt>(a, item, acc);
 }

@@ -116,15 +116,59 @@ FP4Q_D void LoadCheckItem(const StepKernelArgs& a, int it, CheckItem* c) {
   }
 }
 
+// The raw words of rank 0's update in a lane's slot, loaded before their use so that several
+// slots' loads are in flight at once.
+struct CheckRaw {
+  uint4 g[2];  // 8 bf16 (g[0]) or f32 (PairLoadF32Raw's words)
+};
+
+FP4Q_D void LoadCheckRaw(const CheckItem& c, const LaneHalf& b, CheckRaw* w) {
+  if (!b.valid) return;
+  if (c.g0_dtype == kF32) {
+    float4 x, y;
+    PairLoadF32Raw(static_cast<const float*>(c.g0), b.at, b.h, &x, &y);
+    w->g[0] = make_uint4(__float_as_uint(x.x), __float_as_uint(x.y), __float_as_uint(x.z),
+                         __float_as_uint(x.w));
+    w->g[1] = make_uint4(__float_as_uint(y.x), __float_as_uint(y.y), __float_as_uint(y.z),
+                         __float_as_uint(y.w));
+  } else {
+    w->g[0] = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(c.g0) + b.at);
+  }
+}
+
+// Rank 0's eight values from the raw words.
+FP4Q_D void Rank0Values(unsigned mask, const CheckItem& c, const LaneHalf& b, const CheckRaw& w,
+                        float* g) {
+  if (c.g0_dtype == kF32) {
+    const float4 x = make_float4(__uint_as_float(w.g[0].x), __uint_as_float(w.g[0].y),
+                                 __uint_as_float(w.g[0].z), __uint_as_float(w.g[0].w));
+    const float4 y = make_float4(__uint_as_float(w.g[1].x), __uint_as_float(w.g[1].y),
+                                 __uint_as_float(w.g[1].z), __uint_as_float(w.g[1].w));
+    PairSwapF32(mask, b.h, x, y, g);
+  } else {
+    const uint32_t u[4] = {w.g[0].x, w.g[0].y, w.g[0].z, w.g[0].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      g[2 * j] = Bf16Lo(u[j]);
+      g[2 * j + 1] = Bf16Hi(u[j]);
+    }
+  }
+}
+
 // One slot (eight elements a lane, step_device.cuh's LocateHalf; a check always sees the
-// flattened tensor). Every lane of the warp calls it (the rank flushes are warp-wide).
+// flattened tensor), from rank 0's raw words when `loaded` holds them (else it loads them). Every lane of the warp calls it (the rank flushes are
+// warp-wide).
 template <bool kCurrent, int kOpt, int kSt>
 FP4Q_D void CheckHalf(const StepKernelArgs& a, const CheckItem& c, const LaneHalf& b,
-                      CheckAcc* acc) {
+                      const CheckRaw* loaded, CheckAcc* acc) {
   const unsigned mask = __ballot_sync(kFull, b.valid);  // pairs are valid together
   float g[8];
   if (b.valid) {
-    PairLoad8(mask, c.g0, c.g0_dtype, b.at, b.h, g);
+    if (loaded != nullptr) {
+      Rank0Values(mask, c, b, *loaded, g);
+    } else {
+      PairLoad8(mask, c.g0, c.g0_dtype, b.at, b.h, g);
+    }
     acc->fp0 += FingerprintPart8(g, c.g0_dtype, b.at);
     if (!c.check_only) {
 #pragma unroll
@@ -202,9 +246,22 @@ FP4Q_D void CheckHalf(const StepKernelArgs& a, const CheckItem& c, const LaneHal
   }
 }
 
-// Warps own contiguous runs of slots, as the apply does.
+// Slots a warp loads before it checks them: the updates-only check keeps 16 bytes a slot, so four
+// slots' loads fly at once; the current-scaling check has no registers left for a second slot
+// (SGD's relies on the L2 prefetch, StepKernelArgs::prefetch_slots).
+template <bool kCurrent>
+constexpr int CheckBatch() {
+  return kCurrent ? 1 : 4;
+}
+
+// Warps own contiguous runs of slots, as the apply does; within an item they take kBatch slots at
+// a time, loading all their raw words before checking any.
 template <bool kCurrent, int kOpt, int kSt>
 __global__ void __launch_bounds__(kThreads, 2) StepCheckKernel(const StepKernelArgs a) {
+  constexpr int kBatch = CheckBatch<kCurrent>();
+  // AdamW's check, and momentum's with NVFP4 state, have no registers left for the prefetch's
+  // addresses (they would spill).
+  constexpr bool kPrefetch = !IsAdamW<kOpt>() && !(HasM1<kOpt>() && kSt == step_ws::kStNvfp4);
   const int lane = threadIdx.x & 31;
   const int64_t gw = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) >> 5;
   const int64_t nw = (static_cast<int64_t>(gridDim.x) * kThreads) >> 5;
@@ -217,9 +274,8 @@ __global__ void __launch_bounds__(kThreads, 2) StepCheckKernel(const StepKernelA
   CheckItem c;
   CheckAcc acc;
   acc.Reset();
-  for (; s < s_end; ++s) {
-    const int64_t u = s >> 1;
-    e = Advance(a.list, a.n_entries, e, u);
+  while (s < s_end) {
+    e = Advance(a.list, a.n_entries, e, s >> 1);
     const int it = a.list[e].item;
     if (it != item) {
       if (item >= 0) FlushCheck(a, item, c.first_update, c.check_only, acc, kCurrent);
@@ -227,9 +283,38 @@ __global__ void __launch_bounds__(kThreads, 2) StepCheckKernel(const StepKernelA
       item = it;
       LoadCheckItem<kCurrent, kSt>(a, it, &c);
     }
-    const LaneHalf b =
-        LocateHalf<false>(c.p, u - a.list[e].unit_begin, static_cast<int>(s & 1), lane);
-    CheckHalf<kCurrent, kOpt, kSt>(a, c, b, &acc);
+    const int64_t u0 = a.list[e].unit_begin;
+    int64_t run_end = s_end;  // of the warp's run in this item (batches and prefetches)
+    if constexpr (kBatch > 1 || kPrefetch) {
+      const int64_t item_end = 2 * a.list[e + 1].unit_begin;  // the next entry, or the sentinel
+      run_end = item_end < s_end ? item_end : s_end;
+    }
+    const int n = kBatch > 1 && run_end - s >= kBatch ? kBatch : 1;
+    if (n > 1) {
+      LaneHalf b[kBatch];
+      CheckRaw w[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int64_t sj = s + j;
+        b[j] = LocateHalf<false>(c.p, (sj >> 1) - u0, static_cast<int>(sj & 1), lane);
+        LoadCheckRaw(c, b[j], &w[j]);
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) CheckHalf<kCurrent, kOpt, kSt>(a, c, b[j], &w[j], &acc);
+      s += kBatch;
+    } else {
+      const LaneHalf b = LocateHalf<false>(c.p, (s >> 1) - u0, static_cast<int>(s & 1), lane);
+      CheckHalf<kCurrent, kOpt, kSt>(a, c, b, nullptr, &acc);
+      ++s;
+    }
+    // The slots prefetch_slots after the ones just checked, when they are in the item and the run
+    // (issued after the check, so that none of its values is live across the prefetches).
+    for (int j = 0; kPrefetch && j < n && a.prefetch_slots > 0; ++j) {
+      const int64_t t = s - n + j + a.prefetch_slots;
+      if (t >= run_end) break;
+      const LaneHalf bt = LocateHalf<false>(c.p, (t >> 1) - u0, static_cast<int>(t & 1), lane);
+      PrefetchSlot<kOpt, kSt>(c.g0, c.g0_dtype, c.p, c.m_dense, c.m_codes, kCurrent, bt.at);
+    }
   }
   if (item >= 0) FlushCheck(a, item, c.first_update, c.check_only, acc, kCurrent);
 }

@@ -374,6 +374,32 @@ FP4Q_D LaneHalf LocateHalf(const HalfItem& p, int64_t unit, int sp, int lane) {
   return b;
 }
 
+// Asks L2 for the line holding `p`, holding no register and waiting for nothing: how the step
+// kernels keep the slots ahead of a warp in flight (StepKernelArgs::prefetch_slots).
+FP4Q_D void PrefetchL2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// The L2 prefetch of what a step kernel reads for the lane's eight elements at `at` (in an item of
+// `blocks` blocks: nothing past its end): rank 0's update of dtype `g_dtype`, and with `weight`
+// the weight's codes, the residual, and the moments the optimizer kOpt keeps in state dtype kSt.
+template <int kOpt, int kSt>
+FP4Q_D void PrefetchSlot(const void* g0, int g_dtype, const HalfItem& p, void* const* m_dense,
+                         uint8_t* const* m_codes, bool weight, int64_t at) {
+  if ((at >> 4) >= p.blocks) return;
+  PrefetchL2(static_cast<const char*>(g0) + at * (g_dtype == kF32 ? 4 : 2));
+  if (!weight) return;
+  PrefetchL2(p.codes + (at >> 1));
+  if (p.residual != nullptr) PrefetchL2(p.residual + at);
+  constexpr int kMoments = HasMm2<kOpt>() ? 3 : IsAdamW<kOpt>() ? 2 : HasM1<kOpt>() ? 1 : 0;
+#pragma unroll
+  for (int j = 0; j < kMoments; ++j) {
+    if constexpr (kSt == step_ws::kStNvfp4) {
+      PrefetchL2(m_codes[j] + (at >> 1));
+    } else {
+      PrefetchL2(static_cast<const char*>(m_dense[j]) + at * (kSt == step_ws::kStF32 ? 4 : 2));
+    }
+  }
+}
+
 // Warp-units of an item under a mapping (host and device agree: cuda_step.cc uses it).
 FP4Q_HD int64_t UnitsOf(int64_t rows, int64_t cols, bool tile) {
   if (tile) return (rows >> 4) * (((cols >> 4) + 1) >> 1);

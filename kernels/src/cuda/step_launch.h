@@ -30,6 +30,9 @@ struct StepKernelArgs {
   uint64_t* upd_idx_acc = nullptr;  // [update][kAccCopies]
   uint32_t* max_acc = nullptr;      // [item][kMaxSlots][kAccCopies]
   uint64_t* fp_acc = nullptr;       // [update][kAccCopies]
+  // How many slots ahead of the one it works on a warp asks L2 for (0: none; the backend's
+  // tuning, kernel_choice.h's KernelTuning::step_prefetch_slots).
+  int32_t prefetch_slots = 0;
 };
 
 // The per-item decision after the check kernels (one CTA): reports, fingerprints, plans and the

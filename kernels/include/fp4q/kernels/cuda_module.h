@@ -18,12 +18,13 @@
 #include "fp4q/kernels/backend.h"
 
 // C ABI of the module. Bump FP4Q_CUDA_ABI_VERSION on any change of it or of Backend.
-#define FP4Q_CUDA_ABI_VERSION 4
+#define FP4Q_CUDA_ABI_VERSION 5
 extern "C" {
-// How a backend chooses its row-wise quantize kernels (kernels/src/cuda/kernel_choice.h).
+// How a backend tunes its kernels (kernels/src/cuda/kernel_choice.h).
 struct fp4q_cuda_options {
-  int rows_only;        // 1: every row-wise pass takes the general row kernel
-  int bf16_block_ctas;  // 3 or 4: CTAs per SM of the bf16 one-block-a-lane kernel
+  int rows_only;            // 1: every row-wise pass takes the general row kernel
+  int bf16_block_ctas;      // 3 or 4: CTAs per SM of the bf16 one-block-a-lane kernel
+  int step_prefetch_slots;  // 0..16: slots the optimizer step's warps ask L2 for ahead
 };
 // Returns FP4Q_CUDA_ABI_VERSION.
 int fp4q_cuda_abi_version(void);
@@ -36,10 +37,12 @@ fp4q::kernels::Backend* fp4q_cuda_create_backend(int ordinal, const fp4q_cuda_op
 
 namespace fp4q::kernels {
 
-// Tuning of a CUDA backend's kernel choices (fp4qd --cuda_row_kernels, --cuda_bf16_block_ctas).
+// Tuning of a CUDA backend's kernels (fp4qd --cuda_row_kernels, --cuda_bf16_block_ctas,
+// --cuda_step_prefetch); the defaults are kernel_choice.h's KernelTuning's.
 struct CudaBackendOptions {
   bool rows_only = false;
   int bf16_block_ctas = 3;
+  int step_prefetch_slots = 4;
 };
 
 class CudaModule {
