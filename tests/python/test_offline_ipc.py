@@ -164,6 +164,30 @@ class RegionCacheTest(unittest.TestCase):
                     self.cache.slice_for(FakeTensor(0x10000), "GPU-x")
         self.assertEqual((self.registered, self.cache.region_ids()), ([], []))
 
+    def test_identities_name_the_allocation_on_a_miss_and_on_a_hit(self):
+        seen = []
+        self.assertEqual(self.cache.slice_for(FakeTensor(0x10000), "GPU-x", seen), ("r1", 0))
+        self.assertEqual(self.cache.slice_for(FakeTensor(0x10100), "GPU-x", seen), ("r1", 0x100))
+        self.assertEqual(seen, [(0, 0x10000, 0x100000, 1), (0, 0x10000, 0x100000, 1)])
+        self.identity_works = False  # no buffer id: nothing to check again later
+        seen = []
+        self.cache.slice_for(FakeTensor(0x200000), "GPU-x", seen)
+        self.assertEqual(seen, [])
+
+    def test_the_generation_grows_whenever_a_region_leaves(self):
+        self.allocs[0x300000] = (0x1000, b"D" * 64, 4)
+        self.cache.slice_for(FakeTensor(0x10000), "GPU-x")
+        self.cache.slice_for(FakeTensor(0x200000), "GPU-x")
+        self.cache.slice_for(FakeTensor(0x10000), "GPU-x")
+        self.assertEqual(self.cache.generation, 0)  # registrations and hits remove nothing
+        self.cache.slice_for(FakeTensor(0x300000), "GPU-x")  # evicts r2
+        self.assertEqual(self.cache.generation, 1)
+        self.allocs[0x10000] = (0x100000, b"C" * 64, 9)  # freed and re-made: r1 is stale
+        self.cache.slice_for(FakeTensor(0x10000), "GPU-x")
+        self.assertEqual(self.cache.generation, 2)  # the stale r1 dropped
+        self.cache.clear()
+        self.assertEqual(self.cache.generation, 3)
+
     def test_uuid_spelling(self):
         raw = bytes(range(16))
         self.assertEqual(ipc.format_uuid(raw), "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f")
@@ -274,7 +298,7 @@ class TransferTest(unittest.TestCase):
         self.regions.cache.slice_for = self.slice_for
         self.misaligned = set()
 
-    def slice_for(self, tensor, uuid):
+    def slice_for(self, tensor, uuid, identities=None):
         self.slices.append((tensor, uuid))
         if id(tensor) in self.misaligned:
             raise ipc.NoIpc("offset 4 in its allocation is not a multiple of 16")

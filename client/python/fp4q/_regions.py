@@ -19,8 +19,14 @@ Contract
   current CUDA stream of every device involved (the ordering contract of fp4q.proto);
   after_reply() copies arena outputs to their tensors; release() frees the arena (always call
   it). `uses_regions`: the request names a region, so it cannot be resent as is in a new session.
+- Reuse (fp4q._requests' step plans): a Transfer whose every tensor went as a slice of its own
+  allocation (`direct`: nothing inline, copied, arena-held or allocated here) records those
+  allocations; plan(...) returns them with what else the request's validity rests on (the
+  server's ServerInfo, the cache's generation), plan_valid(plan) checks them again with one
+  driver call per allocation (the same buffer id at the same range: the same allocation, so
+  the same tensors' slices), and adopt(plan) makes a Transfer stand for the recorded one.
 - Ownership: a Transfer keeps the tensors it sent by IPC alive until release(); an arena is held
-  (its lock) by one request from its first slot to release().
+  (its lock) by one request from its first slot to release(). A plan holds no tensor.
 - Thread safety: Regions may be used from any number of threads (the cache and arenas lock);
   a Transfer belongs to one request on one thread.
 """
@@ -30,6 +36,7 @@ import threading
 import grpc
 import torch
 
+from fp4q import _cuda_driver
 from fp4q import ipc
 from fp4q import tensors
 from fp4q._messages import pb
@@ -164,6 +171,39 @@ class Regions:
             return None
         return self._arenas.get(str(torch.device(device)))
 
+    # ------------------------------------------------------------------ reuse
+
+    def plan_valid(self, plan):
+        """Whether the slices a Transfer recorded (Transfer.plan) still name the same
+        allocations, in regions this cache still holds."""
+        if self.mode == "never" or self._disabled:
+            return False
+        with self._lock:
+            info = self.info
+        if info is None or info is not plan.info or plan.generation != self.cache.generation:
+            return False
+        self._ensure_session()
+        for _index, start, range_size, buffer_id, ptr in plan.allocations:
+            try:
+                if _cuda_driver.allocation_identity(ptr) != (start, range_size, buffer_id):
+                    return False
+            except _cuda_driver.DriverError:
+                return False
+        return True
+
+
+class TransferPlan:
+    """What a direct Transfer's validity rests on (see the module docstring)."""
+
+    __slots__ = ("info", "generation", "allocations", "devices", "tensors")
+
+    def __init__(self, info, generation, allocations, devices, tensors):
+        self.info = info                # the ServerInfoReply the UUID spellings came from
+        self.generation = generation    # the region cache's, before the first slice
+        self.allocations = allocations  # ((index, start, range size, buffer id, a pointer), ...)
+        self.devices = devices          # the CUDA devices whose streams are synchronized
+        self.tensors = tensors          # how many tensors went by IPC
+
 
 class Transfer:
     """One request's tensors: see the module docstring."""
@@ -175,6 +215,9 @@ class Transfer:
         self._keep = []          # tensors that must outlive the request
         self._copy_back = []     # (arena view, destination tensor)
         self._arena = None
+        self.direct = True       # every tensor so far a slice of its own allocation
+        self._generation = regions.cache.generation
+        self._allocations = {}   # (index, start) -> (index, start, range size, buffer id, ptr)
 
     def _region_for(self, tensor):
         """(tensor holding the bytes, (region_id, offset)) for a CUDA tensor; raises ipc.NoIpc."""
@@ -190,8 +233,17 @@ class Transfer:
             if self._arena is arena:
                 view = arena.take(nbytes, tensor.dtype, tuple(tensor.shape))
                 if view is not None:
+                    self.direct = False
                     return view, regions.cache.slice_for(view, uuid)
-        return tensor, regions.cache.slice_for(tensor, uuid)
+        identities = []
+        slot = regions.cache.slice_for(tensor, uuid, identities)
+        if identities:
+            index, start, range_size, buffer_id = identities[0]
+            self._allocations.setdefault(
+                (index, start), (index, start, range_size, buffer_id, tensor.data_ptr()))
+        else:
+            self.direct = False
+        return tensor, slot
 
     def _note_ipc(self, tensor):
         self.uses_regions = True
@@ -212,6 +264,7 @@ class Transfer:
         msg.shape.extend(t.shape)
         slot = self.input_region(t)
         if slot is None:
+            self.direct = False
             msg.inline_data = tensors.tensor_bytes(t)
             self._regions.count("inline_tensors")
         else:
@@ -220,17 +273,22 @@ class Transfer:
     def input_region(self, t):
         """(region_id, offset) holding `t`'s bytes, or None to send it inline."""
         if not t.is_cuda or t.numel() == 0:
+            self.direct = False
             return None
         try:
             src = t.contiguous()
+            if src is not t:
+                self.direct = False
             try:
                 dest, slot = self._region_for(src)
             except ipc.NoIpc as e:
                 if "not a multiple" not in str(e):
                     raise
+                self.direct = False
                 src = src.clone()  # a fresh allocation is aligned
                 dest, slot = self._region_for(src)
         except ipc.NoIpc as e:
+            self.direct = False
             self._regions.refused(t.device, str(e))
             return None
         if dest is not src:
@@ -246,6 +304,7 @@ class Transfer:
         Returns a tensor the server will write through IPC (and points `target`, a
         fp4q.v1.OutputTarget, at it), or None for inline.
         """
+        self.direct = False  # a tensor allocated for this request
         device = torch.device(device)
         if device.type != "cuda":
             return None
@@ -262,6 +321,24 @@ class Transfer:
         self._note_ipc(dest)
         target.region.region_id, target.region.offset = slot
         return out
+
+    # ------------------------------------------------------------------ reuse
+
+    def plan(self):
+        """A TransferPlan of this request's slices when it was direct and used regions, else
+        None."""
+        if not (self.direct and self.uses_regions and self._allocations):
+            return None
+        with self._regions._lock:
+            info = self._regions.info
+        return TransferPlan(info, self._generation, tuple(self._allocations.values()),
+                            frozenset(self._devices), len(self._keep))
+
+    def adopt(self, plan):
+        """Stands for the Transfer `plan` was made from (its slices checked by plan_valid)."""
+        self.uses_regions = True
+        self._devices = set(plan.devices)
+        self._regions.count("ipc_tensors", plan.tensors)
 
     # ------------------------------------------------------------------ ordering
 

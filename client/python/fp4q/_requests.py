@@ -19,6 +19,11 @@ Contract
   update_weight, step, get_weight); fp4q.Client's methods of those names delegate here.
 - call(..., resend=False) sends the request once in the session it was built for: no resend
   in a new session and no rebuild (fp4q.optim's steps, which must notice a lost session).
+- step() keeps the items of its last few requests whose every tensor went as a slice of its own
+  allocation (StepPlans): the next step with the same tensors at the same addresses reuses them
+  (one driver call per allocation instead of a resolution per tensor, stat
+  "step_plans_reused"), and builds afresh when an allocation, the region cache, the session or
+  the server changed.
 - Outputs come back on the device of the request's main input (`device=` where there is none);
   before a request that uses regions is sent, the current CUDA stream of each device involved
   is synchronized; when a call returns, the server's writes are complete.
@@ -33,6 +38,7 @@ retries are the call path's; it goes over the fast socket when its request and r
 (fp4q._fast_frames.REPLY_BOUNDS holds each method's reply bound; else it goes by gRPC).
 """
 
+import collections
 import threading
 
 import grpc
@@ -54,6 +60,7 @@ class Requests:
         self._session_lost = session_lost
         self._regions = regions
         self._tls = threading.local()
+        self._step_plans = StepPlans()
 
     def call(self, rpc, build, resend=True):
         """Builds (request, planned) with a Transfer, sends it, returns (reply, planned)."""
@@ -174,12 +181,29 @@ class Requests:
                     "groups[%d]: expected fp4q.SgdHyperparameters or fp4q.AdamWHyperparameters, "
                     "got %s" % (g, type(h).__name__))
 
-        def build(tr):
-            req = pb.StepRequest(step=int(step), kind=opts.enum_value("kind", kind))
+        key = _step_plan_key(items)
+
+        def head(req):
+            req.step = int(step)
+            req.kind = opts.enum_value("kind", kind)
+            del req.groups[:]
             for h in groups:
                 h.fill(req.groups.add())
+            req.ClearField("replica")
             if replica is not None:
                 req.replica.group, req.replica.rank = replica[0], int(replica[1])
+
+        def build(tr):
+            memo = self._step_plans.get(key) if key is not None else None
+            if memo is not None and self._regions.plan_valid(memo[0]):
+                tr.adopt(memo[0])
+                self._regions.count("step_plans_reused")
+                req = pb.StepRequest()
+                req.CopyFrom(memo[1])
+                head(req)
+                return req, [it.dequantized_out for it in items]
+            req = pb.StepRequest()
+            head(req)
             planned = []
             for i, it in enumerate(items):
                 m = req.items.add(name=it.name, group=int(it.group),
@@ -193,6 +217,8 @@ class Requests:
                     if plan is None:
                         m.return_dequantized = True  # inline, then copied into `out`
                 planned.append(plan)
+            if key is not None:
+                self._step_plans.put(key, tr.plan(), req)
             return req, planned
 
         reply, planned = self.call("Step", build, resend=resend)
@@ -337,6 +363,59 @@ def quantized_from_reply(q, planned, which, device):
         global_amax=q.global_amax, s_enc=q.s_enc, format=opts.enum_name("format", q.format),
         block=opts.enum_name("block", q.block),
         scale_layout=opts.enum_name("scale_layout", q.scale_layout))
+
+
+class StepPlans:
+    """The items of the last few Step requests whose every tensor went by IPC as a slice of its
+    own allocation, keyed by _step_plan_key: a trainer sends the same parameters' gradients and
+    outputs at the same addresses step after step, so a step rebuilds only its head (step,
+    kind, groups, replica) and checks one driver call per allocation (Regions.plan_valid)
+    instead of resolving every tensor again. Holds no tensor. Thread-safe."""
+
+    SIZE = 4
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._plans = collections.OrderedDict()  # key -> (TransferPlan, StepRequest)
+
+    def get(self, key):
+        with self._lock:
+            memo = self._plans.get(key)
+            if memo is not None:
+                self._plans.move_to_end(key)
+            return memo
+
+    def put(self, key, plan, request):
+        with self._lock:
+            if plan is None:
+                self._plans.pop(key, None)
+                return
+            kept = pb.StepRequest()
+            kept.CopyFrom(request)
+            self._plans[key] = (plan, kept)
+            self._plans.move_to_end(key)
+            while len(self._plans) > self.SIZE:
+                self._plans.popitem(last=False)
+
+
+def _tensor_key(t):
+    return (t.data_ptr(), t.dtype, tuple(t.shape), t.device.index, t.is_contiguous())
+
+
+def _step_plan_key(items):
+    """What a Step's items are, as far as their request goes: names, groups and the CUDA
+    tensors' addresses, dtypes, shapes and devices; None when a tensor is not a CUDA one
+    (those travel inline: nothing to reuse)."""
+    key = []
+    for it in items:
+        u, out = it.update, it.dequantized_out
+        if not isinstance(u, torch.Tensor) or not u.is_cuda or u.requires_grad:
+            return None
+        if out is not None and (not isinstance(out, torch.Tensor) or not out.is_cuda):
+            return None
+        key.append((it.name, int(it.group), bool(it.return_dequantized), _tensor_key(u),
+                    None if out is None else _tensor_key(out)))
+    return tuple(key)
 
 
 def fill_operand(msg, q, tr, field, device):

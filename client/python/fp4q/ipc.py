@@ -90,18 +90,25 @@ class RegionCache:
         self._regions = collections.OrderedDict()  # (device index, base) -> _Region
         self.registrations = 0  # RegisterCudaRegion calls made
         self.hits = 0  # tensors served by the buffer-id check alone (no IPC handle export)
+        # Grows whenever a region leaves the cache (clear, stale, evicted): a slice handed out
+        # under an older generation may name a region that is gone.
+        self.generation = 0
 
     def clear(self):
         """Forgets every region (the session that held them is gone)."""
         with self._lock:
             self._regions.clear()
+            self.generation += 1
 
     def region_ids(self):
         with self._lock:
             return [r.region_id for r in self._regions.values()]
 
-    def slice_for(self, tensor, uuid):
-        """(region_id, offset) for a contiguous, 16-byte aligned CUDA tensor; NoIpc if not."""
+    def slice_for(self, tensor, uuid, identities=None):
+        """(region_id, offset) for a contiguous, 16-byte aligned CUDA tensor; NoIpc if not.
+        With a list `identities`, appends (device index, range start, range size, buffer id)
+        of the tensor's allocation when the driver names it by a buffer id (what
+        Regions.plan_valid checks again later)."""
         index = tensor.device.index
         if index is None:
             index = 0
@@ -122,6 +129,8 @@ class RegionCache:
                     offset = _aligned_offset(ptr - region.base)
                     self._regions.move_to_end(key)
                     self.hits += 1
+                    if identities is not None:
+                        identities.append((index, start, range_size, buffer_id))
                     return region.region_id, offset
         # Miss: export the allocation's handle. These driver calls act in the current context:
         # make it the tensor's device's (as the C++ client does), whichever device is current.
@@ -141,9 +150,12 @@ class RegionCache:
             if (region is not None and region.handle == handle and region.size == size
                     and region.base == base and (not buffer_id or region.buffer_id == buffer_id)):
                 self._regions.move_to_end(key)  # another thread registered it meanwhile
+                if identities is not None and buffer_id:
+                    identities.append((index, start, range_size, buffer_id))
                 return region.region_id, offset
             if region is not None:
                 stale.append(self._regions.pop(key))
+                self.generation += 1
         for old in stale:
             self._drop(old)
         region_id = self._register(handle, size, uuid)
@@ -153,8 +165,11 @@ class RegionCache:
             self._regions[key] = _Region(region_id, base, size, handle, buffer_id, range_size)
             while len(self._regions) > self._max:
                 evicted.append(self._regions.popitem(last=False)[1])
+                self.generation += 1
         for old in evicted:
             self._drop(old)
+        if identities is not None and buffer_id:
+            identities.append((index, start, range_size, buffer_id))
         return region_id, offset
 
     def _drop(self, region):

@@ -1,0 +1,213 @@
+"""Step plans (fp4q._requests.StepPlans, fp4q._regions' TransferPlan): a trainer's repeated Step
+reuses its items' request when every tensor is a slice of the same allocations, and builds it
+afresh when anything it rests on changed. The driver, the server and the CUDA tensors are fakes:
+no GPU, no server."""
+
+import collections
+import contextlib
+import unittest
+from unittest import mock
+
+import torch
+
+import fp4q
+from fp4q import _cuda_driver, _regions, _requests, ipc
+from fp4q._messages import pb
+
+
+class FakeCudaTensor(torch.Tensor):
+    """A torch tensor that says it is a contiguous CUDA tensor at `ptr` (its bytes are a CPU
+    tensor's: nothing here reads them)."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+    is_cuda = True
+
+    @staticmethod
+    def __new__(cls, ptr, shape=(32, 16), index=0):
+        t = torch.Tensor._make_subclass(cls, torch.zeros(shape, dtype=torch.bfloat16))
+        t.fake_ptr, t.fake_device = ptr, torch.device("cuda", index)
+        return t
+
+    @property
+    def device(self):
+        return self.fake_device
+
+    def data_ptr(self):
+        return self.fake_ptr
+
+
+GRADS, PARAMS = 0x100000, 0x800000  # the bases of two fake allocations
+
+
+class StepPlanTest(unittest.TestCase):
+
+    def setUp(self):
+        # base -> (size, IPC handle, buffer id)
+        self.allocs = {GRADS: (0x100000, b"G" * 64, 11), PARAMS: (0x100000, b"P" * 64, 12)}
+        self.driver_calls = collections.Counter()
+        self.sent = []
+        self.stats = collections.Counter()
+        self.info = pb.ServerInfoReply(backend="cuda", supported_modes=["cuda_ipc"],
+                                       gpus=[pb.GpuInfo(uuid="GPU-00AA")])
+
+        def find(ptr):
+            for base, (size, handle, buffer_id) in self.allocs.items():
+                if base <= ptr < base + size:
+                    return base, size, handle, buffer_id
+            raise _cuda_driver.DriverError("0x%x: CUDA_ERROR_INVALID_VALUE" % ptr)
+
+        def allocation_identity(ptr):
+            self.driver_calls["identity"] += 1
+            base, size, _, buffer_id = find(ptr)
+            return base, size, buffer_id
+
+        def address_range(ptr):
+            self.driver_calls["range"] += 1
+            return find(ptr)[:2]
+
+        def ipc_handle(base):
+            self.driver_calls["export"] += 1
+            return self.allocs[base][1]
+
+        patches = [mock.patch.object(_cuda_driver, "allocation_identity", allocation_identity),
+                   mock.patch.object(_cuda_driver, "address_range", address_range),
+                   mock.patch.object(_cuda_driver, "ipc_handle", ipc_handle),
+                   mock.patch.object(ipc, "_current_device", lambda i: contextlib.nullcontext()),
+                   mock.patch.object(ipc, "device_uuid", return_value="gpu-00aa"),
+                   mock.patch.object(torch.cuda, "current_stream")]
+        for p in patches:
+            p.start()
+            self.addCleanup(p.stop)
+
+        registered = []
+
+        def server(rpc, request, resend=False):
+            if rpc == "ServerInfo":
+                return self.info
+            if rpc == "RegisterCudaRegion":
+                registered.append(request.ipc_handle)
+                return pb.RegisterCudaRegionReply(region_id="region-%d" % len(registered))
+            if rpc == "UnregisterCudaRegion":
+                return pb.UnregisterCudaRegionReply()
+            self.assertEqual(rpc, "Step")
+            copy = pb.StepRequest()
+            copy.CopyFrom(request)
+            self.sent.append(copy)
+            return pb.StepReply(items=[pb.StepItemResult(name=it.name, applied=True,
+                                                         last_step=request.step)
+                                       for it in request.items])
+
+        self.regions = _regions.Regions(
+            "auto", 8, send=lambda rpc, req: server(rpc, req), ensure_session=lambda: "s",
+            count=lambda k, n=1: self.stats.update({k: n}), reasons={})
+        self.requests = _requests.Requests(server, lambda: False, self.regions)
+        # Three weights: gradients in one allocation, the parameters (DQ outputs) in another.
+        self.grads = [FakeCudaTensor(GRADS + 0x1000 * i) for i in range(3)]
+        self.params = [FakeCudaTensor(PARAMS + 0x1000 * i) for i in range(3)]
+
+    def items(self, grads=None, params=None):
+        grads, params = grads or self.grads, params or self.params
+        return [fp4q.StepItem(name="w%d" % i, update=g, dequantized_out=p)
+                for i, (g, p) in enumerate(zip(grads, params))]
+
+    def step(self, n, lr=0.1, items=None):
+        return self.requests.step(n, items or self.items(), [fp4q.SgdHyperparameters(lr=lr)],
+                                  "gradient", None, False)
+
+    def test_a_repeated_step_reuses_its_items_with_one_driver_call_per_allocation(self):
+        self.step(1)
+        first = dict(self.driver_calls)
+        self.assertEqual(first["export"], 2)  # one registration per allocation
+        self.driver_calls.clear()
+        result = self.step(2, lr=0.05)
+        self.assertEqual(dict(self.driver_calls), {"identity": 2})  # not one per tensor (6)
+        self.assertEqual(self.stats["step_plans_reused"], 1)
+        self.assertEqual([r.last_step for r in result.items], [2, 2, 2])
+        a, b = self.sent
+        # The same items (regions and offsets); the head is the new step's.
+        self.assertEqual(list(a.items), list(b.items))
+        self.assertEqual((a.step, b.step), (1, 2))
+        self.assertAlmostEqual(b.groups[0].lr, 0.05)
+        self.assertEqual(len(b.groups), 1)
+        self.assertEqual([it.update.region.offset for it in b.items], [0, 0x1000, 0x2000])
+        self.assertEqual({it.update.region.region_id for it in b.items}, {"region-1"})
+        self.assertEqual({it.dequantized_out.region.region_id for it in b.items}, {"region-2"})
+        self.assertEqual(self.stats["ipc_tensors"], 12)  # counted on both paths
+
+    def test_a_moved_tensor_builds_the_step_afresh(self):
+        self.step(1)
+        grads = list(self.grads)
+        grads[1] = FakeCudaTensor(GRADS + 0x8000)
+        self.step(2, items=self.items(grads=grads))
+        self.assertEqual(self.stats["step_plans_reused"], 0)
+        self.assertEqual(self.sent[1].items[1].update.region.offset, 0x8000)
+
+    def test_a_reallocated_allocation_is_not_trusted(self):
+        self.step(1)
+        self.allocs[GRADS] = (0x100000, b"H" * 64, 99)  # freed and made again at the same base
+        self.step(2)
+        self.assertEqual(self.stats["step_plans_reused"], 0)
+        # Exported and registered again: the new allocation's region.
+        self.assertEqual({it.update.region.region_id for it in self.sent[1].items}, {"region-3"})
+        # That step's Transfer saw a region leave (the stale one): its plan is not trusted
+        # either; the next one is.
+        self.step(3)
+        self.assertEqual(self.stats["step_plans_reused"], 0)
+        self.step(4)
+        self.assertEqual(self.stats["step_plans_reused"], 1)
+
+    def test_a_lost_session_or_a_restarted_server_builds_the_step_afresh(self):
+        self.step(1)
+        self.regions.clear()  # the session that held the regions is gone
+        self.step(2)
+        self.assertEqual(self.stats["step_plans_reused"], 0)
+        self.regions.forget_server_info()  # the server restarted
+        self.step(3)
+        self.assertEqual(self.stats["step_plans_reused"], 0)
+        self.step(4)
+        self.assertEqual(self.stats["step_plans_reused"], 1)
+
+    def test_a_driver_failure_or_disabled_ipc_builds_the_step_afresh(self):
+        self.step(1)
+        with mock.patch.object(_cuda_driver, "allocation_identity",
+                               side_effect=_cuda_driver.DriverError("CUDA_ERROR_DEINITIALIZED")):
+            plan = self.requests._step_plans.get(_requests._step_plan_key(self.items()))[0]
+            self.assertFalse(self.regions.plan_valid(plan))
+        self.regions.mode = "never"
+        self.assertFalse(self.regions.plan_valid(plan))
+        self.regions.mode = "auto"
+        self.assertTrue(self.regions.plan_valid(plan))
+
+    def test_requests_that_are_not_all_direct_slices_are_not_kept(self):
+        cpu = [fp4q.StepItem(name="w0", update=torch.ones(32, 16))]
+        self.assertIsNone(_requests._step_plan_key(cpu))
+        # An output allocated for the request (return_dequantized into a new tensor, no target)
+        # is direct; a missing DQ target on a CUDA update keeps the plan too.
+        tr = self.regions.transfer()
+        self.assertIsNone(tr.plan())  # nothing sent yet
+        tr.input(pb.Tensor(), self.grads[0], "update")
+        plan = tr.plan()
+        self.assertEqual(plan.allocations, ((0, GRADS, 0x100000, 11, GRADS),))
+        self.assertEqual(plan.tensors, 1)
+        tr.output(pb.OutputTarget(), (2, 16), torch.bfloat16, torch.device("cpu"))
+        self.assertIsNone(tr.plan())  # an output planned here: a new tensor each time
+        tr.release()
+        tr = self.regions.transfer()
+        tr.input(pb.Tensor(), torch.ones(2), "update")  # inline bytes
+        self.assertIsNone(tr.plan())
+        tr.release()
+
+    def test_only_the_last_few_plans_are_kept_and_none_holds_a_tensor(self):
+        for k in range(_requests.StepPlans.SIZE + 2):
+            grads = [FakeCudaTensor(GRADS + 0x10000 * k + 0x1000 * i) for i in range(3)]
+            self.step(k + 1, items=self.items(grads=grads))
+        plans = self.requests._step_plans._plans
+        self.assertEqual(len(plans), _requests.StepPlans.SIZE)
+        for plan, request in plans.values():
+            self.assertFalse(any(isinstance(v, FakeCudaTensor)
+                                 for a in plan.allocations for v in a))
+            self.assertIsInstance(request, pb.StepRequest)
+
+
+if __name__ == "__main__":
+    unittest.main()
