@@ -450,7 +450,8 @@ int Run(int argc, char** argv) {
   // read (2 B) under delayed scaling, and the weight and residual (6.5625 B) under current
   // scaling. AdamW (no EF) with bf16 moments 2 + 1.125 + 8 + 2, NVFP4 moments 2 + 1.125 +
   // 2.25 + 2 (the 8 bytes per tensor of records are left out).
-  if (want("step")) {
+  // --only selects the step rows by "step" or by (part of) a row's name.
+  if (want("step") || only.rfind("step ", 0) == 0) {
     // --step-prefetch-sweep: one more backend per value, timed on the same weights.
     std::vector<std::pair<int, std::unique_ptr<Backend>>> sweep;
     for (int v : prefetch_sweep) {
@@ -481,6 +482,7 @@ int Run(int argc, char** argv) {
     };
     const std::vector<std::pair<int64_t, int64_t>> big = {{8192, 8192}};
     for (const StepRow& sr : step_rows) {
+      if (!want(sr.name)) continue;
       for (int model = 0; model < 2; ++model) {
         const auto shapes = model == 0 ? Gpt2SmallShapes() : big;
         std::vector<std::unique_ptr<StepWeight>> ws;
