@@ -45,7 +45,7 @@ struct ServerOptions {
   std::string cuda_module;              // empty: CudaModule's search
   std::string cuda_row_kernels = "auto";  // "auto" or "rows" (kernel_choice.h)
   int cuda_bf16_block_ctas = 3;
-  int cuda_step_prefetch = 4;  // slots ahead the step kernels prefetch (0..16)
+  int cuda_step_prefetch = 2;  // slots ahead the step kernels prefetch (0..16)
   EngineOptions engine;
   bool ignore_corrupt_checkpoint = false;
   int64_t drain_timeout_s = 30;

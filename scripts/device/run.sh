@@ -23,7 +23,7 @@
 #              bit for bit with the CPU backend's results carried in the bundle
 #   step       the trainer's step: fp4q_bench --only step (kernels vs the copy ceiling, at the
 #              default L2 prefetch distance and at each of FP4Q_STEP_PREFETCH_SWEEP, default
-#              0,2,8), then
+#              0,4), then
 #              through fp4qd: fp4q bench-step (C++: GPT-2-small, Llama-3-8B-shaped, 8192x8192;
 #              SGD RTN+EF current/delayed, AdamW; fast socket and gRPC) and
 #              bench/trainer_step.py (Python fp4q.optim beside torch's SGD/AdamW and an
@@ -499,7 +499,7 @@ PY
 suite_step() {
   # The step rows at the default L2 prefetch distance, then again at each of the sweep's.
   run_step kernel-step 400 "$b/bin/fp4q_bench" --out "$work/fp4q_bench_step.json" \
-    --commit "${commit%% *}" --only step --step-prefetch-sweep "${FP4Q_STEP_PREFETCH_SWEEP:-0,2,8}"
+    --commit "${commit%% *}" --only step --step-prefetch-sweep "${FP4Q_STEP_PREFETCH_SWEEP:-0,4}"
   local copy
   copy=$(sed -n 's/^copy: .*: \([0-9.]*\) GB\/s$/\1/p' "$work/kernel-step.log" | head -n 1)
   detail copy "${copy:-?} GB/s"

@@ -32,7 +32,7 @@ struct KernelTuning {
   int bf16_block_ctas = 3;  // 3 or 4: CTAs per SM of the bf16 one-block-a-lane kernel
   // Slots (256 elements each) ahead of the one it works on that a warp of the optimizer step's
   // kernels asks L2 for, in [0, kMaxStepPrefetchSlots]; 0: no prefetch.
-  int step_prefetch_slots = 4;
+  int step_prefetch_slots = 2;
 };
 
 // What the choice depends on, from the pass's RowParams.

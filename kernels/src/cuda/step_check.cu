@@ -171,9 +171,20 @@ FP4Q_D void CheckHalf(const StepKernelArgs& a, const CheckItem& c, const LaneHal
     }
     acc->fp0 += FingerprintPart8(g, c.g0_dtype, b.at);
     if (!c.check_only) {
+      // The largest magnitude's bits and whether any is Inf or NaN, in integer operations; the
+      // first index only when one is (the rare, refused case).
+      uint32_t mag = 0;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        if (!Finite(g[i])) NoteBad(&acc->bad0, b.at + i);
+      for (int i = 0; i < 8; ++i) mag = max(mag, __float_as_uint(g[i]) & 0x7FFFFFFFu);
+      if (mag >= 0x7F800000u) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          if (!Finite(g[i])) NoteBad(&acc->bad0, b.at + i);
+        }
+      }
+      // One rank: g is its update, so that check covers g's and its max is g's.
+      if (c.n_updates == 1) {
+        acc->max[step_ws::kMaxG] = fmaxf(acc->max[step_ws::kMaxG], __uint_as_float(mag));
       }
     }
   }
@@ -198,13 +209,14 @@ FP4Q_D void CheckHalf(const StepKernelArgs& a, const CheckItem& c, const LaneHal
   }
   if (!b.valid || c.check_only) return;
   if (c.n_updates > 1) {
+    // The mean of several ranks can overflow where no rank does: checked on its own.
 #pragma unroll
     for (int i = 0; i < 8; ++i) g[i] = __fdiv_rn(g[i], c.s.kf);
-  }
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    acc->max[step_ws::kMaxG] = fmaxf(acc->max[step_ws::kMaxG], fabsf(g[i]));
-    if (!Finite(g[i])) NoteBad(&acc->bad[step_ws::kIdxG], b.at + i);
+    for (int i = 0; i < 8; ++i) {
+      acc->max[step_ws::kMaxG] = fmaxf(acc->max[step_ws::kMaxG], fabsf(g[i]));
+      if (!Finite(g[i])) NoteBad(&acc->bad[step_ws::kIdxG], b.at + i);
+    }
   }
   if constexpr (kCurrent) {
     float dq[8], r[8], m1[8], m2[8], mm2[8];
@@ -229,15 +241,25 @@ FP4Q_D void CheckHalf(const StepKernelArgs& a, const CheckItem& c, const LaneHal
       LoadMoment8<kSt>(mask, b.h, c.m_dense[2], c.m_codes[2], c.m_scales[2], c.m_sdec[2],
                        b.at, true, mm2);
     }
+    // Whether any result is Inf or NaN, as the largest magnitude's bits (integer operations);
+    // the per-element first indices only when one is.
+    uint32_t bad_mag = 0;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const Elem el = StepElement<kOpt>(c.s, g[i], dq[i], r[i], m1[i], m2[i], mm2[i]);
-      const int64_t idx = b.at + i;
-      if (HasM1<kOpt>() && !Finite(el.m1)) NoteBad(&acc->bad[step_ws::kIdxM1], idx);
-      if (IsAdamW<kOpt>() && (!Finite(el.v2) || (HasMm2<kOpt>() && !Finite(el.vm)))) {
-        NoteBad(&acc->bad[step_ws::kIdxM2], idx);
+      uint32_t m = max(__float_as_uint(el.x) & 0x7FFFFFFFu, __float_as_uint(el.v) & 0x7FFFFFFFu);
+      if (HasM1<kOpt>()) m = max(m, __float_as_uint(el.m1) & 0x7FFFFFFFu);
+      if (IsAdamW<kOpt>()) m = max(m, __float_as_uint(el.v2) & 0x7FFFFFFFu);
+      if (HasMm2<kOpt>()) m = max(m, __float_as_uint(el.vm) & 0x7FFFFFFFu);
+      bad_mag = max(bad_mag, m);
+      if (bad_mag >= 0x7F800000u) {
+        const int64_t idx = b.at + i;
+        if (HasM1<kOpt>() && !Finite(el.m1)) NoteBad(&acc->bad[step_ws::kIdxM1], idx);
+        if (IsAdamW<kOpt>() && (!Finite(el.v2) || (HasMm2<kOpt>() && !Finite(el.vm)))) {
+          NoteBad(&acc->bad[step_ws::kIdxM2], idx);
+        }
+        if (!Finite(el.x) || !Finite(el.v)) NoteBad(&acc->bad[step_ws::kIdxW], idx);
       }
-      if (!Finite(el.x) || !Finite(el.v)) NoteBad(&acc->bad[step_ws::kIdxW], idx);
       acc->max[step_ws::kMaxV] = fmaxf(acc->max[step_ws::kMaxV], fabsf(el.v));
       acc->max[step_ws::kMaxM1] = fmaxf(acc->max[step_ws::kMaxM1], fabsf(el.m1));
       acc->max[step_ws::kMaxS2] = fmaxf(acc->max[step_ws::kMaxS2], __fsqrt_rn(el.v2));
@@ -248,7 +270,7 @@ FP4Q_D void CheckHalf(const StepKernelArgs& a, const CheckItem& c, const LaneHal
 
 // Slots a warp loads before it checks them: the updates-only check keeps 16 bytes a slot, so four
 // slots' loads fly at once; the current-scaling check has no registers left for a second slot
-// (SGD's relies on the L2 prefetch, StepKernelArgs::prefetch_slots).
+// (SGD's asks L2 for the slots ahead instead, StepKernelArgs::prefetch_slots).
 template <bool kCurrent>
 constexpr int CheckBatch() {
   return kCurrent ? 1 : 4;
@@ -256,12 +278,20 @@ constexpr int CheckBatch() {
 
 // Warps own contiguous runs of slots, as the apply does; within an item they take kBatch slots at
 // a time, loading all their raw words before checking any.
+// CTAs per SM each variant is compiled for: plain SGD's check fits the registers of three.
+template <bool kCurrent, int kOpt>
+constexpr int CheckMinCtas() {
+  return kCurrent && kOpt == step_ws::kOptSgdPlain ? 3 : 2;
+}
+
 template <bool kCurrent, int kOpt, int kSt>
-__global__ void __launch_bounds__(kThreads, 2) StepCheckKernel(const StepKernelArgs a) {
+__global__ void __launch_bounds__(kThreads, (CheckMinCtas<kCurrent, kOpt>())) StepCheckKernel(const StepKernelArgs a) {
   constexpr int kBatch = CheckBatch<kCurrent>();
-  // AdamW's check, and momentum's with NVFP4 state, have no registers left for the prefetch's
-  // addresses (they would spill).
-  constexpr bool kPrefetch = !IsAdamW<kOpt>() && !(HasM1<kOpt>() && kSt == step_ws::kStNvfp4);
+  // The L2 prefetch serves the current-scaling check of SGD: the updates-only check has its
+  // four slots in flight (the prefetch's instructions measured slower there), and AdamW's check
+  // and momentum's with NVFP4 state have no registers left for its addresses (they would spill).
+  constexpr bool kPrefetch =
+      kCurrent && !IsAdamW<kOpt>() && !(HasM1<kOpt>() && kSt == step_ws::kStNvfp4);
   const int lane = threadIdx.x & 31;
   const int64_t gw = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) >> 5;
   const int64_t nw = (static_cast<int64_t>(gridDim.x) * kThreads) >> 5;

@@ -42,7 +42,7 @@ namespace fp4q::kernels {
 struct CudaBackendOptions {
   bool rows_only = false;
   int bf16_block_ctas = 3;
-  int step_prefetch_slots = 4;
+  int step_prefetch_slots = 2;
 };
 
 class CudaModule {
