@@ -64,7 +64,7 @@ class StepMixin:
             field = "parameter %d ('%s')" % (s.index, s.name)
             if g.is_sparse:
                 raise ClientArgumentError("%s: sparse gradients are not supported" % field)
-            if tuple(g.shape) != tuple(p.shape):
+            if g.shape != p.shape:
                 raise ClientArgumentError("%s: gradient of shape %s for a parameter of shape %s"
                                           % (field, list(g.shape), list(p.shape)))
             if p.dtype != s.dtype:

@@ -398,23 +398,30 @@ class StepPlans:
                 self._plans.popitem(last=False)
 
 
-def _tensor_key(t):
-    return (t.data_ptr(), t.dtype, tuple(t.shape), t.device.index, t.is_contiguous())
-
-
 def _step_plan_key(items):
-    """What a Step's items are, as far as their request goes: names, groups and the CUDA
-    tensors' addresses, dtypes, shapes and devices; None when a tensor is not a CUDA one
-    (those travel inline: nothing to reuse)."""
+    """What a Step's items are, as far as their request goes, as one flat tuple: names, groups
+    and the CUDA tensors' addresses (unique over the process's GPUs: unified addressing, so
+    they name the device too), dtypes, shapes and contiguity; None when a tensor is not a CUDA
+    one (those travel inline: nothing to reuse)."""
     key = []
+    add = key.extend
+    tensor = torch.Tensor
     for it in items:
         u, out = it.update, it.dequantized_out
-        if not isinstance(u, torch.Tensor) or not u.is_cuda or u.requires_grad:
+        if type(u) is not tensor and not isinstance(u, tensor):
             return None
-        if out is not None and (not isinstance(out, torch.Tensor) or not out.is_cuda):
+        if not u.is_cuda or u.requires_grad:
             return None
-        key.append((it.name, int(it.group), bool(it.return_dequantized), _tensor_key(u),
-                    None if out is None else _tensor_key(out)))
+        add((it.name, it.group, it.return_dequantized, u.data_ptr(), u.dtype, u.shape,
+             u.is_contiguous()))
+        if out is None:
+            add((None, None, None, None))
+            continue
+        if type(out) is not tensor and not isinstance(out, tensor):
+            return None
+        if not out.is_cuda:
+            return None
+        add((out.data_ptr(), out.dtype, out.shape, out.is_contiguous()))
     return tuple(key)
 
 
