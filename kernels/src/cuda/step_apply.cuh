@@ -103,16 +103,7 @@ struct ApplyRaw {
 
 FP4Q_D void LoadApplyRaw(const ApplyItem& c, const LaneHalf& b, ApplyRaw* w) {
   if (!b.valid) return;
-  if (c.g0_dtype == kF32) {
-    float4 x, y;
-    PairLoadF32Raw(static_cast<const float*>(c.g0), b.at, b.h, &x, &y);
-    w->g[0] = make_uint4(__float_as_uint(x.x), __float_as_uint(x.y), __float_as_uint(x.z),
-                         __float_as_uint(x.w));
-    w->g[1] = make_uint4(__float_as_uint(y.x), __float_as_uint(y.y), __float_as_uint(y.z),
-                         __float_as_uint(y.w));
-  } else {
-    w->g[0] = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(c.g0) + b.at);
-  }
+  LoadUpdateRaw(c.g0, c.g0_dtype, b.at, b.h, w->g);
   w->codes = *reinterpret_cast<const uint32_t*>(c.p.codes + (b.at >> 1));
   w->scale = c.p.scales[b.scale_at];
   if (c.s.has_r) PairLoadF32Raw(c.p.residual, b.at, b.h, &w->r[0], &w->r[1]);
@@ -165,20 +156,7 @@ FP4Q_D void ApplyHalf(const StepKernelArgs& a, const ApplyItem& c, const LaneHal
   if (!b.valid) return;
   const bool skip_m1 = kOpt == step_ws::kOptSgdMomentum && c.s.t1;  // b = g at t == 1
   float v[8], dq[8], r[8];
-  if (c.g0_dtype == kF32) {
-    const float4 x = make_float4(__uint_as_float(w.g[0].x), __uint_as_float(w.g[0].y),
-                                 __uint_as_float(w.g[0].z), __uint_as_float(w.g[0].w));
-    const float4 y = make_float4(__uint_as_float(w.g[1].x), __uint_as_float(w.g[1].y),
-                                 __uint_as_float(w.g[1].z), __uint_as_float(w.g[1].w));
-    PairSwapF32(mask, b.h, x, y, v);
-  } else {
-    const uint32_t u[4] = {w.g[0].x, w.g[0].y, w.g[0].z, w.g[0].w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      v[2 * j] = Bf16Lo(u[j]);
-      v[2 * j + 1] = Bf16Hi(u[j]);
-    }
-  }
+  UpdateValues(mask, c.g0_dtype, b.h, w.g, v);
   for (int k = 1; k < c.n_updates; ++k) {
     const step_ws::UpdateDesc uk = a.updates[c.first_update + k];
     PairLoad8(mask, uk.data, uk.dtype, b.at, b.h, dq);

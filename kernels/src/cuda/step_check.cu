@@ -123,41 +123,12 @@ struct CheckRaw {
 };
 
 FP4Q_D void LoadCheckRaw(const CheckItem& c, const LaneHalf& b, CheckRaw* w) {
-  if (!b.valid) return;
-  if (c.g0_dtype == kF32) {
-    float4 x, y;
-    PairLoadF32Raw(static_cast<const float*>(c.g0), b.at, b.h, &x, &y);
-    w->g[0] = make_uint4(__float_as_uint(x.x), __float_as_uint(x.y), __float_as_uint(x.z),
-                         __float_as_uint(x.w));
-    w->g[1] = make_uint4(__float_as_uint(y.x), __float_as_uint(y.y), __float_as_uint(y.z),
-                         __float_as_uint(y.w));
-  } else {
-    w->g[0] = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(c.g0) + b.at);
-  }
-}
-
-// Rank 0's eight values from the raw words.
-FP4Q_D void Rank0Values(unsigned mask, const CheckItem& c, const LaneHalf& b, const CheckRaw& w,
-                        float* g) {
-  if (c.g0_dtype == kF32) {
-    const float4 x = make_float4(__uint_as_float(w.g[0].x), __uint_as_float(w.g[0].y),
-                                 __uint_as_float(w.g[0].z), __uint_as_float(w.g[0].w));
-    const float4 y = make_float4(__uint_as_float(w.g[1].x), __uint_as_float(w.g[1].y),
-                                 __uint_as_float(w.g[1].z), __uint_as_float(w.g[1].w));
-    PairSwapF32(mask, b.h, x, y, g);
-  } else {
-    const uint32_t u[4] = {w.g[0].x, w.g[0].y, w.g[0].z, w.g[0].w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      g[2 * j] = Bf16Lo(u[j]);
-      g[2 * j + 1] = Bf16Hi(u[j]);
-    }
-  }
+  if (b.valid) LoadUpdateRaw(c.g0, c.g0_dtype, b.at, b.h, w->g);
 }
 
 // One slot (eight elements a lane, step_device.cuh's LocateHalf; a check always sees the
-// flattened tensor), from rank 0's raw words when `loaded` holds them (else it loads them). Every lane of the warp calls it (the rank flushes are
-// warp-wide).
+// flattened tensor), from rank 0's raw words when `loaded` holds them (else it loads them).
+// Every lane of the warp calls it (the rank flushes are warp-wide).
 template <bool kCurrent, int kOpt, int kSt>
 FP4Q_D void CheckHalf(const StepKernelArgs& a, const CheckItem& c, const LaneHalf& b,
                       const CheckRaw* loaded, CheckAcc* acc) {
@@ -165,7 +136,7 @@ FP4Q_D void CheckHalf(const StepKernelArgs& a, const CheckItem& c, const LaneHal
   float g[8];
   if (b.valid) {
     if (loaded != nullptr) {
-      Rank0Values(mask, c, b, *loaded, g);
+      UpdateValues(mask, c.g0_dtype, b.h, loaded->g, g);
     } else {
       PairLoad8(mask, c.g0, c.g0_dtype, b.at, b.h, g);
     }

@@ -240,6 +240,39 @@ FP4Q_D void PairStore8(unsigned mask, void* p, int dtype, int64_t at, int h, con
   }
 }
 
+// The raw words of a dense update's eight elements at `at` under the apply's mapping, loaded
+// ahead of their use: 8 bf16 in g[0], or f32 as PairLoadF32Raw's two words.
+FP4Q_D void LoadUpdateRaw(const void* p, int dtype, int64_t at, int h, uint4* g) {
+  if (dtype == kF32) {
+    float4 x, y;
+    PairLoadF32Raw(static_cast<const float*>(p), at, h, &x, &y);
+    g[0] = make_uint4(__float_as_uint(x.x), __float_as_uint(x.y), __float_as_uint(x.z),
+                      __float_as_uint(x.w));
+    g[1] = make_uint4(__float_as_uint(y.x), __float_as_uint(y.y), __float_as_uint(y.z),
+                      __float_as_uint(y.w));
+  } else {
+    g[0] = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + at);
+  }
+}
+
+// The eight values of LoadUpdateRaw's words (`mask`: the valid lanes, for the f32 swap).
+FP4Q_D void UpdateValues(unsigned mask, int dtype, int h, const uint4* g, float* v) {
+  if (dtype == kF32) {
+    const float4 x = make_float4(__uint_as_float(g[0].x), __uint_as_float(g[0].y),
+                                 __uint_as_float(g[0].z), __uint_as_float(g[0].w));
+    const float4 y = make_float4(__uint_as_float(g[1].x), __uint_as_float(g[1].y),
+                                 __uint_as_float(g[1].z), __uint_as_float(g[1].w));
+    PairSwapF32(mask, h, x, y, v);
+  } else {
+    const uint32_t u[4] = {g[0].x, g[0].y, g[0].z, g[0].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[2 * j] = Bf16Lo(u[j]);
+      v[2 * j + 1] = Bf16Hi(u[j]);
+    }
+  }
+}
+
 // Sum over the 64-bit words w_j of elements base .. base + 7 of mix64(j * 0x9E3779B97F4A7C15 +
 // w_j) (NUMERICS 10.7): the little-endian words of the update's bytes, four bf16 elements
 // (j = base / 4 ..) or two f32 (j = base / 2 ..) each; `u` holds the loaded values (bf16
