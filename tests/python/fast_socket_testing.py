@@ -33,6 +33,19 @@ def start():
     return SERVER, FAST_PATH, GRPC, FAST
 
 
+def module_fixture(ns):
+    """(setUpModule, tearDownModule) for a test module whose globals are `ns`: they start() its
+    server and clients into ns's SERVER, FAST_PATH, GRPC (a client on gRPC only) and FAST (a
+    client whose tensor calls take the fast socket), and stop() them."""
+    names = ("SERVER", "FAST_PATH", "GRPC", "FAST")
+    ns.update(dict.fromkeys(names))
+
+    def set_up():
+        ns.update(zip(names, start()))
+
+    return set_up, stop
+
+
 def stop():
     FAST.close()
     GRPC.close()

@@ -22,15 +22,19 @@ _METRICS_RE = re.compile(r"^fp4qd: metrics on (\S+)$")
 
 
 def wait_serving(client, timeout_s=30):
-    """Until `client`'s health check answers SERVING (a restarted server, a new channel)."""
+    """Until `client`'s health check answers SERVING (a restarted server, a new channel). Only
+    UNAVAILABLE is waited out: gRPC's channel fails its first call after the server went away
+    ("Broken pipe"), fast socket or not; any other error is raised."""
+    import grpc  # noqa: PLC0415 - here, not at the top: fixtures that never wait need neither
+    import fp4q  # noqa: PLC0415
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             status = client.health()
             if status == "SERVING":
                 return
-        except Exception:  # noqa: BLE001 - UNAVAILABLE while it starts
-            if time.monotonic() > deadline:
+        except fp4q.Fp4qError as e:
+            if e.code != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                 raise
         else:
             if time.monotonic() > deadline:

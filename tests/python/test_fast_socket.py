@@ -14,19 +14,8 @@ import fast_socket_testing
 import fp4q
 from fast_socket_testing import Counting, randn
 
-SERVER = None
-FAST_PATH = None
-GRPC = None  # a client on gRPC only
-FAST = None  # a client whose tensor calls take the fast socket
-
-
-def setUpModule():
-    global SERVER, FAST_PATH, GRPC, FAST
-    SERVER, FAST_PATH, GRPC, FAST = fast_socket_testing.start()
-
-
-def tearDownModule():
-    fast_socket_testing.stop()
+# SERVER, FAST_PATH, GRPC (gRPC only) and FAST (the fast socket), set by setUpModule.
+setUpModule, tearDownModule = fast_socket_testing.module_fixture(globals())
 
 
 class ResultParityTest(Counting):

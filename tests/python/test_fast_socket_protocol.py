@@ -16,19 +16,8 @@ import fp4q_testing
 from fast_socket_testing import Counting, RawConnection, randn
 from fp4q._messages import pb
 
-SERVER = None
-FAST_PATH = None
-GRPC = None  # a client on gRPC only
-FAST = None  # a client whose tensor calls take the fast socket
-
-
-def setUpModule():
-    global SERVER, FAST_PATH, GRPC, FAST
-    SERVER, FAST_PATH, GRPC, FAST = fast_socket_testing.start()
-
-
-def tearDownModule():
-    fast_socket_testing.stop()
+# SERVER, FAST_PATH, GRPC (gRPC only) and FAST (the fast socket), set by setUpModule.
+setUpModule, tearDownModule = fast_socket_testing.module_fixture(globals())
 
 
 def fast_call(call_id, method, request=None, **kwargs):

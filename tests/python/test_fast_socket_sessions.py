@@ -4,7 +4,6 @@ server reached again."""
 
 import os
 import shutil
-import time
 import unittest
 
 import grpc
@@ -16,19 +15,8 @@ import fp4q_testing
 from fast_socket_testing import Counting, RawConnection, randn
 from fp4q._messages import METHODS, pb
 
-SERVER = None
-FAST_PATH = None
-GRPC = None  # a client on gRPC only
-FAST = None  # a client whose tensor calls take the fast socket
-
-
-def setUpModule():
-    global SERVER, FAST_PATH, GRPC, FAST
-    SERVER, FAST_PATH, GRPC, FAST = fast_socket_testing.start()
-
-
-def tearDownModule():
-    fast_socket_testing.stop()
+# SERVER, FAST_PATH, GRPC (gRPC only) and FAST (the fast socket), set by setUpModule.
+setUpModule, tearDownModule = fast_socket_testing.module_fixture(globals())
 
 
 def close_session_over_grpc(target, session_id):
@@ -193,18 +181,9 @@ class RestartTest(Counting):
                              (grpc.StatusCode.UNAVAILABLE, "Qdq"))
             self.assertIn("fast socket %s: " % fast, cm.exception.message)
             server = fp4q_testing.Server(*args)
-            # gRPC's channel fails its first call after the server went away (UNAVAILABLE,
-            # "Broken pipe"), fast socket or not: wait until it is up again. The health check
-            # carries no ReplyHeader, so the client does not learn of the restart here.
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    self.assertEqual(c.health(), "SERVING")
-                    break
-                except fp4q.Fp4qError as e:
-                    if e.code != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.1)
+            # The health check carries no ReplyHeader: the client does not learn of the
+            # restart from it.
+            fp4q_testing.wait_serving(c)
             before = self.snapshot(c)
             # The old session died with the server: hello NOT_FOUND, a new session, sent once.
             self.assertSameTensor(c.qdq(x), expected)
