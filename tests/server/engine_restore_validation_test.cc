@@ -69,13 +69,11 @@ class EngineRestoreValidationTest : public ::testing::Test {
     ::rmdir(dir_.c_str());
   }
   std::unique_ptr<Engine> MakeEngine() {
-    std::vector<std::unique_ptr<kernels::Backend>> b;
-    b.push_back(kernels::CreateCpuBackend());
     EngineOptions o;
     o.state_budget_bytes = uint64_t{1} << 30;
     o.cpu_workers = 2;
     o.state_dir = dir_;
-    auto e = Engine::Create(DeviceSet::FromBackends(std::move(b), true), o, nullptr, nullptr);
+    auto e = ::fp4q::server::testing::CpuEngine(o);
     EXPECT_TRUE(e.ok()) << e.status();
     return std::move(*e);
   }

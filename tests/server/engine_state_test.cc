@@ -46,13 +46,11 @@ class EngineStateTest : public ::testing::Test {
     ::rmdir(dir_.c_str());
   }
   std::unique_ptr<Engine> MakeEngine(uint64_t budget) {
-    std::vector<std::unique_ptr<kernels::Backend>> b;
-    b.push_back(kernels::CreateCpuBackend());
     EngineOptions o;
     o.state_budget_bytes = budget;
     o.cpu_workers = 2;
     o.state_dir = dir_;
-    auto e = Engine::Create(DeviceSet::FromBackends(std::move(b), true), o, nullptr, nullptr);
+    auto e = ::fp4q::server::testing::CpuEngine(o);
     EXPECT_TRUE(e.ok()) << e.status();
     return std::move(*e);
   }

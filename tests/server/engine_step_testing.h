@@ -51,13 +51,11 @@ class EngineStepTest : public ::testing::Test {
   void SetUp() override { engine_ = MakeEngine(uint64_t{1} << 30); }
 
   std::unique_ptr<Engine> MakeEngine(uint64_t budget, int max_items = 4096) {
-    std::vector<std::unique_ptr<kernels::Backend>> b;
-    b.push_back(kernels::CreateCpuBackend());
     EngineOptions o;
     o.state_budget_bytes = budget;
     o.cpu_workers = 2;
     o.max_step_items = max_items;
-    auto e = Engine::Create(DeviceSet::FromBackends(std::move(b), true), o, nullptr, nullptr);
+    auto e = ::fp4q::server::testing::CpuEngine(o);
     EXPECT_TRUE(e.ok()) << e.status();
     return std::move(*e);
   }

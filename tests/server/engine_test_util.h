@@ -145,6 +145,13 @@ class FakeIpcBackend final : public kernels::Backend {
   std::atomic<bool> poisoned_{false};
 };
 
+// An engine on one CPU backend with options `o`.
+inline absl::StatusOr<std::unique_ptr<Engine>> CpuEngine(const EngineOptions& o) {
+  std::vector<std::unique_ptr<kernels::Backend>> b;
+  b.push_back(kernels::CreateCpuBackend());
+  return Engine::Create(DeviceSet::FromBackends(std::move(b), true), o, nullptr, nullptr);
+}
+
 // Calls an asynchronous engine method and waits for its completion.
 template <typename T, typename F>
 absl::StatusOr<T> Await(F start) {
