@@ -3,7 +3,6 @@
 // ops_step.cc; replica groups are engine_groups.cc.
 #include <algorithm>
 #include <map>
-#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -38,11 +37,21 @@ absl::Status CheckStepShape(const StepRequest& req, int max_items) {
   for (size_t g = 0; g < req.groups.size(); ++g) {
     FP4Q_RETURN_IF_ERROR(CheckStepHyper(req.groups[g], absl::StrCat("groups[", g, "]")));
   }
-  std::set<absl::string_view> seen;
+  // The first item whose name repeats an earlier item's (sorted, not a set: no allocation per name).
+  std::vector<std::pair<absl::string_view, size_t>> names;
+  names.reserve(req.items.size());
+  for (size_t i = 0; i < req.items.size(); ++i) names.emplace_back(req.items[i].name, i);
+  std::sort(names.begin(), names.end());
+  size_t twice = req.items.size();
+  for (size_t k = 1; k < names.size(); ++k) {
+    if (names[k].first == names[k - 1].first) twice = std::min(twice, names[k].second);
+  }
+  const FieldPath items("items");
   for (size_t i = 0; i < req.items.size(); ++i) {
     const StepItemIn& it = req.items[i];
-    FP4Q_RETURN_IF_ERROR(CheckName(it.name, absl::StrCat("items[", i, "].name")));
-    if (!seen.insert(it.name).second) {
+    const FieldPath item = items.Index(i);
+    FP4Q_RETURN_IF_ERROR(CheckName(it.name, item.Member("name")));
+    if (i == twice) {
       return absl::InvalidArgumentError(absl::StrCat(
           "items[", i, "].name: ", Quote(it.name), " appears twice in one step"));
     }
@@ -102,7 +111,9 @@ void Engine::StartStep(std::shared_ptr<StepJob> job) {
   // The weights.
   job->entries.resize(first.items.size());
   for (size_t i = 0; i < first.items.size(); ++i) {
-    std::shared_ptr<StateEntry> e = store_->Find(QualifiedName(job->ns, first.items[i].name));
+    const absl::string_view name = first.items[i].name;
+    std::shared_ptr<StateEntry> e =
+        job->ns.empty() ? store_->Find(name) : store_->Find(QualifiedName(job->ns, name));
     if (e == nullptr || !e->live.load()) {
       return refuse(absl::NotFoundError(absl::StrCat(
           job->update_weight ? "name" : absl::StrCat("items[", i, "].name"), ": no weight ",
@@ -117,33 +128,37 @@ void Engine::StartStep(std::shared_ptr<StepJob> job) {
   }
   // Every rank's regions, pinned under its own session, on the device of the weight they feed.
   for (StepJob::Rank& r : job->ranks) {
+    const std::string prefix =
+        job->ranks.size() > 1 ? absl::StrCat("rank ", r.rank, "'s ") : std::string();
     for (size_t i = 0; i < r.req->items.size(); ++i) {
       const StepItemIn& it = r.req->items[i];
       Device* d = job->entries[i]->device;
-      const std::string prefix =
-          job->ranks.size() > 1 ? absl::StrCat("rank ", r.rank, "'s ") : std::string();
-      const std::string item = job->update_weight ? "" : absl::StrCat("items[", i, "].");
-      std::vector<std::pair<std::string, std::string>> uses;
-      if (it.update.data.source == Source::kRegion) {
-        uses.emplace_back(it.update.data.region.region_id,
-                          absl::StrCat(item, "update.region"));
-      }
-      if (it.dequantized_out.has_region) {
-        uses.emplace_back(it.dequantized_out.region.region_id,
-                          absl::StrCat(item, "dequantized_out.region"));
-      }
-      for (const auto& [id, field] : uses) {
+      // The field is spelled out only when a region is first pinned or refused.
+      auto field = [&](absl::string_view part) {
+        return job->update_weight ? std::string(part) : absl::StrCat("items[", i, "].", part);
+      };
+      auto use = [&](const std::string& id, absl::string_view part) -> absl::Status {
         auto pin = job->scope.pins.find(id);
         if (pin == job->scope.pins.end()) {
-          absl::StatusOr<RegionPin> p = regions_->Acquire(r.ctx.session_id, id, field);
-          if (!p.ok()) return refuse(p.status());
+          absl::StatusOr<RegionPin> p = regions_->Acquire(r.ctx.session_id, id, field(part));
+          if (!p.ok()) return p.status();
           pin = job->scope.pins.emplace(id, std::move(*p)).first;
         }
-        if (pin->second.device() != d) {
-          return refuse(absl::InvalidArgumentError(absl::StrCat(
-              prefix, field, ": on device ", pin->second.device()->label, ", but weight ",
-              Quote(it.name), " is on device ", d->label,
-              " (a step reads and writes client memory on the weight's device)")));
+        if (pin->second.device() == d) return absl::OkStatus();
+        return absl::InvalidArgumentError(absl::StrCat(
+            prefix, field(part), ": on device ", pin->second.device()->label, ", but weight ",
+            Quote(it.name), " is on device ", d->label,
+            " (a step reads and writes client memory on the weight's device)"));
+      };
+      if (it.update.data.source == Source::kRegion) {
+        if (absl::Status s = use(it.update.data.region.region_id, "update.region"); !s.ok()) {
+          return refuse(s);
+        }
+      }
+      if (it.dequantized_out.has_region) {
+        if (absl::Status s = use(it.dequantized_out.region.region_id, "dequantized_out.region");
+            !s.ok()) {
+          return refuse(s);
         }
       }
     }

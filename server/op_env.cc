@@ -1,5 +1,6 @@
 #include "server/op_env.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <utility>
@@ -11,19 +12,20 @@
 namespace fp4q::server {
 
 absl::StatusOr<uint8_t*> OpEnv::RegionSliceFor(const RegionSlice& slice, uint64_t bytes,
-                                               absl::string_view field, bool output) {
+                                               const FieldPath& field, bool output) {
   auto it = scope_->pins.find(slice.region_id);
   if (it == scope_->pins.end()) {
     // Routing pins every region a request names; reaching here is a bug.
-    return absl::InternalError(absl::StrCat(field, ": region was not pinned"));
+    return absl::InternalError(absl::StrCat(field.str(), ": region was not pinned"));
   }
   if (it->second.device() != device_) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ".region_id: the region is on another device"));
+        absl::StrCat(field.str(), ".region_id: the region is on another device"));
   }
-  FP4Q_ASSIGN_OR_RETURN(uint8_t * p, it->second.Slice(slice.offset, bytes, field));
+  std::string name = field.str();  // kept: CheckNoOverlap names the slices
+  FP4Q_ASSIGN_OR_RETURN(uint8_t * p, it->second.Slice(slice.offset, bytes, name));
   slices_.push_back(Slice{reinterpret_cast<uintptr_t>(p), reinterpret_cast<uintptr_t>(p) + bytes,
-                          std::string(field), output});
+                          std::move(name), output});
   return p;
 }
 
@@ -40,30 +42,29 @@ absl::Status OpEnv::StillWanted() const {
 }
 
 absl::Status OpEnv::InlineFits(const OutputTarget& target, uint64_t bytes,
-                               absl::string_view field) const {
+                               const FieldPath& field) const {
   if (target.has_region || ctx_ == nullptr || ctx_->reply_limit == 0) return absl::OkStatus();
   if (bytes <= ctx_->reply_limit) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
-      field, ": the inline output (", bytes, " bytes) would exceed this transport's reply limit of ",
+      field.str(), ": the inline output (", bytes, " bytes) would exceed this transport's reply limit of ",
       ctx_->reply_limit, " bytes; nothing was run: give a CUDA IPC region for it"));
 }
 
 absl::StatusOr<kernels::ConstTensor> OpEnv::Input(const TensorIn& t, const DenseShape& shape,
-                                                  absl::string_view field) {
-  FP4Q_ASSIGN_OR_RETURN(const uint8_t* p,
-                        InputBytes(t.data, shape.bytes, absl::StrCat(field, ".inline_data"),
-                                   absl::StrCat(field, ".region")));
+                                                  const FieldPath& field) {
+  FP4Q_ASSIGN_OR_RETURN(const uint8_t* p, InputBytes(t.data, shape.bytes, field.Member("inline_data"),
+                                                     field.Member("region")));
   return kernels::ConstTensor{p, shape.dtype, shape.rows, shape.cols};
 }
 
 absl::StatusOr<const uint8_t*> OpEnv::InputBytes(const BytesIn& b, size_t bytes,
-                                                 absl::string_view inline_field,
-                                                 absl::string_view region_field) {
+                                                 const FieldPath& inline_field,
+                                                 const FieldPath& region_field) {
   AddProcessed(bytes);
   switch (b.source) {
     case Source::kNone:
       return absl::InvalidArgumentError(
-          absl::StrCat(inline_field, ": no data (set the inline bytes or a region)"));
+          absl::StrCat(inline_field.str(), ": no data (set the inline bytes or a region)"));
     case Source::kRegion:
       return RegionSliceFor(b.region, bytes, region_field, /*output=*/false);
     case Source::kInline:
@@ -71,7 +72,7 @@ absl::StatusOr<const uint8_t*> OpEnv::InputBytes(const BytesIn& b, size_t bytes,
   }
   if (b.inline_data.size() != bytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat(inline_field, ": ", b.inline_data.size(), " bytes, expected ", bytes));
+        absl::StrCat(inline_field.str(), ": ", b.inline_data.size(), " bytes, expected ", bytes));
   }
   const auto* src = reinterpret_cast<const uint8_t*>(b.inline_data.data());
   if (device_->host_memory && reinterpret_cast<uintptr_t>(src) % 16 == 0) return src;
@@ -85,12 +86,12 @@ absl::StatusOr<const uint8_t*> OpEnv::InputBytes(const BytesIn& b, size_t bytes,
 }
 
 absl::StatusOr<uint8_t*> OpEnv::Output(const OutputTarget& target, size_t bytes,
-                                       absl::string_view field, std::string* inline_out,
+                                       const FieldPath& field, std::string* inline_out,
                                        bool* in_region, RegionSlice* region_out) {
   AddProcessed(bytes);
   if (target.has_region) {
     FP4Q_ASSIGN_OR_RETURN(
-        uint8_t * p, RegionSliceFor(target.region, bytes, absl::StrCat(field, ".region"), true));
+        uint8_t * p, RegionSliceFor(target.region, bytes, field.Member("region"), true));
     *in_region = true;
     *region_out = target.region;
     inline_out->clear();
@@ -131,24 +132,40 @@ absl::StatusOr<void*> OpEnv::Scratch(size_t bytes) {
 
 absl::Status OpEnv::CheckNoOverlap(
     const std::vector<std::pair<std::string, std::string>>& allowed) const {
-  for (size_t i = 0; i < slices_.size(); ++i) {
-    for (size_t j = 0; j < slices_.size(); ++j) {
-      if (i == j) continue;
-      const Slice& o = slices_[i];
-      const Slice& s = slices_[j];
-      if (!o.output || (s.output && j < i)) continue;  // each output pair once
-      if (o.begin >= s.end || s.begin >= o.end) continue;
-      bool ok = false;
-      if (o.begin == s.begin && o.end == s.end) {
-        for (const auto& [out, in] : allowed) ok = ok || (o.field == out && s.field == in);
-      }
-      if (!ok) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(o.field, ": overlaps ", s.field, " in the same client memory"));
+  // The slices by start address: only slices that start before one ends can overlap it, so the
+  // sweep compares overlapping pairs only. Each violation is ordered as an (output, other) pair
+  // (two outputs: the first given is the output), and the first in the order the slices were
+  // given is named.
+  const size_t n = slices_.size();
+  std::vector<size_t> order(n);
+  for (size_t k = 0; k < n; ++k) order[k] = k;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return slices_[a].begin < slices_[b].begin; });
+  std::pair<size_t, size_t> first{n, n};
+  auto consider = [&](size_t i, size_t j) {  // slices_[i] an output overlapping slices_[j]
+    const Slice& o = slices_[i];
+    const Slice& s = slices_[j];
+    if (!o.output || (s.output && j < i)) return;
+    if (o.begin == s.begin && o.end == s.end) {
+      for (const auto& [out, in] : allowed) {
+        if (o.field == out && s.field == in) return;
       }
     }
+    first = std::min(first, std::make_pair(i, j));
+  };
+  for (size_t a = 0; a < n; ++a) {
+    const Slice& x = slices_[order[a]];
+    for (size_t b = a + 1; b < n && slices_[order[b]].begin < x.end; ++b) {
+      const Slice& y = slices_[order[b]];
+      if (x.begin >= y.end || y.begin >= x.end) continue;
+      consider(order[a], order[b]);
+      consider(order[b], order[a]);
+    }
   }
-  return absl::OkStatus();
+  if (first.first == n) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(slices_[first.first].field, ": overlaps ",
+                                                 slices_[first.second].field,
+                                                 " in the same client memory"));
 }
 
 absl::Status OpEnv::Kernel(absl::string_view op, const std::function<absl::Status()>& launch) {

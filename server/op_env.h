@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "fp4q/common/field_path.h"
 #include "fp4q/kernels/backend.h"
 #include "server/device_buffer.h"
 #include "server/devices.h"
@@ -68,7 +69,7 @@ class OpEnv {
   // RESOURCE_EXHAUSTED naming `field` when `bytes` returned inline could not fit the reply
   // (checked before the work, so nothing is computed for a reply that cannot be sent).
   absl::Status InlineFits(const OutputTarget& target, uint64_t bytes,
-                          absl::string_view field) const;
+                          const FieldPath& field) const;
   const std::string& ns() const { return ns_; }
   std::string Key(absl::string_view name) const { return QualifiedName(ns_, name); }
   kernels::Backend& backend() { return *device_->backend; }
@@ -77,22 +78,22 @@ class OpEnv {
 
   // A dense input checked by CheckDenseTensor.
   absl::StatusOr<kernels::ConstTensor> Input(const TensorIn& t, const DenseShape& shape,
-                                             absl::string_view field);
+                                             const FieldPath& field);
   // `bytes` bytes given inline (exactly that many; errors name `inline_field`) or by region
   // (errors name `region_field`, e.g. "input.region.offset").
   absl::StatusOr<const uint8_t*> InputBytes(const BytesIn& b, size_t bytes,
-                                            absl::string_view inline_field,
-                                            absl::string_view region_field);
+                                            const FieldPath& inline_field,
+                                            const FieldPath& region_field);
   // An output of `bytes` bytes: in the target's region (errors name "<field>.region"), or
   // scratch landing in *inline_out.
-  absl::StatusOr<uint8_t*> Output(const OutputTarget& target, size_t bytes, absl::string_view field,
+  absl::StatusOr<uint8_t*> Output(const OutputTarget& target, size_t bytes, const FieldPath& field,
                                   std::string* inline_out, bool* in_region,
                                   RegionSlice* region_out);
-  absl::StatusOr<uint8_t*> Output(const OutputTarget& target, size_t bytes, absl::string_view field,
+  absl::StatusOr<uint8_t*> Output(const OutputTarget& target, size_t bytes, const FieldPath& field,
                                   TensorResult* out) {
     return Output(target, bytes, field, &out->inline_data, &out->in_region, &out->region);
   }
-  absl::StatusOr<uint8_t*> Output(const OutputTarget& target, size_t bytes, absl::string_view field,
+  absl::StatusOr<uint8_t*> Output(const OutputTarget& target, size_t bytes, const FieldPath& field,
                                   BytesResult* out) {
     return Output(target, bytes, field, &out->inline_data, &out->in_region, &out->region);
   }
@@ -132,7 +133,7 @@ class OpEnv {
     size_t bytes = 0;
   };
   absl::StatusOr<uint8_t*> RegionSliceFor(const RegionSlice& slice, uint64_t bytes,
-                                          absl::string_view field, bool output);
+                                          const FieldPath& field, bool output);
 
   Device* device_;
   kernels::Stream stream_;

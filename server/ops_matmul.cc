@@ -99,7 +99,8 @@ absl::Status ResolveOperand(OpEnv& env, StateStore& store, const QuantizedOperan
   FP4Q_ASSIGN_OR_RETURN(q.format, ToFormat(t.format, f));
   FP4Q_ASSIGN_OR_RETURN(q.block, ToBlock(t.block, q.format, f));
   FP4Q_ASSIGN_OR_RETURN(q.scale_layout, ToLayout(t.scale_layout, f));
-  FP4Q_RETURN_IF_ERROR(CheckShape2D(t.shape, absl::StrCat(f, ".shape")));
+  const FieldPath fp(f);
+  FP4Q_RETURN_IF_ERROR(CheckShape2D(t.shape, fp.Member("shape")));
   q.rows = t.shape[0];
   q.cols = t.shape[1];
   float s_enc = t.s_enc;
@@ -123,11 +124,11 @@ absl::Status ResolveOperand(OpEnv& env, StateStore& store, const QuantizedOperan
   // Renaming f.rows / f.cols to f.shape[0] / f.shape[1].
   FP4Q_RETURN_IF_ERROR(RenameField(kernels::ValidateQuantizedInput(probe, f), f, f));
   FP4Q_ASSIGN_OR_RETURN(q.codes,
-                        env.InputBytes(t.codes, q.codes_capacity, absl::StrCat(f, ".codes"),
-                                       absl::StrCat(f, ".codes_region")));
+                        env.InputBytes(t.codes, q.codes_capacity, fp.Member("codes"),
+                                       fp.Member("codes_region")));
   FP4Q_ASSIGN_OR_RETURN(q.scales,
-                        env.InputBytes(t.scales, q.scales_capacity, absl::StrCat(f, ".scales"),
-                                       absl::StrCat(f, ".scales_region")));
+                        env.InputBytes(t.scales, q.scales_capacity, fp.Member("scales"),
+                                       fp.Member("scales_region")));
   const float global[kernels::kGlobalFloats] = {t.global_amax, s_enc};
   FP4Q_ASSIGN_OR_RETURN(void* g, env.Scratch(sizeof(global)));
   if (env.device().host_memory) {

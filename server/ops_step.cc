@@ -177,25 +177,34 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
   std::vector<kernels::StepItem> kitems;
   std::vector<bool> apply(items.size(), false);
   kitems.reserve(items.size());
+  // Field paths are spelled out only in messages (FieldPath): "items[3].update", with "rank 2's "
+  // before it in a replica group's step; an UpdateWeight's fields have no "items[i]".
+  std::vector<std::string> rank_prefix(K);
+  for (size_t r = 0; r < K && job.world_size > 1; ++r) {
+    rank_prefix[r] = absl::StrCat("rank ", job.ranks[r].rank, "'s ");
+  }
+  const FieldPath no_prefix("");
+  const FieldPath items_field = no_prefix.Then("items");
   for (size_t k = 0; k < items.size(); ++k) {
     const size_t i = items[k];
     StateEntry& e = *job.entries[i];
     const StepItemIn& in = first.items[i];
     const HyperIn& h = first.groups[in.group];
-    const std::string group_field =
-        job.update_weight ? std::string("lr") : absl::StrCat("groups[", in.group, "]");
+    auto group_field = [&] {
+      return job.update_weight ? std::string("lr") : absl::StrCat("groups[", in.group, "]");
+    };
     const OptimizerSpec& spec = e.optimizer.spec();
     // The hyperparameters must match the state the weight keeps.
     if (h.optimizer != spec.kind) {
       return absl::FailedPreconditionError(absl::StrCat(
           ItemField(job, i), job.update_weight ? "" : ": ", "weight ", Quote(job.Name(i)),
-          " keeps ", spec.ToString(), " state, but ", group_field, " sends ",
+          " keeps ", spec.ToString(), " state, but ", group_field(), " sends ",
           h.optimizer == kernels::OptimizerKind::kAdamW ? "AdamW" : "SGD",
           " hyperparameters; switch optimizers with ResetOptimizer"));
     }
     if (h.optimizer == kernels::OptimizerKind::kSgd && h.momentum > 0.0f && !spec.momentum) {
       return absl::FailedPreconditionError(absl::StrCat(
-          group_field, ".sgd.momentum: ", h.momentum, " but weight ", Quote(job.Name(i)),
+          group_field(), ".sgd.momentum: ", h.momentum, " but weight ", Quote(job.Name(i)),
           " keeps no momentum buffer (create it with optimizer.momentum, or ResetOptimizer)"));
     }
     if (first.kind == kernels::UpdateKind::kDelta &&
@@ -255,16 +264,17 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
     it.check_only = retry;
     if (retry) it.expect_fingerprints = job.ExpectedFingerprints(e);
     const size_t dq_bytes = static_cast<size_t>(e.rows * e.cols) * kernels::DTypeSize(e.params.dtype);
+    const FieldPath item_field = job.update_weight ? no_prefix.Then("") : items_field.Index(i);
     for (size_t r = 0; r < K; ++r) {
       const StepItemIn& ri = job.ranks[r].req->items[i];
-      const std::string f = job.world_size > 1
-                                ? absl::StrCat("rank ", job.ranks[r].rank, "'s ",
-                                               Sub(job, i, "update"))
-                                : Sub(job, i, "update");
+      const FieldPath rank(rank_prefix[r]);
+      const FieldPath rank_items = rank.Then("items");
+      const FieldPath rank_item = job.update_weight ? rank.Then("") : rank_items.Index(i);
+      const FieldPath f = rank_item.Member("update");
       FP4Q_ASSIGN_OR_RETURN(DenseShape shape, CheckDenseTensor(ri.update, f));
       if (shape.rows != e.rows || shape.cols != e.cols) {
         return absl::InvalidArgumentError(absl::StrCat(
-            f, ".shape: ", ShapeString({shape.rows, shape.cols}), " does not match weight ",
+            f.str(), ".shape: ", ShapeString({shape.rows, shape.cols}), " does not match weight ",
             Quote(job.Name(i)), " of shape ", ShapeString({e.rows, e.cols})));
       }
       FP4Q_ASSIGN_OR_RETURN(kernels::ConstTensor x, env.Input(ri.update, shape, f));
@@ -273,8 +283,8 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
       out.name = job.Name(i);
       if (ri.dequantized_out.has_region || ri.return_dequantized) {
         FP4Q_ASSIGN_OR_RETURN(
-            uint8_t * p, env.Output(ri.dequantized_out, dq_bytes, Sub(job, i, "dequantized_out"),
-                                    &out.dequantized));
+            uint8_t * p, env.Output(ri.dequantized_out, dq_bytes,
+                                    item_field.Member("dequantized_out"), &out.dequantized));
         out.has_dequantized = true;
         out.dequantized.dtype = ToWireDType(e.params.dtype);
         out.dequantized.shape = {e.rows, e.cols};
@@ -288,7 +298,9 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
   }
   FP4Q_RETURN_IF_ERROR(env.CheckNoOverlap());
   for (size_t k = 0; k < kitems.size(); ++k) {
-    absl::Status s = kernels::ValidateStepItem(kitems[k], ItemField(job, items[k]));
+    const FieldPath item_field =
+        job.update_weight ? no_prefix.Then("") : items_field.Index(items[k]);
+    absl::Status s = kernels::ValidateStepItem(kitems[k], item_field);
     if (!s.ok()) return absl::InternalError(absl::StrCat("step: ", s.message()));
   }
   const size_t ws_bytes = kernels::StepWorkspaceBytes(kitems);

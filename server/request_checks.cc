@@ -48,11 +48,11 @@ std::string WireDTypeName(int dtype) {
   }
 }
 
-absl::Status CheckName(absl::string_view name, absl::string_view field) {
-  if (name.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": empty"));
+absl::Status CheckName(absl::string_view name, const FieldPath& field) {
+  if (name.empty()) return absl::InvalidArgumentError(absl::StrCat(field.str(), ": empty"));
   if (name.size() > kMaxNameBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", name.size(), " bytes, at most ", kMaxNameBytes));
+        absl::StrCat(field.str(), ": ", name.size(), " bytes, at most ", kMaxNameBytes));
   }
   for (size_t i = 0; i < name.size(); ++i) {
     const unsigned char c = name[i];
@@ -60,18 +60,18 @@ absl::Status CheckName(absl::string_view name, absl::string_view field) {
                     c == '.' || c == '_' || c == '-' || c == '/' || c == ':';
     if (!ok) {
       return absl::InvalidArgumentError(
-          absl::StrCat(field, ": byte ", i, " (0x", absl::Hex(c, absl::kZeroPad2),
+          absl::StrCat(field.str(), ": byte ", i, " (0x", absl::Hex(c, absl::kZeroPad2),
                        ") is not allowed; names use A-Z a-z 0-9 . _ - / :"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckNamespace(absl::string_view ns, absl::string_view field) {
+absl::Status CheckNamespace(absl::string_view ns, const FieldPath& field) {
   if (ns.empty()) return absl::OkStatus();
   if (ns.size() > kMaxNamespaceBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", ns.size(), " bytes, at most ", kMaxNamespaceBytes));
+        absl::StrCat(field.str(), ": ", ns.size(), " bytes, at most ", kMaxNamespaceBytes));
   }
   return CheckName(ns, field);
 }
@@ -91,7 +91,7 @@ absl::string_view LocalName(absl::string_view key) {
   return bar == absl::string_view::npos ? key : key.substr(bar + 1);
 }
 
-absl::StatusOr<kernels::DType> DenseDType(int dtype, absl::string_view field,
+absl::StatusOr<kernels::DType> DenseDType(int dtype, const FieldPath& field,
                                           bool allow_unspecified, kernels::DType dflt) {
   switch (dtype) {
     case kWireF32:
@@ -105,43 +105,43 @@ absl::StatusOr<kernels::DType> DenseDType(int dtype, absl::string_view field,
       break;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat(field, ": ", WireDTypeName(dtype), "; expected DTYPE_F32 or DTYPE_BF16"));
+      absl::StrCat(field.str(), ": ", WireDTypeName(dtype), "; expected DTYPE_F32 or DTYPE_BF16"));
 }
 
 int ToWireDType(kernels::DType dtype) {
   return dtype == kernels::DType::kBF16 ? kWireBF16 : kWireF32;
 }
 
-absl::Status CheckShape2D(const std::vector<int64_t>& shape, absl::string_view field) {
+absl::Status CheckShape2D(const std::vector<int64_t>& shape, const FieldPath& field) {
   if (shape.size() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", ShapeString(shape), " has rank ",
+    return absl::InvalidArgumentError(absl::StrCat(field.str(), ": ", ShapeString(shape), " has rank ",
                                                    shape.size(), "; expected [rows, cols]"));
   }
   for (int i = 0; i < 2; ++i) {
     if (shape[i] < 1) {
       return absl::InvalidArgumentError(
-          absl::StrCat(field, "[", i, "]: ", shape[i], " must be >= 1"));
+          absl::StrCat(field.str(), "[", i, "]: ", shape[i], " must be >= 1"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<DenseShape> CheckDenseTensor(const TensorIn& t, absl::string_view field) {
+absl::StatusOr<DenseShape> CheckDenseTensor(const TensorIn& t, const FieldPath& field) {
   DenseShape d;
-  FP4Q_ASSIGN_OR_RETURN(d.dtype, DenseDType(t.dtype, absl::StrCat(field, ".dtype")));
-  FP4Q_RETURN_IF_ERROR(CheckShape2D(t.shape, absl::StrCat(field, ".shape")));
+  FP4Q_ASSIGN_OR_RETURN(d.dtype, DenseDType(t.dtype, field.Member("dtype")));
+  FP4Q_RETURN_IF_ERROR(CheckShape2D(t.shape, field.Member("shape")));
   d.rows = t.shape[0];
   d.cols = t.shape[1];
   FP4Q_ASSIGN_OR_RETURN(
-      d.bytes, kernels::DenseBytes(d.rows, d.cols, d.dtype, absl::StrCat(field, ".shape")));
+      d.bytes, kernels::DenseBytes(d.rows, d.cols, d.dtype, field.Member("shape")));
   switch (t.data.source) {
     case Source::kNone:
       return absl::InvalidArgumentError(
-          absl::StrCat(field, ": no data (set inline_data or region)"));
+          absl::StrCat(field.str(), ": no data (set inline_data or region)"));
     case Source::kInline:
       if (t.data.inline_data.size() != d.bytes) {
         return absl::InvalidArgumentError(
-            absl::StrCat(field, ".inline_data: ", t.data.inline_data.size(), " bytes; ",
+            absl::StrCat(field.str(), ".inline_data: ", t.data.inline_data.size(), " bytes; ",
                          WireDTypeName(t.dtype), " ", ShapeString(t.shape), " needs ", d.bytes));
       }
       break;

@@ -33,11 +33,11 @@ inline float* ShapeProbeFloat() {
 }
 
 // A state tensor name: 1..256 bytes of [A-Za-z0-9._:/-].
-absl::Status CheckName(absl::string_view name, absl::string_view field);
+absl::Status CheckName(absl::string_view name, const FieldPath& field);
 
 // A job namespace: 0..64 bytes of the name characters (empty: the default namespace).
 inline constexpr size_t kMaxNamespaceBytes = 64;
-absl::Status CheckNamespace(absl::string_view ns, absl::string_view field);
+absl::Status CheckNamespace(absl::string_view ns, const FieldPath& field);
 // The store's key of `name` in namespace `ns`: "ns|name" ('|' is in neither), or `name` alone in
 // the default namespace.
 inline constexpr char kNamespaceSeparator = '|';
@@ -47,7 +47,7 @@ absl::string_view NamespaceOf(absl::string_view key);
 absl::string_view LocalName(absl::string_view key);
 
 // A dense F32/BF16 dtype number -> kernels::DType. `allow_unspecified` maps 0 to `dflt`.
-absl::StatusOr<kernels::DType> DenseDType(int dtype, absl::string_view field,
+absl::StatusOr<kernels::DType> DenseDType(int dtype, const FieldPath& field,
                                           bool allow_unspecified = false,
                                           kernels::DType dflt = kernels::DType::kF32);
 int ToWireDType(kernels::DType dtype);
@@ -60,10 +60,10 @@ struct DenseShape {
   int64_t cols = 0;
   size_t bytes = 0;
 };
-absl::StatusOr<DenseShape> CheckDenseTensor(const TensorIn& t, absl::string_view field);
+absl::StatusOr<DenseShape> CheckDenseTensor(const TensorIn& t, const FieldPath& field);
 
 // A [rows, cols] shape (rank 2, dims >= 1).
-absl::Status CheckShape2D(const std::vector<int64_t>& shape, absl::string_view field);
+absl::Status CheckShape2D(const std::vector<int64_t>& shape, const FieldPath& field);
 
 // QuantOptions -> kernels::QuantizeOptions (defaults filled in), then the kernels' own option
 // validation with field names mapped ("options.<field>").

@@ -115,9 +115,9 @@ absl::StatusOr<CallLayerOptions> LayerOptions(const ServerOptions& o) {
             absl::StrCat("--namespace_tokens_file: line ", line_no,
                          " is not \"NAMESPACE TOKEN\" (two fields)"));
       }
-      if (absl::Status s = CheckNamespace(parts[0], absl::StrCat("--namespace_tokens_file: line ",
-                                                                 line_no, ": namespace"));
-          !s.ok() || parts[0].empty()) {
+      const std::string field =
+          absl::StrCat("--namespace_tokens_file: line ", line_no, ": namespace");
+      if (absl::Status s = CheckNamespace(parts[0], field); !s.ok() || parts[0].empty()) {
         return s.ok() ? absl::InvalidArgumentError(absl::StrCat(
                             "--namespace_tokens_file: line ", line_no, ": namespace is empty"))
                       : s;

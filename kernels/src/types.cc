@@ -10,19 +10,19 @@ namespace {
 using u128 = unsigned __int128;
 constexpr u128 kMaxBytes = static_cast<u128>(1) << 62;
 
-absl::Status CheckDims(int64_t rows, int64_t cols, const std::string& what) {
+absl::Status CheckDims(int64_t rows, int64_t cols, const FieldPath& what) {
   if (rows < 1)
-    return absl::InvalidArgumentError(absl::StrCat(what, ".rows: ", rows, " must be >= 1"));
+    return absl::InvalidArgumentError(absl::StrCat(what.str(), ".rows: ", rows, " must be >= 1"));
   if (cols < 1)
-    return absl::InvalidArgumentError(absl::StrCat(what, ".cols: ", cols, " must be >= 1"));
+    return absl::InvalidArgumentError(absl::StrCat(what.str(), ".cols: ", cols, " must be >= 1"));
   return absl::OkStatus();
 }
 
-absl::StatusOr<size_t> CheckedBytes(u128 bytes, int64_t rows, int64_t cols, const std::string& what,
-                                    absl::string_view kind) {
+absl::StatusOr<size_t> CheckedBytes(u128 bytes, int64_t rows, int64_t cols, const FieldPath& what,
+                                    absl::string_view kind, absl::string_view kind2 = "") {
   if (bytes > kMaxBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", kind, " of [", rows, ", ", cols,
-                                                   "] exceed the limit of 2^62 bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(what.str(), ": ", kind, kind2, " of [", rows,
+                                                   ", ", cols, "] exceed the limit of 2^62 bytes"));
   }
   return static_cast<size_t>(bytes);
 }
@@ -82,36 +82,36 @@ int BlockElems(Format format) {
 }
 
 absl::StatusOr<size_t> DenseBytes(int64_t rows, int64_t cols, DType dtype,
-                                  const std::string& what) {
+                                  const FieldPath& what) {
   if (DTypeSize(dtype) == 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ".dtype: ", static_cast<int>(dtype), " is not a valid dtype"));
+        absl::StrCat(what.str(), ".dtype: ", static_cast<int>(dtype), " is not a valid dtype"));
   }
   if (auto s = CheckDims(rows, cols, what); !s.ok()) return s;
   const u128 bytes = static_cast<u128>(rows) * static_cast<u128>(cols) * DTypeSize(dtype);
-  return CheckedBytes(bytes, rows, cols, what, absl::StrCat(DTypeName(dtype), " bytes"));
+  return CheckedBytes(bytes, rows, cols, what, DTypeName(dtype), " bytes");
 }
 
-absl::StatusOr<size_t> CodeBytes(int64_t rows, int64_t cols, const std::string& what) {
+absl::StatusOr<size_t> CodeBytes(int64_t rows, int64_t cols, const FieldPath& what) {
   if (auto s = CheckDims(rows, cols, what); !s.ok()) return s;
   if (cols % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ".cols: ", cols, " is odd"));
+    return absl::InvalidArgumentError(absl::StrCat(what.str(), ".cols: ", cols, " is odd"));
   }
   const u128 bytes = static_cast<u128>(rows) * static_cast<u128>(cols) / 2;
   return CheckedBytes(bytes, rows, cols, what, "code bytes");
 }
 
 absl::StatusOr<size_t> ScaleBytes(int64_t rows, int64_t cols, Format format, ScaleLayout layout,
-                                  const std::string& what) {
+                                  const FieldPath& what) {
   if (auto s = CheckDims(rows, cols, what); !s.ok()) return s;
   const int block = BlockElems(format);
   if (block == 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ".format: ", static_cast<int>(format), " is not a valid format"));
+        absl::StrCat(what.str(), ".format: ", static_cast<int>(format), " is not a valid format"));
   }
   if (cols % block != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ".cols: ", cols, " is not a multiple of the block size ", block));
+        absl::StrCat(what.str(), ".cols: ", cols, " is not a multiple of the block size ", block));
   }
   u128 scale_rows = static_cast<u128>(rows);
   u128 scale_cols = static_cast<u128>(cols / block);
@@ -124,7 +124,7 @@ absl::StatusOr<size_t> ScaleBytes(int64_t rows, int64_t cols, Format format, Sca
       break;
     default:
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ".scale_layout: ", static_cast<int>(layout), " is not a valid scale layout"));
+          what.str(), ".scale_layout: ", static_cast<int>(layout), " is not a valid scale layout"));
   }
   return CheckedBytes(scale_rows * scale_cols, rows, cols, what, "scale bytes");
 }

@@ -2,10 +2,11 @@
 // offending value ("x.cols: 40 is not a multiple of the block size 16").
 #include "fp4q/kernels/validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -15,8 +16,8 @@
 namespace fp4q::kernels {
 namespace {
 
-absl::Status Invalid(absl::string_view field, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+absl::Status Invalid(const FieldPath& field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field.str(), ": ", what));
 }
 
 bool ValidDType(DType d) { return d == DType::kF32 || d == DType::kBF16; }
@@ -91,13 +92,13 @@ const char* UpdateKindName(UpdateKind k) {
 }
 
 // "<field>: 7 is not a valid <what>" for an enum value whose name is null.
-absl::Status CheckEnum(const char* name, int value, absl::string_view field,
+absl::Status CheckEnum(const char* name, int value, const FieldPath& field,
                        absl::string_view what) {
   if (name != nullptr) return absl::OkStatus();
   return Invalid(field, absl::StrCat(value, " is not a valid ", what));
 }
 
-absl::Status CheckBlockForFormat(Format format, BlockShape block, absl::string_view field) {
+absl::Status CheckBlockForFormat(Format format, BlockShape block, const FieldPath& field) {
   if (!ValidBlock(block)) {
     return Invalid(field, absl::StrCat(static_cast<int>(block), " is not a valid block shape"));
   }
@@ -110,24 +111,25 @@ absl::Status CheckBlockForFormat(Format format, BlockShape block, absl::string_v
   return absl::OkStatus();
 }
 
-absl::Status CheckSameShape(int64_t rows, int64_t cols, absl::string_view field, int64_t want_rows,
+absl::Status CheckSameShape(int64_t rows, int64_t cols, const FieldPath& field, int64_t want_rows,
                             int64_t want_cols, absl::string_view want_field) {
   if (rows != want_rows) {
-    return Invalid(absl::StrCat(field, ".rows"),
+    return Invalid(field.Member("rows"),
                    absl::StrCat(rows, " does not match ", want_field, " ", want_rows));
   }
   if (cols != want_cols) {
-    return Invalid(absl::StrCat(field, ".cols"),
+    return Invalid(field.Member("cols"),
                    absl::StrCat(cols, " does not match ", want_field, " ", want_cols));
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckCapacity(const void* ptr, size_t capacity, size_t needed,
-                           const std::string& field, absl::string_view buffer) {
-  if (ptr == nullptr) return Invalid(absl::StrCat(field, ".", buffer), "null");
+                           const FieldPath& field, absl::string_view buffer) {
+  if (ptr == nullptr) return Invalid(field.Member(buffer), "null");
   if (capacity < needed) {
-    return Invalid(absl::StrCat(field, ".", buffer, "_capacity"),
+    const std::string member = absl::StrCat(buffer, "_capacity");
+    return Invalid(field.Member(member),
                    absl::StrCat(capacity, " bytes is smaller than the ", needed, " needed"));
   }
   return absl::OkStatus();
@@ -137,12 +139,12 @@ absl::Status CheckCapacity(const void* ptr, size_t capacity, size_t needed,
 absl::Status CheckQuantizedBuffers(Format format, ScaleLayout layout, int64_t rows, int64_t cols,
                                    const void* codes, size_t codes_capacity, const void* scales,
                                    size_t scales_capacity, const void* global,
-                                   const std::string& field) {
+                                   const FieldPath& field) {
   FP4Q_ASSIGN_OR_RETURN(size_t code_bytes, CodeBytes(rows, cols, field));
   FP4Q_ASSIGN_OR_RETURN(size_t scale_bytes, ScaleBytes(rows, cols, format, layout, field));
   FP4Q_RETURN_IF_ERROR(CheckCapacity(codes, codes_capacity, code_bytes, field, "codes"));
   FP4Q_RETURN_IF_ERROR(CheckCapacity(scales, scales_capacity, scale_bytes, field, "scales"));
-  if (global == nullptr) return Invalid(absl::StrCat(field, ".global"), "null");
+  if (global == nullptr) return Invalid(field.Member("global"), "null");
   return absl::OkStatus();
 }
 
@@ -199,25 +201,25 @@ absl::Status ValidateQuantizeOptions(const QuantizeOptions& o) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateConstTensor(const ConstTensor& t, const std::string& field) {
+absl::Status ValidateConstTensor(const ConstTensor& t, const FieldPath& field) {
   if (!ValidDType(t.dtype)) {
-    return Invalid(absl::StrCat(field, ".dtype"),
+    return Invalid(field.Member("dtype"),
                    absl::StrCat(static_cast<int>(t.dtype), " is not a valid dtype"));
   }
   FP4Q_RETURN_IF_ERROR(DenseBytes(t.rows, t.cols, t.dtype, field).status());
-  if (t.data == nullptr) return Invalid(absl::StrCat(field, ".data"), "null");
+  if (t.data == nullptr) return Invalid(field.Member("data"), "null");
   return absl::OkStatus();
 }
 
-absl::Status ValidateMutTensor(const MutTensor& t, const std::string& field) {
+absl::Status ValidateMutTensor(const MutTensor& t, const FieldPath& field) {
   if (!ValidDType(t.dtype)) {
-    return Invalid(absl::StrCat(field, ".dtype"),
+    return Invalid(field.Member("dtype"),
                    absl::StrCat(static_cast<int>(t.dtype), " is not a valid dtype"));
   }
   FP4Q_ASSIGN_OR_RETURN(size_t bytes, DenseBytes(t.rows, t.cols, t.dtype, field));
-  if (t.data == nullptr) return Invalid(absl::StrCat(field, ".data"), "null");
+  if (t.data == nullptr) return Invalid(field.Member("data"), "null");
   if (t.capacity < bytes) {
-    return Invalid(absl::StrCat(field, ".capacity"),
+    return Invalid(field.Member("capacity"),
                    absl::StrCat(t.capacity, " bytes is smaller than the ", bytes, " bytes of [",
                                 t.rows, ", ", t.cols, "] ", DTypeName(t.dtype)));
   }
@@ -241,22 +243,22 @@ absl::Status ValidateQuantizeInput(const ConstTensor& x, const QuantizeOptions& 
 }
 
 absl::Status ValidateQuantizedOutput(const QuantizedTensor& q, int64_t rows, int64_t cols,
-                                     const QuantizeOptions& o, const std::string& field) {
+                                     const QuantizeOptions& o, const FieldPath& field) {
   if (q.format != o.format) {
-    return Invalid(absl::StrCat(field, ".format"),
+    return Invalid(field.Member("format"),
                    absl::StrCat(ValidFormat(q.format) ? FormatName(q.format)
                                                       : std::to_string(static_cast<int>(q.format)),
                                 " does not match options.format ", FormatName(o.format)));
   }
   if (q.block != o.block) {
-    return Invalid(absl::StrCat(field, ".block"),
+    return Invalid(field.Member("block"),
                    absl::StrCat(ValidBlock(q.block) ? BlockShapeName(q.block)
                                                     : std::to_string(static_cast<int>(q.block)),
                                 " does not match options.block ", BlockShapeName(o.block)));
   }
   if (q.scale_layout != o.scale_layout) {
     return Invalid(
-        absl::StrCat(field, ".scale_layout"),
+        field.Member("scale_layout"),
         absl::StrCat(ValidLayout(q.scale_layout) ? LayoutName(q.scale_layout)
                                                  : std::to_string(static_cast<int>(q.scale_layout)),
                      " does not match options.scale_layout ", LayoutName(o.scale_layout)));
@@ -266,22 +268,22 @@ absl::Status ValidateQuantizedOutput(const QuantizedTensor& q, int64_t rows, int
                                q.scales, q.scales_capacity, q.global, field);
 }
 
-absl::Status ValidateQuantizedInput(const ConstQuantizedTensor& q, const std::string& field) {
+absl::Status ValidateQuantizedInput(const ConstQuantizedTensor& q, const FieldPath& field) {
   if (!ValidFormat(q.format)) {
-    return Invalid(absl::StrCat(field, ".format"),
+    return Invalid(field.Member("format"),
                    absl::StrCat(static_cast<int>(q.format), " is not a valid format"));
   }
-  FP4Q_RETURN_IF_ERROR(CheckBlockForFormat(q.format, q.block, absl::StrCat(field, ".block")));
+  FP4Q_RETURN_IF_ERROR(CheckBlockForFormat(q.format, q.block, field.Member("block")));
   FP4Q_RETURN_IF_ERROR(CheckEnum(LayoutName(q.scale_layout), static_cast<int>(q.scale_layout),
-                                 absl::StrCat(field, ".scale_layout"), "scale layout"));
+                                 field.Member("scale_layout"), "scale layout"));
   FP4Q_RETURN_IF_ERROR(CodeBytes(q.rows, q.cols, field).status());  // dims >= 1
   const int block = BlockElems(q.format);
   if (q.cols % block != 0) {
-    return Invalid(absl::StrCat(field, ".cols"),
+    return Invalid(field.Member("cols"),
                    absl::StrCat(q.cols, " is not a multiple of the block size ", block));
   }
   if (q.block == BlockShape::k16x16 && q.rows % 16 != 0) {
-    return Invalid(absl::StrCat(field, ".rows"),
+    return Invalid(field.Member("rows"),
                    absl::StrCat(q.rows, " is not a multiple of 16 (16x16 blocks)"));
   }
   return CheckQuantizedBuffers(q.format, q.scale_layout, q.rows, q.cols, q.codes, q.codes_capacity,
@@ -447,20 +449,20 @@ const char* StateDTypeName(StateDType d) {
 }
 
 // The kernels read 16 bytes at a time: dense buffers and code bytes start 16-byte aligned.
-absl::Status CheckAligned(const void* p, const std::string& field) {
+absl::Status CheckAligned(const void* p, const FieldPath& field) {
   if (p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0) return absl::OkStatus();
   return Invalid(field, absl::StrCat(absl::Hex(reinterpret_cast<uintptr_t>(p), absl::kZeroPad16),
                                      " is not 16-byte aligned"));
 }
 
-absl::Status CheckHyper(float value, bool ok, const std::string& field, absl::string_view rule) {
+absl::Status CheckHyper(float value, bool ok, const FieldPath& field, absl::string_view rule) {
   if (std::isfinite(value) && ok) return absl::OkStatus();
   return Invalid(field, absl::StrCat(value, " is not ", rule));
 }
 
 // One moment tensor: present (in `dtype`'s representation) exactly when `wanted`.
 absl::Status CheckMoment(const MomentTensor& m, bool wanted, StateDType dtype,
-                         const QuantizedTensor& weight, const std::string& field,
+                         const QuantizedTensor& weight, const FieldPath& field,
                          absl::string_view why) {
   if (!wanted) {
     if (m.present()) return Invalid(field, absl::StrCat("set, but ", why));
@@ -468,136 +470,138 @@ absl::Status CheckMoment(const MomentTensor& m, bool wanted, StateDType dtype,
   }
   if (dtype == StateDType::kNvfp4) {
     if (m.dense != nullptr) {
-      return Invalid(absl::StrCat(field, ".dense"), "set, but the state dtype is nvfp4");
+      return Invalid(field.Member("dense"), "set, but the state dtype is nvfp4");
     }
     const QuantizedTensor& q = m.quantized;
-    const std::string qf = absl::StrCat(field, ".quantized");
+    const FieldPath qf = field.Member("quantized");
     FP4Q_RETURN_IF_ERROR(ValidateQuantizedInput(AsConst(q), qf));
     if (q.format != Format::kNvfp4) {
-      return Invalid(absl::StrCat(qf, ".format"),
+      return Invalid(qf.Member("format"),
                      absl::StrCat(FormatName(q.format), ", but nvfp4 moments are NVFP4"));
     }
     if (q.block != BlockShape::k1x16) {
-      return Invalid(absl::StrCat(qf, ".block"),
+      return Invalid(qf.Member("block"),
                      absl::StrCat(BlockShapeName(q.block), ", but nvfp4 moments use 1x16 blocks"));
     }
     if (q.scale_layout != ScaleLayout::kPlain) {
-      return Invalid(absl::StrCat(qf, ".scale_layout"),
+      return Invalid(qf.Member("scale_layout"),
                      absl::StrCat(LayoutName(q.scale_layout),
                                   ", but moments use the plain layout"));
     }
     FP4Q_RETURN_IF_ERROR(CheckSameShape(q.rows, q.cols, qf, weight.rows, weight.cols, "weight"));
-    return CheckAligned(q.codes, absl::StrCat(qf, ".codes"));
+    return CheckAligned(q.codes, qf.Member("codes"));
   }
   if (m.quantized.codes != nullptr) {
-    return Invalid(absl::StrCat(field, ".quantized.codes"),
+    return Invalid(field.Member("quantized.codes"),
                    absl::StrCat("set, but the state dtype is ", StateDTypeName(dtype)));
   }
-  if (m.dense == nullptr) return Invalid(absl::StrCat(field, ".dense"), "null");
-  return CheckAligned(m.dense, absl::StrCat(field, ".dense"));
+  if (m.dense == nullptr) return Invalid(field.Member("dense"), "null");
+  return CheckAligned(m.dense, field.Member("dense"));
 }
 
 }  // namespace
 
-absl::Status ValidateStepItem(const StepItem& item, const std::string& field) {
+absl::Status ValidateStepItem(const StepItem& item, const FieldPath& field) {
   const QuantizedTensor& w = item.weight;
-  const std::string wf = absl::StrCat(field, ".weight");
+  const FieldPath wf = field.Member("weight");
   FP4Q_RETURN_IF_ERROR(ValidateQuantizedInput(AsConst(w), wf));
   if (w.format != Format::kNvfp4) {
-    return Invalid(absl::StrCat(wf, ".format"),
+    return Invalid(wf.Member("format"),
                    absl::StrCat(FormatName(w.format), ", but stored weights are NVFP4"));
   }
-  FP4Q_RETURN_IF_ERROR(CheckAligned(w.codes, absl::StrCat(wf, ".codes")));
-  FP4Q_RETURN_IF_ERROR(CheckAligned(item.residual, absl::StrCat(field, ".residual")));
+  FP4Q_RETURN_IF_ERROR(CheckAligned(w.codes, wf.Member("codes")));
+  FP4Q_RETURN_IF_ERROR(CheckAligned(item.residual, field.Member("residual")));
   FP4Q_RETURN_IF_ERROR(CheckEnum(ScalingName(item.scaling), static_cast<int>(item.scaling),
-                                 absl::StrCat(field, ".scaling"), "scaling"));
+                                 field.Member("scaling"), "scaling"));
   FP4Q_RETURN_IF_ERROR(CheckEnum(RoundingName(item.rounding), static_cast<int>(item.rounding),
-                                 absl::StrCat(field, ".rounding"), "rounding"));
+                                 field.Member("rounding"), "rounding"));
   FP4Q_RETURN_IF_ERROR(CheckEnum(UpdateKindName(item.kind), static_cast<int>(item.kind),
-                                 absl::StrCat(field, ".kind"), "update kind"));
+                                 field.Member("kind"), "update kind"));
   if (item.scaling == Scaling::kDelayed && item.stats == nullptr) {
-    return Invalid(absl::StrCat(field, ".stats"), "null, but delayed scaling reads the statistics");
+    return Invalid(field.Member("stats"), "null, but delayed scaling reads the statistics");
   }
   if (item.stats != nullptr && reinterpret_cast<uintptr_t>(item.stats) % 4 != 0) {
-    return Invalid(absl::StrCat(field, ".stats"), "not 4-byte aligned");
+    return Invalid(field.Member("stats"), "not 4-byte aligned");
   }
 
   // Optimizer state.
   const OptimizerState& st = item.state;
-  const std::string sf = absl::StrCat(field, ".state");
+  const FieldPath sf = field.Member("state");
   FP4Q_RETURN_IF_ERROR(CheckEnum(OptimizerName(st.kind), static_cast<int>(st.kind),
-                                 absl::StrCat(sf, ".kind"), "optimizer kind"));
+                                 sf.Member("kind"), "optimizer kind"));
   FP4Q_RETURN_IF_ERROR(CheckEnum(StateDTypeName(st.dtype), static_cast<int>(st.dtype),
-                                 absl::StrCat(sf, ".dtype"), "state dtype"));
+                                 sf.Member("dtype"), "state dtype"));
   const bool sgd = st.kind == OptimizerKind::kSgd;
-  if (sgd && st.amsgrad) return Invalid(absl::StrCat(sf, ".amsgrad"), "true, but kind is sgd");
-  if (!sgd && st.momentum) return Invalid(absl::StrCat(sf, ".momentum"), "true, but kind is adamw");
+  if (sgd && st.amsgrad) return Invalid(sf.Member("amsgrad"), "true, but kind is sgd");
+  if (!sgd && st.momentum) return Invalid(sf.Member("momentum"), "true, but kind is adamw");
   FP4Q_RETURN_IF_ERROR(CheckMoment(st.moment1, sgd ? st.momentum : true, st.dtype, w,
-                                   absl::StrCat(sf, ".moment1"),
+                                   sf.Member("moment1"),
                                    "SGD without momentum keeps none"));
-  FP4Q_RETURN_IF_ERROR(CheckMoment(st.moment2, !sgd, st.dtype, w, absl::StrCat(sf, ".moment2"),
+  FP4Q_RETURN_IF_ERROR(CheckMoment(st.moment2, !sgd, st.dtype, w, sf.Member("moment2"),
                                    "SGD keeps no second moment"));
   FP4Q_RETURN_IF_ERROR(CheckMoment(st.max_moment2, !sgd && st.amsgrad, st.dtype, w,
-                                   absl::StrCat(sf, ".max_moment2"),
+                                   sf.Member("max_moment2"),
                                    "only AdamW with amsgrad keeps max v"));
 
   // Hyperparameters.
   const StepHyper& h = item.hyper;
-  const std::string hf = absl::StrCat(field, ".hyper");
-  FP4Q_RETURN_IF_ERROR(CheckHyper(h.lr, h.lr >= 0.0f, absl::StrCat(hf, ".lr"), "finite and >= 0"));
+  const FieldPath hf = field.Member("hyper");
+  FP4Q_RETURN_IF_ERROR(CheckHyper(h.lr, h.lr >= 0.0f, hf.Member("lr"), "finite and >= 0"));
   FP4Q_RETURN_IF_ERROR(CheckHyper(h.weight_decay, h.weight_decay >= 0.0f,
-                                  absl::StrCat(hf, ".weight_decay"), "finite and >= 0"));
-  if (h.t < 1) return Invalid(absl::StrCat(hf, ".t"), absl::StrCat(h.t, " is not >= 1"));
+                                  hf.Member("weight_decay"), "finite and >= 0"));
+  if (h.t < 1) return Invalid(hf.Member("t"), absl::StrCat(h.t, " is not >= 1"));
   if (sgd) {
     FP4Q_RETURN_IF_ERROR(CheckHyper(h.momentum, h.momentum >= 0.0f,
-                                    absl::StrCat(hf, ".momentum"), "finite and >= 0"));
+                                    hf.Member("momentum"), "finite and >= 0"));
     FP4Q_RETURN_IF_ERROR(
-        CheckHyper(h.dampening, true, absl::StrCat(hf, ".dampening"), "finite"));
+        CheckHyper(h.dampening, true, hf.Member("dampening"), "finite"));
     if (h.momentum != 0.0f && !st.momentum) {
-      return Invalid(absl::StrCat(hf, ".momentum"),
-                     absl::StrCat(h.momentum, " needs a momentum buffer (", sf,
+      return Invalid(hf.Member("momentum"),
+                     absl::StrCat(h.momentum, " needs a momentum buffer (", sf.str(),
                                   ".momentum is false)"));
     }
     if (h.nesterov && (h.momentum <= 0.0f || h.dampening != 0.0f)) {
-      return Invalid(absl::StrCat(hf, ".nesterov"),
+      return Invalid(hf.Member("nesterov"),
                      absl::StrCat("true needs momentum > 0 and dampening 0 (momentum ", h.momentum,
                                   ", dampening ", h.dampening, ")"));
     }
   } else {
     FP4Q_RETURN_IF_ERROR(CheckHyper(h.beta1, h.beta1 >= 0.0f && h.beta1 < 1.0f,
-                                    absl::StrCat(hf, ".beta1"), "in [0, 1)"));
+                                    hf.Member("beta1"), "in [0, 1)"));
     FP4Q_RETURN_IF_ERROR(CheckHyper(h.beta2, h.beta2 >= 0.0f && h.beta2 < 1.0f,
-                                    absl::StrCat(hf, ".beta2"), "in [0, 1)"));
+                                    hf.Member("beta2"), "in [0, 1)"));
     FP4Q_RETURN_IF_ERROR(
-        CheckHyper(h.eps, h.eps > 0.0f, absl::StrCat(hf, ".eps"), "finite and > 0"));
+        CheckHyper(h.eps, h.eps > 0.0f, hf.Member("eps"), "finite and > 0"));
   }
   if (item.kind == UpdateKind::kDelta &&
       (!sgd || st.momentum || h.weight_decay != 0.0f)) {
-    return Invalid(absl::StrCat(field, ".kind"),
+    return Invalid(field.Member("kind"),
                    absl::StrCat("delta needs plain SGD (kind ", OptimizerName(st.kind),
                                 ", momentum ", st.momentum ? "true" : "false", ", weight_decay ",
                                 h.weight_decay, ")"));
   }
 
   // Updates and outputs.
-  if (item.updates.empty()) return Invalid(absl::StrCat(field, ".updates"), "empty");
+  const FieldPath updates = field.Member("updates");
+  if (item.updates.empty()) return Invalid(updates, "empty");
   for (size_t k = 0; k < item.updates.size(); ++k) {
-    const std::string uf = absl::StrCat(field, ".updates[", k, "]");
+    const FieldPath uf = updates.Index(static_cast<int64_t>(k));
     const ConstTensor& u = item.updates[k];
     FP4Q_RETURN_IF_ERROR(ValidateConstTensor(u, uf));
     FP4Q_RETURN_IF_ERROR(CheckSameShape(u.rows, u.cols, uf, w.rows, w.cols, "weight"));
-    FP4Q_RETURN_IF_ERROR(CheckAligned(u.data, absl::StrCat(uf, ".data")));
+    FP4Q_RETURN_IF_ERROR(CheckAligned(u.data, uf.Member("data")));
   }
+  const FieldPath outs = field.Member("dequantized_out");
   for (size_t k = 0; k < item.dequantized_out.size(); ++k) {
     const MutTensor& o = item.dequantized_out[k];
     if (o.data == nullptr) continue;
-    const std::string of = absl::StrCat(field, ".dequantized_out[", k, "]");
+    const FieldPath of = outs.Index(static_cast<int64_t>(k));
     FP4Q_RETURN_IF_ERROR(ValidateMutTensor(o, of));
     FP4Q_RETURN_IF_ERROR(CheckSameShape(o.rows, o.cols, of, w.rows, w.cols, "weight"));
-    FP4Q_RETURN_IF_ERROR(CheckAligned(o.data, absl::StrCat(of, ".data")));
+    FP4Q_RETURN_IF_ERROR(CheckAligned(o.data, of.Member("data")));
   }
   if (item.check_only && item.expect_fingerprints.size() != item.updates.size()) {
-    return Invalid(absl::StrCat(field, ".expect_fingerprints"),
+    return Invalid(field.Member("expect_fingerprints"),
                    absl::StrCat(item.expect_fingerprints.size(), " fingerprints for ",
                                 item.updates.size(), " updates"));
   }
@@ -610,16 +614,28 @@ absl::Status ValidateStepItems(const std::vector<StepItem>& items) {
     return Invalid("items", absl::StrCat(items.size(), " items exceed the limit of 2^24"));
   }
   size_t updates = 0;
-  std::unordered_map<const void*, size_t> written;  // weight codes -> the item writing them
+  std::vector<std::pair<const void*, size_t>> written;  // (weight codes, the item writing them)
+  written.reserve(items.size());
+  const FieldPath root("items");
   for (size_t i = 0; i < items.size(); ++i) {
-    FP4Q_RETURN_IF_ERROR(ValidateStepItem(items[i], absl::StrCat("items[", i, "]")));
+    FP4Q_RETURN_IF_ERROR(ValidateStepItem(items[i], root.Index(static_cast<int64_t>(i))));
     updates += items[i].updates.size();
-    if (items[i].check_only) continue;
-    const auto [it, inserted] = written.emplace(items[i].weight.codes, i);
-    if (!inserted) {
-      return Invalid(absl::StrCat("items[", i, "].weight"),
-                     absl::StrCat("the same stored weight as items[", it->second, "]"));
-    }
+    if (!items[i].check_only) written.emplace_back(items[i].weight.codes, i);
+  }
+  // Two items writing one weight: the first item that repeats an earlier one is named.
+  std::sort(written.begin(), written.end());
+  size_t first = 0, later = items.size();
+  for (size_t k = 1; k < written.size(); ++k) {
+    if (written[k].first != written[k - 1].first || written[k].second >= later) continue;
+    size_t j = k - 1;
+    while (j > 0 && written[j - 1].first == written[k].first) --j;
+    first = written[j].second;
+    later = written[k].second;
+  }
+  if (later < items.size()) {
+    const FieldPath item = root.Index(static_cast<int64_t>(later));
+    return Invalid(item.Member("weight"),
+                   absl::StrCat("the same stored weight as items[", first, "]"));
   }
   if (updates > (size_t{1} << 30)) {
     return Invalid("items", absl::StrCat(updates, " updates exceed the limit of 2^30"));

@@ -168,6 +168,55 @@ TEST_F(EngineRegionTest, OutputsMayNotOverlapOtherSlices) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("out.region: overlaps input.region")));
 }
 
+TEST_F(EngineRegionTest, StepOutputsMayNotOverlapAnyItemsSlices) {
+  // Three 1x16 weights; each item's f32 gradient and DQ(W) output are slices of one region.
+  const std::vector<std::string> names = {"a", "b", "c"};
+  const std::string init = RandomF32(16, 31);
+  for (const std::string& name : names) {
+    CreateWeightRequest c;
+    c.name = name;
+    c.initial = InlineF32(init, 1, 16);
+    auto made = Await<CreateWeightResult>([&](auto done) { engine_->CreateWeight(ctx_, c, done); });
+    ASSERT_TRUE(made.ok()) << made.status();
+  }
+  const std::string g = RandomF32(3 * 16, 32);
+  std::memcpy(memory_.data(), g.data(), g.size());  // gradients at offsets 0, 64 and 128
+  auto step = [&](int64_t n, const std::vector<uint64_t>& outs) {
+    StepRequest r;
+    r.step = n;
+    HyperIn h;
+    h.lr = 0.01f;
+    r.groups = {h};
+    for (size_t i = 0; i < names.size(); ++i) {
+      StepItemIn it;
+      it.name = names[i];
+      it.update = RegionF32(region_, 64 * i, 1, 16);
+      it.dequantized_out = RegionTarget(region_, outs[i]);
+      r.items.push_back(it);
+    }
+    return Await<StepResult>([&](auto done) { engine_->Step(ctx_, r, done); });
+  };
+  ASSERT_TRUE(step(1, {256, 320, 384}).ok());
+  // An output over another item's gradient, partly; two outputs over each other.
+  EXPECT_THAT(step(2, {256, 320, 32}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "items[2].dequantized_out.region: overlaps items[0].update.region in the "
+                       "same client memory"));
+  EXPECT_THAT(step(2, {352, 320, 384}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "items[0].dequantized_out.region: overlaps items[1].dequantized_out.region "
+                       "in the same client memory"));
+  // An output exactly over its own gradient is refused as well.
+  EXPECT_THAT(step(2, {256, 64, 384}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "items[1].dequantized_out.region: overlaps items[1].update.region in the "
+                       "same client memory"));
+  // Nothing was applied by the refusals: step 2 is still new.
+  auto ok = step(2, {256, 320, 384});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(ok->items[0].applied);
+}
+
 TEST_F(EngineRegionTest, RegionLargerThanItsAllocationIsRefused) {
   std::vector<uint8_t> small(4096, 0xEE);
   const std::string handle = fake_->Export(small.data(), small.size());

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "fp4q/common/field_path.h"
 
 namespace fp4q::kernels {
 
@@ -157,12 +158,12 @@ int BlockElems(Format format);
 // rows * cols * element size, or INVALID_ARGUMENT when a dimension is < 1 or the product
 // overflows (limit: 2^62 bytes).
 absl::StatusOr<size_t> DenseBytes(int64_t rows, int64_t cols, DType dtype,
-                                  const std::string& what);
+                                  const FieldPath& what);
 // Packed code bytes of a [rows, cols] quantized matrix: rows * cols / 2.
-absl::StatusOr<size_t> CodeBytes(int64_t rows, int64_t cols, const std::string& what);
+absl::StatusOr<size_t> CodeBytes(int64_t rows, int64_t cols, const FieldPath& what);
 // Scale bytes of a [rows, cols] quantized matrix in `layout` (swizzled pads to 128 x 4).
 absl::StatusOr<size_t> ScaleBytes(int64_t rows, int64_t cols, Format format,
-                                  ScaleLayout layout, const std::string& what);
+                                  ScaleLayout layout, const FieldPath& what);
 // Byte offset of scale (r, c) in the swizzled layout with `scale_cols` logical scale columns.
 size_t SwizzledScaleOffset(int64_t r, int64_t c, int64_t scale_cols);
 

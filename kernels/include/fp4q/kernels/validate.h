@@ -22,9 +22,9 @@ namespace fp4q::kernels {
 absl::Status ValidateQuantizeOptions(const QuantizeOptions& options);
 
 // A dense input: non-null, known dtype, rows >= 1, cols >= 1, byte size without overflow.
-absl::Status ValidateConstTensor(const ConstTensor& t, const std::string& field);
+absl::Status ValidateConstTensor(const ConstTensor& t, const FieldPath& field);
 // A dense output: as above plus capacity >= rows * cols * dtype size.
-absl::Status ValidateMutTensor(const MutTensor& t, const std::string& field);
+absl::Status ValidateMutTensor(const MutTensor& t, const FieldPath& field);
 
 // Quantize/QDQ shape rules for x under `options` (cols multiple of the block; rows multiple of
 // 16 for 16x16 blocks and for column-wise output).
@@ -33,10 +33,10 @@ absl::Status ValidateQuantizeInput(const ConstTensor& x, const QuantizeOptions& 
 // An output quantized tensor of shape [rows, cols] in `options`' format/block/layout, with
 // capacities large enough.
 absl::Status ValidateQuantizedOutput(const QuantizedTensor& q, int64_t rows, int64_t cols,
-                                     const QuantizeOptions& options, const std::string& field);
+                                     const QuantizeOptions& options, const FieldPath& field);
 // A quantized operand: known enums, shape rules for its format and block, non-null buffers of
 // the needed sizes.
-absl::Status ValidateQuantizedInput(const ConstQuantizedTensor& q, const std::string& field);
+absl::Status ValidateQuantizedInput(const ConstQuantizedTensor& q, const FieldPath& field);
 
 // The full argument sets of the Backend entry points.
 absl::Status ValidateQuantizeArgs(const ConstTensor& x, const QuantizeOptions& options,
@@ -59,7 +59,7 @@ absl::Status ValidateUpdateWeightArgs(const QuantizedTensor& weight, const Const
 // aligned (the kernels' vector accesses). Messages name `field` (e.g. "items[3]") followed by
 // the part ("items[3].updates[1].rows: ...").
 // ValidateStepItems: 1 .. 2^24 items, each valid, no stored weight written by two items.
-absl::Status ValidateStepItem(const StepItem& item, const std::string& field);
+absl::Status ValidateStepItem(const StepItem& item, const FieldPath& field);
 absl::Status ValidateStepItems(const std::vector<StepItem>& items);
 
 absl::Status ValidateRhtArgs(const ConstTensor& in, RhtMode mode, const MutTensor& out);

@@ -1,0 +1,78 @@
+// FieldPath: the path of a request field ("items[3].update.region") as messages spell it, kept
+// as a chain of parts and written out only when a message needs it. Validation on the success
+// path then builds no strings: a trainer's step validates every item's fields several times, and
+// spelling each path with StrCat cost more host time than the step's kernel launches.
+//
+// A FieldPath refers to its parent and to the text of its parts without owning them, like
+// absl::string_view: it must not outlive either. Pass paths down as `const FieldPath&`, extend
+// them with Member/Index into locals or arguments, and keep `str()` where the path must outlive
+// the call. A temporary std::string cannot make one (that would dangle).
+#ifndef FP4Q_COMMON_FIELD_PATH_H_
+#define FP4Q_COMMON_FIELD_PATH_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace fp4q {
+
+class FieldPath {
+ public:
+  // A root ("x", "items", "rank 2's items[0].update"); "" renders nothing, so that a child
+  // Member spells its name alone ("update", not ".update").
+  FieldPath(const char* root) : text_(root) {}             // NOLINT(google-explicit-constructor)
+  FieldPath(absl::string_view root) : text_(root) {}       // NOLINT(google-explicit-constructor)
+  FieldPath(const std::string& root) : text_(root) {}      // NOLINT(google-explicit-constructor)
+  FieldPath(std::string&&) = delete;                       // it would dangle
+
+  // "<this>.<name>" (or "<name>" under an empty root).
+  FieldPath Member(absl::string_view name) const& { return FieldPath(this, name, kMember); }
+  // "<this>[<index>]".
+  FieldPath Index(int64_t index) const& { return FieldPath(this, index); }
+  // "<this><text>", joined as it is ("rank 2's " then "items").
+  FieldPath Then(absl::string_view text) const& { return FieldPath(this, text, kRoot); }
+  // Extending a temporary would leave the result pointing at it: name the parent first.
+  FieldPath Member(absl::string_view) const&& = delete;
+  FieldPath Index(int64_t) const&& = delete;
+  FieldPath Then(absl::string_view) const&& = delete;
+
+  std::string str() const {
+    std::string out;
+    Append(&out);
+    return out;
+  }
+
+ private:
+  enum Kind { kRoot, kMember, kIndex };
+  FieldPath(const FieldPath* parent, absl::string_view name, Kind kind)
+      : parent_(parent), text_(name), kind_(kind) {}
+  FieldPath(const FieldPath* parent, int64_t index)
+      : parent_(parent), index_(index), kind_(kIndex) {}
+
+  void Append(std::string* out) const {
+    if (parent_ != nullptr) parent_->Append(out);
+    switch (kind_) {
+      case kRoot:
+        out->append(text_.data(), text_.size());
+        return;
+      case kMember:
+        if (!out->empty()) out->push_back('.');
+        out->append(text_.data(), text_.size());
+        return;
+      case kIndex:
+        absl::StrAppend(out, "[", index_, "]");
+        return;
+    }
+  }
+
+  const FieldPath* parent_ = nullptr;
+  absl::string_view text_;
+  int64_t index_ = 0;
+  Kind kind_ = kRoot;
+};
+
+}  // namespace fp4q
+
+#endif  // FP4Q_COMMON_FIELD_PATH_H_
