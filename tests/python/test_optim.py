@@ -289,6 +289,46 @@ class StepValuesTest(Assertions):
         self.assertSameBits(bias.detach(), torch.full((16,), -0.01))
         c.close()
 
+    def test_bad_gradients_are_refused_before_anything_is_sent(self):
+        c = client()
+        p = torch.nn.Parameter(randn(16, 32, seed=61))
+        opt = fp4q.optim.SGD([p], lr=0.1, client=c)
+        p.grad = torch.ones(16, 32)
+        opt.step()  # a good step first: what is refused below is checked every step
+        p.grad = torch.ones(16, 32).to_sparse()
+        with self.assertRaises(ValueError) as cm:
+            opt.step()
+        self.assertIsInstance(cm.exception, fp4q.ClientArgumentError)
+        self.assertRegex(cm.exception.message,
+                         r"^parameter 0 \('param0'\): sparse gradients are not supported$")
+        p.grad = None
+        p.data = p.data.to(torch.float64)
+        p.grad = torch.ones(16, 32, dtype=torch.float64)
+        with self.assertRaises(ValueError) as cm:
+            opt.step()
+        self.assertRegex(cm.exception.message,
+                         r"^parameter 0 \('param0'\): the parameter is torch.float64 now, but its "
+                         r"weight was created torch.float32 \(convert the model before building "
+                         r"the optimizer\)$")
+        self.assertEqual(c.get_weight("param0", dequantized=False).info.last_step, 1)
+        c.close()
+
+    def test_fixed_state_is_checked_after_good_steps_too(self):
+        c = client()
+        p = torch.nn.Parameter(randn(16, 32, seed=62))
+        opt = fp4q.optim.SGD([p], lr=0.1, client=c)
+        p.grad = torch.ones(16, 32)
+        opt.step()
+        opt.step()
+        opt.param_groups[0]["momentum"] = 0.9
+        self.assertRefused(grpc.StatusCode.INVALID_ARGUMENT,
+                           r"^param_groups\[0\]: sgd with a momentum buffer, but its weights "
+                           r"were created for sgd", opt.step)
+        opt.param_groups[0]["momentum"] = 0.0
+        opt.step()
+        self.assertEqual(c.get_weight("param0", dequantized=False).info.last_step, 3)
+        c.close()
+
     def test_fixed_state_cannot_change_and_closures_work(self):
         c = client()
         p = torch.nn.Parameter(randn(16, 32, seed=60))

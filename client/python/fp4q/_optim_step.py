@@ -32,16 +32,19 @@ class StepMixin:
         """Every group's hyperparameters, validated (torch's rules and what the group's weights
         were created for), before anything is sent."""
         hypers = []
+        checked = self._specs_checked
         for gi, group in enumerate(self.param_groups):
             field = "param_groups[%d]" % gi
             self.check_group(group, field)
             spec = self.spec_for(group)
-            for s in self._stored:
-                if s.group == gi and s.spec != spec:
-                    raise ClientArgumentError(
-                        "%s: %s, but its weights were created for %s (fixed at construction: %s)"
-                        % (field, self._describe(spec), self._describe(s.spec),
-                           ", ".join(self.FIXED)))
+            if checked.get(gi) != spec:
+                for s in self._stored:
+                    if s.group == gi and s.spec != spec:
+                        raise ClientArgumentError(
+                            "%s: %s, but its weights were created for %s (fixed at "
+                            "construction: %s)" % (field, self._describe(spec),
+                                                   self._describe(s.spec), ", ".join(self.FIXED)))
+                checked[gi] = spec
             hypers.append(self.hyperparameters(group))
         return hypers
 
@@ -61,19 +64,26 @@ class StepMixin:
             g = p.grad
             if g is None:
                 continue
-            field = "parameter %d ('%s')" % (s.index, s.name)
-            if g.is_sparse:
-                raise ClientArgumentError("%s: sparse gradients are not supported" % field)
-            if g.shape != p.shape:
-                raise ClientArgumentError("%s: gradient of shape %s for a parameter of shape %s"
-                                          % (field, list(g.shape), list(p.shape)))
-            if p.dtype != s.dtype:
-                raise ClientArgumentError(
-                    "%s: the parameter is %s now, but its weight was created %s (convert the "
-                    "model before building the optimizer)" % (field, p.dtype, s.dtype))
-            gi = group_index.setdefault(s.group, len(group_index))
-            items.append(StepItem(name=s.name, update=g, dequantized_out=p.data, group=gi))
+            if g.is_sparse or g.shape != p.shape or p.dtype != s.dtype:
+                self._refuse_gradient(s, g)
+            gi = group_index.get(s.group)
+            if gi is None:
+                gi = group_index[s.group] = len(group_index)
+            items.append(StepItem(s.name, g, p.data, False, gi))
         return items, group_index
+
+    @staticmethod
+    def _refuse_gradient(s, g):
+        p = s.param
+        field = "parameter %d ('%s')" % (s.index, s.name)
+        if g.is_sparse:
+            raise ClientArgumentError("%s: sparse gradients are not supported" % field)
+        if g.shape != p.shape:
+            raise ClientArgumentError("%s: gradient of shape %s for a parameter of shape %s"
+                                      % (field, list(g.shape), list(p.shape)))
+        raise ClientArgumentError(
+            "%s: the parameter is %s now, but its weight was created %s (convert the "
+            "model before building the optimizer)" % (field, p.dtype, s.dtype))
 
     def _send(self, step, items, groups):
         c = self.client

@@ -86,6 +86,7 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
         super().__init__(groups, defaults)  # add_param_group validates each group
         self.client = client if client is not None else functional.default_client()
         self._stored = []       # _Stored, in parameter order
+        self._specs_checked = {}  # group index -> the spec its stored weights were found to match
         self._torch_side = []   # (param, group index, index, reason)
         self._inner = None      # torch's optimizer over the parameters kept in torch
         self._inner_group = {}  # our group index -> the inner optimizer's group index
