@@ -37,7 +37,7 @@ absl::Status CheckStepShape(const StepRequest& req, int max_items) {
   for (size_t g = 0; g < req.groups.size(); ++g) {
     FP4Q_RETURN_IF_ERROR(CheckStepHyper(req.groups[g], absl::StrCat("groups[", g, "]")));
   }
-  // The first item whose name repeats an earlier item's (sorted, not a set: no allocation per name).
+  // The first item whose name repeats an earlier one (a sorted list: no allocation per name).
   std::vector<std::pair<absl::string_view, size_t>> names;
   names.reserve(req.items.size());
   for (size_t i = 0; i < req.items.size(); ++i) names.emplace_back(req.items[i].name, i);

@@ -45,15 +45,20 @@ absl::Status OpEnv::InlineFits(const OutputTarget& target, uint64_t bytes,
                                const FieldPath& field) const {
   if (target.has_region || ctx_ == nullptr || ctx_->reply_limit == 0) return absl::OkStatus();
   if (bytes <= ctx_->reply_limit) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      field.str(), ": the inline output (", bytes, " bytes) would exceed this transport's reply limit of ",
-      ctx_->reply_limit, " bytes; nothing was run: give a CUDA IPC region for it"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat(field.str(), ": the inline output (", bytes,
+                   " bytes) would exceed this transport's reply limit of ",
+                   ctx_->reply_limit,
+                   " bytes; nothing was run: give a CUDA IPC region for it"));
 }
 
-absl::StatusOr<kernels::ConstTensor> OpEnv::Input(const TensorIn& t, const DenseShape& shape,
+absl::StatusOr<kernels::ConstTensor> OpEnv::Input(const TensorIn& t,
+                                                  const DenseShape& shape,
                                                   const FieldPath& field) {
-  FP4Q_ASSIGN_OR_RETURN(const uint8_t* p, InputBytes(t.data, shape.bytes, field.Member("inline_data"),
-                                                     field.Member("region")));
+  FP4Q_ASSIGN_OR_RETURN(
+      const uint8_t* p,
+      InputBytes(t.data, shape.bytes, field.Member("inline_data"),
+                 field.Member("region")));
   return kernels::ConstTensor{p, shape.dtype, shape.rows, shape.cols};
 }
 

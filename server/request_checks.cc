@@ -112,10 +112,12 @@ int ToWireDType(kernels::DType dtype) {
   return dtype == kernels::DType::kBF16 ? kWireBF16 : kWireF32;
 }
 
-absl::Status CheckShape2D(const std::vector<int64_t>& shape, const FieldPath& field) {
+absl::Status CheckShape2D(const std::vector<int64_t>& shape,
+                          const FieldPath& field) {
   if (shape.size() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(field.str(), ": ", ShapeString(shape), " has rank ",
-                                                   shape.size(), "; expected [rows, cols]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field.str(), ": ", ShapeString(shape), " has rank ",
+                     shape.size(), "; expected [rows, cols]"));
   }
   for (int i = 0; i < 2; ++i) {
     if (shape[i] < 1) {

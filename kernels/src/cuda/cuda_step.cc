@@ -401,12 +401,16 @@ absl::Status CudaBackend::StepReadReportImpl(const std::vector<StepItem>& items,
                                              const void* workspace, StepReport* report,
                                              cudaStream_t s) {
   const Layout l = StepLayoutOf(items);
-  std::vector<uint8_t> prefix(l.report_end);
-  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(
-      cudaMemcpyAsync(prefix.data(), workspace, prefix.size(), cudaMemcpyDeviceToHost, s)));
-  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(cudaStreamSynchronize(s)));
-  DecodeStepReport(items, l, prefix.data(), report);
-  return absl::OkStatus();
+  // Into pinned memory: a copy to pageable memory is staged through the driver's own buffer.
+  PinnedPool& pool = PinnedPool::ForDevice(ordinal_);
+  FP4Q_ASSIGN_OR_RETURN(PinnedPool::Buffer pinned, pool.Acquire(l.report_end));
+  cudaError_t e = cudaMemcpyAsync(pinned.data, workspace, l.report_end, cudaMemcpyDeviceToHost, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  if (e == cudaSuccess) {
+    DecodeStepReport(items, l, static_cast<const uint8_t*>(pinned.data), report);
+  }
+  FP4Q_RETURN_IF_ERROR(pool.ReleaseAfter(pinned, s));
+  return FP4Q_CUDA_STATUS(e);
 }
 
 }  // namespace fp4q::kernels::cuda
