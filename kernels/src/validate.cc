@@ -19,6 +19,13 @@ absl::Status Invalid(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
 }
 
+// rows and cols >= 1, named as `field` names its dimensions.
+absl::Status CheckDims(int64_t rows, int64_t cols, const FieldPath& field) {
+  if (rows < 1) return Invalid(field.rows(), absl::StrCat(rows, " must be >= 1"));
+  if (cols < 1) return Invalid(field.cols(), absl::StrCat(cols, " must be >= 1"));
+  return absl::OkStatus();
+}
+
 bool ValidDType(DType d) { return d == DType::kF32 || d == DType::kBF16; }
 bool ValidFormat(Format f) { return f == Format::kNvfp4 || f == Format::kMxfp4; }
 bool ValidBlock(BlockShape b) {
@@ -97,6 +104,10 @@ absl::Status CheckEnum(const char* name, int value, absl::string_view field,
   return Invalid(field, absl::StrCat(value, " is not a valid ", what));
 }
 
+std::string EnumText(const char* name, int value) {
+  return name != nullptr ? std::string(name) : std::to_string(value);
+}
+
 absl::Status CheckBlockForFormat(Format format, BlockShape block, absl::string_view field) {
   if (!ValidBlock(block)) {
     return Invalid(field, absl::StrCat(static_cast<int>(block), " is not a valid block shape"));
@@ -110,24 +121,22 @@ absl::Status CheckBlockForFormat(Format format, BlockShape block, absl::string_v
   return absl::OkStatus();
 }
 
-absl::Status CheckSameShape(int64_t rows, int64_t cols, absl::string_view field, int64_t want_rows,
+absl::Status CheckSameShape(int64_t rows, int64_t cols, const FieldPath& field, int64_t want_rows,
                             int64_t want_cols, absl::string_view want_field) {
   if (rows != want_rows) {
-    return Invalid(absl::StrCat(field, ".rows"),
-                   absl::StrCat(rows, " does not match ", want_field, " ", want_rows));
+    return Invalid(field.rows(), absl::StrCat(rows, " does not match ", want_field, " ", want_rows));
   }
   if (cols != want_cols) {
-    return Invalid(absl::StrCat(field, ".cols"),
-                   absl::StrCat(cols, " does not match ", want_field, " ", want_cols));
+    return Invalid(field.cols(), absl::StrCat(cols, " does not match ", want_field, " ", want_cols));
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckCapacity(const void* ptr, size_t capacity, size_t needed,
-                           const std::string& field, absl::string_view buffer) {
-  if (ptr == nullptr) return Invalid(absl::StrCat(field, ".", buffer), "null");
+                           const FieldPath& field, absl::string_view buffer) {
+  if (ptr == nullptr) return Invalid(field.Sub(buffer), "null");
   if (capacity < needed) {
-    return Invalid(absl::StrCat(field, ".", buffer, "_capacity"),
+    return Invalid(field.Sub(absl::StrCat(buffer, "_capacity")),
                    absl::StrCat(capacity, " bytes is smaller than the ", needed, " needed"));
   }
   return absl::OkStatus();
@@ -137,153 +146,202 @@ absl::Status CheckCapacity(const void* ptr, size_t capacity, size_t needed,
 absl::Status CheckQuantizedBuffers(Format format, ScaleLayout layout, int64_t rows, int64_t cols,
                                    const void* codes, size_t codes_capacity, const void* scales,
                                    size_t scales_capacity, const void* global,
-                                   const std::string& field) {
-  FP4Q_ASSIGN_OR_RETURN(size_t code_bytes, CodeBytes(rows, cols, field));
-  FP4Q_ASSIGN_OR_RETURN(size_t scale_bytes, ScaleBytes(rows, cols, format, layout, field));
+                                   const FieldPath& field) {
+  FP4Q_RETURN_IF_ERROR(CheckDims(rows, cols, field));
+  FP4Q_ASSIGN_OR_RETURN(size_t code_bytes, CodeBytes(rows, cols, field.path()));
+  FP4Q_ASSIGN_OR_RETURN(size_t scale_bytes, ScaleBytes(rows, cols, format, layout, field.path()));
   FP4Q_RETURN_IF_ERROR(CheckCapacity(codes, codes_capacity, code_bytes, field, "codes"));
   FP4Q_RETURN_IF_ERROR(CheckCapacity(scales, scales_capacity, scale_bytes, field, "scales"));
-  if (global == nullptr) return Invalid(absl::StrCat(field, ".global"), "null");
+  if (global == nullptr) return Invalid(field.Sub("global"), "null");
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status ValidateQuantizeOptions(const QuantizeOptions& o) {
+FieldPath::FieldPath(std::string path)
+    : FieldPath(path, absl::StrCat(path, ".rows"), absl::StrCat(path, ".cols")) {}
+
+FieldPath FieldPath::Shaped(std::string path) {
+  std::string rows = absl::StrCat(path, ".shape[0]");
+  std::string cols = absl::StrCat(path, ".shape[1]");
+  return FieldPath(std::move(path), std::move(rows), std::move(cols));
+}
+
+FieldPath FieldPath::WithDims(std::string path, std::string rows, std::string cols) {
+  return FieldPath(std::move(path), std::move(rows), std::move(cols));
+}
+
+std::string FieldPath::Sub(absl::string_view part) const { return absl::StrCat(path_, ".", part); }
+
+absl::Status ValidateQuantizeOptions(const QuantizeOptions& o, const FieldPath& field) {
   if (!ValidFormat(o.format)) {
-    return Invalid("options.format",
+    return Invalid(field.Sub("format"),
                    absl::StrCat(static_cast<int>(o.format), " is not a valid format"));
   }
-  FP4Q_RETURN_IF_ERROR(CheckBlockForFormat(o.format, o.block, "options.block"));
+  FP4Q_RETURN_IF_ERROR(CheckBlockForFormat(o.format, o.block, field.Sub("block")));
   FP4Q_RETURN_IF_ERROR(CheckEnum(RoundingName(o.rounding), static_cast<int>(o.rounding),
-                                 "options.rounding", "rounding"));
+                                 field.Sub("rounding"), "rounding"));
   FP4Q_RETURN_IF_ERROR(
-      CheckEnum(RhtName(o.rht), static_cast<int>(o.rht), "options.rht", "RHT mode"));
+      CheckEnum(RhtName(o.rht), static_cast<int>(o.rht), field.Sub("rht"), "RHT mode"));
   FP4Q_RETURN_IF_ERROR(CheckEnum(SelectionName(o.scale_selection),
-                                 static_cast<int>(o.scale_selection), "options.scale_selection",
+                                 static_cast<int>(o.scale_selection), field.Sub("scale_selection"),
                                  "scale selection"));
   FP4Q_RETURN_IF_ERROR(CheckEnum(LayoutName(o.scale_layout), static_cast<int>(o.scale_layout),
-                                 "options.scale_layout", "scale layout"));
+                                 field.Sub("scale_layout"), "scale layout"));
   FP4Q_RETURN_IF_ERROR(CheckEnum(MxRuleName(o.mx_rule), static_cast<int>(o.mx_rule),
-                                 "options.mx_rule", "MX scale rule"));
+                                 field.Sub("mx_rule"), "MX scale rule"));
   if (!o.rowwise && !o.columnwise) {
-    return Invalid("options.rowwise", "false and options.columnwise false: no output requested");
+    return Invalid(field.Sub("rowwise"),
+                   absl::StrCat("false and ", field.Sub("columnwise"),
+                                " false: no output requested"));
   }
   if (o.has_amax) {
     if (o.format == Format::kMxfp4) {
-      return Invalid("options.amax", absl::StrCat(o.amax, " given, but MXFP4 has no global scale"));
+      return Invalid(field.Sub("amax"),
+                     absl::StrCat(o.amax, " given, but MXFP4 has no global scale"));
     }
     if (!std::isfinite(o.amax) || o.amax < 0.0f) {
-      return Invalid("options.amax", absl::StrCat(o.amax, " is not finite and >= 0"));
+      return Invalid(field.Sub("amax"), absl::StrCat(o.amax, " is not finite and >= 0"));
     }
   }
   if (o.scale_selection != ScaleSelection::kMapTo6) {
     const std::string mode = SelectionName(o.scale_selection);
+    const std::string sel = field.Sub("scale_selection");
     if (o.format != Format::kNvfp4) {
-      return Invalid("options.scale_selection",
-                     absl::StrCat(mode, " is NVFP4 only (format ", FormatName(o.format), ")"));
+      return Invalid(sel, absl::StrCat(mode, " is NVFP4 only (format ", FormatName(o.format), ")"));
     }
     if (o.rounding != Rounding::kNearest) {
-      return Invalid(
-          "options.scale_selection",
-          absl::StrCat(mode, " needs options.rounding nearest, not ", RoundingName(o.rounding)));
+      return Invalid(sel, absl::StrCat(mode, " needs ", field.Sub("rounding"), " nearest, not ",
+                                       RoundingName(o.rounding)));
     }
     if (o.rht != RhtMode::kOff) {
-      return Invalid("options.scale_selection",
-                     absl::StrCat(mode, " is not combined with options.rht ", RhtName(o.rht)));
+      return Invalid(sel, absl::StrCat(mode, " is not combined with ", field.Sub("rht"), " ",
+                                       RhtName(o.rht)));
     }
     if (o.four_over_six_emax != 256.0f && o.four_over_six_emax != 448.0f) {
-      return Invalid("options.four_over_six_emax",
+      return Invalid(field.Sub("four_over_six_emax"),
                      absl::StrCat(o.four_over_six_emax, " is not 256 or 448"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status ValidateConstTensor(const ConstTensor& t, const std::string& field) {
+absl::Status ValidateConstTensor(const ConstTensor& t, const FieldPath& field) {
   if (!ValidDType(t.dtype)) {
-    return Invalid(absl::StrCat(field, ".dtype"),
+    return Invalid(field.Sub("dtype"),
                    absl::StrCat(static_cast<int>(t.dtype), " is not a valid dtype"));
   }
-  FP4Q_RETURN_IF_ERROR(DenseBytes(t.rows, t.cols, t.dtype, field).status());
-  if (t.data == nullptr) return Invalid(absl::StrCat(field, ".data"), "null");
+  FP4Q_RETURN_IF_ERROR(CheckDims(t.rows, t.cols, field));
+  FP4Q_RETURN_IF_ERROR(DenseBytes(t.rows, t.cols, t.dtype, field.path()).status());
+  if (t.data == nullptr) return Invalid(field.Sub("data"), "null");
   return absl::OkStatus();
 }
 
-absl::Status ValidateMutTensor(const MutTensor& t, const std::string& field) {
+absl::Status ValidateMutTensor(const MutTensor& t, const FieldPath& field) {
   if (!ValidDType(t.dtype)) {
-    return Invalid(absl::StrCat(field, ".dtype"),
+    return Invalid(field.Sub("dtype"),
                    absl::StrCat(static_cast<int>(t.dtype), " is not a valid dtype"));
   }
-  FP4Q_ASSIGN_OR_RETURN(size_t bytes, DenseBytes(t.rows, t.cols, t.dtype, field));
-  if (t.data == nullptr) return Invalid(absl::StrCat(field, ".data"), "null");
+  FP4Q_RETURN_IF_ERROR(CheckDims(t.rows, t.cols, field));
+  FP4Q_ASSIGN_OR_RETURN(size_t bytes, DenseBytes(t.rows, t.cols, t.dtype, field.path()));
+  if (t.data == nullptr) return Invalid(field.Sub("data"), "null");
   if (t.capacity < bytes) {
-    return Invalid(absl::StrCat(field, ".capacity"),
+    return Invalid(field.Sub("capacity"),
                    absl::StrCat(t.capacity, " bytes is smaller than the ", bytes, " bytes of [",
                                 t.rows, ", ", t.cols, "] ", DTypeName(t.dtype)));
   }
   return absl::OkStatus();
 }
 
-absl::Status ValidateQuantizeInput(const ConstTensor& x, const QuantizeOptions& o) {
-  FP4Q_RETURN_IF_ERROR(ValidateConstTensor(x, "x"));
+absl::Status ValidateQuantizeShape(int64_t rows, int64_t cols, const QuantizeOptions& o,
+                                   const FieldPath& x) {
+  FP4Q_RETURN_IF_ERROR(CheckDims(rows, cols, x));
   const int block = BlockElems(o.format);
-  if (x.cols % block != 0) {
-    return Invalid("x.cols", absl::StrCat(x.cols, " is not a multiple of the block size ", block));
+  if (cols % block != 0) {
+    return Invalid(x.cols(), absl::StrCat(cols, " is not a multiple of the block size ", block));
   }
-  if (o.block == BlockShape::k16x16 && x.rows % 16 != 0) {
-    return Invalid("x.rows", absl::StrCat(x.rows, " is not a multiple of 16 (16x16 blocks)"));
+  if (o.block == BlockShape::k16x16 && rows % 16 != 0) {
+    return Invalid(x.rows(), absl::StrCat(rows, " is not a multiple of 16 (16x16 blocks)"));
   }
-  if (o.columnwise && x.rows % block != 0) {
-    return Invalid("x.rows", absl::StrCat(x.rows, " is not a multiple of the block size ", block,
+  if (o.columnwise && rows % block != 0) {
+    return Invalid(x.rows(), absl::StrCat(rows, " is not a multiple of the block size ", block,
                                           " (column-wise output)"));
   }
   return absl::OkStatus();
 }
 
+absl::Status ValidateQuantizeInput(const ConstTensor& x, const QuantizeOptions& o,
+                                   const FieldPath& field) {
+  FP4Q_RETURN_IF_ERROR(ValidateConstTensor(x, field));
+  return ValidateQuantizeShape(x.rows, x.cols, o, field);
+}
+
+absl::Status ValidateErrorFeedback(const QuantizeOptions& o, const FieldPath& residual,
+                                   const FieldPath& field) {
+  if (!o.rowwise) {
+    return Invalid(residual.path(), absl::StrCat("error feedback needs the row-wise output (",
+                                                 field.Sub("rowwise"), " is false)"));
+  }
+  if (o.columnwise) {
+    return Invalid(residual.path(), absl::StrCat("error feedback is row-wise only (",
+                                                 field.Sub("columnwise"), " is true)"));
+  }
+  if (o.rht != RhtMode::kOff) {
+    return Invalid(residual.path(), absl::StrCat("error feedback is not combined with ",
+                                                 field.Sub("rht"), " ", RhtName(o.rht)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateQuantizedOutput(const QuantizedTensor& q, int64_t rows, int64_t cols,
-                                     const QuantizeOptions& o, const std::string& field) {
+                                     const QuantizeOptions& o, const FieldPath& field) {
   if (q.format != o.format) {
-    return Invalid(absl::StrCat(field, ".format"),
+    return Invalid(field.Sub("format"),
                    absl::StrCat(ValidFormat(q.format) ? FormatName(q.format)
                                                       : std::to_string(static_cast<int>(q.format)),
                                 " does not match options.format ", FormatName(o.format)));
   }
   if (q.block != o.block) {
-    return Invalid(absl::StrCat(field, ".block"),
+    return Invalid(field.Sub("block"),
                    absl::StrCat(ValidBlock(q.block) ? BlockShapeName(q.block)
                                                     : std::to_string(static_cast<int>(q.block)),
                                 " does not match options.block ", BlockShapeName(o.block)));
   }
   if (q.scale_layout != o.scale_layout) {
-    return Invalid(
-        absl::StrCat(field, ".scale_layout"),
-        absl::StrCat(ValidLayout(q.scale_layout) ? LayoutName(q.scale_layout)
-                                                 : std::to_string(static_cast<int>(q.scale_layout)),
-                     " does not match options.scale_layout ", LayoutName(o.scale_layout)));
+    return Invalid(field.Sub("scale_layout"),
+                   absl::StrCat(EnumText(LayoutName(q.scale_layout),
+                                         static_cast<int>(q.scale_layout)),
+                                " does not match options.scale_layout ",
+                                LayoutName(o.scale_layout)));
   }
   FP4Q_RETURN_IF_ERROR(CheckSameShape(q.rows, q.cols, field, rows, cols, "the expected"));
   return CheckQuantizedBuffers(q.format, q.scale_layout, q.rows, q.cols, q.codes, q.codes_capacity,
                                q.scales, q.scales_capacity, q.global, field);
 }
 
-absl::Status ValidateQuantizedInput(const ConstQuantizedTensor& q, const std::string& field) {
-  if (!ValidFormat(q.format)) {
-    return Invalid(absl::StrCat(field, ".format"),
-                   absl::StrCat(static_cast<int>(q.format), " is not a valid format"));
+absl::Status ValidateQuantizedShape(Format format, BlockShape block, ScaleLayout layout,
+                                    int64_t rows, int64_t cols, const FieldPath& field) {
+  if (!ValidFormat(format)) {
+    return Invalid(field.Sub("format"),
+                   absl::StrCat(static_cast<int>(format), " is not a valid format"));
   }
-  FP4Q_RETURN_IF_ERROR(CheckBlockForFormat(q.format, q.block, absl::StrCat(field, ".block")));
-  FP4Q_RETURN_IF_ERROR(CheckEnum(LayoutName(q.scale_layout), static_cast<int>(q.scale_layout),
-                                 absl::StrCat(field, ".scale_layout"), "scale layout"));
-  FP4Q_RETURN_IF_ERROR(CodeBytes(q.rows, q.cols, field).status());  // dims >= 1
-  const int block = BlockElems(q.format);
-  if (q.cols % block != 0) {
-    return Invalid(absl::StrCat(field, ".cols"),
-                   absl::StrCat(q.cols, " is not a multiple of the block size ", block));
+  FP4Q_RETURN_IF_ERROR(CheckBlockForFormat(format, block, field.Sub("block")));
+  FP4Q_RETURN_IF_ERROR(CheckEnum(LayoutName(layout), static_cast<int>(layout),
+                                 field.Sub("scale_layout"), "scale layout"));
+  FP4Q_RETURN_IF_ERROR(CheckDims(rows, cols, field));
+  const int elems = BlockElems(format);
+  if (cols % elems != 0) {
+    return Invalid(field.cols(), absl::StrCat(cols, " is not a multiple of the block size ", elems));
   }
-  if (q.block == BlockShape::k16x16 && q.rows % 16 != 0) {
-    return Invalid(absl::StrCat(field, ".rows"),
-                   absl::StrCat(q.rows, " is not a multiple of 16 (16x16 blocks)"));
+  if (block == BlockShape::k16x16 && rows % 16 != 0) {
+    return Invalid(field.rows(), absl::StrCat(rows, " is not a multiple of 16 (16x16 blocks)"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateQuantizedInput(const ConstQuantizedTensor& q, const FieldPath& field) {
+  FP4Q_RETURN_IF_ERROR(
+      ValidateQuantizedShape(q.format, q.block, q.scale_layout, q.rows, q.cols, field));
   return CheckQuantizedBuffers(q.format, q.scale_layout, q.rows, q.cols, q.codes, q.codes_capacity,
                                q.scales, q.scales_capacity, q.global, field);
 }
@@ -301,18 +359,16 @@ absl::Status ValidateQuantizeArgs(const ConstTensor& x, const QuantizeOptions& o
     if (columnwise == nullptr) return Invalid("columnwise", "null but options.columnwise is true");
     FP4Q_RETURN_IF_ERROR(ValidateQuantizedOutput(*columnwise, x.cols, x.rows, o, "columnwise"));
   }
-  if (residual != nullptr) {
-    if (!o.rowwise) {
-      return Invalid("residual",
-                     "error feedback needs the row-wise output (options.rowwise is false)");
-    }
-    if (o.columnwise) {
-      return Invalid("residual", "error feedback is row-wise only (options.columnwise is true)");
-    }
-    if (o.rht != RhtMode::kOff) {
-      return Invalid("residual", absl::StrCat("error feedback is not combined with options.rht ",
-                                              RhtName(o.rht)));
-    }
+  if (residual != nullptr) FP4Q_RETURN_IF_ERROR(ValidateErrorFeedback(o));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateQdqOptions(const QuantizeOptions& o, const FieldPath& field) {
+  FP4Q_RETURN_IF_ERROR(ValidateQuantizeOptions(o, field));
+  if (!o.rowwise) return Invalid(field.Sub("rowwise"), "false, but QDQ is row-wise");
+  if (o.columnwise) return Invalid(field.Sub("columnwise"), "true, but QDQ is row-wise only");
+  if (o.rht != RhtMode::kOff) {
+    return Invalid(field.Sub("rht"), absl::StrCat(RhtName(o.rht), " is not supported by QDQ"));
   }
   return absl::OkStatus();
 }
@@ -320,34 +376,34 @@ absl::Status ValidateQuantizeArgs(const ConstTensor& x, const QuantizeOptions& o
 absl::Status ValidateQdqArgs(const ConstTensor& x, const QuantizeOptions& o, const float* residual,
                              const MutTensor& out) {
   (void)residual;  // any residual is x-shaped f32 (see ValidateResidualShape)
-  FP4Q_RETURN_IF_ERROR(ValidateQuantizeOptions(o));
-  if (!o.rowwise) return Invalid("options.rowwise", "false, but QDQ is row-wise");
-  if (o.columnwise) return Invalid("options.columnwise", "true, but QDQ is row-wise only");
-  if (o.rht != RhtMode::kOff) {
-    return Invalid("options.rht", absl::StrCat(RhtName(o.rht), " is not supported by QDQ"));
-  }
+  FP4Q_RETURN_IF_ERROR(ValidateQdqOptions(o));
   FP4Q_RETURN_IF_ERROR(ValidateQuantizeInput(x, o));
   FP4Q_RETURN_IF_ERROR(ValidateMutTensor(out, "out"));
   return CheckSameShape(out.rows, out.cols, "out", x.rows, x.cols, "x");
 }
 
 absl::Status ValidateMatmulArgs(const ConstQuantizedTensor& a, const ConstQuantizedTensor& b,
-                                const MutTensor& c) {
-  FP4Q_RETURN_IF_ERROR(ValidateQuantizedInput(a, "a"));
-  FP4Q_RETURN_IF_ERROR(ValidateQuantizedInput(b, "b"));
+                                const MutTensor& c, const FieldPath& a_field,
+                                const FieldPath& b_field, const FieldPath& c_field) {
+  FP4Q_RETURN_IF_ERROR(ValidateQuantizedInput(a, a_field));
+  FP4Q_RETURN_IF_ERROR(ValidateQuantizedInput(b, b_field));
   if (a.format != b.format) {
-    return Invalid("b.format", absl::StrCat(FormatName(b.format), " does not match a.format ",
-                                            FormatName(a.format)));
+    return Invalid(b_field.Sub("format"),
+                   absl::StrCat(FormatName(b.format), " does not match ", a_field.Sub("format"),
+                                " ", FormatName(a.format)));
   }
   if (a.cols != b.cols) {
-    return Invalid("b.cols", absl::StrCat(b.cols, " does not match a.cols ", a.cols, " (K)"));
+    return Invalid(b_field.cols(), absl::StrCat(b.cols, " does not match ", a_field.cols(), " ",
+                                                a.cols, " (K)"));
   }
-  FP4Q_RETURN_IF_ERROR(ValidateMutTensor(c, "c"));
+  FP4Q_RETURN_IF_ERROR(ValidateMutTensor(c, c_field));
   if (c.rows != a.rows) {
-    return Invalid("c.rows", absl::StrCat(c.rows, " does not match a.rows ", a.rows, " (M)"));
+    return Invalid(c_field.rows(), absl::StrCat(c.rows, " does not match ", a_field.rows(), " ",
+                                                a.rows, " (M)"));
   }
   if (c.cols != b.rows) {
-    return Invalid("c.cols", absl::StrCat(c.cols, " does not match b.rows ", b.rows, " (N)"));
+    return Invalid(c_field.cols(), absl::StrCat(c.cols, " does not match ", b_field.rows(), " ",
+                                                b.rows, " (N)"));
   }
   return absl::OkStatus();
 }
@@ -499,7 +555,8 @@ absl::Status CheckMoment(const MomentTensor& m, bool wanted, StateDType dtype,
 
 }  // namespace
 
-absl::Status ValidateStepItem(const StepItem& item, const std::string& field) {
+absl::Status ValidateStepItem(const StepItem& item, const FieldPath& item_field) {
+  const std::string& field = item_field.path();
   const QuantizedTensor& w = item.weight;
   const std::string wf = absl::StrCat(field, ".weight");
   FP4Q_RETURN_IF_ERROR(ValidateQuantizedInput(AsConst(w), wf));
