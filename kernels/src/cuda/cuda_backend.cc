@@ -195,15 +195,15 @@ void CudaBackend::DestroyStream(Stream stream) {
 
 // ---------------------------------------------------------------- IPC
 
-absl::StatusOr<void*> CudaBackend::OpenIpcHandle(const std::string& handle_bytes) {
-  if (handle_bytes.size() != sizeof(cudaIpcMemHandle_t)) {
-    return absl::InvalidArgumentError(absl::StrCat("handle: ", handle_bytes.size(),
+absl::StatusOr<void*> CudaBackend::OpenIpcHandle(const std::string& ipc_handle) {
+  if (ipc_handle.size() != sizeof(cudaIpcMemHandle_t)) {
+    return absl::InvalidArgumentError(absl::StrCat("ipc_handle: ", ipc_handle.size(),
                                                    " bytes, a cudaIpcMemHandle_t has ",
                                                    sizeof(cudaIpcMemHandle_t)));
   }
   FP4Q_RETURN_IF_ERROR(Enter());
   cudaIpcMemHandle_t h;
-  std::memcpy(&h, handle_bytes.data(), sizeof(h));
+  std::memcpy(&h, ipc_handle.data(), sizeof(h));
   void* base = nullptr;
   // Lazy peer access stays on: without it a handle of another GPU's allocation may still map,
   // and a kernel touching it would fault (a sticky error). Which GPU an allocation lives on is
@@ -216,7 +216,7 @@ absl::StatusOr<void*> CudaBackend::OpenIpcHandle(const std::string& handle_bytes
     if (IsStickyStatus(s)) return s;
     cudaGetLastError();  // not sticky: clear it so later launch checks do not see it
     return absl::InvalidArgumentError(
-        absl::StrCat("handle: cannot be opened on ", info_.uuid, ": ", s.message()));
+        absl::StrCat("ipc_handle: cannot be opened on ", info_.uuid, ": ", s.message()));
   }
   // Second guard: where the runtime does report another GPU as the owner, refuse it, saying
   // where the allocation lives.
@@ -230,7 +230,7 @@ absl::StatusOr<void*> CudaBackend::OpenIpcHandle(const std::string& handle_bytes
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, attr.device) == cudaSuccess) owner = FormatUuid(prop.uuid);
     cudaGetLastError();
-    return absl::InvalidArgumentError(absl::StrCat("handle: the allocation lives on ", owner,
+    return absl::InvalidArgumentError(absl::StrCat("ipc_handle: the allocation lives on ", owner,
                                                    ", not on ", info_.uuid));
   }
   absl::MutexLock lock(&mu_);
