@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cuda/cuda_status.h"
+#include "cuda/kernel_codes_host.h"
 #include "cuda/launch.h"
 #include "cuda/staging.h"
 #include "fp4q/common/status_macros.h"
@@ -28,8 +29,6 @@ absl::Status CheckCopyArgs(const void* dst, const void* src, size_t bytes) {
   if (bytes > 0 && src == nullptr) return absl::InvalidArgumentError(absl::StrCat("src: null with bytes ", bytes));
   return absl::OkStatus();
 }
-
-int DtypeCode(DType d) { return d == DType::kF32 ? kF32 : kBF16; }
 
 }  // namespace
 
@@ -334,7 +333,7 @@ absl::Status CudaBackend::DoRht(const ConstTensor& in, RhtMode mode, uint64_t rh
   p.dtype = DtypeCode(in.dtype);
   p.rows = in.rows;
   p.cols = in.cols;
-  p.signs = mode == RhtMode::kOff ? 0u : RhtSignMask(static_cast<int>(mode), rht_seed);
+  p.signs = mode == RhtMode::kOff ? 0u : RhtSignMask(RhtCode(mode), rht_seed);
   p.inverse = inverse;
   FP4Q_RETURN_IF_ERROR(Track(FP4Q_CUDA_STATUS(LaunchRht(p, s))));
   FP4Q_RETURN_IF_ERROR(Track(st.Finish()));
