@@ -72,7 +72,8 @@ absl::Status Unrequested(const OutputTarget& t, absl::string_view field, absl::s
 }
 
 // QDQ's options: one row-wise output (named as the proto's `outputs`; error feedback's refusal
-// first), no RHT, then the general option rules.
+// first), then the kernels' QDQ option rules (the general ones, no RHT; so error feedback's
+// other rules hold too).
 absl::Status CheckQdqOptions(const QuantOptionsIn& in) {
   const kernels::QuantizeOptions& o = in.quant;
   FP4Q_RETURN_IF_ERROR(CheckErrorFeedbackOutputs(in));
@@ -81,8 +82,7 @@ absl::Status CheckQdqOptions(const QuantOptionsIn& in) {
         absl::StrCat("options.outputs: ", o.rowwise ? "OUTPUTS_BOTH" : "OUTPUTS_COLUMNWISE",
                      ", but QDQ is row-wise only; use OUTPUTS_ROWWISE"));
   }
-  FP4Q_RETURN_IF_ERROR(kernels::ValidateQdqOptions(o, "options"));
-  return CheckQuantOptions(in);
+  return kernels::ValidateQdqOptions(o, "options");
 }
 
 void FillQuantized(const kernels::QuantizedTensor& q, const float global[2], QuantizedResult* r) {
