@@ -65,6 +65,15 @@ namespace fp4q::server {
 inline constexpr char kCheckpointFileName[] = "fp4q-state.ckpt";
 inline constexpr char kCheckpointTempSuffix[] = ".tmp";
 
+// The record's enum numbers (the fp4q.v1 numbers of the day the format was fixed; the file
+// keeps them whatever the proto or the kernels do later).
+inline constexpr uint8_t kRecordBlock1x16 = 1;   // BLOCK_SHAPE_1X16
+inline constexpr uint8_t kRecordBlock16x16 = 2;  // BLOCK_SHAPE_16X16
+inline constexpr uint8_t kRecordNearest = 1;     // ROUNDING_NEAREST
+inline constexpr uint8_t kRecordStochastic = 2;  // ROUNDING_STOCHASTIC
+inline constexpr uint8_t kRecordF32 = 1;         // DTYPE_F32
+inline constexpr uint8_t kRecordBF16 = 2;        // DTYPE_BF16
+
 struct CheckpointRecord {
   uint8_t kind = 0;  // 1 weight, 2 residual
   bool has_step = false;

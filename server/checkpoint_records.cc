@@ -112,7 +112,7 @@ const FieldRule kFieldRules[] = {
      }},
     {"dtype", kWeight,
      [](const CheckpointRecord& r) {
-       return Unless(r.dtype == kWireF32 || r.dtype == kWireBF16,
+       return Unless(r.dtype == kRecordF32 || r.dtype == kRecordBF16,
                      absl::StrCat(r.dtype, " is not DTYPE_F32 (1) or DTYPE_BF16 (2)"));
      }},
     {"cols", kWeight,

@@ -35,10 +35,12 @@ absl::StatusOr<CheckpointRecord> Engine::Snapshot(const std::shared_ptr<StateEnt
     r.name = e->name;
     r.device = e->device->label;
     if (e->kind == EntryKind::kWeight) {
-      r.block = static_cast<uint8_t>(ToWireBlock(e->params.block));
-      r.rounding = e->params.rounding == kernels::Rounding::kStochastic ? 2 : 1;
+      r.block = e->params.block == kernels::BlockShape::k16x16 ? kRecordBlock16x16
+                                                               : kRecordBlock1x16;
+      r.rounding = e->params.rounding == kernels::Rounding::kStochastic ? kRecordStochastic
+                                                                        : kRecordNearest;
       r.error_feedback = e->params.error_feedback;
-      r.dtype = static_cast<uint8_t>(ToWireDType(e->params.dtype));
+      r.dtype = e->params.dtype == kernels::DType::kBF16 ? kRecordBF16 : kRecordF32;
       r.seed = e->params.seed;
       r.codes.resize(e->sizes.codes);
       r.scales.resize(e->sizes.scales);
@@ -146,13 +148,18 @@ absl::Status Engine::RestoreRecord(CheckpointRecord r) {
   const EntryKind kind = static_cast<EntryKind>(r.kind);
   WeightParams params;
   if (kind == EntryKind::kWeight) {
-    if (r.block != 1 && r.block != 2) return Corrupt(r, "bad block");
-    if (r.rounding != 1 && r.rounding != 2) return Corrupt(r, "bad rounding");
-    if (r.dtype != kWireF32 && r.dtype != kWireBF16) return Corrupt(r, "bad dtype");
-    params.block = r.block == 2 ? kernels::BlockShape::k16x16 : kernels::BlockShape::k1x16;
-    params.rounding =
-        r.rounding == 2 ? kernels::Rounding::kStochastic : kernels::Rounding::kNearest;
-    params.dtype = r.dtype == kWireBF16 ? kernels::DType::kBF16 : kernels::DType::kF32;
+    if (r.block != kRecordBlock1x16 && r.block != kRecordBlock16x16) {
+      return Corrupt(r, "bad block");
+    }
+    if (r.rounding != kRecordNearest && r.rounding != kRecordStochastic) {
+      return Corrupt(r, "bad rounding");
+    }
+    if (r.dtype != kRecordF32 && r.dtype != kRecordBF16) return Corrupt(r, "bad dtype");
+    params.block =
+        r.block == kRecordBlock16x16 ? kernels::BlockShape::k16x16 : kernels::BlockShape::k1x16;
+    params.rounding = r.rounding == kRecordStochastic ? kernels::Rounding::kStochastic
+                                                      : kernels::Rounding::kNearest;
+    params.dtype = r.dtype == kRecordBF16 ? kernels::DType::kBF16 : kernels::DType::kF32;
     params.seed = r.seed;
     params.error_feedback = r.error_feedback;
     params.scaling = r.scaling == 2 ? kernels::Scaling::kDelayed : kernels::Scaling::kCurrent;

@@ -86,15 +86,17 @@ class OpEnv {
                                             const FieldPath& region_field);
   // An output of `bytes` bytes: in the target's region (errors name "<field>.region"), or
   // scratch landing in *inline_out.
-  absl::StatusOr<uint8_t*> Output(const OutputTarget& target, size_t bytes, const FieldPath& field,
+  absl::StatusOr<uint8_t*> Output(const OutputTarget& target, size_t bytes,
+                                  const FieldPath& field,
                                   std::string* inline_out, bool* in_region,
                                   RegionSlice* region_out);
-  absl::StatusOr<uint8_t*> Output(const OutputTarget& target, size_t bytes, const FieldPath& field,
-                                  TensorResult* out) {
-    return Output(target, bytes, field, &out->inline_data, &out->in_region, &out->region);
+  absl::StatusOr<uint8_t*> Output(const OutputTarget& target, size_t bytes,
+                                  const FieldPath& field, TensorResult* out) {
+    return Output(target, bytes, field, &out->inline_data, &out->in_region,
+                  &out->region);
   }
-  absl::StatusOr<uint8_t*> Output(const OutputTarget& target, size_t bytes, const FieldPath& field,
-                                  BytesResult* out) {
+  absl::StatusOr<uint8_t*> Output(const OutputTarget& target, size_t bytes,
+                                  const FieldPath& field, BytesResult* out) {
     return Output(target, bytes, field, &out->inline_data, &out->in_region, &out->region);
   }
   // Device scratch freed when the request ends.

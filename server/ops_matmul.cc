@@ -20,8 +20,19 @@ struct Operand {
   kernels::ConstQuantizedTensor q;
   std::shared_ptr<StateEntry> entry;
   std::string field;  // "a", "b", "input"
+  // How messages name it: "a.tensor" with dimensions "a.tensor.shape[0]" / "[1]", or a stored
+  // weight's "a.weight_name" (no shape in the request: "a.weight_name (the weight's rows)").
+  std::string path;
+  bool weight_dims = false;
 };
+
 namespace {
+
+// The operand's path for messages; `root` is FieldPath(o.path), kept by the caller.
+FieldPath OperandPath(const FieldPath& root, const Operand& o) {
+  return o.weight_dims ? root.Dims(" (the weight's rows)", " (the weight's columns)")
+                       : root.Shaped();
+}
 
 // A's rows [r0, r0 + rows) as an operand of their own: plain scale layouts slice by rows (16x16
 // blocks at multiples of 16 rows); swizzled ones by 128-row tiles (a tile's scales are
@@ -82,6 +93,8 @@ absl::Status ResolveOperand(OpEnv& env, StateStore& store, const QuantizedOperan
   }
   if (in.is_weight) {
     const std::string f = absl::StrCat(field, ".weight_name");
+    out->path = f;
+    out->weight_dims = true;
     FP4Q_RETURN_IF_ERROR(CheckName(in.weight_name, f));
     out->entry = store.Find(env.Key(in.weight_name));
     if (out->entry == nullptr) {
@@ -95,34 +108,29 @@ absl::Status ResolveOperand(OpEnv& env, StateStore& store, const QuantizedOperan
   }
   const QuantizedIn& t = in.tensor;
   const std::string f = absl::StrCat(field, ".tensor");
+  out->path = f;
   kernels::ConstQuantizedTensor& q = out->q;
-  FP4Q_ASSIGN_OR_RETURN(q.format, ToFormat(t.format, f));
-  FP4Q_ASSIGN_OR_RETURN(q.block, ToBlock(t.block, q.format, f));
-  FP4Q_ASSIGN_OR_RETURN(q.scale_layout, ToLayout(t.scale_layout, f));
+  q.format = t.format;
+  q.block = t.block;
+  q.scale_layout = t.scale_layout;
   const FieldPath fp(f);
   FP4Q_RETURN_IF_ERROR(CheckShape2D(t.shape, fp.Member("shape")));
   q.rows = t.shape[0];
   q.cols = t.shape[1];
+  // Shape rules before touching any bytes.
+  const FieldPath shaped = fp.Shaped();
+  FP4Q_RETURN_IF_ERROR(kernels::ValidateQuantizedShape(q.format, q.block, q.scale_layout, q.rows,
+                                                       q.cols, shaped));
   float s_enc = t.s_enc;
   if (q.format == kernels::Format::kMxfp4 && s_enc == 0.0f) s_enc = 1.0f;  // no global scale
   if (!std::isfinite(s_enc) || !(s_enc > 0.0f)) {
     return absl::InvalidArgumentError(
         absl::StrCat(f, ".s_enc: ", t.s_enc, " must be finite and > 0"));
   }
-  absl::StatusOr<size_t> codes_bytes = kernels::CodeBytes(q.rows, q.cols, f);
-  if (!codes_bytes.ok()) return RenameField(codes_bytes.status(), f, f);
-  absl::StatusOr<size_t> scales_bytes =
-      kernels::ScaleBytes(q.rows, q.cols, q.format, q.scale_layout, f);
-  if (!scales_bytes.ok()) return RenameField(scales_bytes.status(), f, f);
-  q.codes_capacity = *codes_bytes;
-  q.scales_capacity = *scales_bytes;
-  // Shape rules before touching any bytes (placeholders stand in for the buffers).
-  kernels::ConstQuantizedTensor probe = q;
-  probe.codes = ShapeProbe();
-  probe.scales = ShapeProbe();
-  probe.global = ShapeProbeFloat();
-  // Renaming f.rows / f.cols to f.shape[0] / f.shape[1].
-  FP4Q_RETURN_IF_ERROR(RenameField(kernels::ValidateQuantizedInput(probe, f), f, f));
+  // The shape is valid: only an overflow is left to refuse (its message names f).
+  FP4Q_ASSIGN_OR_RETURN(q.codes_capacity, kernels::CodeBytes(q.rows, q.cols, f));
+  FP4Q_ASSIGN_OR_RETURN(q.scales_capacity,
+                        kernels::ScaleBytes(q.rows, q.cols, q.format, q.scale_layout, f));
   FP4Q_ASSIGN_OR_RETURN(q.codes,
                         env.InputBytes(t.codes, q.codes_capacity, fp.Member("codes"),
                                        fp.Member("codes_region")));
@@ -168,7 +176,7 @@ absl::Status Engine::RunDequantize(OpEnv& env, const DequantizeRequest& req,
                                    DequantizeResult* res) {
   Operand op;
   FP4Q_RETURN_IF_ERROR(ResolveOperand(env, *store_, req.input, "input", &op));
-  FP4Q_ASSIGN_OR_RETURN(kernels::DType dt, DenseDType(req.out_dtype, "out_dtype", true));
+  const kernels::DType dt = req.out_dtype;
   std::vector<std::unique_lock<std::mutex>> locks;
   FP4Q_RETURN_IF_ERROR(LockOperands({&op}, &locks));
   FP4Q_ASSIGN_OR_RETURN(size_t bytes, kernels::DenseBytes(op.q.rows, op.q.cols, dt, "out"));
@@ -180,8 +188,8 @@ absl::Status Engine::RunDequantize(OpEnv& env, const DequantizeRequest& req,
   absl::Status s =
       env.Kernel("dequantize", [&] { return env.backend().Dequantize(op.q, m, env.stream()); });
   if (s.ok()) s = env.FinishOutputs();
-  FP4Q_RETURN_IF_ERROR(RenameField(s, "q", "input"));
-  res->output.dtype = ToWireDType(dt);
+  FP4Q_RETURN_IF_ERROR(s);
+  res->output.dtype = dt;
   res->output.shape = {op.q.rows, op.q.cols};
   res->meta.processed_elements = static_cast<uint64_t>(op.q.rows * op.q.cols);
   return absl::OkStatus();
@@ -191,7 +199,7 @@ absl::Status Engine::RunMatmul(OpEnv& env, const MatmulRequest& req, MatmulResul
   Operand a, b;
   FP4Q_RETURN_IF_ERROR(ResolveOperand(env, *store_, req.a, "a", &a));
   FP4Q_RETURN_IF_ERROR(ResolveOperand(env, *store_, req.b, "b", &b));
-  FP4Q_ASSIGN_OR_RETURN(kernels::DType dt, DenseDType(req.out_dtype, "out_dtype", true));
+  const kernels::DType dt = req.out_dtype;
   std::vector<std::unique_lock<std::mutex>> locks;
   FP4Q_RETURN_IF_ERROR(LockOperands({&a, &b}, &locks));
   for (const Operand* op : {&a, &b}) {
@@ -214,12 +222,9 @@ absl::Status Engine::RunMatmul(OpEnv& env, const MatmulRequest& req, MatmulResul
   FP4Q_ASSIGN_OR_RETURN(uint8_t * out, env.Output(req.out, bytes, "out", &res->output));
   FP4Q_RETURN_IF_ERROR(env.CheckNoOverlap());
   kernels::MutTensor c{out, dt, m, n, bytes};
-  {
-    absl::Status s = kernels::ValidateMatmulArgs(a.q, b.q, c);
-    s = RenameField(s, "a", a.entry ? "a.weight_name" : "a.tensor");
-    s = RenameField(s, "b", b.entry ? "b.weight_name" : "b.tensor");
-    FP4Q_RETURN_IF_ERROR(RenameField(s, "c", "out"));
-  }
+  const FieldPath a_root(a.path), b_root(b.path);
+  FP4Q_RETURN_IF_ERROR(kernels::ValidateMatmulArgs(a.q, b.q, c, OperandPath(a_root, a),
+                                                   OperandPath(b_root, b), "out"));
   absl::Status s = env.Kernel("matmul", [&] {
     if (!env.device().host_memory) return env.backend().Matmul(a.q, b.q, c, env.stream());
     // On the CPU: row chunks of A (~2^27 multiply-adds each), the deadline checked between them.
@@ -227,7 +232,7 @@ absl::Status Engine::RunMatmul(OpEnv& env, const MatmulRequest& req, MatmulResul
   });
   if (s.ok()) s = env.FinishOutputs();
   FP4Q_RETURN_IF_ERROR(s);
-  res->output.dtype = ToWireDType(dt);
+  res->output.dtype = dt;
   res->output.shape = {m, n};
   res->meta.processed_elements = static_cast<uint64_t>(m * n);
   return absl::OkStatus();

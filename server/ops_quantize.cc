@@ -71,10 +71,24 @@ absl::Status Unrequested(const OutputTarget& t, absl::string_view field, absl::s
       absl::StrCat(field, ": set, but options.outputs has no ", what, " output"));
 }
 
+// QDQ's options: one row-wise output (named as the proto's `outputs`; error feedback's refusal
+// first), then the kernels' QDQ option rules (the general ones, no RHT; so error feedback's
+// other rules hold too).
+absl::Status CheckQdqOptions(const QuantOptionsIn& in) {
+  const kernels::QuantizeOptions& o = in.quant;
+  FP4Q_RETURN_IF_ERROR(CheckErrorFeedbackOutputs(in));
+  if (o.columnwise) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.outputs: ", o.rowwise ? "OUTPUTS_BOTH" : "OUTPUTS_COLUMNWISE",
+                     ", but QDQ is row-wise only; use OUTPUTS_ROWWISE"));
+  }
+  return kernels::ValidateQdqOptions(o, "options");
+}
+
 void FillQuantized(const kernels::QuantizedTensor& q, const float global[2], QuantizedResult* r) {
-  r->format = ToWireFormat(q.format);
-  r->block = ToWireBlock(q.block);
-  r->scale_layout = ToWireLayout(q.scale_layout);
+  r->format = q.format;
+  r->block = q.block;
+  r->scale_layout = q.scale_layout;
   r->shape = {q.rows, q.cols};
   r->global_amax = global[0];
   r->s_enc = global[1];
@@ -213,15 +227,16 @@ void Engine::SampleQuality(OpEnv& env, const kernels::ConstTensor& x,
 
 absl::Status Engine::RunQuantize(OpEnv& env, const QuantizeRequest& req, QuantizeResult* res) {
   FP4Q_ASSIGN_OR_RETURN(DenseShape shape, CheckDenseTensor(req.input, "input"));
-  FP4Q_ASSIGN_OR_RETURN(kernels::QuantizeOptions opts, ToQuantizeOptions(req.options));
+  FP4Q_RETURN_IF_ERROR(CheckQuantOptions(req.options));
+  const kernels::QuantizeOptions& opts = req.options.quant;
   const bool ef = !req.options.residual_key.empty();
   if (ef) {
     FP4Q_RETURN_IF_ERROR(CheckName(req.options.residual_key, "options.residual_key"));
-    FP4Q_RETURN_IF_ERROR(CheckStep(req.options.step, "options.step"));
+    FP4Q_RETURN_IF_ERROR(CheckStep(opts.step, "options.step"));
   }
-  FP4Q_RETURN_IF_ERROR(RenameField(
-      kernels::ValidateQuantizeInput({ShapeProbe(), shape.dtype, shape.rows, shape.cols}, opts), "x",
-      "input"));
+  const FieldPath input_field("input");
+  FP4Q_RETURN_IF_ERROR(
+      kernels::ValidateQuantizeShape(shape.rows, shape.cols, opts, input_field.Shaped()));
   if (!opts.rowwise) {
     FP4Q_RETURN_IF_ERROR(Unrequested(req.rowwise_codes, "rowwise_codes", "row-wise"));
     FP4Q_RETURN_IF_ERROR(Unrequested(req.rowwise_scales, "rowwise_scales", "row-wise"));
@@ -253,13 +268,6 @@ absl::Status Engine::RunQuantize(OpEnv& env, const QuantizeRequest& req, Quantiz
     cq.global = cglobal = static_cast<float*>(g);
   }
   FP4Q_RETURN_IF_ERROR(env.CheckNoOverlap());
-  {
-    absl::Status s = kernels::ValidateQuantizeArgs(x, opts, ef ? ShapeProbeFloat() : nullptr,
-                                                   opts.rowwise ? &rq : nullptr,
-                                                   opts.columnwise ? &cq : nullptr);
-    s = RenameField(s, "x", "input");
-    FP4Q_RETURN_IF_ERROR(RenameField(s, "residual", "options.residual_key"));
-  }
 
   std::shared_ptr<StateEntry> residual;
   std::unique_lock<std::mutex> residual_lock;
@@ -268,7 +276,7 @@ absl::Status Engine::RunQuantize(OpEnv& env, const QuantizeRequest& req, Quantiz
   if (ef) {
     FP4Q_ASSIGN_OR_RETURN(residual,
                           ResidualFor(env, req.options.residual_key, shape.rows, shape.cols,
-                                      req.options.step, &residual_lock, &created));
+                                      opts.step, &residual_lock, &created));
     env.AddProcessed(2 * residual->sizes.residual);
     absl::StatusOr<void*> g = env.Scratch(sizeof(kernels::FiniteGuard));
     if (!g.ok()) {
@@ -301,10 +309,10 @@ absl::Status Engine::RunQuantize(OpEnv& env, const QuantizeRequest& req, Quantiz
   if (s.ok()) s = env.FinishOutputs();
   if (!s.ok()) {
     if (created) store_->Drop(residual);
-    return RenameField(s, "x", "input");
+    return s;
   }
   if (residual != nullptr) {
-    residual->last_step.store(static_cast<int64_t>(req.options.step));
+    residual->last_step.store(static_cast<int64_t>(opts.step));
     residual->has_step.store(true);
     if (created) store_->Publish(residual);
     residual_lock.unlock();
@@ -326,17 +334,17 @@ absl::Status Engine::RunQuantize(OpEnv& env, const QuantizeRequest& req, Quantiz
 
 absl::Status Engine::RunQdq(OpEnv& env, const QdqRequest& req, QdqResult* res) {
   FP4Q_ASSIGN_OR_RETURN(DenseShape shape, CheckDenseTensor(req.input, "input"));
-  FP4Q_ASSIGN_OR_RETURN(kernels::QuantizeOptions opts, ToQuantizeOptions(req.options));
-  FP4Q_ASSIGN_OR_RETURN(kernels::DType out_dt,
-                        DenseDType(req.out_dtype, "out_dtype", true, shape.dtype));
+  FP4Q_RETURN_IF_ERROR(CheckQdqOptions(req.options));
+  const kernels::QuantizeOptions& opts = req.options.quant;
+  const kernels::DType out_dt = req.out_dtype.value_or(shape.dtype);
   const bool ef = !req.options.residual_key.empty();
   if (ef) {
     FP4Q_RETURN_IF_ERROR(CheckName(req.options.residual_key, "options.residual_key"));
-    FP4Q_RETURN_IF_ERROR(CheckStep(req.options.step, "options.step"));
+    FP4Q_RETURN_IF_ERROR(CheckStep(opts.step, "options.step"));
   }
-  FP4Q_RETURN_IF_ERROR(RenameField(
-      kernels::ValidateQuantizeInput({ShapeProbe(), shape.dtype, shape.rows, shape.cols}, opts), "x",
-      "input"));
+  const FieldPath input_field("input");
+  FP4Q_RETURN_IF_ERROR(
+      kernels::ValidateQuantizeShape(shape.rows, shape.cols, opts, input_field.Shaped()));
   FP4Q_ASSIGN_OR_RETURN(size_t out_bytes,
                         kernels::DenseBytes(shape.rows, shape.cols, out_dt, "input.shape"));
   FP4Q_ASSIGN_OR_RETURN(kernels::ConstTensor x, env.Input(req.input, shape, "input"));
@@ -347,15 +355,8 @@ absl::Status Engine::RunQdq(OpEnv& env, const QdqRequest& req, QdqResult* res) {
     FP4Q_RETURN_IF_ERROR(env.CheckNoOverlap());
   }
   kernels::MutTensor m{out, out_dt, shape.rows, shape.cols, out_bytes};
-  {
-    absl::Status s = kernels::ValidateQdqArgs(x, opts, ef ? ShapeProbeFloat() : nullptr, m);
-    s = RenameField(s, "x", "input");
-    s = RenameField(s, "options.rowwise", "options.outputs");  // the proto's field
-    s = RenameField(s, "options.columnwise", "options.outputs");
-    FP4Q_RETURN_IF_ERROR(RenameField(s, "residual", "options.residual_key"));
-  }
   res->meta.processed_elements = static_cast<uint64_t>(shape.rows * shape.cols);
-  res->output.dtype = ToWireDType(out_dt);
+  res->output.dtype = out_dt;
   res->output.shape = {shape.rows, shape.cols};
 
   if (!ef) {
@@ -371,7 +372,7 @@ absl::Status Engine::RunQdq(OpEnv& env, const QdqRequest& req, QdqResult* res) {
     absl::Status s =
         env.Kernel("qdq", [&] { return env.backend().Qdq(x, opts, nullptr, m, env.stream()); });
     if (s.ok()) s = env.FinishOutputs();
-    return RenameField(s, "x", "input");
+    return s;
   }
 
   // Error feedback: one QDQ pass with the residual step, checked on the device first (the
@@ -382,7 +383,7 @@ absl::Status Engine::RunQdq(OpEnv& env, const QdqRequest& req, QdqResult* res) {
   bool created = false;
   FP4Q_ASSIGN_OR_RETURN(std::shared_ptr<StateEntry> residual,
                         ResidualFor(env, req.options.residual_key, shape.rows, shape.cols,
-                                    req.options.step, &residual_lock, &created));
+                                    opts.step, &residual_lock, &created));
   env.AddProcessed(2 * residual->sizes.residual);
   kernels::FiniteGuard seen;
   absl::Status s = env.Kernel("qdq", [&] {
@@ -394,9 +395,9 @@ absl::Status Engine::RunQdq(OpEnv& env, const QdqRequest& req, QdqResult* res) {
   if (s.ok()) s = env.FinishOutputs();
   if (!s.ok()) {
     if (created) store_->Drop(residual);
-    return RenameField(s, "x", "input");
+    return s;
   }
-  residual->last_step.store(static_cast<int64_t>(req.options.step));
+  residual->last_step.store(static_cast<int64_t>(opts.step));
   residual->has_step.store(true);
   if (created) store_->Publish(residual);
   res->global_amax = opts.has_amax ? opts.amax : seen.amax;

@@ -286,7 +286,7 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
             uint8_t * p, env.Output(ri.dequantized_out, dq_bytes,
                                     item_field.Member("dequantized_out"), &out.dequantized));
         out.has_dequantized = true;
-        out.dequantized.dtype = ToWireDType(e.params.dtype);
+        out.dequantized.dtype = e.params.dtype;
         out.dequantized.shape = {e.rows, e.cols};
         it.dequantized_out.push_back(
             kernels::MutTensor{p, e.params.dtype, e.rows, e.cols, dq_bytes});

@@ -16,38 +16,17 @@ namespace fp4q::server {
 namespace {
 
 absl::StatusOr<WeightParams> ToWeightParams(const WeightOptionsIn& in) {
+  if (in.block == kernels::BlockShape::k1x32) {
+    return absl::InvalidArgumentError(
+        "options.block: BLOCK_SHAPE_1X32 is MXFP4's; stored weights are NVFP4 (1x16 or 16x16)");
+  }
   WeightParams p;
-  switch (in.block) {
-    case 0:
-    case 1:
-      p.block = kernels::BlockShape::k1x16;
-      break;
-    case 2:
-      p.block = kernels::BlockShape::k16x16;
-      break;
-    case 3:
-      return absl::InvalidArgumentError(
-          "options.block: BLOCK_SHAPE_1X32 is MXFP4's; stored weights are NVFP4 (1x16 or "
-          "16x16)");
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("options.block: unknown value ", in.block));
-  }
-  switch (in.rounding) {
-    case 0:
-    case 1:
-      p.rounding = kernels::Rounding::kNearest;
-      break;
-    case 2:
-      p.rounding = kernels::Rounding::kStochastic;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("options.rounding: unknown value ", in.rounding));
-  }
+  p.block = in.block;
+  p.rounding = in.rounding;
   p.seed = in.seed;
   p.error_feedback = in.error_feedback;
   p.scaling = in.scaling;
-  FP4Q_ASSIGN_OR_RETURN(p.dtype, DenseDType(in.dtype, "options.dtype", true));
+  p.dtype = in.dtype;
   return p;
 }
 
@@ -95,11 +74,11 @@ WeightInfo InfoOf(const StateEntry& e) {
   WeightInfo w;
   w.name = std::string(LocalName(e.name));
   w.shape = {e.rows, e.cols};
-  w.options.block = ToWireBlock(e.params.block);
-  w.options.rounding = e.params.rounding == kernels::Rounding::kStochastic ? 2 : 1;
+  w.options.block = e.params.block;
+  w.options.rounding = e.params.rounding;
   w.options.seed = e.params.seed;
   w.options.error_feedback = e.params.error_feedback;
-  w.options.dtype = ToWireDType(e.params.dtype);
+  w.options.dtype = e.params.dtype;
   w.options.scaling = e.params.scaling;
   w.options.optimizer = SpecIn(e.optimizer.spec());
   w.last_step = e.last_step.load();
@@ -142,9 +121,9 @@ absl::Status Engine::RunCreateWeight(OpEnv& env, const CreateWeightRequest& req,
     return absl::InvalidArgumentError(absl::StrCat("step: ", req.step, " must be >= 0"));
   }
   kernels::QuantizeOptions opts = WeightQuantOptions(params, req.step);
-  FP4Q_RETURN_IF_ERROR(RenameField(
-      kernels::ValidateQuantizeInput({ShapeProbe(), shape.dtype, shape.rows, shape.cols}, opts), "x",
-      "initial"));
+  const FieldPath initial_field("initial");
+  FP4Q_RETURN_IF_ERROR(
+      kernels::ValidateQuantizeShape(shape.rows, shape.cols, opts, initial_field.Shaped()));
   FP4Q_ASSIGN_OR_RETURN(kernels::ConstTensor x, env.Input(req.initial, shape, "initial"));
   FP4Q_ASSIGN_OR_RETURN(EntrySizes sizes, SizesFor(EntryKind::kWeight, shape.rows, shape.cols,
                                                    params, "initial.shape"));
@@ -199,15 +178,14 @@ absl::Status Engine::RunCreateWeight(OpEnv& env, const CreateWeightRequest& req,
     opts.has_amax = true;
     opts.amax = seen.amax;
     kernels::QuantizedTensor w = e->Weight();
-    FP4Q_RETURN_IF_ERROR(RenameField(env.Kernel("quantize", [&] {
+    return env.Kernel("quantize", [&] {
       FP4Q_RETURN_IF_ERROR(b.Quantize(x, opts, e->residual_data(), &w, nullptr, env.stream()));
       if (!params.error_feedback) return absl::OkStatus();
       // The residual's largest magnitude: the bound delayed scaling's first check starts from.
       const kernels::ConstTensor r{e->residual_data(), kernels::DType::kF32, shape.rows,
                                    shape.cols};
       return b.Amax(r, e->stats_data() + kernels::kStatMaxResidual, env.stream());
-    }), "x", "initial"));
-    return absl::OkStatus();
+    });
   };
   absl::Status s = fill();
   if (!s.ok()) {
@@ -229,17 +207,7 @@ absl::Status Engine::RunUpdateWeight(OpEnv& env, const UpdateWeightRequest& req,
   FP4Q_RETURN_IF_ERROR(CheckName(req.name, "name"));
   auto step = std::make_shared<StepRequest>();
   step->step = req.step;
-  switch (req.kind) {
-    case 0:
-    case 1:
-      step->kind = kernels::UpdateKind::kGradient;
-      break;
-    case 2:
-      step->kind = kernels::UpdateKind::kDelta;
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("kind: unknown value ", req.kind));
-  }
+  step->kind = req.kind;
   if (step->kind == kernels::UpdateKind::kGradient && !std::isfinite(req.lr)) {
     return absl::InvalidArgumentError(absl::StrCat("lr: ", req.lr, " is not finite"));
   }
@@ -290,8 +258,7 @@ absl::Status Engine::RunUpdateWeight(OpEnv& env, const UpdateWeightRequest& req,
 absl::Status Engine::RunGetWeight(OpEnv& env, const GetWeightRequest& req, GetWeightResult* res) {
   std::unique_lock<std::mutex> lock;
   FP4Q_ASSIGN_OR_RETURN(std::shared_ptr<StateEntry> e, LockedWeight(*store_, env, req.name, &lock));
-  FP4Q_ASSIGN_OR_RETURN(kernels::DType dt,
-                        DenseDType(req.out_dtype, "out_dtype", true, e->params.dtype));
+  const kernels::DType dt = req.out_dtype.value_or(e->params.dtype);
   if (!req.dequantized && req.out.has_region) {
     return absl::InvalidArgumentError("out: set, but dequantized is false");
   }
@@ -324,7 +291,7 @@ absl::Status Engine::RunGetWeight(OpEnv& env, const GetWeightRequest& req, GetWe
       return env.backend().Dequantize(kernels::AsConst(w), m, env.stream());
     }));
     res->has_dequantized = true;
-    res->dequantized.dtype = ToWireDType(dt);
+    res->dequantized.dtype = dt;
     res->dequantized.shape = {e->rows, e->cols};
   }
   FP4Q_RETURN_IF_ERROR(env.FinishOutputs());
@@ -336,9 +303,9 @@ absl::Status Engine::RunGetWeight(OpEnv& env, const GetWeightRequest& req, GetWe
     FP4Q_RETURN_IF_ERROR(env.ToHost(q.scales.inline_data.data(), w.scales, w.scales_capacity));
     float g[2];
     FP4Q_RETURN_IF_ERROR(env.ToHost(g, w.global, sizeof(g)));
-    q.format = ToWireFormat(w.format);
-    q.block = ToWireBlock(w.block);
-    q.scale_layout = ToWireLayout(w.scale_layout);
+    q.format = w.format;
+    q.block = w.block;
+    q.scale_layout = w.scale_layout;
     q.shape = {e->rows, e->cols};
     q.global_amax = g[0];
     q.s_enc = g[1];
@@ -349,7 +316,7 @@ absl::Status Engine::RunGetWeight(OpEnv& env, const GetWeightRequest& req, GetWe
     TensorResult& r = res->residual;
     r.inline_data.resize(e->sizes.residual);
     FP4Q_RETURN_IF_ERROR(env.ToHost(r.inline_data.data(), e->residual.data(), e->sizes.residual));
-    r.dtype = kWireF32;
+    r.dtype = kernels::DType::kF32;
     r.shape = {e->rows, e->cols};
     res->has_residual = true;
     env.AddProcessed(e->sizes.residual);
@@ -374,9 +341,9 @@ absl::Status Engine::RunGetWeight(OpEnv& env, const GetWeightRequest& req, GetWe
                                         q.scales_capacity));
         float g[kernels::kGlobalFloats];
         FP4Q_RETURN_IF_ERROR(env.ToHost(g, q.global, sizeof(g)));
-        m.quantized.format = ToWireFormat(q.format);
-        m.quantized.block = ToWireBlock(q.block);
-        m.quantized.scale_layout = ToWireLayout(q.scale_layout);
+        m.quantized.format = q.format;
+        m.quantized.block = q.block;
+        m.quantized.scale_layout = q.scale_layout;
         m.quantized.shape = {e->rows, e->cols};
         m.quantized.global_amax = g[0];
         m.quantized.s_enc = g[1];
@@ -385,7 +352,8 @@ absl::Status Engine::RunGetWeight(OpEnv& env, const GetWeightRequest& req, GetWe
         m.dense.inline_data.resize(src.dense.size());
         FP4Q_RETURN_IF_ERROR(
             env.ToHost(m.dense.inline_data.data(), src.dense.data(), src.dense.size()));
-        m.dense.dtype = st.spec().dtype == kernels::StateDType::kF32 ? kWireF32 : kWireBF16;
+        m.dense.dtype = st.spec().dtype == kernels::StateDType::kF32 ? kernels::DType::kF32
+                                                                     : kernels::DType::kBF16;
         m.dense.shape = {e->rows, e->cols};
         env.AddProcessed(src.dense.size());
       }

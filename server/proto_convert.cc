@@ -1,17 +1,226 @@
 #include "server/proto_convert.h"
 
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "fp4q/common/status_macros.h"
 
 namespace fp4q::server {
 namespace {
 
+absl::Status UnknownEnum(const std::string& field, int v) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": unknown value ", v));
+}
+
+// ---- proto enum -> kernels enum, each once; 0 / UNSPECIFIED is the proto's documented default.
+
+// F32 or BF16; anything else (UNSPECIFIED too, unless `dflt` is given) is refused by name.
+absl::StatusOr<kernels::DType> DenseDType(v1::DType v, const std::string& field,
+                                          std::optional<kernels::DType> dflt = std::nullopt) {
+  switch (v) {
+    case v1::DTYPE_F32:
+      return kernels::DType::kF32;
+    case v1::DTYPE_BF16:
+      return kernels::DType::kBF16;
+    case v1::DTYPE_UNSPECIFIED:
+      if (dflt.has_value()) return *dflt;
+      break;
+    default:
+      break;
+  }
+  const std::string name = v1::DType_IsValid(v)
+                               ? v1::DType_Name(v)
+                               : absl::StrCat("unknown value ", static_cast<int>(v));
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": ", name, "; expected DTYPE_F32 or DTYPE_BF16"));
+}
+
+// UNSPECIFIED: the input's (or weight's) dtype, decided by the engine.
+absl::StatusOr<std::optional<kernels::DType>> OptionalDType(v1::DType v, const std::string& field) {
+  if (v == v1::DTYPE_UNSPECIFIED) return std::optional<kernels::DType>();
+  FP4Q_ASSIGN_OR_RETURN(kernels::DType d, DenseDType(v, field));
+  return std::optional<kernels::DType>(d);
+}
+
+absl::StatusOr<kernels::Format> FormatFrom(v1::Format v, const std::string& field) {
+  switch (v) {
+    case v1::FORMAT_UNSPECIFIED:
+    case v1::FORMAT_NVFP4:
+      return kernels::Format::kNvfp4;
+    case v1::FORMAT_MXFP4:
+      return kernels::Format::kMxfp4;
+    default:
+      return UnknownEnum(field, v);
+  }
+}
+
+// UNSPECIFIED: 1x16 for NVFP4, 1x32 for MXFP4.
+absl::StatusOr<kernels::BlockShape> BlockFrom(v1::BlockShape v, kernels::Format format,
+                                              const std::string& field) {
+  switch (v) {
+    case v1::BLOCK_SHAPE_UNSPECIFIED:
+      return format == kernels::Format::kMxfp4 ? kernels::BlockShape::k1x32
+                                               : kernels::BlockShape::k1x16;
+    case v1::BLOCK_SHAPE_1X16:
+      return kernels::BlockShape::k1x16;
+    case v1::BLOCK_SHAPE_16X16:
+      return kernels::BlockShape::k16x16;
+    case v1::BLOCK_SHAPE_1X32:
+      return kernels::BlockShape::k1x32;
+    default:
+      return UnknownEnum(field, v);
+  }
+}
+
+absl::StatusOr<kernels::ScaleLayout> LayoutFrom(v1::ScaleLayout v, const std::string& field) {
+  switch (v) {
+    case v1::SCALE_LAYOUT_UNSPECIFIED:
+    case v1::SCALE_LAYOUT_PLAIN:
+      return kernels::ScaleLayout::kPlain;
+    case v1::SCALE_LAYOUT_SWIZZLED:
+      return kernels::ScaleLayout::kSwizzled;
+    default:
+      return UnknownEnum(field, v);
+  }
+}
+
+absl::StatusOr<kernels::Rounding> RoundingFrom(v1::Rounding v, const std::string& field) {
+  switch (v) {
+    case v1::ROUNDING_UNSPECIFIED:
+    case v1::ROUNDING_NEAREST:
+      return kernels::Rounding::kNearest;
+    case v1::ROUNDING_STOCHASTIC:
+      return kernels::Rounding::kStochastic;
+    default:
+      return UnknownEnum(field, v);
+  }
+}
+
+absl::StatusOr<kernels::RhtMode> RhtFrom(v1::RhtMode v, const std::string& field) {
+  switch (v) {
+    case v1::RHT_MODE_UNSPECIFIED:
+    case v1::RHT_MODE_OFF:
+      return kernels::RhtMode::kOff;
+    case v1::RHT_MODE_DEFAULT_SIGNS:
+      return kernels::RhtMode::kDefaultSigns;
+    case v1::RHT_MODE_SEEDED:
+      return kernels::RhtMode::kSeeded;
+    default:
+      return UnknownEnum(field, v);
+  }
+}
+
+absl::StatusOr<kernels::ScaleSelection> SelectionFrom(v1::ScaleSelection v,
+                                                      const std::string& field) {
+  switch (v) {
+    case v1::SCALE_SELECTION_UNSPECIFIED:
+    case v1::SCALE_SELECTION_MAP_TO_6:
+      return kernels::ScaleSelection::kMapTo6;
+    case v1::SCALE_SELECTION_FOUR_OVER_SIX_MAE:
+      return kernels::ScaleSelection::kFourOverSixMae;
+    case v1::SCALE_SELECTION_FOUR_OVER_SIX_MSE:
+      return kernels::ScaleSelection::kFourOverSixMse;
+    default:
+      return UnknownEnum(field, v);
+  }
+}
+
+absl::StatusOr<kernels::MxScaleRule> MxRuleFrom(v1::MxScaleRule v, const std::string& field) {
+  switch (v) {
+    case v1::MX_SCALE_RULE_UNSPECIFIED:
+    case v1::MX_SCALE_RULE_RCEIL:
+      return kernels::MxScaleRule::kRceil;
+    case v1::MX_SCALE_RULE_FLOOR:
+      return kernels::MxScaleRule::kFloor;
+    default:
+      return UnknownEnum(field, v);
+  }
+}
+
+// Outputs -> the kernels' rowwise / columnwise flags (UNSPECIFIED: row-wise).
+absl::Status OutputsFrom(v1::Outputs v, const std::string& field, kernels::QuantizeOptions* o) {
+  switch (v) {
+    case v1::OUTPUTS_UNSPECIFIED:
+    case v1::OUTPUTS_ROWWISE:
+      o->rowwise = true;
+      o->columnwise = false;
+      return absl::OkStatus();
+    case v1::OUTPUTS_COLUMNWISE:
+      o->rowwise = false;
+      o->columnwise = true;
+      return absl::OkStatus();
+    case v1::OUTPUTS_BOTH:
+      o->rowwise = true;
+      o->columnwise = true;
+      return absl::OkStatus();
+    default:
+      return UnknownEnum(field, v);
+  }
+}
+
+absl::StatusOr<kernels::UpdateKind> UpdateKindFrom(v1::UpdateKind v, const std::string& field) {
+  switch (v) {
+    case v1::UPDATE_KIND_UNSPECIFIED:
+    case v1::UPDATE_KIND_GRADIENT:
+      return kernels::UpdateKind::kGradient;
+    case v1::UPDATE_KIND_DELTA:
+      return kernels::UpdateKind::kDelta;
+    default:
+      return UnknownEnum(field, v);
+  }
+}
+
+absl::StatusOr<kernels::Scaling> ScalingFrom(v1::Scaling v, const std::string& field) {
+  switch (v) {
+    case v1::SCALING_UNSPECIFIED:
+    case v1::SCALING_CURRENT:
+      return kernels::Scaling::kCurrent;
+    case v1::SCALING_DELAYED:
+      return kernels::Scaling::kDelayed;
+    default:
+      return UnknownEnum(field, v);
+  }
+}
+
+// ---- kernels enum -> proto enum, for replies.
+
+v1::DType ToWire(kernels::DType d) {
+  return d == kernels::DType::kBF16 ? v1::DTYPE_BF16 : v1::DTYPE_F32;
+}
+
+v1::Format ToWire(kernels::Format f) {
+  return f == kernels::Format::kMxfp4 ? v1::FORMAT_MXFP4 : v1::FORMAT_NVFP4;
+}
+
+v1::BlockShape ToWire(kernels::BlockShape b) {
+  switch (b) {
+    case kernels::BlockShape::k16x16:
+      return v1::BLOCK_SHAPE_16X16;
+    case kernels::BlockShape::k1x32:
+      return v1::BLOCK_SHAPE_1X32;
+    case kernels::BlockShape::k1x16:
+      break;
+  }
+  return v1::BLOCK_SHAPE_1X16;
+}
+
+v1::ScaleLayout ToWire(kernels::ScaleLayout l) {
+  return l == kernels::ScaleLayout::kSwizzled ? v1::SCALE_LAYOUT_SWIZZLED : v1::SCALE_LAYOUT_PLAIN;
+}
+
+v1::Rounding ToWire(kernels::Rounding r) {
+  return r == kernels::Rounding::kStochastic ? v1::ROUNDING_STOCHASTIC : v1::ROUNDING_NEAREST;
+}
+
+// ---- messages
+
 RegionSlice FromProto(const v1::RegionSlice& m) { return RegionSlice{m.region_id(), m.offset()}; }
 
-TensorIn FromProto(const v1::Tensor& m) {
+absl::StatusOr<TensorIn> FromProto(const v1::Tensor& m, const std::string& field) {
   TensorIn t;
-  t.dtype = static_cast<int>(m.dtype());
+  FP4Q_ASSIGN_OR_RETURN(t.dtype, DenseDType(m.dtype(), absl::StrCat(field, ".dtype")));
   t.shape.assign(m.shape().begin(), m.shape().end());
   switch (m.data_case()) {
     case v1::Tensor::kInlineData:
@@ -37,27 +246,60 @@ OutputTarget Target(bool has, const v1::OutputTarget& m) {
   return t;
 }
 
-QuantOptionsIn FromProto(const v1::QuantOptions& m) {
-  QuantOptionsIn o;
-  o.format = static_cast<int>(m.format());
-  o.block = static_cast<int>(m.block());
-  o.rounding = static_cast<int>(m.rounding());
+absl::StatusOr<QuantOptionsIn> FromProto(const v1::QuantOptions& m) {
+  QuantOptionsIn in;
+  kernels::QuantizeOptions& o = in.quant;
+  FP4Q_ASSIGN_OR_RETURN(o.format, FormatFrom(m.format(), "options.format"));
+  FP4Q_ASSIGN_OR_RETURN(o.block, BlockFrom(m.block(), o.format, "options.block"));
+  FP4Q_ASSIGN_OR_RETURN(o.rounding, RoundingFrom(m.rounding(), "options.rounding"));
   o.seed = m.seed();
   o.step = m.step();
-  o.rht = static_cast<int>(m.rht());
+  FP4Q_ASSIGN_OR_RETURN(o.rht, RhtFrom(m.rht(), "options.rht"));
   o.rht_seed = m.rht_seed();
-  o.scale_selection = static_cast<int>(m.scale_selection());
-  o.four_over_six_emax = m.four_over_six_emax();
+  FP4Q_ASSIGN_OR_RETURN(o.scale_selection,
+                        SelectionFrom(m.scale_selection(), "options.scale_selection"));
+  o.four_over_six_emax = m.four_over_six_emax() == 0.0f ? 256.0f : m.four_over_six_emax();
   o.has_amax = m.has_amax();
   o.amax = m.amax();
-  o.scale_layout = static_cast<int>(m.scale_layout());
-  o.mx_scale_rule = static_cast<int>(m.mx_scale_rule());
-  o.outputs = static_cast<int>(m.outputs());
-  o.residual_key = m.residual_key();
-  return o;
+  FP4Q_ASSIGN_OR_RETURN(o.scale_layout, LayoutFrom(m.scale_layout(), "options.scale_layout"));
+  FP4Q_ASSIGN_OR_RETURN(o.mx_rule, MxRuleFrom(m.mx_scale_rule(), "options.mx_scale_rule"));
+  FP4Q_RETURN_IF_ERROR(OutputsFrom(m.outputs(), "options.outputs", &o));
+  in.residual_key = m.residual_key();
+  return in;
 }
 
-QuantizedOperandIn FromProto(const v1::QuantizedOperand& m) {
+BytesIn BytesFrom(bool inline_set, absl::string_view inline_data, bool region_set,
+                  const v1::RegionSlice& region) {
+  BytesIn b;
+  if (inline_set) {
+    b.source = Source::kInline;
+    b.inline_data = inline_data;
+  } else if (region_set) {
+    b.source = Source::kRegion;
+    b.region = FromProto(region);
+  }
+  return b;
+}
+
+absl::StatusOr<QuantizedIn> FromProto(const v1::QuantizedTensor& t, const std::string& f) {
+  QuantizedIn q;
+  FP4Q_ASSIGN_OR_RETURN(q.format, FormatFrom(t.format(), absl::StrCat(f, ".format")));
+  FP4Q_ASSIGN_OR_RETURN(q.block, BlockFrom(t.block(), q.format, absl::StrCat(f, ".block")));
+  FP4Q_ASSIGN_OR_RETURN(q.scale_layout,
+                        LayoutFrom(t.scale_layout(), absl::StrCat(f, ".scale_layout")));
+  q.shape.assign(t.shape().begin(), t.shape().end());
+  q.global_amax = t.global_amax();
+  q.s_enc = t.s_enc();
+  q.codes = BytesFrom(t.codes_data_case() == v1::QuantizedTensor::kCodes, t.codes(),
+                      t.codes_data_case() == v1::QuantizedTensor::kCodesRegion, t.codes_region());
+  q.scales =
+      BytesFrom(t.scales_data_case() == v1::QuantizedTensor::kScales, t.scales(),
+                t.scales_data_case() == v1::QuantizedTensor::kScalesRegion, t.scales_region());
+  return q;
+}
+
+absl::StatusOr<QuantizedOperandIn> FromProto(const v1::QuantizedOperand& m,
+                                             const std::string& field) {
   QuantizedOperandIn op;
   switch (m.operand_case()) {
     case v1::QuantizedOperand::kWeightName:
@@ -65,35 +307,14 @@ QuantizedOperandIn FromProto(const v1::QuantizedOperand& m) {
       op.is_weight = true;
       op.weight_name = m.weight_name();
       return op;
-    case v1::QuantizedOperand::kTensor:
-      break;
+    case v1::QuantizedOperand::kTensor: {
+      op.is_set = true;
+      FP4Q_ASSIGN_OR_RETURN(op.tensor, FromProto(m.tensor(), absl::StrCat(field, ".tensor")));
+      return op;
+    }
     default:
       return op;
   }
-  op.is_set = true;
-  const v1::QuantizedTensor& t = m.tensor();
-  QuantizedIn& q = op.tensor;
-  q.format = static_cast<int>(t.format());
-  q.block = static_cast<int>(t.block());
-  q.scale_layout = static_cast<int>(t.scale_layout());
-  q.shape.assign(t.shape().begin(), t.shape().end());
-  q.global_amax = t.global_amax();
-  q.s_enc = t.s_enc();
-  if (t.codes_data_case() == v1::QuantizedTensor::kCodes) {
-    q.codes.source = Source::kInline;
-    q.codes.inline_data = t.codes();
-  } else if (t.codes_data_case() == v1::QuantizedTensor::kCodesRegion) {
-    q.codes.source = Source::kRegion;
-    q.codes.region = FromProto(t.codes_region());
-  }
-  if (t.scales_data_case() == v1::QuantizedTensor::kScales) {
-    q.scales.source = Source::kInline;
-    q.scales.inline_data = t.scales();
-  } else if (t.scales_data_case() == v1::QuantizedTensor::kScalesRegion) {
-    q.scales.source = Source::kRegion;
-    q.scales.region = FromProto(t.scales_region());
-  }
-  return op;
 }
 
 void ToProto(const RegionSlice& r, v1::RegionSlice* m) {
@@ -102,7 +323,7 @@ void ToProto(const RegionSlice& r, v1::RegionSlice* m) {
 }
 
 void ToProto(TensorResult&& r, v1::TensorResult* m) {
-  m->set_dtype(static_cast<v1::DType>(r.dtype));
+  m->set_dtype(ToWire(r.dtype));
   for (int64_t d : r.shape) m->add_shape(d);
   if (r.in_region) {
     ToProto(r.region, m->mutable_region());
@@ -112,9 +333,9 @@ void ToProto(TensorResult&& r, v1::TensorResult* m) {
 }
 
 void ToProto(QuantizedResult&& r, v1::QuantizedTensor* m) {
-  m->set_format(static_cast<v1::Format>(r.format));
-  m->set_block(static_cast<v1::BlockShape>(r.block));
-  m->set_scale_layout(static_cast<v1::ScaleLayout>(r.scale_layout));
+  m->set_format(ToWire(r.format));
+  m->set_block(ToWire(r.block));
+  m->set_scale_layout(ToWire(r.scale_layout));
   for (int64_t d : r.shape) m->add_shape(d);
   m->set_global_amax(r.global_amax);
   m->set_s_enc(r.s_enc);
@@ -128,10 +349,6 @@ void ToProto(QuantizedResult&& r, v1::QuantizedTensor* m) {
   } else {
     m->set_scales(std::move(r.scales.inline_data));
   }
-}
-
-absl::Status UnknownEnum(const std::string& field, int v) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": unknown value ", v));
 }
 
 v1::OptimizerKind ToWire(kernels::OptimizerKind k) {
@@ -158,11 +375,11 @@ void ToProto(const OptimizerSpecIn& o, v1::OptimizerSpec* m) {
 }
 
 void ToProto(const WeightOptionsIn& o, v1::WeightOptions* m) {
-  m->set_block(static_cast<v1::BlockShape>(o.block));
-  m->set_rounding(static_cast<v1::Rounding>(o.rounding));
+  m->set_block(ToWire(o.block));
+  m->set_rounding(ToWire(o.rounding));
   m->set_seed(o.seed);
   m->set_error_feedback(o.error_feedback);
-  m->set_dtype(static_cast<v1::DType>(o.dtype));
+  m->set_dtype(ToWire(o.dtype));
   m->set_scaling(o.scaling == kernels::Scaling::kDelayed ? v1::SCALING_DELAYED
                                                          : v1::SCALING_CURRENT);
   ToProto(o.optimizer, m->mutable_optimizer());
@@ -213,10 +430,10 @@ absl::StatusOr<OptimizerSpecIn> FromProto(const v1::OptimizerSpec& m, const std:
   return o;
 }
 
-QuantizeRequest FromProto(const v1::QuantizeRequest& m) {
+absl::StatusOr<QuantizeRequest> FromProto(const v1::QuantizeRequest& m) {
   QuantizeRequest r;
-  r.input = FromProto(m.input());
-  r.options = FromProto(m.options());
+  FP4Q_ASSIGN_OR_RETURN(r.input, FromProto(m.input(), "input"));
+  FP4Q_ASSIGN_OR_RETURN(r.options, FromProto(m.options()));
   r.rowwise_codes = Target(m.has_rowwise_codes(), m.rowwise_codes());
   r.rowwise_scales = Target(m.has_rowwise_scales(), m.rowwise_scales());
   r.columnwise_codes = Target(m.has_columnwise_codes(), m.columnwise_codes());
@@ -224,28 +441,28 @@ QuantizeRequest FromProto(const v1::QuantizeRequest& m) {
   return r;
 }
 
-DequantizeRequest FromProto(const v1::DequantizeRequest& m) {
+absl::StatusOr<DequantizeRequest> FromProto(const v1::DequantizeRequest& m) {
   DequantizeRequest r;
-  r.input = FromProto(m.input());
-  r.out_dtype = static_cast<int>(m.out_dtype());
+  FP4Q_ASSIGN_OR_RETURN(r.input, FromProto(m.input(), "input"));
+  FP4Q_ASSIGN_OR_RETURN(r.out_dtype, DenseDType(m.out_dtype(), "out_dtype", kernels::DType::kF32));
   r.out = Target(m.has_out(), m.out());
   return r;
 }
 
-QdqRequest FromProto(const v1::QdqRequest& m) {
+absl::StatusOr<QdqRequest> FromProto(const v1::QdqRequest& m) {
   QdqRequest r;
-  r.input = FromProto(m.input());
-  r.options = FromProto(m.options());
-  r.out_dtype = static_cast<int>(m.out_dtype());
+  FP4Q_ASSIGN_OR_RETURN(r.input, FromProto(m.input(), "input"));
+  FP4Q_ASSIGN_OR_RETURN(r.options, FromProto(m.options()));
+  FP4Q_ASSIGN_OR_RETURN(r.out_dtype, OptionalDType(m.out_dtype(), "out_dtype"));
   r.out = Target(m.has_out(), m.out());
   return r;
 }
 
-MatmulRequest FromProto(const v1::MatmulRequest& m) {
+absl::StatusOr<MatmulRequest> FromProto(const v1::MatmulRequest& m) {
   MatmulRequest r;
-  r.a = FromProto(m.a());
-  r.b = FromProto(m.b());
-  r.out_dtype = static_cast<int>(m.out_dtype());
+  FP4Q_ASSIGN_OR_RETURN(r.a, FromProto(m.a(), "a"));
+  FP4Q_ASSIGN_OR_RETURN(r.b, FromProto(m.b(), "b"));
+  FP4Q_ASSIGN_OR_RETURN(r.out_dtype, DenseDType(m.out_dtype(), "out_dtype", kernels::DType::kF32));
   r.out = Target(m.has_out(), m.out());
   return r;
 }
@@ -253,27 +470,18 @@ MatmulRequest FromProto(const v1::MatmulRequest& m) {
 absl::StatusOr<CreateWeightRequest> FromProto(const v1::CreateWeightRequest& m) {
   CreateWeightRequest r;
   r.name = m.name();
-  r.initial = FromProto(m.initial());
-  r.options.block = static_cast<int>(m.options().block());
-  r.options.rounding = static_cast<int>(m.options().rounding());
-  r.options.seed = m.options().seed();
-  r.options.error_feedback = m.options().error_feedback();
-  r.options.dtype = static_cast<int>(m.options().dtype());
-  switch (m.options().scaling()) {
-    case v1::SCALING_UNSPECIFIED:
-    case v1::SCALING_CURRENT:
-      r.options.scaling = kernels::Scaling::kCurrent;
-      break;
-    case v1::SCALING_DELAYED:
-      r.options.scaling = kernels::Scaling::kDelayed;
-      break;
-    default:
-      return UnknownEnum("options.scaling", m.options().scaling());
-  }
-  if (m.options().has_optimizer()) {
-    absl::StatusOr<OptimizerSpecIn> spec = FromProto(m.options().optimizer(), "options.optimizer");
-    if (!spec.ok()) return spec.status();
-    r.options.optimizer = *spec;
+  FP4Q_ASSIGN_OR_RETURN(r.initial, FromProto(m.initial(), "initial"));
+  const v1::WeightOptions& o = m.options();
+  FP4Q_ASSIGN_OR_RETURN(r.options.block,
+                        BlockFrom(o.block(), kernels::Format::kNvfp4, "options.block"));
+  FP4Q_ASSIGN_OR_RETURN(r.options.rounding, RoundingFrom(o.rounding(), "options.rounding"));
+  r.options.seed = o.seed();
+  r.options.error_feedback = o.error_feedback();
+  FP4Q_ASSIGN_OR_RETURN(r.options.dtype,
+                        DenseDType(o.dtype(), "options.dtype", kernels::DType::kF32));
+  FP4Q_ASSIGN_OR_RETURN(r.options.scaling, ScalingFrom(o.scaling(), "options.scaling"));
+  if (o.has_optimizer()) {
+    FP4Q_ASSIGN_OR_RETURN(r.options.optimizer, FromProto(o.optimizer(), "options.optimizer"));
   }
   r.step = m.step();
   r.device_uuid = m.device_uuid();
@@ -292,17 +500,7 @@ absl::StatusOr<ResetOptimizerRequest> FromProto(const v1::ResetOptimizerRequest&
 absl::StatusOr<StepRequest> FromProto(const v1::StepRequest& m) {
   StepRequest r;
   r.step = m.step();
-  switch (m.kind()) {
-    case v1::UPDATE_KIND_UNSPECIFIED:
-    case v1::UPDATE_KIND_GRADIENT:
-      r.kind = kernels::UpdateKind::kGradient;
-      break;
-    case v1::UPDATE_KIND_DELTA:
-      r.kind = kernels::UpdateKind::kDelta;
-      break;
-    default:
-      return UnknownEnum("kind", m.kind());
-  }
+  FP4Q_ASSIGN_OR_RETURN(r.kind, UpdateKindFrom(m.kind(), "kind"));
   for (const v1::Hyperparameters& g : m.groups()) {
     HyperIn h;
     h.lr = g.lr();
@@ -326,10 +524,11 @@ absl::StatusOr<StepRequest> FromProto(const v1::StepRequest& m) {
     }
     r.groups.push_back(h);
   }
-  for (const v1::StepItem& it : m.items()) {
+  for (int k = 0; k < m.items_size(); ++k) {
+    const v1::StepItem& it = m.items(k);
     StepItemIn i;
     i.name = it.name();
-    i.update = FromProto(it.update());
+    FP4Q_ASSIGN_OR_RETURN(i.update, FromProto(it.update(), absl::StrCat("items[", k, "].update")));
     i.dequantized_out = Target(it.has_dequantized_out(), it.dequantized_out());
     i.return_dequantized = it.return_dequantized();
     i.group = it.group();
@@ -352,23 +551,23 @@ JoinGroupRequest FromProto(const v1::JoinGroupRequest& m) {
   return r;
 }
 
-UpdateWeightRequest FromProto(const v1::UpdateWeightRequest& m) {
+absl::StatusOr<UpdateWeightRequest> FromProto(const v1::UpdateWeightRequest& m) {
   UpdateWeightRequest r;
   r.name = m.name();
   r.step = m.step();
-  r.update = FromProto(m.update());
+  FP4Q_ASSIGN_OR_RETURN(r.update, FromProto(m.update(), "update"));
   r.lr = m.lr();
-  r.kind = static_cast<int>(m.kind());
+  FP4Q_ASSIGN_OR_RETURN(r.kind, UpdateKindFrom(m.kind(), "kind"));
   r.dequantized_out = Target(m.has_dequantized_out(), m.dequantized_out());
   r.return_dequantized = m.return_dequantized();
   return r;
 }
 
-GetWeightRequest FromProto(const v1::GetWeightRequest& m) {
+absl::StatusOr<GetWeightRequest> FromProto(const v1::GetWeightRequest& m) {
   GetWeightRequest r;
   r.name = m.name();
   r.dequantized = m.dequantized();
-  r.out_dtype = static_cast<int>(m.out_dtype());
+  FP4Q_ASSIGN_OR_RETURN(r.out_dtype, OptionalDType(m.out_dtype(), "out_dtype"));
   r.quantized = m.quantized();
   r.residual = m.residual();
   r.out = Target(m.has_out(), m.out());
@@ -457,9 +656,10 @@ void ToProto(std::vector<TensorListing>&& r, v1::ListTensorsReply* m) {
   for (TensorListing& t : r) {
     v1::TensorListing* l = m->add_tensors();
     l->set_name(std::move(t.name));
-    l->set_kind(static_cast<v1::TensorKind>(t.kind));
+    const bool weight = t.kind == TensorKind::kWeight;
+    l->set_kind(weight ? v1::TENSOR_KIND_WEIGHT : v1::TENSOR_KIND_RESIDUAL);
     for (int64_t d : t.shape) l->add_shape(d);
-    l->set_dtype(static_cast<v1::DType>(t.dtype));
+    l->set_dtype(weight ? v1::DTYPE_U8 : v1::DTYPE_F32);  // packed codes / f32 residual
     l->set_bytes(t.bytes);
     l->set_device_uuid(std::move(t.device_uuid));
     l->set_last_step(t.last_step);

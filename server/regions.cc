@@ -305,7 +305,7 @@ absl::StatusOr<std::string> RegionManager::Register(absl::string_view session_id
   if (mapping == nullptr) {
     absl::StatusOr<void*> base = device->backend->OpenIpcHandle(request.ipc_handle);
     if (!base.ok()) {
-      const absl::Status s = RenameField(base.status(), "handle", "ipc_handle");
+      const absl::Status& s = base.status();  // messages name ipc_handle (backend.h)
       if (s.code() != absl::StatusCode::kInvalidArgument) return s;
       return absl::InvalidArgumentError(
           absl::StrCat(s.message(), " (device_uuid: ", Quoted(device->label), ")"));

@@ -1,9 +1,11 @@
 // Requests and results of the fp4q engine: plain C++ structs, no protobuf.
 //
-// The gRPC adapter (grpc_service.cc) converts fp4q.v1 messages to and from these; the engine
-// validates every field itself, so enum fields carry the raw number received (the numbering is
-// the proto's, see the Wire* enums) and an unknown value is answered with INVALID_ARGUMENT
-// naming the field.
+// The transports' shared edge (proto_convert.cc, called by the op table of both the gRPC
+// adapter and the fast socket) converts fp4q.v1 messages to and from these. Enum fields carry
+// the kernels' own types (fp4q/kernels/types.h, step.h): the edge converts each proto enum once,
+// answers an unknown value with INVALID_ARGUMENT naming the field path ("options.rounding:
+// unknown value 7"), and fills in the proto's documented default where 0 / UNSPECIFIED means
+// one. The engine validates everything else (shapes, combinations, names) itself.
 //
 // Ownership: `absl::string_view` fields point at the caller's bytes (the received message). The
 // caller keeps them alive until the engine calls the completion callback.
@@ -12,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,16 +30,8 @@ namespace fp4q::server {
 template <typename T>
 using Done = std::function<void(absl::StatusOr<T>)>;
 
-// Enum numbers as in proto/fp4q/v1/fp4q.proto. 0 is "unspecified" (the field's default).
-enum WireDType : int {
-  kWireDTypeUnspecified = 0,
-  kWireF32 = 1,
-  kWireBF16 = 2,
-  kWireU8 = 3,
-  kWireF8E4M3 = 4,
-  kWireF8E8M0 = 5,
-};
-enum WireTensorKind : int { kWireKindWeight = 1, kWireKindResidual = 2 };
+// What a listed state tensor is (fp4q.v1.TensorKind).
+enum class TensorKind { kWeight, kResidual };
 
 // Where a tensor's bytes are.
 enum class Source { kNone, kInline, kRegion };
@@ -56,7 +51,7 @@ struct BytesIn {
 
 // A dense input tensor (fp4q.v1.Tensor).
 struct TensorIn {
-  int dtype = 0;  // WireDType number as received.
+  kernels::DType dtype = kernels::DType::kF32;  // the edge refuses any other dtype
   std::vector<int64_t> shape;
   BytesIn data;
 };
@@ -69,7 +64,7 @@ struct OutputTarget {
 
 // An output tensor. Exactly one of inline_data (non-empty) or region (in_region) holds it.
 struct TensorResult {
-  int dtype = 0;
+  kernels::DType dtype = kernels::DType::kF32;
   std::vector<int64_t> shape;
   std::string inline_data;
   bool in_region = false;
@@ -83,30 +78,19 @@ struct BytesResult {
   RegionSlice region;
 };
 
-// fp4q.v1.QuantOptions, raw.
+// fp4q.v1.QuantOptions: the kernels' options with the proto's defaults filled in (format NVFP4,
+// block 1x16 or 1x32 for MXFP4, RTN, no RHT, map-to-6, emax 256, plain scales, rceil, outputs
+// row-wise), plus the server's error-feedback key. Combinations are the engine's to check.
 struct QuantOptionsIn {
-  int format = 0;
-  int block = 0;
-  int rounding = 0;
-  uint64_t seed = 0;
-  uint64_t step = 0;
-  int rht = 0;
-  uint64_t rht_seed = 0;
-  int scale_selection = 0;
-  float four_over_six_emax = 0.0f;
-  bool has_amax = false;
-  float amax = 0.0f;
-  int scale_layout = 0;
-  int mx_scale_rule = 0;
-  int outputs = 0;
+  kernels::QuantizeOptions quant;
   std::string residual_key;
 };
 
-// fp4q.v1.QuantizedTensor in a request.
+// fp4q.v1.QuantizedTensor in a request (format NVFP4, block by format, plain: the defaults).
 struct QuantizedIn {
-  int format = 0;
-  int block = 0;
-  int scale_layout = 0;
+  kernels::Format format = kernels::Format::kNvfp4;
+  kernels::BlockShape block = kernels::BlockShape::k1x16;
+  kernels::ScaleLayout scale_layout = kernels::ScaleLayout::kPlain;
   std::vector<int64_t> shape;
   float global_amax = 0.0f;
   float s_enc = 0.0f;
@@ -124,9 +108,9 @@ struct QuantizedOperandIn {
 
 // fp4q.v1.QuantizedTensor in a result.
 struct QuantizedResult {
-  int format = 0;
-  int block = 0;
-  int scale_layout = 0;
+  kernels::Format format = kernels::Format::kNvfp4;
+  kernels::BlockShape block = kernels::BlockShape::k1x16;
+  kernels::ScaleLayout scale_layout = kernels::ScaleLayout::kPlain;
   std::vector<int64_t> shape;
   float global_amax = 0.0f;
   float s_enc = 0.0f;
@@ -190,7 +174,7 @@ struct QuantizeResult {
 
 struct DequantizeRequest {
   QuantizedOperandIn input;
-  int out_dtype = 0;  // F32 default
+  kernels::DType out_dtype = kernels::DType::kF32;  // UNSPECIFIED: F32
   OutputTarget out;
 };
 struct DequantizeResult {
@@ -201,7 +185,7 @@ struct DequantizeResult {
 struct QdqRequest {
   TensorIn input;
   QuantOptionsIn options;
-  int out_dtype = 0;  // default: input's dtype
+  std::optional<kernels::DType> out_dtype;  // UNSPECIFIED (unset): the input's dtype
   OutputTarget out;
 };
 struct QdqResult {
@@ -212,7 +196,7 @@ struct QdqResult {
 
 struct MatmulRequest {
   QuantizedOperandIn a, b;
-  int out_dtype = 0;  // F32 default
+  kernels::DType out_dtype = kernels::DType::kF32;  // UNSPECIFIED: F32
   OutputTarget out;
 };
 struct MatmulResult {
@@ -229,13 +213,14 @@ struct OptimizerSpecIn {
   kernels::StateDType dtype = kernels::StateDType::kF32;
 };
 
-// fp4q.v1.WeightOptions. In results, normalized (defaults filled in).
+// fp4q.v1.WeightOptions with the defaults filled in (1x16, RTN, F32, current scaling). The
+// engine refuses blocks stored weights do not use (1x32).
 struct WeightOptionsIn {
-  int block = 0;
-  int rounding = 0;
+  kernels::BlockShape block = kernels::BlockShape::k1x16;
+  kernels::Rounding rounding = kernels::Rounding::kNearest;
   uint64_t seed = 0;
   bool error_feedback = false;
-  int dtype = 0;
+  kernels::DType dtype = kernels::DType::kF32;
   kernels::Scaling scaling = kernels::Scaling::kCurrent;
   OptimizerSpecIn optimizer;
 };
@@ -267,7 +252,7 @@ struct UpdateWeightRequest {
   int64_t step = 0;
   TensorIn update;
   float lr = 0.0f;
-  int kind = 0;
+  kernels::UpdateKind kind = kernels::UpdateKind::kGradient;  // UNSPECIFIED: gradient
   OutputTarget dequantized_out;
   bool return_dequantized = false;
 };
@@ -283,7 +268,7 @@ struct UpdateWeightResult {
 struct GetWeightRequest {
   std::string name;
   bool dequantized = false;
-  int out_dtype = 0;
+  std::optional<kernels::DType> out_dtype;  // UNSPECIFIED (unset): the weight's dtype
   bool quantized = false;
   bool residual = false;
   OutputTarget out;
@@ -390,11 +375,11 @@ struct EmptyResult {
   ReplyMeta meta;
 };
 
+// The edge lists weights as DTYPE_U8 (their packed codes) and residuals as DTYPE_F32.
 struct TensorListing {
   std::string name;
-  int kind = 0;  // WireTensorKind
+  TensorKind kind = TensorKind::kWeight;
   std::vector<int64_t> shape;
-  int dtype = 0;  // WireDType: U8 for weights, F32 for residuals
   uint64_t bytes = 0;
   std::string device_uuid;
   int64_t last_step = 0;

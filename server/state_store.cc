@@ -136,9 +136,8 @@ std::vector<TensorListing> StateStore::List(absl::string_view ns) const {
     if (NamespaceOf(e->name) != ns) continue;
     TensorListing l;
     l.name = std::string(LocalName(e->name));
-    l.kind = e->kind == EntryKind::kWeight ? kWireKindWeight : kWireKindResidual;
+    l.kind = e->kind == EntryKind::kWeight ? TensorKind::kWeight : TensorKind::kResidual;
     l.shape = {e->rows, e->cols};
-    l.dtype = e->kind == EntryKind::kWeight ? kWireU8 : kWireF32;
     l.bytes = e->total_bytes();
     l.device_uuid = e->device->label;
     l.last_step = e->has_step.load() ? e->last_step.load() : -1;

@@ -2,11 +2,10 @@
 // offending value ("x.cols: 40 is not a multiple of the block size 16").
 #include "fp4q/kernels/validate.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
-#include <utility>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -18,6 +17,17 @@ namespace {
 
 absl::Status Invalid(const FieldPath& field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(field.str(), ": ", what));
+}
+// The same, for a name spelled already (a path's dimension: FieldPath::Rows).
+absl::Status InvalidAt(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+// rows and cols >= 1, named as `field` names its dimensions.
+absl::Status CheckDims(int64_t rows, int64_t cols, const FieldPath& field) {
+  if (rows < 1) return InvalidAt(field.Rows(), absl::StrCat(rows, " must be >= 1"));
+  if (cols < 1) return InvalidAt(field.Cols(), absl::StrCat(cols, " must be >= 1"));
+  return absl::OkStatus();
 }
 
 bool ValidDType(DType d) { return d == DType::kF32 || d == DType::kBF16; }
@@ -98,6 +108,10 @@ absl::Status CheckEnum(const char* name, int value, const FieldPath& field,
   return Invalid(field, absl::StrCat(value, " is not a valid ", what));
 }
 
+std::string EnumText(const char* name, int value) {
+  return name != nullptr ? std::string(name) : std::to_string(value);
+}
+
 absl::Status CheckBlockForFormat(Format format, BlockShape block, const FieldPath& field) {
   if (!ValidBlock(block)) {
     return Invalid(field, absl::StrCat(static_cast<int>(block), " is not a valid block shape"));
@@ -114,12 +128,12 @@ absl::Status CheckBlockForFormat(Format format, BlockShape block, const FieldPat
 absl::Status CheckSameShape(int64_t rows, int64_t cols, const FieldPath& field, int64_t want_rows,
                             int64_t want_cols, absl::string_view want_field) {
   if (rows != want_rows) {
-    return Invalid(field.Member("rows"),
-                   absl::StrCat(rows, " does not match ", want_field, " ", want_rows));
+    return InvalidAt(field.Rows(), absl::StrCat(rows, " does not match ",
+                                                want_field, " ", want_rows));
   }
   if (cols != want_cols) {
-    return Invalid(field.Member("cols"),
-                   absl::StrCat(cols, " does not match ", want_field, " ", want_cols));
+    return InvalidAt(field.Cols(), absl::StrCat(cols, " does not match ",
+                                                want_field, " ", want_cols));
   }
   return absl::OkStatus();
 }
@@ -140,6 +154,7 @@ absl::Status CheckQuantizedBuffers(Format format, ScaleLayout layout, int64_t ro
                                    const void* codes, size_t codes_capacity, const void* scales,
                                    size_t scales_capacity, const void* global,
                                    const FieldPath& field) {
+  FP4Q_RETURN_IF_ERROR(CheckDims(rows, cols, field));
   FP4Q_ASSIGN_OR_RETURN(size_t code_bytes, CodeBytes(rows, cols, field));
   FP4Q_ASSIGN_OR_RETURN(size_t scale_bytes, ScaleBytes(rows, cols, format, layout, field));
   FP4Q_RETURN_IF_ERROR(CheckCapacity(codes, codes_capacity, code_bytes, field, "codes"));
@@ -150,51 +165,56 @@ absl::Status CheckQuantizedBuffers(Format format, ScaleLayout layout, int64_t ro
 
 }  // namespace
 
-absl::Status ValidateQuantizeOptions(const QuantizeOptions& o) {
+
+absl::Status ValidateQuantizeOptions(const QuantizeOptions& o, const FieldPath& field) {
   if (!ValidFormat(o.format)) {
-    return Invalid("options.format",
+    return Invalid(field.Member("format"),
                    absl::StrCat(static_cast<int>(o.format), " is not a valid format"));
   }
-  FP4Q_RETURN_IF_ERROR(CheckBlockForFormat(o.format, o.block, "options.block"));
+  FP4Q_RETURN_IF_ERROR(CheckBlockForFormat(o.format, o.block, field.Member("block")));
   FP4Q_RETURN_IF_ERROR(CheckEnum(RoundingName(o.rounding), static_cast<int>(o.rounding),
-                                 "options.rounding", "rounding"));
-  FP4Q_RETURN_IF_ERROR(
-      CheckEnum(RhtName(o.rht), static_cast<int>(o.rht), "options.rht", "RHT mode"));
-  FP4Q_RETURN_IF_ERROR(CheckEnum(SelectionName(o.scale_selection),
-                                 static_cast<int>(o.scale_selection), "options.scale_selection",
-                                 "scale selection"));
+                                 field.Member("rounding"), "rounding"));
+  FP4Q_RETURN_IF_ERROR(CheckEnum(RhtName(o.rht), static_cast<int>(o.rht),
+                                 field.Member("rht"), "RHT mode"));
+  FP4Q_RETURN_IF_ERROR(CheckEnum(
+      SelectionName(o.scale_selection), static_cast<int>(o.scale_selection),
+      field.Member("scale_selection"), "scale selection"));
   FP4Q_RETURN_IF_ERROR(CheckEnum(LayoutName(o.scale_layout), static_cast<int>(o.scale_layout),
-                                 "options.scale_layout", "scale layout"));
+                                 field.Member("scale_layout"), "scale layout"));
   FP4Q_RETURN_IF_ERROR(CheckEnum(MxRuleName(o.mx_rule), static_cast<int>(o.mx_rule),
-                                 "options.mx_rule", "MX scale rule"));
+                                 field.Member("mx_rule"), "MX scale rule"));
   if (!o.rowwise && !o.columnwise) {
-    return Invalid("options.rowwise", "false and options.columnwise false: no output requested");
+    return Invalid(field.Member("rowwise"),
+                   absl::StrCat("false and ", field.Member("columnwise").str(),
+                                " false: no output requested"));
   }
   if (o.has_amax) {
     if (o.format == Format::kMxfp4) {
-      return Invalid("options.amax", absl::StrCat(o.amax, " given, but MXFP4 has no global scale"));
+      return Invalid(field.Member("amax"),
+                     absl::StrCat(o.amax, " given, but MXFP4 has no global scale"));
     }
     if (!std::isfinite(o.amax) || o.amax < 0.0f) {
-      return Invalid("options.amax", absl::StrCat(o.amax, " is not finite and >= 0"));
+      return Invalid(field.Member("amax"), absl::StrCat(o.amax, " is not finite and >= 0"));
     }
   }
   if (o.scale_selection != ScaleSelection::kMapTo6) {
     const std::string mode = SelectionName(o.scale_selection);
+    const FieldPath sel = field.Member("scale_selection");
     if (o.format != Format::kNvfp4) {
-      return Invalid("options.scale_selection",
-                     absl::StrCat(mode, " is NVFP4 only (format ", FormatName(o.format), ")"));
+      return Invalid(sel, absl::StrCat(mode, " is NVFP4 only (format ", FormatName(o.format), ")"));
     }
     if (o.rounding != Rounding::kNearest) {
       return Invalid(
-          "options.scale_selection",
-          absl::StrCat(mode, " needs options.rounding nearest, not ", RoundingName(o.rounding)));
+          sel, absl::StrCat(mode, " needs ", field.Member("rounding").str(),
+                            " nearest, not ", RoundingName(o.rounding)));
     }
     if (o.rht != RhtMode::kOff) {
-      return Invalid("options.scale_selection",
-                     absl::StrCat(mode, " is not combined with options.rht ", RhtName(o.rht)));
+      return Invalid(
+          sel, absl::StrCat(mode, " is not combined with ",
+                            field.Member("rht").str(), " ", RhtName(o.rht)));
     }
     if (o.four_over_six_emax != 256.0f && o.four_over_six_emax != 448.0f) {
-      return Invalid("options.four_over_six_emax",
+      return Invalid(field.Member("four_over_six_emax"),
                      absl::StrCat(o.four_over_six_emax, " is not 256 or 448"));
     }
   }
@@ -206,6 +226,7 @@ absl::Status ValidateConstTensor(const ConstTensor& t, const FieldPath& field) {
     return Invalid(field.Member("dtype"),
                    absl::StrCat(static_cast<int>(t.dtype), " is not a valid dtype"));
   }
+  FP4Q_RETURN_IF_ERROR(CheckDims(t.rows, t.cols, field));
   FP4Q_RETURN_IF_ERROR(DenseBytes(t.rows, t.cols, t.dtype, field).status());
   if (t.data == nullptr) return Invalid(field.Member("data"), "null");
   return absl::OkStatus();
@@ -216,6 +237,7 @@ absl::Status ValidateMutTensor(const MutTensor& t, const FieldPath& field) {
     return Invalid(field.Member("dtype"),
                    absl::StrCat(static_cast<int>(t.dtype), " is not a valid dtype"));
   }
+  FP4Q_RETURN_IF_ERROR(CheckDims(t.rows, t.cols, field));
   FP4Q_ASSIGN_OR_RETURN(size_t bytes, DenseBytes(t.rows, t.cols, t.dtype, field));
   if (t.data == nullptr) return Invalid(field.Member("data"), "null");
   if (t.capacity < bytes) {
@@ -226,18 +248,42 @@ absl::Status ValidateMutTensor(const MutTensor& t, const FieldPath& field) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateQuantizeInput(const ConstTensor& x, const QuantizeOptions& o) {
-  FP4Q_RETURN_IF_ERROR(ValidateConstTensor(x, "x"));
+absl::Status ValidateQuantizeShape(int64_t rows, int64_t cols, const QuantizeOptions& o,
+                                   const FieldPath& x) {
+  FP4Q_RETURN_IF_ERROR(CheckDims(rows, cols, x));
   const int block = BlockElems(o.format);
-  if (x.cols % block != 0) {
-    return Invalid("x.cols", absl::StrCat(x.cols, " is not a multiple of the block size ", block));
+  if (cols % block != 0) {
+    return InvalidAt(x.Cols(), absl::StrCat(cols, " is not a multiple of the block size ", block));
   }
-  if (o.block == BlockShape::k16x16 && x.rows % 16 != 0) {
-    return Invalid("x.rows", absl::StrCat(x.rows, " is not a multiple of 16 (16x16 blocks)"));
+  if (o.block == BlockShape::k16x16 && rows % 16 != 0) {
+    return InvalidAt(x.Rows(), absl::StrCat(rows, " is not a multiple of 16 (16x16 blocks)"));
   }
-  if (o.columnwise && x.rows % block != 0) {
-    return Invalid("x.rows", absl::StrCat(x.rows, " is not a multiple of the block size ", block,
+  if (o.columnwise && rows % block != 0) {
+    return InvalidAt(x.Rows(), absl::StrCat(rows, " is not a multiple of the block size ", block,
                                           " (column-wise output)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateQuantizeInput(const ConstTensor& x, const QuantizeOptions& o,
+                                   const FieldPath& field) {
+  FP4Q_RETURN_IF_ERROR(ValidateConstTensor(x, field));
+  return ValidateQuantizeShape(x.rows, x.cols, o, field);
+}
+
+absl::Status ValidateErrorFeedback(const QuantizeOptions& o, const FieldPath& residual,
+                                   const FieldPath& field) {
+  if (!o.rowwise) {
+    return Invalid(residual, absl::StrCat("error feedback needs the row-wise output (",
+                                                 field.Member("rowwise").str(), " is false)"));
+  }
+  if (o.columnwise) {
+    return Invalid(residual, absl::StrCat("error feedback is row-wise only (",
+                                                 field.Member("columnwise").str(), " is true)"));
+  }
+  if (o.rht != RhtMode::kOff) {
+    return Invalid(residual, absl::StrCat("error feedback is not combined with ",
+                                                 field.Member("rht").str(), " ", RhtName(o.rht)));
   }
   return absl::OkStatus();
 }
@@ -257,35 +303,42 @@ absl::Status ValidateQuantizedOutput(const QuantizedTensor& q, int64_t rows, int
                                 " does not match options.block ", BlockShapeName(o.block)));
   }
   if (q.scale_layout != o.scale_layout) {
-    return Invalid(
-        field.Member("scale_layout"),
-        absl::StrCat(ValidLayout(q.scale_layout) ? LayoutName(q.scale_layout)
-                                                 : std::to_string(static_cast<int>(q.scale_layout)),
-                     " does not match options.scale_layout ", LayoutName(o.scale_layout)));
+    return Invalid(field.Member("scale_layout"),
+                   absl::StrCat(EnumText(LayoutName(q.scale_layout),
+                                         static_cast<int>(q.scale_layout)),
+                                " does not match options.scale_layout ",
+                                LayoutName(o.scale_layout)));
   }
   FP4Q_RETURN_IF_ERROR(CheckSameShape(q.rows, q.cols, field, rows, cols, "the expected"));
   return CheckQuantizedBuffers(q.format, q.scale_layout, q.rows, q.cols, q.codes, q.codes_capacity,
                                q.scales, q.scales_capacity, q.global, field);
 }
 
-absl::Status ValidateQuantizedInput(const ConstQuantizedTensor& q, const FieldPath& field) {
-  if (!ValidFormat(q.format)) {
+absl::Status ValidateQuantizedShape(Format format, BlockShape block, ScaleLayout layout,
+                                    int64_t rows, int64_t cols, const FieldPath& field) {
+  if (!ValidFormat(format)) {
     return Invalid(field.Member("format"),
-                   absl::StrCat(static_cast<int>(q.format), " is not a valid format"));
+                   absl::StrCat(static_cast<int>(format), " is not a valid format"));
   }
-  FP4Q_RETURN_IF_ERROR(CheckBlockForFormat(q.format, q.block, field.Member("block")));
-  FP4Q_RETURN_IF_ERROR(CheckEnum(LayoutName(q.scale_layout), static_cast<int>(q.scale_layout),
+  FP4Q_RETURN_IF_ERROR(CheckBlockForFormat(format, block, field.Member("block")));
+  FP4Q_RETURN_IF_ERROR(CheckEnum(LayoutName(layout), static_cast<int>(layout),
                                  field.Member("scale_layout"), "scale layout"));
-  FP4Q_RETURN_IF_ERROR(CodeBytes(q.rows, q.cols, field).status());  // dims >= 1
-  const int block = BlockElems(q.format);
-  if (q.cols % block != 0) {
-    return Invalid(field.Member("cols"),
-                   absl::StrCat(q.cols, " is not a multiple of the block size ", block));
+  FP4Q_RETURN_IF_ERROR(CheckDims(rows, cols, field));
+  const int elems = BlockElems(format);
+  if (cols % elems != 0) {
+    return InvalidAt(
+        field.Cols(),
+        absl::StrCat(cols, " is not a multiple of the block size ", elems));
   }
-  if (q.block == BlockShape::k16x16 && q.rows % 16 != 0) {
-    return Invalid(field.Member("rows"),
-                   absl::StrCat(q.rows, " is not a multiple of 16 (16x16 blocks)"));
+  if (block == BlockShape::k16x16 && rows % 16 != 0) {
+    return InvalidAt(field.Rows(), absl::StrCat(rows, " is not a multiple of 16 (16x16 blocks)"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateQuantizedInput(const ConstQuantizedTensor& q, const FieldPath& field) {
+  FP4Q_RETURN_IF_ERROR(
+      ValidateQuantizedShape(q.format, q.block, q.scale_layout, q.rows, q.cols, field));
   return CheckQuantizedBuffers(q.format, q.scale_layout, q.rows, q.cols, q.codes, q.codes_capacity,
                                q.scales, q.scales_capacity, q.global, field);
 }
@@ -303,18 +356,16 @@ absl::Status ValidateQuantizeArgs(const ConstTensor& x, const QuantizeOptions& o
     if (columnwise == nullptr) return Invalid("columnwise", "null but options.columnwise is true");
     FP4Q_RETURN_IF_ERROR(ValidateQuantizedOutput(*columnwise, x.cols, x.rows, o, "columnwise"));
   }
-  if (residual != nullptr) {
-    if (!o.rowwise) {
-      return Invalid("residual",
-                     "error feedback needs the row-wise output (options.rowwise is false)");
-    }
-    if (o.columnwise) {
-      return Invalid("residual", "error feedback is row-wise only (options.columnwise is true)");
-    }
-    if (o.rht != RhtMode::kOff) {
-      return Invalid("residual", absl::StrCat("error feedback is not combined with options.rht ",
-                                              RhtName(o.rht)));
-    }
+  if (residual != nullptr) FP4Q_RETURN_IF_ERROR(ValidateErrorFeedback(o));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateQdqOptions(const QuantizeOptions& o, const FieldPath& field) {
+  FP4Q_RETURN_IF_ERROR(ValidateQuantizeOptions(o, field));
+  if (!o.rowwise) return Invalid(field.Member("rowwise"), "false, but QDQ is row-wise");
+  if (o.columnwise) return Invalid(field.Member("columnwise"), "true, but QDQ is row-wise only");
+  if (o.rht != RhtMode::kOff) {
+    return Invalid(field.Member("rht"), absl::StrCat(RhtName(o.rht), " is not supported by QDQ"));
   }
   return absl::OkStatus();
 }
@@ -322,34 +373,35 @@ absl::Status ValidateQuantizeArgs(const ConstTensor& x, const QuantizeOptions& o
 absl::Status ValidateQdqArgs(const ConstTensor& x, const QuantizeOptions& o, const float* residual,
                              const MutTensor& out) {
   (void)residual;  // any residual is x-shaped f32 (see ValidateResidualShape)
-  FP4Q_RETURN_IF_ERROR(ValidateQuantizeOptions(o));
-  if (!o.rowwise) return Invalid("options.rowwise", "false, but QDQ is row-wise");
-  if (o.columnwise) return Invalid("options.columnwise", "true, but QDQ is row-wise only");
-  if (o.rht != RhtMode::kOff) {
-    return Invalid("options.rht", absl::StrCat(RhtName(o.rht), " is not supported by QDQ"));
-  }
+  FP4Q_RETURN_IF_ERROR(ValidateQdqOptions(o));
   FP4Q_RETURN_IF_ERROR(ValidateQuantizeInput(x, o));
   FP4Q_RETURN_IF_ERROR(ValidateMutTensor(out, "out"));
   return CheckSameShape(out.rows, out.cols, "out", x.rows, x.cols, "x");
 }
 
 absl::Status ValidateMatmulArgs(const ConstQuantizedTensor& a, const ConstQuantizedTensor& b,
-                                const MutTensor& c) {
-  FP4Q_RETURN_IF_ERROR(ValidateQuantizedInput(a, "a"));
-  FP4Q_RETURN_IF_ERROR(ValidateQuantizedInput(b, "b"));
+                                const MutTensor& c, const FieldPath& a_field,
+                                const FieldPath& b_field, const FieldPath& c_field) {
+  FP4Q_RETURN_IF_ERROR(ValidateQuantizedInput(a, a_field));
+  FP4Q_RETURN_IF_ERROR(ValidateQuantizedInput(b, b_field));
   if (a.format != b.format) {
-    return Invalid("b.format", absl::StrCat(FormatName(b.format), " does not match a.format ",
-                                            FormatName(a.format)));
+    return Invalid(b_field.Member("format"),
+                   absl::StrCat(FormatName(b.format), " does not match ",
+                                a_field.Member("format").str(), " ",
+                                FormatName(a.format)));
   }
   if (a.cols != b.cols) {
-    return Invalid("b.cols", absl::StrCat(b.cols, " does not match a.cols ", a.cols, " (K)"));
+    return InvalidAt(b_field.Cols(), absl::StrCat(b.cols, " does not match ", a_field.Cols(), " ",
+                                                a.cols, " (K)"));
   }
-  FP4Q_RETURN_IF_ERROR(ValidateMutTensor(c, "c"));
+  FP4Q_RETURN_IF_ERROR(ValidateMutTensor(c, c_field));
   if (c.rows != a.rows) {
-    return Invalid("c.rows", absl::StrCat(c.rows, " does not match a.rows ", a.rows, " (M)"));
+    return InvalidAt(c_field.Rows(), absl::StrCat(c.rows, " does not match ", a_field.Rows(), " ",
+                                                a.rows, " (M)"));
   }
   if (c.cols != b.rows) {
-    return Invalid("c.cols", absl::StrCat(c.cols, " does not match b.rows ", b.rows, " (N)"));
+    return InvalidAt(c_field.Cols(), absl::StrCat(c.cols, " does not match ", b_field.Rows(), " ",
+                                                b.rows, " (N)"));
   }
   return absl::OkStatus();
 }

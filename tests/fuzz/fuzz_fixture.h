@@ -94,8 +94,8 @@ inline std::unique_ptr<Fixture> MakeFixture() {
           "create adam");
     c.name = "mom";
     c.options = WeightOptionsIn();
-    c.options.block = 2;     // fp4q.v1.BLOCK_SHAPE_16X16
-    c.options.rounding = 2;  // fp4q.v1.ROUNDING_STOCHASTIC
+    c.options.block = kernels::BlockShape::k16x16;
+    c.options.rounding = kernels::Rounding::kStochastic;
     c.options.optimizer.set = true;
     c.options.optimizer.momentum = true;
     Check(Await<CreateWeightResult>([&](auto d) { engine.CreateWeight(f->none, c, d); }).ok(),
@@ -105,7 +105,7 @@ inline std::unique_ptr<Fixture> MakeFixture() {
   QdqRequest q;
   q.input = testing::InlineF32(r, 2, 16);
   q.options.residual_key = "r";
-  q.options.step = 3;
+  q.options.quant.step = 3;
   Check(Await<QdqResult>([&](auto d) { engine.Qdq(f->none, q, d); }).ok(), "residual");
   return f;
 }

@@ -128,7 +128,8 @@ void RunOne(Fixture& f, uint8_t selector, const uint8_t* data, size_t size) {
     case kQuantize: {
       v1::QuantizeRequest m;
       if (!Parse(&m, data, size)) return;
-      QuantizeRequest r = FromProto(m);
+      QuantizeRequest r;
+      if (!Convert(m, &r)) return;
       fix(r.input);
       for (auto* t :
            {&r.rowwise_codes, &r.rowwise_scales, &r.columnwise_codes, &r.columnwise_scales}) {
@@ -141,7 +142,8 @@ void RunOne(Fixture& f, uint8_t selector, const uint8_t* data, size_t size) {
     case kDequantize: {
       v1::DequantizeRequest m;
       if (!Parse(&m, data, size)) return;
-      DequantizeRequest r = FromProto(m);
+      DequantizeRequest r;
+      if (!Convert(m, &r)) return;
       fix(r.input);
       fix(r.out);
       v1::DequantizeReply rep;
@@ -151,7 +153,8 @@ void RunOne(Fixture& f, uint8_t selector, const uint8_t* data, size_t size) {
     case kQdq: {
       v1::QdqRequest m;
       if (!Parse(&m, data, size)) return;
-      QdqRequest r = FromProto(m);
+      QdqRequest r;
+      if (!Convert(m, &r)) return;
       fix(r.input);
       fix(r.out);
       v1::QdqReply rep;
@@ -161,7 +164,8 @@ void RunOne(Fixture& f, uint8_t selector, const uint8_t* data, size_t size) {
     case kMatmul: {
       v1::MatmulRequest m;
       if (!Parse(&m, data, size)) return;
-      MatmulRequest r = FromProto(m);
+      MatmulRequest r;
+      if (!Convert(m, &r)) return;
       fix(r.a);
       fix(r.b);
       fix(r.out);
@@ -172,7 +176,8 @@ void RunOne(Fixture& f, uint8_t selector, const uint8_t* data, size_t size) {
     case kUpdateWeight: {
       v1::UpdateWeightRequest m;
       if (!Parse(&m, data, size)) return;
-      UpdateWeightRequest r = FromProto(m);
+      UpdateWeightRequest r;
+      if (!Convert(m, &r)) return;
       fix(r.update);
       fix(r.dequantized_out);
       v1::UpdateWeightReply rep;
@@ -192,7 +197,8 @@ void RunOne(Fixture& f, uint8_t selector, const uint8_t* data, size_t size) {
     case kGetWeight: {
       v1::GetWeightRequest m;
       if (!Parse(&m, data, size)) return;
-      GetWeightRequest r = FromProto(m);
+      GetWeightRequest r;
+      if (!Convert(m, &r)) return;
       fix(r.out);
       v1::GetWeightReply rep;
       Run<GetWeightResult>([&](auto d) { e.GetWeight(ctx, r, d); }, &rep);

@@ -20,6 +20,7 @@ namespace {
 using ::fp4q::testing::StatusIs;
 using testing::F32Out;
 using testing::F32View;
+using ::testing::Eq;
 using ::testing::HasSubstr;
 using testing::OwnedQuantized;
 
@@ -383,6 +384,82 @@ TEST_F(ValidateTest, RhtArguments) {
   MutTensor bf{out.data(), DType::kBF16, 32, 64, out.size() * 4};
   EXPECT_THAT(backend_->Rht(F32View(x_, 32, 64), RhtMode::kDefaultSigns, 0, false, bf, nullptr),
               StatusIs(kInvalid, HasSubstr("out.dtype: bf16 does not match in.dtype f32")));
+}
+
+// Callers name the arguments: messages carry the given field paths, dimensions included, so a
+// server quotes its request's fields without rewriting the message.
+TEST(FieldPathTest, ShapeChecksNameTheGivenPath) {
+  QuantizeOptions o;
+  o.block = BlockShape::k16x16;
+  const FieldPath input_root("input");
+  const FieldPath input = input_root.Shaped();
+  EXPECT_THAT(ValidateQuantizeShape(16, 40, o, input),
+              StatusIs(kInvalid, Eq("input.shape[1]: 40 is not a multiple of the block size 16")));
+  EXPECT_THAT(ValidateQuantizeShape(8, 32, o, input),
+              StatusIs(kInvalid, Eq("input.shape[0]: 8 is not a multiple of 16 (16x16 blocks)")));
+  EXPECT_THAT(ValidateQuantizeShape(0, 32, o, input),
+              StatusIs(kInvalid, Eq("input.shape[0]: 0 must be >= 1")));
+  o = QuantizeOptions();
+  o.columnwise = true;
+  EXPECT_THAT(ValidateQuantizeShape(8, 32, o, "items[2].x"),
+              StatusIs(kInvalid, Eq("items[2].x.rows: 8 is not a multiple of the block size 16 "
+                                    "(column-wise output)")));
+  EXPECT_TRUE(ValidateQuantizeShape(16, 32, o, input).ok());
+}
+
+TEST(FieldPathTest, OptionMessagesUseThePrefix) {
+  QuantizeOptions o;
+  o.scale_selection = ScaleSelection::kFourOverSixMae;
+  o.rounding = Rounding::kStochastic;
+  EXPECT_THAT(ValidateQuantizeOptions(o, "req.options"),
+              StatusIs(kInvalid, Eq("req.options.scale_selection: four_over_six_mae needs "
+                                    "req.options.rounding nearest, not stochastic")));
+  o = QuantizeOptions();
+  o.rht = RhtMode::kSeeded;
+  EXPECT_THAT(ValidateErrorFeedback(o, "options.residual_key", "options"),
+              StatusIs(kInvalid, Eq("options.residual_key: error feedback is not combined with "
+                                    "options.rht seeded")));
+  EXPECT_THAT(ValidateQdqOptions(o, "qdq"),
+              StatusIs(kInvalid, Eq("qdq.rht: seeded is not supported by QDQ")));
+  o = QuantizeOptions();
+  o.columnwise = true;
+  EXPECT_THAT(ValidateErrorFeedback(o),
+              StatusIs(kInvalid, Eq("residual: error feedback is row-wise only "
+                                    "(options.columnwise is true)")));
+  EXPECT_TRUE(ValidateErrorFeedback(QuantizeOptions(), "options.residual_key", "options").ok());
+}
+
+TEST(FieldPathTest, QuantizedShapeAndMatmulNameTheirOperands) {
+  const FieldPath a_root("a.tensor");
+  const FieldPath a = a_root.Shaped();
+  EXPECT_THAT(
+      ValidateQuantizedShape(Format::kNvfp4, BlockShape::k1x32, ScaleLayout::kPlain, 4, 32, a),
+      StatusIs(kInvalid, Eq("a.tensor.block: 1x32 is not an NVFP4 block (1x16 or 16x16)")));
+  EXPECT_THAT(
+      ValidateQuantizedShape(Format::kMxfp4, BlockShape::k1x32, ScaleLayout::kPlain, 4, 48, a),
+      StatusIs(kInvalid, Eq("a.tensor.shape[1]: 48 is not a multiple of the block size 32")));
+  EXPECT_THAT(ValidateQuantizedShape(Format::kNvfp4, BlockShape::k1x16,
+                                     static_cast<ScaleLayout>(7), 4, 32, a),
+              StatusIs(kInvalid, Eq("a.tensor.scale_layout: 7 is not a valid scale layout")));
+  EXPECT_TRUE(
+      ValidateQuantizedShape(Format::kNvfp4, BlockShape::k16x16, ScaleLayout::kSwizzled, 16, 32, a)
+          .ok());
+
+  OwnedQuantized qa(Format::kNvfp4, BlockShape::k1x16, ScaleLayout::kPlain, 4, 64);
+  OwnedQuantized qb(Format::kNvfp4, BlockShape::k1x16, ScaleLayout::kPlain, 3, 32);
+  std::vector<float> c(12, 0.0f);
+  const FieldPath b_root("b.weight_name");
+  const FieldPath stored = b_root.Dims(" (the weight's rows)", " (the weight's columns)");
+  EXPECT_THAT(ValidateMatmulArgs(qa.cview(), qb.cview(), F32Out(&c, 4, 3), a, stored, "out"),
+              StatusIs(kInvalid, Eq("b.weight_name (the weight's columns): 32 does not match "
+                                    "a.tensor.shape[1] 64 (K)")));
+  OwnedQuantized qb2(Format::kNvfp4, BlockShape::k1x16, ScaleLayout::kPlain, 3, 64);
+  EXPECT_THAT(ValidateMatmulArgs(qa.cview(), qb2.cview(), F32Out(&c, 3, 4), a, stored, "out"),
+              StatusIs(kInvalid, Eq("out.rows: 3 does not match a.tensor.shape[0] 4 (M)")));
+  ConstQuantizedTensor no_scales = qa.cview();
+  no_scales.scales = nullptr;
+  EXPECT_THAT(ValidateQuantizedInput(no_scales, a),
+              StatusIs(kInvalid, Eq("a.tensor.scales: null")));
 }
 
 }  // namespace

@@ -317,7 +317,16 @@ std::vector<BadCase> TensorOpCases() {
          r.mutable_options()->set_outputs(v1::OUTPUTS_COLUMNWISE);
          return Call(s, r);
        },
-       Code::INVALID_ARGUMENT, "options.outputs: false, but QDQ is row-wise"},
+       Code::INVALID_ARGUMENT,
+       "options.outputs: OUTPUTS_COLUMNWISE, but QDQ is row-wise only; use OUTPUTS_ROWWISE"},
+      {"QDQ both outputs",
+       [](auto& s, auto&) {
+         v1::QdqRequest r = Qdq(InlineTensor(RandomF32(16 * 16, 1), 16, 16));
+         r.mutable_options()->set_outputs(v1::OUTPUTS_BOTH);
+         return Call(s, r);
+       },
+       Code::INVALID_ARGUMENT,
+       "options.outputs: OUTPUTS_BOTH, but QDQ is row-wise only; use OUTPUTS_ROWWISE"},
       {"QDQ out dtype U8",
        [](auto& s, auto&) {
          v1::QdqRequest r = Qdq(Good());

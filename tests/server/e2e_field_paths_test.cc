@@ -206,7 +206,7 @@ std::vector<BadCase> ExtraCases() {
 }
 
 // A stored weight as a Matmul operand: the kernels' "b.cols" must not become a path below the
-// string weight_name; RenameField writes "b.weight_name (the weight's columns)".
+// string weight_name; the engine names its dimensions "b.weight_name (the weight's columns)".
 std::vector<BadCase> StoredOperandCases() {
   using Code = grpc::StatusCode;
   return {

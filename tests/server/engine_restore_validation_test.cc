@@ -49,7 +49,7 @@ class EngineRestoreValidationTest : public ::testing::Test {
     const std::string x = RandomF32(2 * 16, 3);  // InlineF32 views the bytes: keep them alive
     q.input = InlineF32(x, 2, 16);
     q.options.residual_key = "r";
-    q.options.step = 12;
+    q.options.quant.step = 12;
     ASSERT_THAT(Await<QdqResult>([&](auto done) { engine_->Qdq({}, q, done); }), IsOk());
     ASSERT_THAT(engine_->CheckpointNow(), IsOk());
     ASSERT_THAT(ReadCheckpoint(dir_ + "/" + kCheckpointFileName,

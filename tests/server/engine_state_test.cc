@@ -186,7 +186,7 @@ TEST_F(EngineStateTest, StepsAreIdempotentAndStrictlyIncreasing) {
   ASSERT_TRUE(list.ok());
   ASSERT_EQ(list->size(), 1u);
   EXPECT_EQ((*list)[0].last_step, 10);
-  EXPECT_EQ((*list)[0].kind, kWireKindWeight);
+  EXPECT_EQ((*list)[0].kind, TensorKind::kWeight);
 }
 
 TEST_F(EngineStateTest, UpdateMatchesTheCpuBackendBitForBit) {
@@ -287,7 +287,7 @@ TEST_F(EngineStateTest, ResidualKeysFollowStepsAndShape) {
     QdqRequest r;
     r.input = InlineF32(data, rows, 32);
     r.options.residual_key = "ef/x";
-    r.options.step = step;
+    r.options.quant.step = step;
     return Await<QdqResult>([&](auto done) { engine_->Qdq({}, r, done); });
   };
   auto a = qdq(1, x, 4);
@@ -308,7 +308,7 @@ TEST_F(EngineStateTest, ResidualKeysFollowStepsAndShape) {
                                  "[4, 32]")));
   auto list = engine_->ListTensors();
   ASSERT_EQ(list->size(), 1u);
-  EXPECT_EQ((*list)[0].kind, kWireKindResidual);
+  EXPECT_EQ((*list)[0].kind, TensorKind::kResidual);
   EXPECT_EQ((*list)[0].last_step, 2);
   EXPECT_EQ((*list)[0].bytes, 4u * 32 * 4);
   // Reset zeroes it: the next QDQ equals the first one.
@@ -331,9 +331,7 @@ TEST_F(EngineStateTest, ErrorFeedbackMatchesTheCpuBackendsResidualSteps) {
     o.step = step;
     QdqRequest r;
     r.input = InlineF32(x, 8, 32);
-    r.options.rounding = 2;
-    r.options.seed = 9;
-    r.options.step = step;
+    r.options.quant = o;
     r.options.residual_key = "ef/qdq";
     auto got = Await<QdqResult>([&](auto done) { engine_->Qdq({}, r, done); });
     ASSERT_TRUE(got.ok()) << got.status();
@@ -378,7 +376,7 @@ TEST_F(EngineStateTest, CheckpointRestoresStateAndSteps) {
   const std::string x = RandomF32(2 * 16, 3);
   q.input = InlineF32(x, 2, 16);
   q.options.residual_key = "r";
-  q.options.step = 12;
+  q.options.quant.step = 12;
   ASSERT_TRUE(Await<QdqResult>([&](auto done) { engine_->Qdq({}, q, done); }).ok());
   auto before = Get("w", true);
   ASSERT_TRUE(before.ok());

@@ -40,8 +40,8 @@ struct Snapshot {
 
 struct WeightSpec {
   bool ef = true;
-  int block = 1;     // 1x16, 2: 16x16
-  int rounding = 1;  // 1 RTN, 2 SR
+  kernels::BlockShape block = kernels::BlockShape::k1x16;
+  kernels::Rounding rounding = kernels::Rounding::kNearest;
   kernels::Scaling scaling = kernels::Scaling::kCurrent;
   OptimizerSpecIn optimizer;
   int64_t step = 0;

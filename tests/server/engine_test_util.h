@@ -181,7 +181,7 @@ inline std::vector<float> AsFloats(const std::string& bytes) {
 
 inline TensorIn InlineF32(const std::string& bytes, int64_t rows, int64_t cols) {
   TensorIn t;
-  t.dtype = kWireF32;
+  t.dtype = kernels::DType::kF32;
   t.shape = {rows, cols};
   t.data.source = Source::kInline;
   t.data.inline_data = bytes;
@@ -190,7 +190,7 @@ inline TensorIn InlineF32(const std::string& bytes, int64_t rows, int64_t cols) 
 
 inline TensorIn RegionF32(const std::string& region, uint64_t offset, int64_t rows, int64_t cols) {
   TensorIn t;
-  t.dtype = kWireF32;
+  t.dtype = kernels::DType::kF32;
   t.shape = {rows, cols};
   t.data.source = Source::kRegion;
   t.data.region = RegionSlice{region, offset};

@@ -8,7 +8,7 @@
 //   handle = "FP4QSHM:" + shm name ("/..."), NUL-padded to 64 bytes.
 // OpenIpcHandle maps the whole object (shm_open + mmap); CloseIpcHandle unmaps
 // it. A handle that is not of this form, or names no object, is
-// INVALID_ARGUMENT "handle: ...". The tests create the objects
+// INVALID_ARGUMENT "ipc_handle: ...". The tests create the objects
 // (shm_test_util.h) in the client process, so data really crosses processes, as
 // with CUDA IPC.
 #include <fcntl.h>
@@ -65,16 +65,16 @@ class ShmIpcBackend final : public fp4q::kernels::Backend {
 
   absl::StatusOr<void*> OpenIpcHandle(const std::string& handle) override {
     if (handle.size() != 64 || handle.compare(0, 8, kPrefix) != 0) {
-      return absl::InvalidArgumentError("handle: not a fake shared-memory handle");
+      return absl::InvalidArgumentError("ipc_handle: not a fake shared-memory handle");
     }
     const std::string name(handle.c_str() + 8);  // up to the first NUL
     if (name.empty() || name[0] != '/') {
-      return absl::InvalidArgumentError("handle: no shared memory object name");
+      return absl::InvalidArgumentError("ipc_handle: no shared memory object name");
     }
     const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
     if (fd < 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("handle: invalid resource handle (", std::strerror(errno), ")"));
+          absl::StrCat("ipc_handle: invalid resource handle (", std::strerror(errno), ")"));
     }
     struct stat st;
     void* base = MAP_FAILED;
@@ -83,7 +83,7 @@ class ShmIpcBackend final : public fp4q::kernels::Backend {
                     fd, 0);
     }
     ::close(fd);
-    if (base == MAP_FAILED) return absl::InvalidArgumentError("handle: cannot map the object");
+    if (base == MAP_FAILED) return absl::InvalidArgumentError("ipc_handle: cannot map the object");
     std::lock_guard<std::mutex> lock(mu_);
     mapped_[base] = static_cast<size_t>(st.st_size);
     return base;

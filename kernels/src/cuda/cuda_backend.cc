@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cuda/cuda_status.h"
+#include "cuda/kernel_codes_host.h"
 #include "cuda/launch.h"
 #include "cuda/staging.h"
 #include "fp4q/common/status_macros.h"
@@ -28,8 +29,6 @@ absl::Status CheckCopyArgs(const void* dst, const void* src, size_t bytes) {
   if (bytes > 0 && src == nullptr) return absl::InvalidArgumentError(absl::StrCat("src: null with bytes ", bytes));
   return absl::OkStatus();
 }
-
-int DtypeCode(DType d) { return d == DType::kF32 ? kF32 : kBF16; }
 
 }  // namespace
 
@@ -195,15 +194,15 @@ void CudaBackend::DestroyStream(Stream stream) {
 
 // ---------------------------------------------------------------- IPC
 
-absl::StatusOr<void*> CudaBackend::OpenIpcHandle(const std::string& handle_bytes) {
-  if (handle_bytes.size() != sizeof(cudaIpcMemHandle_t)) {
-    return absl::InvalidArgumentError(absl::StrCat("handle: ", handle_bytes.size(),
+absl::StatusOr<void*> CudaBackend::OpenIpcHandle(const std::string& ipc_handle) {
+  if (ipc_handle.size() != sizeof(cudaIpcMemHandle_t)) {
+    return absl::InvalidArgumentError(absl::StrCat("ipc_handle: ", ipc_handle.size(),
                                                    " bytes, a cudaIpcMemHandle_t has ",
                                                    sizeof(cudaIpcMemHandle_t)));
   }
   FP4Q_RETURN_IF_ERROR(Enter());
   cudaIpcMemHandle_t h;
-  std::memcpy(&h, handle_bytes.data(), sizeof(h));
+  std::memcpy(&h, ipc_handle.data(), sizeof(h));
   void* base = nullptr;
   // Lazy peer access stays on: without it a handle of another GPU's allocation may still map,
   // and a kernel touching it would fault (a sticky error). Which GPU an allocation lives on is
@@ -216,7 +215,7 @@ absl::StatusOr<void*> CudaBackend::OpenIpcHandle(const std::string& handle_bytes
     if (IsStickyStatus(s)) return s;
     cudaGetLastError();  // not sticky: clear it so later launch checks do not see it
     return absl::InvalidArgumentError(
-        absl::StrCat("handle: cannot be opened on ", info_.uuid, ": ", s.message()));
+        absl::StrCat("ipc_handle: cannot be opened on ", info_.uuid, ": ", s.message()));
   }
   // Second guard: where the runtime does report another GPU as the owner, refuse it, saying
   // where the allocation lives.
@@ -230,7 +229,7 @@ absl::StatusOr<void*> CudaBackend::OpenIpcHandle(const std::string& handle_bytes
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, attr.device) == cudaSuccess) owner = FormatUuid(prop.uuid);
     cudaGetLastError();
-    return absl::InvalidArgumentError(absl::StrCat("handle: the allocation lives on ", owner,
+    return absl::InvalidArgumentError(absl::StrCat("ipc_handle: the allocation lives on ", owner,
                                                    ", not on ", info_.uuid));
   }
   absl::MutexLock lock(&mu_);
@@ -334,7 +333,7 @@ absl::Status CudaBackend::DoRht(const ConstTensor& in, RhtMode mode, uint64_t rh
   p.dtype = DtypeCode(in.dtype);
   p.rows = in.rows;
   p.cols = in.cols;
-  p.signs = mode == RhtMode::kOff ? 0u : RhtSignMask(static_cast<int>(mode), rht_seed);
+  p.signs = mode == RhtMode::kOff ? 0u : RhtSignMask(RhtCode(mode), rht_seed);
   p.inverse = inverse;
   FP4Q_RETURN_IF_ERROR(Track(FP4Q_CUDA_STATUS(LaunchRht(p, s))));
   FP4Q_RETURN_IF_ERROR(Track(st.Finish()));

@@ -51,7 +51,7 @@ class CudaBackend final : public Backend {
   void DestroyStream(Stream stream) override;
   absl::Status Healthy() const override;
 
-  absl::StatusOr<void*> OpenIpcHandle(const std::string& handle_bytes) override;
+  absl::StatusOr<void*> OpenIpcHandle(const std::string& ipc_handle) override;
   absl::Status CloseIpcHandle(void* base) override;
   absl::StatusOr<size_t> IpcMappingSize(void* base) const override;
 

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_status.h"
+#include "cuda/kernel_codes_host.h"
 #include "cuda/launch.h"
 #include "cuda/staging.h"
 #include "fp4q/common/status_macros.h"
@@ -118,7 +119,7 @@ absl::Status CudaBackend::MatmulImpl(const ConstQuantizedTensor& a, const ConstQ
     p.a = sa.op;
     p.b = sb.op;
     p.c = cp;
-    p.c_dtype = c.dtype == DType::kF32 ? kF32 : kBF16;
+    p.c_dtype = DtypeCode(c.dtype);
     p.pdl = info_.cc_major >= 9;
     const size_t ws = SmallMWorkspaceBytes(m, n, k);
     if (ws > 0) {

@@ -19,27 +19,13 @@
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_status.h"
+#include "cuda/kernel_codes_host.h"
 #include "cuda/launch.h"
 #include "cuda/staging.h"
 #include "fp4q/common/status_macros.h"
 
 namespace fp4q::kernels::cuda {
 namespace {
-
-// The kernels' int codes (kernel_codes.h) are the public enums' values.
-static_assert(kF32 == static_cast<int>(DType::kF32) && kBF16 == static_cast<int>(DType::kBF16));
-static_assert(kSelMapTo6 == static_cast<int>(ScaleSelection::kMapTo6) &&
-              kSelMae == static_cast<int>(ScaleSelection::kFourOverSixMae) &&
-              kSelMse == static_cast<int>(ScaleSelection::kFourOverSixMse));
-static_assert(kMxRceil == static_cast<int>(MxScaleRule::kRceil) &&
-              kMxFloor == static_cast<int>(MxScaleRule::kFloor));
-
-int DtypeCode(DType d) { return static_cast<int>(d); }
-
-int FmtCode(Format f, BlockShape b) {
-  if (f == Format::kMxfp4) return kFmtMx;
-  return b == BlockShape::k16x16 ? kFmtNv16x16 : kFmtNv1x16;
-}
 
 QuantOptions MakeQuantOptions(const QuantizeOptions& o) {
   QuantOptions q;
@@ -48,10 +34,10 @@ QuantOptions MakeQuantOptions(const QuantizeOptions& o) {
   q.seed = o.seed;
   q.step = o.step;
   q.rht = o.rht != RhtMode::kOff;
-  q.rht_signs = q.rht ? RhtSignMask(static_cast<int>(o.rht), o.rht_seed) : 0u;
-  q.scale_sel = static_cast<int>(o.scale_selection);
+  q.rht_signs = q.rht ? RhtSignMask(RhtCode(o.rht), o.rht_seed) : 0u;
+  q.scale_sel = SelCode(o.scale_selection);
   q.emax = o.four_over_six_emax;
-  q.mx_rule = static_cast<int>(o.mx_rule);
+  q.mx_rule = MxRuleCode(o.mx_rule);
   return q;
 }
 

@@ -26,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_status.h"
+#include "cuda/kernel_codes_host.h"
 #include "cuda/launch.h"
 #include "cuda/step_launch.h"
 #include "fp4q/common/status_macros.h"
@@ -121,8 +122,6 @@ int OptOf(const OptimizerState& st) {
   }
   return st.momentum ? step_ws::kOptSgdMomentum : step_ws::kOptSgdPlain;
 }
-
-int DtypeCode(DType d) { return d == DType::kF32 ? kF32 : kBF16; }
 
 // One grouped launch.
 struct Launch {

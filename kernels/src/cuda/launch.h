@@ -222,7 +222,7 @@ cudaError_t LaunchSmallMMatmul(const SmallMParams& p, cudaStream_t s);
 int SmCount();
 
 // Host helpers shared with the .cc side (defined in device_numerics, usable on the host).
-uint32_t RhtSignMask(int mode /*1 default, 2 seeded*/, uint64_t rht_seed);
+uint32_t RhtSignMask(int mode /*kRhtDefaultSigns or kRhtSeeded*/, uint64_t rht_seed);
 
 }  // namespace fp4q::kernels::cuda
 

@@ -97,9 +97,9 @@ TEST_F(CudaTest, BadArgumentsAreRejectedWithTheField) {
 
 TEST_F(CudaTest, IpcRejectsBadHandles) {
   EXPECT_STATUS(gpu().OpenIpcHandle("abc").status(), absl::StatusCode::kInvalidArgument,
-                "handle: 3 bytes");
+                "ipc_handle: 3 bytes");
   EXPECT_STATUS(gpu().OpenIpcHandle(std::string(64, '\x7f')).status(),
-                absl::StatusCode::kInvalidArgument, "handle: cannot be opened");
+                absl::StatusCode::kInvalidArgument, "ipc_handle: cannot be opened");
   int local = 0;
   EXPECT_STATUS(gpu().CloseIpcHandle(&local), absl::StatusCode::kNotFound,
                 "not an open IPC mapping");

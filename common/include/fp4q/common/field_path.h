@@ -33,10 +33,25 @@ class FieldPath {
   FieldPath Index(int64_t index) const& { return FieldPath(this, index); }
   // "<this><text>", joined as it is ("rank 2's " then "items").
   FieldPath Then(absl::string_view text) const& { return FieldPath(this, text, kRoot); }
+  // The same path naming its two dimensions "<path><rows>" and "<path><cols>" (default
+  // ".rows" / ".cols"): Shaped() for a request tensor whose shape is a list ("input.shape[0]"),
+  // Dims(" (the weight's rows)", " (the weight's columns)") for an argument with no shape of
+  // its own in the request.
+  FieldPath Dims(absl::string_view rows, absl::string_view cols) const& {
+    FieldPath d(this, "", kRoot);
+    d.rows_ = rows;
+    d.cols_ = cols;
+    return d;
+  }
+  FieldPath Shaped() const& { return Dims(".shape[0]", ".shape[1]"); }
+  std::string Rows() const { return str().append(rows_.data(), rows_.size()); }
+  std::string Cols() const { return str().append(cols_.data(), cols_.size()); }
   // Extending a temporary would leave the result pointing at it: name the parent first.
   FieldPath Member(absl::string_view) const&& = delete;
   FieldPath Index(int64_t) const&& = delete;
   FieldPath Then(absl::string_view) const&& = delete;
+  FieldPath Dims(absl::string_view, absl::string_view) const&& = delete;
+  FieldPath Shaped() const&& = delete;
 
   std::string str() const {
     std::string out;
@@ -69,6 +84,8 @@ class FieldPath {
 
   const FieldPath* parent_ = nullptr;
   absl::string_view text_;
+  absl::string_view rows_ = ".rows";
+  absl::string_view cols_ = ".cols";
   int64_t index_ = 0;
   Kind kind_ = kRoot;
 };

@@ -72,7 +72,8 @@ class Backend {
 
   // ---- CUDA IPC (FAILED_PRECONDITION on the CPU backend). ----
   // Opens a cudaIpcMemHandle_t (64 bytes) exported by another process; returns the mapped base.
-  virtual absl::StatusOr<void*> OpenIpcHandle(const std::string& handle_bytes) = 0;
+  // INVALID_ARGUMENT messages name the argument "ipc_handle" (as the server's request does).
+  virtual absl::StatusOr<void*> OpenIpcHandle(const std::string& ipc_handle) = 0;
   virtual absl::Status CloseIpcHandle(void* base) = 0;
   // Bytes of the exporting process's allocation that an open mapping covers, from `base`. The
   // server checks each region's declared size against it, so a client cannot make it touch
