@@ -10,14 +10,14 @@
 namespace fp4q::server {
 namespace {
 
-absl::Status UnknownEnum(const std::string& field, int v) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": unknown value ", v));
+absl::Status UnknownEnum(const FieldPath& field, int v) {
+  return absl::InvalidArgumentError(absl::StrCat(field.str(), ": unknown value ", v));
 }
 
 // ---- proto enum -> kernels enum, each once; 0 / UNSPECIFIED is the proto's documented default.
 
 // F32 or BF16; anything else (UNSPECIFIED too, unless `dflt` is given) is refused by name.
-absl::StatusOr<kernels::DType> DenseDType(v1::DType v, const std::string& field,
+absl::StatusOr<kernels::DType> DenseDType(v1::DType v, const FieldPath& field,
                                           std::optional<kernels::DType> dflt = std::nullopt) {
   switch (v) {
     case v1::DTYPE_F32:
@@ -34,17 +34,17 @@ absl::StatusOr<kernels::DType> DenseDType(v1::DType v, const std::string& field,
                                ? v1::DType_Name(v)
                                : absl::StrCat("unknown value ", static_cast<int>(v));
   return absl::InvalidArgumentError(
-      absl::StrCat(field, ": ", name, "; expected DTYPE_F32 or DTYPE_BF16"));
+      absl::StrCat(field.str(), ": ", name, "; expected DTYPE_F32 or DTYPE_BF16"));
 }
 
 // UNSPECIFIED: the input's (or weight's) dtype, decided by the engine.
-absl::StatusOr<std::optional<kernels::DType>> OptionalDType(v1::DType v, const std::string& field) {
+absl::StatusOr<std::optional<kernels::DType>> OptionalDType(v1::DType v, const FieldPath& field) {
   if (v == v1::DTYPE_UNSPECIFIED) return std::optional<kernels::DType>();
   FP4Q_ASSIGN_OR_RETURN(kernels::DType d, DenseDType(v, field));
   return std::optional<kernels::DType>(d);
 }
 
-absl::StatusOr<kernels::Format> FormatFrom(v1::Format v, const std::string& field) {
+absl::StatusOr<kernels::Format> FormatFrom(v1::Format v, const FieldPath& field) {
   switch (v) {
     case v1::FORMAT_UNSPECIFIED:
     case v1::FORMAT_NVFP4:
@@ -58,7 +58,7 @@ absl::StatusOr<kernels::Format> FormatFrom(v1::Format v, const std::string& fiel
 
 // UNSPECIFIED: 1x16 for NVFP4, 1x32 for MXFP4.
 absl::StatusOr<kernels::BlockShape> BlockFrom(v1::BlockShape v, kernels::Format format,
-                                              const std::string& field) {
+                                              const FieldPath& field) {
   switch (v) {
     case v1::BLOCK_SHAPE_UNSPECIFIED:
       return format == kernels::Format::kMxfp4 ? kernels::BlockShape::k1x32
@@ -74,7 +74,7 @@ absl::StatusOr<kernels::BlockShape> BlockFrom(v1::BlockShape v, kernels::Format 
   }
 }
 
-absl::StatusOr<kernels::ScaleLayout> LayoutFrom(v1::ScaleLayout v, const std::string& field) {
+absl::StatusOr<kernels::ScaleLayout> LayoutFrom(v1::ScaleLayout v, const FieldPath& field) {
   switch (v) {
     case v1::SCALE_LAYOUT_UNSPECIFIED:
     case v1::SCALE_LAYOUT_PLAIN:
@@ -86,7 +86,7 @@ absl::StatusOr<kernels::ScaleLayout> LayoutFrom(v1::ScaleLayout v, const std::st
   }
 }
 
-absl::StatusOr<kernels::Rounding> RoundingFrom(v1::Rounding v, const std::string& field) {
+absl::StatusOr<kernels::Rounding> RoundingFrom(v1::Rounding v, const FieldPath& field) {
   switch (v) {
     case v1::ROUNDING_UNSPECIFIED:
     case v1::ROUNDING_NEAREST:
@@ -98,7 +98,7 @@ absl::StatusOr<kernels::Rounding> RoundingFrom(v1::Rounding v, const std::string
   }
 }
 
-absl::StatusOr<kernels::RhtMode> RhtFrom(v1::RhtMode v, const std::string& field) {
+absl::StatusOr<kernels::RhtMode> RhtFrom(v1::RhtMode v, const FieldPath& field) {
   switch (v) {
     case v1::RHT_MODE_UNSPECIFIED:
     case v1::RHT_MODE_OFF:
@@ -113,7 +113,7 @@ absl::StatusOr<kernels::RhtMode> RhtFrom(v1::RhtMode v, const std::string& field
 }
 
 absl::StatusOr<kernels::ScaleSelection> SelectionFrom(v1::ScaleSelection v,
-                                                      const std::string& field) {
+                                                      const FieldPath& field) {
   switch (v) {
     case v1::SCALE_SELECTION_UNSPECIFIED:
     case v1::SCALE_SELECTION_MAP_TO_6:
@@ -127,7 +127,7 @@ absl::StatusOr<kernels::ScaleSelection> SelectionFrom(v1::ScaleSelection v,
   }
 }
 
-absl::StatusOr<kernels::MxScaleRule> MxRuleFrom(v1::MxScaleRule v, const std::string& field) {
+absl::StatusOr<kernels::MxScaleRule> MxRuleFrom(v1::MxScaleRule v, const FieldPath& field) {
   switch (v) {
     case v1::MX_SCALE_RULE_UNSPECIFIED:
     case v1::MX_SCALE_RULE_RCEIL:
@@ -140,7 +140,7 @@ absl::StatusOr<kernels::MxScaleRule> MxRuleFrom(v1::MxScaleRule v, const std::st
 }
 
 // Outputs -> the kernels' rowwise / columnwise flags (UNSPECIFIED: row-wise).
-absl::Status OutputsFrom(v1::Outputs v, const std::string& field, kernels::QuantizeOptions* o) {
+absl::Status OutputsFrom(v1::Outputs v, const FieldPath& field, kernels::QuantizeOptions* o) {
   switch (v) {
     case v1::OUTPUTS_UNSPECIFIED:
     case v1::OUTPUTS_ROWWISE:
@@ -160,7 +160,7 @@ absl::Status OutputsFrom(v1::Outputs v, const std::string& field, kernels::Quant
   }
 }
 
-absl::StatusOr<kernels::UpdateKind> UpdateKindFrom(v1::UpdateKind v, const std::string& field) {
+absl::StatusOr<kernels::UpdateKind> UpdateKindFrom(v1::UpdateKind v, const FieldPath& field) {
   switch (v) {
     case v1::UPDATE_KIND_UNSPECIFIED:
     case v1::UPDATE_KIND_GRADIENT:
@@ -172,7 +172,7 @@ absl::StatusOr<kernels::UpdateKind> UpdateKindFrom(v1::UpdateKind v, const std::
   }
 }
 
-absl::StatusOr<kernels::Scaling> ScalingFrom(v1::Scaling v, const std::string& field) {
+absl::StatusOr<kernels::Scaling> ScalingFrom(v1::Scaling v, const FieldPath& field) {
   switch (v) {
     case v1::SCALING_UNSPECIFIED:
     case v1::SCALING_CURRENT:
@@ -218,9 +218,9 @@ v1::Rounding ToWire(kernels::Rounding r) {
 
 RegionSlice FromProto(const v1::RegionSlice& m) { return RegionSlice{m.region_id(), m.offset()}; }
 
-absl::StatusOr<TensorIn> FromProto(const v1::Tensor& m, const std::string& field) {
+absl::StatusOr<TensorIn> FromProto(const v1::Tensor& m, const FieldPath& field) {
   TensorIn t;
-  FP4Q_ASSIGN_OR_RETURN(t.dtype, DenseDType(m.dtype(), absl::StrCat(field, ".dtype")));
+  FP4Q_ASSIGN_OR_RETURN(t.dtype, DenseDType(m.dtype(), field.Member("dtype")));
   t.shape.assign(m.shape().begin(), m.shape().end());
   switch (m.data_case()) {
     case v1::Tensor::kInlineData:
@@ -281,12 +281,12 @@ BytesIn BytesFrom(bool inline_set, absl::string_view inline_data, bool region_se
   return b;
 }
 
-absl::StatusOr<QuantizedIn> FromProto(const v1::QuantizedTensor& t, const std::string& f) {
+absl::StatusOr<QuantizedIn> FromProto(const v1::QuantizedTensor& t, const FieldPath& f) {
   QuantizedIn q;
-  FP4Q_ASSIGN_OR_RETURN(q.format, FormatFrom(t.format(), absl::StrCat(f, ".format")));
-  FP4Q_ASSIGN_OR_RETURN(q.block, BlockFrom(t.block(), q.format, absl::StrCat(f, ".block")));
+  FP4Q_ASSIGN_OR_RETURN(q.format, FormatFrom(t.format(), f.Member("format")));
+  FP4Q_ASSIGN_OR_RETURN(q.block, BlockFrom(t.block(), q.format, f.Member("block")));
   FP4Q_ASSIGN_OR_RETURN(q.scale_layout,
-                        LayoutFrom(t.scale_layout(), absl::StrCat(f, ".scale_layout")));
+                        LayoutFrom(t.scale_layout(), f.Member("scale_layout")));
   q.shape.assign(t.shape().begin(), t.shape().end());
   q.global_amax = t.global_amax();
   q.s_enc = t.s_enc();
@@ -299,7 +299,7 @@ absl::StatusOr<QuantizedIn> FromProto(const v1::QuantizedTensor& t, const std::s
 }
 
 absl::StatusOr<QuantizedOperandIn> FromProto(const v1::QuantizedOperand& m,
-                                             const std::string& field) {
+                                             const FieldPath& field) {
   QuantizedOperandIn op;
   switch (m.operand_case()) {
     case v1::QuantizedOperand::kWeightName:
@@ -309,7 +309,7 @@ absl::StatusOr<QuantizedOperandIn> FromProto(const v1::QuantizedOperand& m,
       return op;
     case v1::QuantizedOperand::kTensor: {
       op.is_set = true;
-      FP4Q_ASSIGN_OR_RETURN(op.tensor, FromProto(m.tensor(), absl::StrCat(field, ".tensor")));
+      FP4Q_ASSIGN_OR_RETURN(op.tensor, FromProto(m.tensor(), field.Member("tensor")));
       return op;
     }
     default:
@@ -397,7 +397,7 @@ void ToProto(const WeightInfo& w, v1::WeightInfo* m) {
 
 }  // namespace
 
-absl::StatusOr<OptimizerSpecIn> FromProto(const v1::OptimizerSpec& m, const std::string& field) {
+absl::StatusOr<OptimizerSpecIn> FromProto(const v1::OptimizerSpec& m, const FieldPath& field) {
   OptimizerSpecIn o;
   o.set = true;
   switch (m.kind()) {
@@ -409,7 +409,7 @@ absl::StatusOr<OptimizerSpecIn> FromProto(const v1::OptimizerSpec& m, const std:
       o.kind = kernels::OptimizerKind::kAdamW;
       break;
     default:
-      return UnknownEnum(field + ".kind", m.kind());
+      return UnknownEnum(field.Member("kind"), m.kind());
   }
   switch (m.state_dtype()) {
     case v1::STATE_DTYPE_UNSPECIFIED:
@@ -423,7 +423,7 @@ absl::StatusOr<OptimizerSpecIn> FromProto(const v1::OptimizerSpec& m, const std:
       o.dtype = kernels::StateDType::kNvfp4;
       break;
     default:
-      return UnknownEnum(field + ".state_dtype", m.state_dtype());
+      return UnknownEnum(field.Member("state_dtype"), m.state_dtype());
   }
   o.momentum = m.momentum();
   o.amsgrad = m.amsgrad();
@@ -524,11 +524,13 @@ absl::StatusOr<StepRequest> FromProto(const v1::StepRequest& m) {
     }
     r.groups.push_back(h);
   }
+  const FieldPath items("items");
   for (int k = 0; k < m.items_size(); ++k) {
     const v1::StepItem& it = m.items(k);
     StepItemIn i;
     i.name = it.name();
-    FP4Q_ASSIGN_OR_RETURN(i.update, FromProto(it.update(), absl::StrCat("items[", k, "].update")));
+    const FieldPath item = items.Index(k);
+    FP4Q_ASSIGN_OR_RETURN(i.update, FromProto(it.update(), item.Member("update")));
     i.dequantized_out = Target(it.has_dequantized_out(), it.dequantized_out());
     i.return_dequantized = it.return_dequantized();
     i.group = it.group();

@@ -32,7 +32,7 @@ absl::StatusOr<GetWeightRequest> FromProto(const v1::GetWeightRequest& m);
 absl::StatusOr<StepRequest> FromProto(const v1::StepRequest& m);
 absl::StatusOr<ResetOptimizerRequest> FromProto(const v1::ResetOptimizerRequest& m);
 // `field` prefixes the messages ("options.optimizer.kind: unknown value 5").
-absl::StatusOr<OptimizerSpecIn> FromProto(const v1::OptimizerSpec& m, const std::string& field);
+absl::StatusOr<OptimizerSpecIn> FromProto(const v1::OptimizerSpec& m, const FieldPath& field);
 // No enums: these cannot fail.
 RegisterRegionRequest FromProto(const v1::RegisterCudaRegionRequest& m);
 JoinGroupRequest FromProto(const v1::JoinGroupRequest& m);
