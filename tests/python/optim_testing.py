@@ -47,6 +47,14 @@ class Assertions(unittest.TestCase):
         self.assertEqual((a.dtype, tuple(a.shape)), (b.dtype, tuple(b.shape)), msg)
         self.assertTrue(bits(a) == bits(b), msg)
 
+    def assertClientRefused(self, pattern, fn, *args, **kwargs):
+        """fn raises fp4q.ClientArgumentError (a ValueError) whose message matches pattern."""
+        with self.assertRaises(ValueError) as cm:
+            fn(*args, **kwargs)
+        self.assertIsInstance(cm.exception, fp4q.ClientArgumentError)
+        self.assertRegex(cm.exception.message, pattern)
+        return cm.exception
+
     def assertRefused(self, code, pattern, fn, *args, **kwargs):
         with self.assertRaises(fp4q.Fp4qError) as cm:
             fn(*args, **kwargs)
