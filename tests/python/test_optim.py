@@ -286,12 +286,20 @@ class StepValuesTest(Assertions):
         self.assertSameBits(bias.detach(), torch.full((16,), -0.01))
         c.close()
 
-    def test_bad_gradients_are_refused_before_anything_is_sent(self):
+    @staticmethod
+    def _stepped(seed, steps):
+        """A client, one stored [16, 32] parameter and its SGD optimizer after `steps` good steps
+        (what is refused after them is checked every step, not only the first)."""
         c = client()
-        p = torch.nn.Parameter(randn(16, 32, seed=61))
+        p = torch.nn.Parameter(randn(16, 32, seed=seed))
         opt = fp4q.optim.SGD([p], lr=0.1, client=c)
         p.grad = torch.ones(16, 32)
-        opt.step()  # a good step first: what is refused below is checked every step
+        for _ in range(steps):
+            opt.step()
+        return c, p, opt
+
+    def test_bad_gradients_are_refused_before_anything_is_sent(self):
+        c, p, opt = self._stepped(61, 1)
         p.grad = torch.ones(16, 32).to_sparse()
         self.assertClientRefused(r"^parameter 0 \('param0'\): sparse gradients are not supported$",
                                  opt.step)
@@ -306,12 +314,7 @@ class StepValuesTest(Assertions):
         c.close()
 
     def test_fixed_state_is_checked_after_good_steps_too(self):
-        c = client()
-        p = torch.nn.Parameter(randn(16, 32, seed=62))
-        opt = fp4q.optim.SGD([p], lr=0.1, client=c)
-        p.grad = torch.ones(16, 32)
-        opt.step()
-        opt.step()
+        c, p, opt = self._stepped(62, 2)
         opt.param_groups[0]["momentum"] = 0.9
         self.assertRefused(grpc.StatusCode.INVALID_ARGUMENT,
                            r"^param_groups\[0\]: sgd with a momentum buffer, but its weights "
