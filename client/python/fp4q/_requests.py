@@ -226,21 +226,27 @@ class Requests:
             raise Fp4qError(grpc.StatusCode.INTERNAL, "reply items: %d results for %d items"
                             % (len(reply.items), len(items)), "Step")
         out = []
+        append = out.append
+        torch_dtype = tensors.torch_dtype
+        result = results.StepItemResult
         for i, (it, r, plan) in enumerate(zip(items, reply.items, planned)):
             deq = None
-            if r.HasField("dequantized") and (r.dequantized.inline_data or plan is not None):
-                target = it.dequantized_out
-                field = "items[%d].dequantized" % i
-                if target is not None and r.dequantized.dtype != tensors.torch_dtype(target.dtype):
-                    raise tensors.ClientArgumentError(
-                        "items[%d].dequantized_out: a %s tensor, but weight '%s' is %s (the "
-                        "target must have the weight's dtype)"
-                        % (i, target.dtype, it.name, pb.DType.Name(r.dequantized.dtype)))
-                dev = target.device if target is not None else it.update.device
-                deq = deliver(r.dequantized, plan, dev, target, field)
-            out.append(results.StepItemResult(name=r.name, applied=r.applied,
-                                              last_step=r.last_step, global_amax=r.global_amax,
-                                              dequantized=deq))
+            if r.HasField("dequantized"):
+                d = r.dequantized
+                inline = d.inline_data
+                if inline or plan is not None:
+                    target = it.dequantized_out
+                    if target is not None and d.dtype != torch_dtype(target.dtype):
+                        raise tensors.ClientArgumentError(
+                            "items[%d].dequantized_out: a %s tensor, but weight '%s' is %s (the "
+                            "target must have the weight's dtype)"
+                            % (i, target.dtype, it.name, pb.DType.Name(d.dtype)))
+                    if not inline and plan is target:
+                        deq = target  # the server wrote it in place
+                    else:
+                        dev = target.device if target is not None else it.update.device
+                        deq = deliver(d, plan, dev, target, "items[%d].dequantized" % i)
+            append(result(r.name, r.applied, r.last_step, r.global_amax, deq))
         return results.StepResult(items=out, world_size=reply.world_size, header=reply.header)
 
     def update_weight(self, name, step, update, lr, kind, return_dequantized, dequantized_out):
