@@ -6,215 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "fp4q/common/status_macros.h"
+#include "server/proto_enums.h"
 
 namespace fp4q::server {
 namespace {
-
-absl::Status UnknownEnum(const FieldPath& field, int v) {
-  return absl::InvalidArgumentError(absl::StrCat(field.str(), ": unknown value ", v));
-}
-
-// ---- proto enum -> kernels enum, each once; 0 / UNSPECIFIED is the proto's documented default.
-
-// F32 or BF16; anything else (UNSPECIFIED too, unless `dflt` is given) is refused by name.
-absl::StatusOr<kernels::DType> DenseDType(v1::DType v, const FieldPath& field,
-                                          std::optional<kernels::DType> dflt = std::nullopt) {
-  switch (v) {
-    case v1::DTYPE_F32:
-      return kernels::DType::kF32;
-    case v1::DTYPE_BF16:
-      return kernels::DType::kBF16;
-    case v1::DTYPE_UNSPECIFIED:
-      if (dflt.has_value()) return *dflt;
-      break;
-    default:
-      break;
-  }
-  const std::string name = v1::DType_IsValid(v)
-                               ? v1::DType_Name(v)
-                               : absl::StrCat("unknown value ", static_cast<int>(v));
-  return absl::InvalidArgumentError(
-      absl::StrCat(field.str(), ": ", name, "; expected DTYPE_F32 or DTYPE_BF16"));
-}
-
-// UNSPECIFIED: the input's (or weight's) dtype, decided by the engine.
-absl::StatusOr<std::optional<kernels::DType>> OptionalDType(v1::DType v, const FieldPath& field) {
-  if (v == v1::DTYPE_UNSPECIFIED) return std::optional<kernels::DType>();
-  FP4Q_ASSIGN_OR_RETURN(kernels::DType d, DenseDType(v, field));
-  return std::optional<kernels::DType>(d);
-}
-
-absl::StatusOr<kernels::Format> FormatFrom(v1::Format v, const FieldPath& field) {
-  switch (v) {
-    case v1::FORMAT_UNSPECIFIED:
-    case v1::FORMAT_NVFP4:
-      return kernels::Format::kNvfp4;
-    case v1::FORMAT_MXFP4:
-      return kernels::Format::kMxfp4;
-    default:
-      return UnknownEnum(field, v);
-  }
-}
-
-// UNSPECIFIED: 1x16 for NVFP4, 1x32 for MXFP4.
-absl::StatusOr<kernels::BlockShape> BlockFrom(v1::BlockShape v, kernels::Format format,
-                                              const FieldPath& field) {
-  switch (v) {
-    case v1::BLOCK_SHAPE_UNSPECIFIED:
-      return format == kernels::Format::kMxfp4 ? kernels::BlockShape::k1x32
-                                               : kernels::BlockShape::k1x16;
-    case v1::BLOCK_SHAPE_1X16:
-      return kernels::BlockShape::k1x16;
-    case v1::BLOCK_SHAPE_16X16:
-      return kernels::BlockShape::k16x16;
-    case v1::BLOCK_SHAPE_1X32:
-      return kernels::BlockShape::k1x32;
-    default:
-      return UnknownEnum(field, v);
-  }
-}
-
-absl::StatusOr<kernels::ScaleLayout> LayoutFrom(v1::ScaleLayout v, const FieldPath& field) {
-  switch (v) {
-    case v1::SCALE_LAYOUT_UNSPECIFIED:
-    case v1::SCALE_LAYOUT_PLAIN:
-      return kernels::ScaleLayout::kPlain;
-    case v1::SCALE_LAYOUT_SWIZZLED:
-      return kernels::ScaleLayout::kSwizzled;
-    default:
-      return UnknownEnum(field, v);
-  }
-}
-
-absl::StatusOr<kernels::Rounding> RoundingFrom(v1::Rounding v, const FieldPath& field) {
-  switch (v) {
-    case v1::ROUNDING_UNSPECIFIED:
-    case v1::ROUNDING_NEAREST:
-      return kernels::Rounding::kNearest;
-    case v1::ROUNDING_STOCHASTIC:
-      return kernels::Rounding::kStochastic;
-    default:
-      return UnknownEnum(field, v);
-  }
-}
-
-absl::StatusOr<kernels::RhtMode> RhtFrom(v1::RhtMode v, const FieldPath& field) {
-  switch (v) {
-    case v1::RHT_MODE_UNSPECIFIED:
-    case v1::RHT_MODE_OFF:
-      return kernels::RhtMode::kOff;
-    case v1::RHT_MODE_DEFAULT_SIGNS:
-      return kernels::RhtMode::kDefaultSigns;
-    case v1::RHT_MODE_SEEDED:
-      return kernels::RhtMode::kSeeded;
-    default:
-      return UnknownEnum(field, v);
-  }
-}
-
-absl::StatusOr<kernels::ScaleSelection> SelectionFrom(v1::ScaleSelection v,
-                                                      const FieldPath& field) {
-  switch (v) {
-    case v1::SCALE_SELECTION_UNSPECIFIED:
-    case v1::SCALE_SELECTION_MAP_TO_6:
-      return kernels::ScaleSelection::kMapTo6;
-    case v1::SCALE_SELECTION_FOUR_OVER_SIX_MAE:
-      return kernels::ScaleSelection::kFourOverSixMae;
-    case v1::SCALE_SELECTION_FOUR_OVER_SIX_MSE:
-      return kernels::ScaleSelection::kFourOverSixMse;
-    default:
-      return UnknownEnum(field, v);
-  }
-}
-
-absl::StatusOr<kernels::MxScaleRule> MxRuleFrom(v1::MxScaleRule v, const FieldPath& field) {
-  switch (v) {
-    case v1::MX_SCALE_RULE_UNSPECIFIED:
-    case v1::MX_SCALE_RULE_RCEIL:
-      return kernels::MxScaleRule::kRceil;
-    case v1::MX_SCALE_RULE_FLOOR:
-      return kernels::MxScaleRule::kFloor;
-    default:
-      return UnknownEnum(field, v);
-  }
-}
-
-// Outputs -> the kernels' rowwise / columnwise flags (UNSPECIFIED: row-wise).
-absl::Status OutputsFrom(v1::Outputs v, const FieldPath& field, kernels::QuantizeOptions* o) {
-  switch (v) {
-    case v1::OUTPUTS_UNSPECIFIED:
-    case v1::OUTPUTS_ROWWISE:
-      o->rowwise = true;
-      o->columnwise = false;
-      return absl::OkStatus();
-    case v1::OUTPUTS_COLUMNWISE:
-      o->rowwise = false;
-      o->columnwise = true;
-      return absl::OkStatus();
-    case v1::OUTPUTS_BOTH:
-      o->rowwise = true;
-      o->columnwise = true;
-      return absl::OkStatus();
-    default:
-      return UnknownEnum(field, v);
-  }
-}
-
-absl::StatusOr<kernels::UpdateKind> UpdateKindFrom(v1::UpdateKind v, const FieldPath& field) {
-  switch (v) {
-    case v1::UPDATE_KIND_UNSPECIFIED:
-    case v1::UPDATE_KIND_GRADIENT:
-      return kernels::UpdateKind::kGradient;
-    case v1::UPDATE_KIND_DELTA:
-      return kernels::UpdateKind::kDelta;
-    default:
-      return UnknownEnum(field, v);
-  }
-}
-
-absl::StatusOr<kernels::Scaling> ScalingFrom(v1::Scaling v, const FieldPath& field) {
-  switch (v) {
-    case v1::SCALING_UNSPECIFIED:
-    case v1::SCALING_CURRENT:
-      return kernels::Scaling::kCurrent;
-    case v1::SCALING_DELAYED:
-      return kernels::Scaling::kDelayed;
-    default:
-      return UnknownEnum(field, v);
-  }
-}
-
-// ---- kernels enum -> proto enum, for replies.
-
-v1::DType ToWire(kernels::DType d) {
-  return d == kernels::DType::kBF16 ? v1::DTYPE_BF16 : v1::DTYPE_F32;
-}
-
-v1::Format ToWire(kernels::Format f) {
-  return f == kernels::Format::kMxfp4 ? v1::FORMAT_MXFP4 : v1::FORMAT_NVFP4;
-}
-
-v1::BlockShape ToWire(kernels::BlockShape b) {
-  switch (b) {
-    case kernels::BlockShape::k16x16:
-      return v1::BLOCK_SHAPE_16X16;
-    case kernels::BlockShape::k1x32:
-      return v1::BLOCK_SHAPE_1X32;
-    case kernels::BlockShape::k1x16:
-      break;
-  }
-  return v1::BLOCK_SHAPE_1X16;
-}
-
-v1::ScaleLayout ToWire(kernels::ScaleLayout l) {
-  return l == kernels::ScaleLayout::kSwizzled ? v1::SCALE_LAYOUT_SWIZZLED : v1::SCALE_LAYOUT_PLAIN;
-}
-
-v1::Rounding ToWire(kernels::Rounding r) {
-  return r == kernels::Rounding::kStochastic ? v1::ROUNDING_STOCHASTIC : v1::ROUNDING_NEAREST;
-}
-
-// ---- messages
 
 RegionSlice FromProto(const v1::RegionSlice& m) { return RegionSlice{m.region_id(), m.offset()}; }
 
@@ -351,22 +146,6 @@ void ToProto(QuantizedResult&& r, v1::QuantizedTensor* m) {
   }
 }
 
-v1::OptimizerKind ToWire(kernels::OptimizerKind k) {
-  return k == kernels::OptimizerKind::kAdamW ? v1::OPTIMIZER_KIND_ADAMW : v1::OPTIMIZER_KIND_SGD;
-}
-
-v1::StateDType ToWire(kernels::StateDType d) {
-  switch (d) {
-    case kernels::StateDType::kBF16:
-      return v1::STATE_DTYPE_BF16;
-    case kernels::StateDType::kNvfp4:
-      return v1::STATE_DTYPE_NVFP4;
-    case kernels::StateDType::kF32:
-      break;
-  }
-  return v1::STATE_DTYPE_F32;
-}
-
 void ToProto(const OptimizerSpecIn& o, v1::OptimizerSpec* m) {
   m->set_kind(ToWire(o.kind));
   m->set_momentum(o.momentum);
@@ -380,8 +159,7 @@ void ToProto(const WeightOptionsIn& o, v1::WeightOptions* m) {
   m->set_seed(o.seed);
   m->set_error_feedback(o.error_feedback);
   m->set_dtype(ToWire(o.dtype));
-  m->set_scaling(o.scaling == kernels::Scaling::kDelayed ? v1::SCALING_DELAYED
-                                                         : v1::SCALING_CURRENT);
+  m->set_scaling(ToWire(o.scaling));
   ToProto(o.optimizer, m->mutable_optimizer());
 }
 
@@ -400,31 +178,8 @@ void ToProto(const WeightInfo& w, v1::WeightInfo* m) {
 absl::StatusOr<OptimizerSpecIn> FromProto(const v1::OptimizerSpec& m, const FieldPath& field) {
   OptimizerSpecIn o;
   o.set = true;
-  switch (m.kind()) {
-    case v1::OPTIMIZER_KIND_UNSPECIFIED:
-    case v1::OPTIMIZER_KIND_SGD:
-      o.kind = kernels::OptimizerKind::kSgd;
-      break;
-    case v1::OPTIMIZER_KIND_ADAMW:
-      o.kind = kernels::OptimizerKind::kAdamW;
-      break;
-    default:
-      return UnknownEnum(field.Member("kind"), m.kind());
-  }
-  switch (m.state_dtype()) {
-    case v1::STATE_DTYPE_UNSPECIFIED:
-    case v1::STATE_DTYPE_F32:
-      o.dtype = kernels::StateDType::kF32;
-      break;
-    case v1::STATE_DTYPE_BF16:
-      o.dtype = kernels::StateDType::kBF16;
-      break;
-    case v1::STATE_DTYPE_NVFP4:
-      o.dtype = kernels::StateDType::kNvfp4;
-      break;
-    default:
-      return UnknownEnum(field.Member("state_dtype"), m.state_dtype());
-  }
+  FP4Q_ASSIGN_OR_RETURN(o.kind, OptimizerKindFrom(m.kind(), field.Member("kind")));
+  FP4Q_ASSIGN_OR_RETURN(o.dtype, StateDTypeFrom(m.state_dtype(), field.Member("state_dtype")));
   o.momentum = m.momentum();
   o.amsgrad = m.amsgrad();
   return o;
