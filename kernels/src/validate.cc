@@ -677,12 +677,13 @@ absl::Status ValidateStepItems(const std::vector<StepItem>& items) {
   // Two items writing one weight: the first item that repeats an earlier one is named.
   std::sort(written.begin(), written.end());
   size_t first = 0, later = items.size();
-  for (size_t k = 1; k < written.size(); ++k) {
-    if (written[k].first != written[k - 1].first || written[k].second >= later) continue;
-    size_t j = k - 1;
-    while (j > 0 && written[j - 1].first == written[k].first) --j;
-    first = written[j].second;
-    later = written[k].second;
+  for (size_t k = 1, start = 0; k < written.size(); ++k) {
+    if (written[k].first != written[start].first) {
+      start = k;  // a new weight; its earliest item comes first
+    } else if (written[k].second < later) {
+      first = written[start].second;
+      later = written[k].second;
+    }
   }
   if (later < items.size()) {
     const FieldPath item = root.Index(static_cast<int64_t>(later));
