@@ -64,6 +64,18 @@ absl::Status CheckStepShape(const StepRequest& req, int max_items) {
   return absl::OkStatus();
 }
 
+// A brief reply lists no item, so no item may ask for its DQ(W) inline.
+absl::Status CheckBriefReply(const StepRequest& req, absl::string_view rank) {
+  if (!req.brief_reply) return absl::OkStatus();
+  for (size_t i = 0; i < req.items.size(); ++i) {
+    if (!req.items[i].return_dequantized) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        rank, "items[", i, "].return_dequantized: true, but brief_reply leaves the items out of "
+        "the reply (give dequantized_out a region, or send brief_reply false)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void Engine::Step(const RequestContext& ctx, StepRequest req, Done<StepResult> done) {
@@ -108,6 +120,11 @@ void Engine::StartStep(std::shared_ptr<StepJob> job) {
     }
   }
   if (absl::Status s = CheckStepShape(first, options_.max_step_items); !s.ok()) return refuse(s);
+  for (const StepJob::Rank& r : job->ranks) {
+    const std::string rank =
+        job->ranks.size() > 1 ? absl::StrCat("rank ", r.rank, "'s ") : std::string();
+    if (absl::Status s = CheckBriefReply(*r.req, rank); !s.ok()) return refuse(s);
+  }
   // The weights.
   job->entries.resize(first.items.size());
   for (size_t i = 0; i < first.items.size(); ++i) {
@@ -172,6 +189,7 @@ void Engine::StartStep(std::shared_ptr<StepJob> job) {
   for (size_t r = 0; r < job->ranks.size(); ++r) {
     job->results[r].items.resize(first.items.size());
     job->results[r].world_size = job->world_size;
+    job->results[r].brief = job->ranks[r].req->brief_reply;
   }
   const int parts = static_cast<int>(by_device.size());
   auto barrier = parts > 1 ? std::make_shared<StepBarrier>(parts) : nullptr;

@@ -203,6 +203,7 @@ std::vector<Op> MakeTable() {
     Op op = Async<v1::StepRequest, v1::StepReply>("Step", &Engine::Step);
     op.inline_reply_bound = [](const pb::Message& m) -> uint64_t {
       const auto& r = static_cast<const v1::StepRequest&>(m);
+      if (r.brief_reply()) return 0;  // no items (return_dequantized is refused)
       uint64_t bytes = 0;
       for (const v1::StepItem& it : r.items()) {
         bytes += it.name().size() + 48;  // an item result's fixed fields

@@ -280,7 +280,7 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
       FP4Q_ASSIGN_OR_RETURN(kernels::ConstTensor x, env.Input(ri.update, shape, f));
       it.updates.push_back(x);
       StepItemResult& out = job.results[r].items[i];
-      out.name = job.Name(i);
+      if (!job.results[r].brief) out.name = job.Name(i);  // a brief reply names no item
       if (ri.dequantized_out.has_region || ri.return_dequantized) {
         FP4Q_ASSIGN_OR_RETURN(
             uint8_t * p, env.Output(ri.dequantized_out, dq_bytes,

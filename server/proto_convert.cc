@@ -296,6 +296,7 @@ absl::StatusOr<StepRequest> FromProto(const v1::StepRequest& m) {
     r.replica_group = m.replica().group();
     r.rank = m.replica().rank();
   }
+  r.brief_reply = m.brief_reply();
   return r;
 }
 
@@ -388,6 +389,11 @@ void ToProto(GetWeightResult&& r, v1::GetWeightReply* m) {
 }
 
 void ToProto(StepResult&& r, v1::StepReply* m) {
+  uint32_t applied = 0;
+  for (const StepItemResult& it : r.items) applied += it.applied ? 1 : 0;
+  m->set_applied_items(applied);
+  m->set_world_size(r.world_size);
+  if (r.brief) return;
   for (StepItemResult& it : r.items) {
     v1::StepItemResult* o = m->add_items();
     o->set_name(std::move(it.name));
@@ -396,7 +402,6 @@ void ToProto(StepResult&& r, v1::StepReply* m) {
     o->set_global_amax(it.global_amax);
     if (it.has_dequantized) ToProto(std::move(it.dequantized), o->mutable_dequantized());
   }
-  m->set_world_size(r.world_size);
 }
 
 void ToProto(ResetOptimizerResult&& r, v1::ResetOptimizerReply* m) {

@@ -337,6 +337,7 @@ struct StepRequest {
   bool has_replica = false;
   std::string replica_group;
   uint32_t rank = 0;
+  bool brief_reply = false;  // the reply counts the items instead of listing them
 };
 
 struct StepItemResult {
@@ -351,6 +352,7 @@ struct StepResult {
   ReplyMeta meta;
   std::vector<StepItemResult> items;
   uint32_t world_size = 1;
+  bool brief = false;  // the request's brief_reply: the reply carries applied_items only
 };
 
 // ---------------------------------------------------------------- replica groups, namespaces

@@ -230,6 +230,7 @@ v1::StepRequest BuildStepRequest(const std::vector<WeightShape>& shapes, const L
     g->mutable_sgd();  // plain SGD: no momentum, no weight decay
   }
   req.set_kind(v1::UPDATE_KIND_GRADIENT);
+  req.set_brief_reply(true);  // DQ(W) goes to regions: nothing to read per item (as fp4q.optim)
   for (size_t i = 0; i < shapes.size(); ++i) {
     v1::StepItem* it = req.add_items();
     it->set_name(shapes[i].name);

@@ -228,6 +228,7 @@ TEST(CliBenchStep, AWholeRunAgainstTheFakeService) {
     EXPECT_EQ(steps[s].step(), static_cast<int64_t>(s) + 1);
     ASSERT_EQ(steps[s].groups_size(), 1);
     EXPECT_TRUE(steps[s].groups(0).has_adamw());
+    EXPECT_TRUE(steps[s].brief_reply());  // DQ(W) goes to regions: nothing read per item
     ASSERT_EQ(steps[s].items_size(), 3);
     for (int i = 0; i < 3; ++i) {
       const v1::StepItem& it = steps[s].items(i);

@@ -292,14 +292,19 @@ grpc::Status FakeFp4q::Step(grpc::ServerContext* context, const v1::StepRequest*
   reply->mutable_header()->set_server_micros(kStepServerMicros);
   absl::MutexLock lock(&mu_);
   step_requests_.push_back(*request);
+  uint32_t applied = 0;
   for (const v1::StepItem& item : request->items()) {
     int64_t& step = steps_[item.name()];
+    const bool newer = request->step() > step;
+    applied += newer ? 1 : 0;
+    if (newer) step = request->step();
+    if (request->brief_reply()) continue;  // counted, not listed (as fp4qd)
     v1::StepItemResult* r = reply->add_items();
     r->set_name(item.name());
-    r->set_applied(request->step() > step);
-    if (request->step() > step) step = request->step();
+    r->set_applied(newer);
     r->set_last_step(step);
   }
+  reply->set_applied_items(applied);
   reply->set_world_size(1);
   return grpc::Status::OK;
 }

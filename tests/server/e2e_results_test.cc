@@ -206,6 +206,56 @@ TEST_F(E2eResultsTest, StepsOverBothTransportsAreAppliedAsAUnit) {
   }
 }
 
+TEST_F(E2eResultsTest, BriefStepRepliesCountTheItemsInsteadOfListingThem) {
+  for (const Transport& t : Both()) {
+    SCOPED_TRACE(t.name());
+    const std::string a = absl::StrCat("ba-", t.fast != nullptr);
+    const std::string b = absl::StrCat("bb-", t.fast != nullptr);
+    Create(Weight(a, RandomF32(16 * 32, 13, 0.05f), 16, 32, true));
+    Create(Weight(b, RandomF32(16 * 32, 14, 0.05f), 16, 32, true));
+    v1::StepRequest step;
+    step.set_step(1);
+    step.set_brief_reply(true);
+    step.add_groups()->set_lr(0.1f);
+    for (const std::string& name : {a, b}) {
+      v1::StepItem* it = step.add_items();
+      it->set_name(name);
+      *it->mutable_update() = InlineTensor(RandomF32(16 * 32, 15), 16, 32);
+    }
+    // An item that wants its DQ(W) inline cannot be answered briefly: refused, nothing changes.
+    step.mutable_items(1)->set_return_dequantized(true);
+    const std::string sa = StateOf(*stub_, a, true);
+    v1::StepReply rep;
+    grpc::Status s = t.Invoke("Step", step, &rep);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(s.error_message(),
+              "items[1].return_dequantized: true, but brief_reply leaves the items out of the "
+              "reply (give dequantized_out a region, or send brief_reply false)");
+    EXPECT_EQ(StateOf(*stub_, a, true), sa);
+    step.mutable_items(1)->set_return_dequantized(false);
+    s = t.Invoke("Step", step, &rep);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(rep.items_size(), 0);
+    EXPECT_EQ(rep.applied_items(), 2u);
+    EXPECT_EQ(rep.world_size(), 1u);
+    EXPECT_NE(StateOf(*stub_, a, true), sa);
+    // The same step again is a retry: nothing applied, and the count says so.
+    rep.Clear();
+    s = t.Invoke("Step", step, &rep);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(rep.items_size(), 0);
+    EXPECT_EQ(rep.applied_items(), 0u);
+    // Without brief_reply the items are listed and counted.
+    step.set_step(2);
+    step.set_brief_reply(false);
+    s = t.Invoke("Step", step, &rep);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(rep.items_size(), 2);
+    EXPECT_EQ(rep.applied_items(), 2u);
+    EXPECT_EQ(rep.items(1).name(), b);
+  }
+}
+
 // fp4qd's resident memory in KiB (VmRSS of /proc/PID/status), -1 if unreadable.
 int64_t RssKib(pid_t pid) {
   std::FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/status").c_str(), "r");
