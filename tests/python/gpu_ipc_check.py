@@ -195,6 +195,50 @@ def check_arena(target):
         c.close()
 
 
+def check_optim_ipc_equals_inline(ipc, inline):
+    """fp4q.optim.SGD with momentum and EF over bf16 CUDA parameters: by IPC (plans reused,
+    brief replies, DQ(W) written into param.data by the server) and inline (gradients and DQ(W)
+    in the messages) give bit-identical parameters, step after step; gradients are new tensors
+    each step (zero_grad(set_to_none=True)) and the parameters are poisoned between steps, so
+    a step that did not write them shows."""
+    import fp4q.optim
+    g = torch.Generator(device="cuda").manual_seed(5)
+    shapes = [(64, 128), (128, 64), (32, 256)]
+    start = [torch.randn(s, device="cuda", generator=g).mul_(0.05).to(torch.bfloat16)
+             for s in shapes]
+    runs = {}
+    for label, client in (("ipc", ipc), ("inline", inline)):
+        params = [torch.nn.Parameter(w.clone()) for w in start]
+        opt = fp4q.optim.SGD(params, lr=0.05, momentum=0.9, error_feedback=True, client=client,
+                             name_prefix="optim_check_%s_" % label)
+        reused0 = client.stats["step_plans_reused"]
+        history = []
+        for step in range(4):
+            gg = torch.Generator(device="cuda").manual_seed(100 + step)
+            for p in params:
+                p.grad = torch.randn(p.shape, device="cuda", generator=gg).to(torch.bfloat16)
+            for p in params:  # the server must write every parameter
+                p.data.fill_(float("nan"))
+            opt.step()
+            torch.cuda.synchronize()
+            history.append([p.detach().clone() for p in params])
+            opt.zero_grad(set_to_none=True)
+        stored = [client.get_weight(n).dequantized for n in opt.stored_names.values()]
+        runs[label] = (history, stored, client.stats["step_plans_reused"] - reused0)
+        for n in opt.stored_names.values():
+            client.delete_weight(n)
+    (h_ipc, s_ipc, reused), (h_inline, s_inline, reused_inline) = runs["ipc"], runs["inline"]
+    steps_equal = [all(same(a, b) for a, b in zip(x, y)) for x, y in zip(h_ipc, h_inline)]
+    finite = all(bool(torch.isfinite(t.float()).all()) for x in h_ipc for t in x)
+    stored_equal = all(same(a.cpu(), b.cpu()) for a, b in zip(s_ipc, h_ipc[-1])) and all(
+        same(a.cpu(), b.cpu()) for a, b in zip(s_inline, h_inline[-1]))
+    moved = not all(same(a, b) for a, b in zip(h_ipc[-1], start))
+    return {"ok": all(steps_equal) and finite and stored_equal and moved and reused >= 1 and
+            reused_inline == 0, "steps_bit_identical": steps_equal, "all_finite": finite,
+            "params_equal_stored_dq": stored_equal, "weights_moved": moved,
+            "ipc_step_plans_reused": reused, "inline_step_plans_reused": reused_inline}
+
+
 def check_scaled_mm(ipc):
     a = torch.randn(128, 256, device="cuda")
     b = torch.randn(192, 256, device="cuda")
@@ -312,6 +356,8 @@ def main():
                    lambda: check_registration_cached(ipc, inline, server))
         checks.run("arena_pools_small_tensors", lambda: check_arena(server.target))
         checks.run("to_fp4_operands_scaled_mm", lambda: check_scaled_mm(ipc))
+        checks.run("optim_ipc_bit_identical_to_inline",
+                   lambda: check_optim_ipc_equals_inline(ipc, inline))
         checks.run("training_nvfp4_linear_vs_bf16",
                    lambda: check_training(ipc, args.out, args.steps))
     finally:

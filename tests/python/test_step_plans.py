@@ -1,7 +1,7 @@
 """Step plans (fp4q._requests.StepPlans, fp4q._regions' TransferPlan): a trainer's repeated Step
-reuses its items' request when every tensor is a slice of the same allocations, and builds it
-afresh when anything it rests on changed. The driver, the server and the CUDA tensors are fakes:
-no GPU, no server."""
+reuses its items' encoding when every tensor is a slice of the same allocations, and builds it
+afresh when anything it rests on changed; brief replies; fp4q.optim's keyed steps. The driver,
+the server and the CUDA tensors are fakes: no GPU, no server."""
 
 import collections
 import contextlib
@@ -12,7 +12,7 @@ import torch
 
 import fp4q
 from fp4q import _cuda_driver, _regions, _requests, ipc
-from fp4q._messages import pb
+from fp4q._messages import Serialized, pb
 
 
 class FakeCudaTensor(torch.Tensor):
@@ -90,12 +90,15 @@ class StepPlanTest(unittest.TestCase):
             if rpc == "UnregisterCudaRegion":
                 return pb.UnregisterCudaRegionReply()
             self.assertEqual(rpc, "Step")
-            copy = pb.StepRequest()
-            copy.CopyFrom(request)
-            self.sent.append(copy)
+            self.assertIs(type(request), Serialized)  # the head's bytes, then the items'
+            request = pb.StepRequest.FromString(request.body)
+            self.sent.append(request)
+            if request.brief_reply:
+                return pb.StepReply(applied_items=len(request.items))
             return pb.StepReply(items=[pb.StepItemResult(name=it.name, applied=True,
                                                          last_step=request.step)
-                                       for it in request.items])
+                                       for it in request.items],
+                                applied_items=len(request.items))
 
         self.regions = _regions.Regions(
             "auto", 8, send=lambda rpc, req: server(rpc, req), ensure_session=lambda: "s",
@@ -110,9 +113,9 @@ class StepPlanTest(unittest.TestCase):
         return [fp4q.StepItem(name="w%d" % i, update=g, dequantized_out=p)
                 for i, (g, p) in enumerate(zip(grads, params))]
 
-    def step(self, n, lr=0.1, items=None):
+    def step(self, n, lr=0.1, items=None, brief=False):
         return self.requests.step(n, items or self.items(), [fp4q.SgdHyperparameters(lr=lr)],
-                                  "gradient", None, False)
+                                  "gradient", None, False, brief)
 
     def test_a_repeated_step_reuses_its_items_with_one_driver_call_per_allocation(self):
         self.step(1)
@@ -171,7 +174,7 @@ class StepPlanTest(unittest.TestCase):
         self.step(1)
         with mock.patch.object(_cuda_driver, "allocation_identity",
                                side_effect=_cuda_driver.DriverError("CUDA_ERROR_DEINITIALIZED")):
-            plan = self.requests._step_plans.get(_requests._step_plan_key(self.items()))[0]
+            plan = self.requests._step_plans.get(_requests._step_plan_key(self.items())).plan
             self.assertFalse(self.regions.plan_valid(plan))
         self.regions.mode = "never"
         self.assertFalse(self.regions.plan_valid(plan))
@@ -203,10 +206,98 @@ class StepPlanTest(unittest.TestCase):
             self.step(k + 1, items=self.items(grads=grads))
         plans = self.requests._step_plans._plans
         self.assertEqual(len(plans), _requests.StepPlans.SIZE)
-        for plan, request in plans.values():
+        for memo in plans.values():
             self.assertFalse(any(isinstance(v, FakeCudaTensor)
-                                 for a in plan.allocations for v in a))
-            self.assertIsInstance(request, pb.StepRequest)
+                                 for a in memo.plan.allocations for v in a))
+            self.assertIsInstance(memo.body, bytes)
+
+    def test_a_brief_reply_is_asked_for_only_when_no_output_travels_inline(self):
+        result = self.step(1, brief=True)
+        self.assertTrue(self.sent[0].brief_reply)
+        self.assertEqual((result.items, result.applied_items), ([], 3))
+        result = self.step(2, brief=True)  # the kept plan
+        self.assertEqual(self.stats["step_plans_reused"], 1)
+        self.assertTrue(self.sent[1].brief_reply)
+        self.assertEqual(list(self.sent[0].items), list(self.sent[1].items))
+        self.assertEqual(self.sent[1].step, 2)
+        # A DQ(W) target on the CPU comes back inline: the reply must list the items.
+        items = self.items()
+        items[2] = fp4q.StepItem(name="w2", update=self.grads[2],
+                                 dequantized_out=torch.zeros(32, 16, dtype=torch.bfloat16))
+        result = self.step(3, brief=True, items=items)
+        self.assertFalse(self.sent[2].brief_reply)
+        self.assertTrue(self.sent[2].items[2].return_dequantized)
+        self.assertEqual([r.name for r in result.items], ["w0", "w1", "w2"])
+        self.assertEqual(result.applied_items, 3)
+        with self.assertRaisesRegex(fp4q.ClientArgumentError, "brief_reply: 1 is not a bool"):
+            self.step(4, brief=1)
+        self.assertEqual(len(self.sent), 3)
+
+    def test_a_keyed_step_builds_its_items_only_when_no_plan_of_its_key_holds(self):
+        built = []
+
+        def make_items():
+            built.append(1)
+            return self.items()
+
+        groups = [fp4q.SgdHyperparameters(lr=0.1)]
+        for n in (1, 2, 3):
+            result = self.requests.step_keyed(n, ("opt", 1), make_items, groups, None)
+            self.assertEqual((result.items, result.applied_items), ([], 3))
+        self.assertEqual(len(built), 1)
+        self.assertEqual(self.stats["step_plans_reused"], 2)
+        self.assertEqual([r.step for r in self.sent], [1, 2, 3])
+        self.assertTrue(all(r.brief_reply for r in self.sent))
+        self.assertEqual([it.name for it in self.sent[2].items], ["w0", "w1", "w2"])
+        self.assertEqual([it.update.region.offset for it in self.sent[2].items],
+                         [0, 0x1000, 0x2000])
+        # Another key (the caller's tensors moved): built again.
+        self.requests.step_keyed(4, ("opt", 2), make_items, groups, ("g", 1))
+        self.assertEqual(len(built), 2)
+        self.assertEqual((self.sent[3].replica.group, self.sent[3].replica.rank), ("g", 1))
+
+
+class OptimizerStepKeyTest(unittest.TestCase):
+    """fp4q.optim's key of its items (StepMixin._step_key): equal while every gradient and
+    parameter stays where it was, different when one moves or goes."""
+
+    def setUp(self):
+        from fp4q import _stored_optimizer
+        from fp4q._optim_step import StepMixin
+        self.params = [torch.nn.Parameter(torch.zeros(32, 16)) for _ in range(3)]
+        for p in self.params:
+            p.grad = torch.ones(32, 16)
+        spec = fp4q.OptimizerSpec()
+        stored = [_stored_optimizer._Stored(name="w%d" % i, param=p, group=i // 2, index=i,
+                                            dtype=p.dtype, spec=spec)
+                  for i, p in enumerate(self.params)]
+        self.opt = type("Opt", (StepMixin,), {})()
+        self.opt._stored, self.opt._plan_token = stored, object()
+
+    def test_the_key_follows_the_tensors(self):
+        key, groups = self.opt._step_key()
+        self.assertEqual(groups, {0: 0, 1: 1})
+        self.assertIs(key[0], self.opt._plan_token)
+        self.assertEqual(key, self.opt._step_key()[0])
+        self.params[1].grad = torch.ones(32, 16)  # a new gradient tensor elsewhere
+        moved, _ = self.opt._step_key()
+        self.assertNotEqual(moved, key)
+        self.assertEqual(moved[1], key[1])
+        self.params[0].grad = None
+        self.params[1].grad = None
+        gone, groups = self.opt._step_key()
+        self.assertEqual((gone[1], gone[2]), (None, None))
+        self.assertEqual(groups, {1: 0})
+        self.params[2].data = self.params[2].data.t().contiguous().t()  # same shape, strided
+        self.assertNotEqual(self.opt._step_key()[0][3], gone[3])
+
+    def test_a_bad_gradient_is_refused_as_the_items_refuse_it(self):
+        self.opt._stored[1].dtype = torch.bfloat16  # as if the model was converted since
+        with self.assertRaisesRegex(
+                fp4q.ClientArgumentError,
+                r"^INVALID_ARGUMENT: parameter 1 \('w1'\): the parameter is torch.float32 now, "
+                r"but its weight was created torch.bfloat16"):
+            self.opt._step_key()
 
 
 if __name__ == "__main__":

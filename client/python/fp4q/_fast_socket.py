@@ -45,7 +45,7 @@ import grpc
 
 from fp4q import _fast_frames
 from fp4q._fast_frames import DEFAULT_LIMITS, GENERIC, MAX_TIMEOUT_MICROS, Limits
-from fp4q._messages import pb
+from fp4q._messages import Serialized, pb
 from fp4q.errors import Fp4qError
 
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
@@ -199,7 +199,8 @@ class FastSocket:
         if request.ByteSize() > limits.max_frame:
             raise FrameTooLarge()  # without copying a large request into the frame
         try:
-            bound = _fast_frames.reply_bound(rpc, request)
+            bound = (request.reply_bound if type(request) is Serialized else
+                     _fast_frames.reply_bound(rpc, request))
         except Exception:  # noqa: BLE001 - a malformed request: gRPC names the problem
             raise FrameTooLarge() from None
         if bound is _fast_frames.UNKNOWN:

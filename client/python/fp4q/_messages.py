@@ -125,3 +125,22 @@ def loaded():
 
 pb = loaded().pb
 METHODS = loaded().methods
+
+
+class Serialized:
+    """A request whose wire bytes are already built (fp4q._requests' step plans): `body` is
+    what the message's SerializeToString() gives, `reply_bound` the bytes its reply may carry
+    beyond its fixed fields (fp4q._fast_frames.reply_bound). The call path sends it as it
+    would the message (ByteSize, SerializeToString)."""
+
+    __slots__ = ("body", "reply_bound")
+
+    def __init__(self, body, reply_bound):
+        self.body = body
+        self.reply_bound = reply_bound
+
+    def ByteSize(self):  # noqa: N802 (the protobuf message's interface)
+        return len(self.body)
+
+    def SerializeToString(self):  # noqa: N802
+        return self.body

@@ -57,6 +57,29 @@ class StepMixin:
             parts.append("amsgrad")
         return " with ".join(parts)
 
+    def _step_key(self):
+        """This step's items as a key of the client's step plans (fp4q._requests.step_keyed),
+        with {param group: its index in the Step's groups} of the groups with gradients; the
+        gradients checked as _items checks them. Per stored parameter: None without a
+        gradient, else the gradient's and the parameter's addresses, dtype, shape and
+        contiguity (names and groups are the optimizer's own: `_plan_token` stands for them)."""
+        key = [self._plan_token]
+        append = key.append
+        group_index = {}
+        for s in self._stored:
+            p = s.param
+            g = p.grad
+            if g is None:
+                append(None)
+                continue
+            if g.is_sparse or g.shape != p.shape or p.dtype != s.dtype:
+                self._refuse_gradient(s, g)
+            if s.group not in group_index:
+                group_index[s.group] = len(group_index)
+            append((g.data_ptr(), g.dtype, g.is_contiguous(), p.data_ptr(), p.shape,
+                    p.is_contiguous()))
+        return tuple(key), group_index
+
     def _items(self):
         items, group_index = [], {}
         for s in self._stored:
@@ -85,12 +108,13 @@ class StepMixin:
             "%s: the parameter is %s now, but its weight was created %s (convert the "
             "model before building the optimizer)" % (field, p.dtype, s.dtype))
 
-    def _send(self, step, items, groups):
+    def _send(self, step, key, groups):
         c = self.client
         replica = (self._replica, self._rank) if self._replica is not None else None
         for attempt in (0, 1):
             try:
-                result = c.step(step, items, groups, replica=replica, resend=False)
+                result = c._requests.step_keyed(step, key, lambda: self._items()[0], groups,
+                                                replica)
                 break
             except Fp4qError as e:
                 if e.code != grpc.StatusCode.NOT_FOUND or not e.message.startswith(_SESSION_GONE):

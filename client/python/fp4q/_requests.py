@@ -44,10 +44,11 @@ import threading
 import grpc
 import torch
 
+from fp4q import _fast_frames
 from fp4q import options as opts
 from fp4q import results
 from fp4q import tensors
-from fp4q._messages import pb
+from fp4q._messages import Serialized, pb
 from fp4q.errors import Fp4qError
 
 
@@ -168,46 +169,60 @@ class Requests:
 
         return self.call("CreateWeight", build)[0].weight
 
-    def step(self, step, items, groups, kind, replica, resend):
+    def step(self, step, items, groups, kind, replica, resend, brief_reply=False):
         items = list(items)
-        groups = list(groups)
         for i, it in enumerate(items):
             if not isinstance(it, results.StepItem):
                 raise tensors.ClientArgumentError("items[%d]: expected fp4q.StepItem, got %s"
                                                   % (i, type(it).__name__))
+        if not isinstance(brief_reply, bool):
+            raise tensors.ClientArgumentError("brief_reply: %r is not a bool" % (brief_reply,))
+        return self._step(step, _step_plan_key(items), lambda: items, groups, kind, replica,
+                          resend, brief_reply)
+
+    def step_keyed(self, step, key, make_items, groups, replica):
+        """fp4q.optim's step: `key` describes its items as _step_plan_key would (the caller
+        vouches that an equal key means equal items: names, groups, and the tensors' addresses,
+        dtypes, shapes and contiguity), so that make_items() runs only when no plan of the key
+        holds. Sent once (resend=False); the reply is brief when no output travels inline."""
+        return self._step(step, key, make_items, groups, None, replica, False, True)
+
+    def _step(self, step, key, make_items, groups, kind, replica, resend, brief_reply):
+        groups = list(groups)
         for g, h in enumerate(groups):
             if not isinstance(h, (opts.SgdHyperparameters, opts.AdamWHyperparameters)):
                 raise tensors.ClientArgumentError(
                     "groups[%d]: expected fp4q.SgdHyperparameters or fp4q.AdamWHyperparameters, "
                     "got %s" % (g, type(h).__name__))
+        kind_value = opts.enum_value("kind", kind)
 
-        key = _step_plan_key(items)
-
-        def head(req):
-            req.step = int(step)
-            req.kind = opts.enum_value("kind", kind)
-            del req.groups[:]
+        def head(brief):
+            # The fields before the items; a message's encodings concatenate (the items follow).
+            req = pb.StepRequest(step=int(step), kind=kind_value, brief_reply=brief)
             for h in groups:
                 h.fill(req.groups.add())
-            req.ClearField("replica")
             if replica is not None:
                 req.replica.group, req.replica.rank = replica[0], int(replica[1])
+            return req.SerializeToString()
 
         def build(tr):
             memo = self._step_plans.get(key) if key is not None else None
-            if memo is not None and self._regions.plan_valid(memo[0]):
-                tr.adopt(memo[0])
+            if memo is not None and self._regions.plan_valid(memo.plan):
+                tr.adopt(memo.plan)
                 self._regions.count("step_plans_reused")
-                req = pb.StepRequest()
-                req.CopyFrom(memo[1])
-                head(req)
-                return req, [it.dequantized_out for it in items]
-            req = pb.StepRequest()
-            head(req)
+                brief = brief_reply and memo.brief_ok
+                items = planned = None
+                if not brief:
+                    items = make_items()
+                    planned = [it.dequantized_out for it in items]
+                return (Serialized(head(brief) + memo.body, 0 if brief else memo.reply_bound),
+                        (items, planned, brief))
+            items = make_items()
+            body = pb.StepRequest()
             planned = []
             for i, it in enumerate(items):
-                m = req.items.add(name=it.name, group=int(it.group),
-                                  return_dequantized=bool(it.return_dequantized))
+                m = body.items.add(name=it.name, group=int(it.group),
+                                   return_dequantized=bool(it.return_dequantized))
                 tr.input(m.update, it.update, "items[%d].update" % i)
                 out = it.dequantized_out
                 plan = None
@@ -217,11 +232,22 @@ class Requests:
                     if plan is None:
                         m.return_dequantized = True  # inline, then copied into `out`
                 planned.append(plan)
+            memo = _StepPlan(tr.plan(), body.SerializeToString(),
+                             _fast_frames.reply_bound("Step", body),
+                             not any(m.return_dequantized for m in body.items))
             if key is not None:
-                self._step_plans.put(key, tr.plan(), req)
-            return req, planned
+                self._step_plans.put(key, memo)
+            brief = brief_reply and memo.brief_ok
+            return (Serialized(head(brief) + memo.body, 0 if brief else memo.reply_bound),
+                    (items, planned, brief))
 
-        reply, planned = self.call("Step", build, resend=resend)
+        reply, (items, planned, brief) = self.call("Step", build, resend=resend)
+        if brief:
+            if reply.items:
+                raise Fp4qError(grpc.StatusCode.INTERNAL, "reply items: %d results for a brief "
+                                "reply" % len(reply.items), "Step")
+            return results.StepResult(items=[], world_size=reply.world_size, header=reply.header,
+                                      applied_items=reply.applied_items)
         if len(reply.items) != len(items):
             raise Fp4qError(grpc.StatusCode.INTERNAL, "reply items: %d results for %d items"
                             % (len(reply.items), len(items)), "Step")
@@ -247,7 +273,8 @@ class Requests:
                         dev = target.device if target is not None else it.update.device
                         deq = deliver(d, plan, dev, target, "items[%d].dequantized" % i)
             append(result(r.name, r.applied, r.last_step, r.global_amax, deq))
-        return results.StepResult(items=out, world_size=reply.world_size, header=reply.header)
+        return results.StepResult(items=out, world_size=reply.world_size, header=reply.header,
+                                  applied_items=reply.applied_items)
 
     def update_weight(self, name, step, update, lr, kind, return_dequantized, dequantized_out):
         def build(tr):
@@ -371,18 +398,30 @@ def quantized_from_reply(q, planned, which, device):
         scale_layout=opts.enum_name("scale_layout", q.scale_layout))
 
 
+class _StepPlan:
+    """A Step's items as they were sent: the Transfer's plan (None: not every tensor went as a
+    slice of its own allocation, so nothing is kept), the items' encoding, their reply bound
+    and whether a brief reply may answer them (no item wants its DQ(W) inline)."""
+
+    __slots__ = ("plan", "body", "reply_bound", "brief_ok")
+
+    def __init__(self, plan, body, reply_bound, brief_ok):
+        self.plan, self.body, self.reply_bound, self.brief_ok = plan, body, reply_bound, brief_ok
+
+
 class StepPlans:
     """The items of the last few Step requests whose every tensor went by IPC as a slice of its
-    own allocation, keyed by _step_plan_key: a trainer sends the same parameters' gradients and
-    outputs at the same addresses step after step, so a step rebuilds only its head (step,
-    kind, groups, replica) and checks one driver call per allocation (Regions.plan_valid)
-    instead of resolving every tensor again. Holds no tensor. Thread-safe."""
+    own allocation, keyed by their key (_step_plan_key, or fp4q.optim's own): a trainer sends
+    the same parameters' gradients and outputs at the same addresses step after step, so a step
+    encodes only its head (step, kind, groups, replica) before the items' kept bytes, and
+    checks one driver call per allocation (Regions.plan_valid) instead of resolving every
+    tensor again. Holds no tensor. Thread-safe."""
 
     SIZE = 4
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._plans = collections.OrderedDict()  # key -> (TransferPlan, StepRequest)
+        self._plans = collections.OrderedDict()  # key -> _StepPlan
 
     def get(self, key):
         with self._lock:
@@ -391,14 +430,12 @@ class StepPlans:
                 self._plans.move_to_end(key)
             return memo
 
-    def put(self, key, plan, request):
+    def put(self, key, memo):
         with self._lock:
-            if plan is None:
+            if memo.plan is None:
                 self._plans.pop(key, None)
                 return
-            kept = pb.StepRequest()
-            kept.CopyFrom(request)
-            self._plans[key] = (plan, kept)
+            self._plans[key] = memo
             self._plans.move_to_end(key)
             while len(self._plans) > self.SIZE:
                 self._plans.popitem(last=False)

@@ -87,6 +87,7 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
         self.client = client if client is not None else functional.default_client()
         self._stored = []       # _Stored, in parameter order
         self._specs_checked = {}  # group index -> the spec its stored weights were found to match
+        self._plan_token = object()  # this optimizer's items (names, groups) in step-plan keys
         self._torch_side = []   # (param, group index, index, reason)
         self._inner = None      # torch's optimizer over the parameters kept in torch
         self._inner_group = {}  # our group index -> the inner optimizer's group index
@@ -346,12 +347,12 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
                 loss = closure()
         self._check_epoch()
         hypers = self._hyper_for_step()
-        items, group_index = self._items()
-        if items:
+        key, group_index = self._step_key()
+        if group_index:  # some stored parameter has a gradient
             groups = [None] * len(group_index)
             for gi, k in group_index.items():
                 groups[k] = hypers[gi]
-            self._send(self._fp4q_steps + 1, items, groups)
+            self._send(self._fp4q_steps + 1, key, groups)
             self._fp4q_steps += 1
         self._torch_step()
         return loss

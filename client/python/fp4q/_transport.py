@@ -4,7 +4,8 @@ Contract
 - Owns the gRPC channel (no send/receive size limit; extra `channel_options` appended), one stub
   per method of fp4q.v1.Fp4q (built from the descriptor's METHODS, so a new RPC needs nothing
   here), the grpc.health.v1 stub, and the FastSocket when `fast_socket` is given.
-- send(rpc, request, resend=False) -> reply. Metadata: "fp4q-session" (the session's id, when
+- send(rpc, request, resend=False) -> reply; `request` is the method's message or a
+  fp4q._messages.Serialized of one (sent as its bytes). Metadata: "fp4q-session" (the session's id, when
   open) and "authorization: Bearer <token>" (when a token is set); deadline: `timeout` seconds
   (None: none) for the whole call. Every reply passes through session.see_header (last_header,
   restart detection).
@@ -59,6 +60,11 @@ _SESSIONLESS = _SESSION_CALLS | {"ServerInfo"}
 _UNKNOWN_SESSION = "metadata fp4q-session: unknown or expired session"
 
 
+def _serialize(request):
+    # A message, or fp4q._messages.Serialized (its bytes built already).
+    return request.SerializeToString()
+
+
 class Transport:
     """`session` is the client's fp4q._session.Session; `count(key, n=1)` adds to its stats."""
 
@@ -75,7 +81,7 @@ class Transport:
                         ("grpc.max_receive_message_length", -1)] + list(channel_options)
         self._channel = grpc.insecure_channel(target, options=channel_opts)
         self._stubs = {
-            name: self._channel.unary_unary(path, request_serializer=req.SerializeToString,
+            name: self._channel.unary_unary(path, request_serializer=_serialize,
                                             response_deserializer=rep.FromString)
             for name, (path, req, rep) in METHODS.items()}
         self._health = self._channel.unary_unary(

@@ -288,15 +288,18 @@ class Client:
         return self._requests.get_weight(name, dequantized, out_dtype, quantized, residual,
                                          device, optimizer_state, out)
 
-    def step(self, step, items, groups, *, kind=None, replica=None, resend=True):
+    def step(self, step, items, groups, *, kind=None, replica=None, resend=True,
+             brief_reply=False):
         """Step: one optimizer step of many stored weights, applied as a unit (every item or
         none). items: fp4q.StepItem (name, update, dequantized_out / return_dequantized,
         group); groups: one fp4q.SgdHyperparameters or fp4q.AdamWHyperparameters per parameter
         group (each item's `group` indexes them); kind: 'gradient' (default) | 'delta';
         replica: (group name, rank) of a replica group this session joined (join_group).
-        resend=False: never sent again in another session (see fp4q._transport). Returns
-        fp4q.StepResult."""
-        return self._requests.step(step, items, groups, kind, replica, resend)
+        resend=False: never sent again in another session (see fp4q._transport).
+        brief_reply=True: the reply lists no item, only how many applied (StepResult.items is
+        empty, applied_items counts them), when every item's DQ(W) goes to its
+        dequantized_out by IPC (else the items come back as usual). Returns fp4q.StepResult."""
+        return self._requests.step(step, items, groups, kind, replica, resend, brief_reply)
 
     def reset_optimizer(self, name, optimizer):
         """ResetOptimizer: the weight's optimizer state replaced by zeroed state of `optimizer`

@@ -170,9 +170,11 @@ class StepItemResult:
 
 @dataclasses.dataclass
 class StepResult:
-    """Step's answer: per item in request order; world_size is the number of ranks whose
-    updates were combined (1 without a replica group); header the reply's ReplyHeader."""
+    """Step's answer: per item in request order (none for a brief reply); world_size is the
+    number of ranks whose updates were combined (1 without a replica group); header the reply's
+    ReplyHeader; applied_items how many items applied the step (the others had already)."""
 
     items: typing.List[StepItemResult]
     world_size: int
     header: object
+    applied_items: int = 0
