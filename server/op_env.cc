@@ -22,11 +22,18 @@ absl::StatusOr<uint8_t*> OpEnv::RegionSliceFor(const RegionSlice& slice, uint64_
     return absl::InvalidArgumentError(
         absl::StrCat(field.str(), ".region_id: the region is on another device"));
   }
-  std::string name = field.str();  // kept: CheckNoOverlap names the slices
-  FP4Q_ASSIGN_OR_RETURN(uint8_t * p, it->second.Slice(slice.offset, bytes, name));
-  slices_.push_back(Slice{reinterpret_cast<uintptr_t>(p), reinterpret_cast<uintptr_t>(p) + bytes,
-                          std::move(name), output});
-  return p;
+  Slice& s = slices_.emplace_back();  // kept: CheckNoOverlap names the slices
+  s.length = field.SpellTo(s.text, sizeof(s.text));
+  if (s.length > sizeof(s.text)) s.long_text = field.str();
+  absl::StatusOr<uint8_t*> p = it->second.Slice(slice.offset, bytes, s.field());
+  if (!p.ok()) {
+    slices_.pop_back();
+    return p.status();
+  }
+  s.begin = reinterpret_cast<uintptr_t>(*p);
+  s.end = s.begin + bytes;
+  s.output = output;
+  return *p;
 }
 
 absl::Status OpEnv::StillWanted() const {
@@ -153,7 +160,7 @@ absl::Status OpEnv::CheckNoOverlap(
     if (!o.output || (s.output && j < i)) return;
     if (o.begin == s.begin && o.end == s.end) {
       for (const auto& [out, in] : allowed) {
-        if (o.field == out && s.field == in) return;
+        if (o.field() == out && s.field() == in) return;
       }
     }
     first = std::min(first, std::make_pair(i, j));
@@ -168,8 +175,8 @@ absl::Status OpEnv::CheckNoOverlap(
     }
   }
   if (first.first == n) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(slices_[first.first].field, ": overlaps ",
-                                                 slices_[first.second].field,
+  return absl::InvalidArgumentError(absl::StrCat(slices_[first.first].field(), ": overlaps ",
+                                                 slices_[first.second].field(),
                                                  " in the same client memory"));
 }
 

@@ -123,11 +123,19 @@ class OpEnv {
   void RunDeferred();
 
  private:
+  // A region slice and its field path, spelled into the slice itself (a step names two slices
+  // an item; only a path longer than `text` is kept on the heap).
   struct Slice {
     uintptr_t begin = 0;
     uintptr_t end = 0;
-    std::string field;
     bool output = false;
+    size_t length = 0;
+    char text[64];
+    std::string long_text;
+    absl::string_view field() const {
+      return length <= sizeof(text) ? absl::string_view(text, length)
+                                    : absl::string_view(long_text);
+    }
   };
   struct PendingCopy {
     const void* src = nullptr;

@@ -113,6 +113,24 @@ std::string RegionManager::RandomHex128() {
   return out;
 }
 
+std::string RegionManager::NewRegionIdLocked() const {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+  std::random_device rd;
+  std::string id;
+  do {
+    id.clear();
+    uint64_t bits = (static_cast<uint64_t>(rd()) << 32) | rd();
+    uint32_t more = rd();
+    for (int i = 0; i < 15; ++i) {
+      if (i == 10) bits = more;  // 10 x 6 bits from the first 64, 5 x 6 from the next 32
+      id.push_back(kAlphabet[bits & 63]);
+      bits >>= 6;
+    }
+  } while (regions_.count(id) != 0);
+  return id;
+}
+
 void RegionManager::ReportLocked() {
   if (observer_ == nullptr) return;
   observer_->Sessions(static_cast<int64_t>(sessions_.size()));
@@ -340,7 +358,7 @@ absl::StatusOr<std::string> RegionManager::Register(absl::string_view session_id
   }
   if (opened) mappings_[key] = mapping;
   auto region = std::make_shared<RegionRecord>();
-  region->id = RandomHex128();
+  region->id = NewRegionIdLocked();
   region->session = std::string(session_id);
   region->mapping = mapping;
   region->size = request.size;

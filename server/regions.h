@@ -129,7 +129,12 @@ class RegionManager {
   void ReportLocked();
   // The mapping of the same handle bytes opened for another device, if any (mu_ held).
   const IpcMapping* OpenOnOtherDevice(absl::string_view handle, const Device* device) const;
+  // A session id: 128 random bits in hex (it stands for the caller).
   static std::string RandomHex128();
+  // A region id unused by any session (mu_ held): 90 random bits in 15 URL-safe characters.
+  // Only its session may use it (Acquire), so it needs no more bits; at 15 characters every
+  // copy of it (each item of a step names its regions) fits std::string's inline buffer.
+  std::string NewRegionIdLocked() const;
 
   DeviceSet* const devices_;
   const RegionsOptions options_;

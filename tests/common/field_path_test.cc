@@ -39,6 +39,25 @@ TEST(FieldPathTest, ThenJoinsTextAsItIs) {
   EXPECT_EQ(item.Member("update").str(), "rank 2's items[0].update");
 }
 
+TEST(FieldPathTest, SpellsIntoABufferAsStrDoesAndCutsAtItsEnd) {
+  const std::string prefix = "rank 2's ";
+  const FieldPath rank(prefix);
+  const FieldPath items = rank.Then("items");
+  const FieldPath item = items.Index(12);
+  const FieldPath out = item.Member("dequantized_out");
+  const FieldPath region = out.Member("region");
+  const FieldPath none("");
+  const FieldPath update = none.Member("update");
+  for (const FieldPath* p : {&region, &update, &item, &none}) {
+    char buf[64];
+    const size_t n = p->SpellTo(buf, sizeof(buf));
+    EXPECT_EQ(std::string(buf, n), p->str());
+  }
+  char small[8] = "xxxxxxx";
+  EXPECT_EQ(region.SpellTo(small, 5), region.str().size());  // the whole length
+  EXPECT_EQ(std::string(small, 7), "rank xx");               // nothing past the cut
+}
+
 TEST(FieldPathTest, RootsFromEveryStringKind) {
   const std::string s = "out";
   const absl::string_view v = "x";

@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <future>
 #include <limits>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -55,6 +57,23 @@ TEST_F(RegionsTest, SessionIdsAreRandom128BitHex) {
   EXPECT_EQ(a.session_id.find_first_not_of("0123456789abcdef"), std::string::npos);
   EXPECT_EQ(a.lease_seconds, 30u);
   EXPECT_EQ(regions_->sessions(), 2);
+}
+
+TEST_F(RegionsTest, RegionIdsAreFifteenUrlSafeCharactersAndDistinct) {
+  const std::string s = regions_->OpenSession("a").session_id;
+  std::set<std::string> ids;
+  const RegisterRegionRequest r = Req(memory_, 64);  // one handle, one mapping
+  for (int i = 0; i < 64; ++i) {
+    absl::StatusOr<std::string> id = regions_->Register(s, r);
+    ASSERT_TRUE(id.ok()) << id.status();
+    EXPECT_EQ(id->size(), 15u);
+    EXPECT_EQ(id->find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                    "0123456789-_"),
+              std::string::npos)
+        << *id;
+    ids.insert(*id);
+  }
+  EXPECT_EQ(ids.size(), 64u);
 }
 
 TEST_F(RegionsTest, HandleOfTheWrongSizeIsInvalidArgument) {

@@ -58,6 +58,13 @@ class FieldPath {
     Append(&out);
     return out;
   }
+  // Writes the path as str() spells it into out[0, cap) (cut at cap) and returns its whole
+  // length: a caller that keeps the path in a buffer of its own spells it without allocating.
+  size_t SpellTo(char* out, size_t cap) const {
+    size_t n = 0;
+    Spell(out, cap, &n);
+    return n;
+  }
 
  private:
   enum Kind { kRoot, kMember, kIndex };
@@ -78,6 +85,30 @@ class FieldPath {
         return;
       case kIndex:
         absl::StrAppend(out, "[", index_, "]");
+        return;
+    }
+  }
+
+  static void Put(char* out, size_t cap, size_t* n, absl::string_view s) {
+    for (char c : s) {
+      if (*n < cap) out[*n] = c;
+      ++*n;
+    }
+  }
+  void Spell(char* out, size_t cap, size_t* n) const {
+    if (parent_ != nullptr) parent_->Spell(out, cap, n);
+    switch (kind_) {
+      case kRoot:
+        Put(out, cap, n, text_);
+        return;
+      case kMember:
+        if (*n > 0) Put(out, cap, n, ".");
+        Put(out, cap, n, text_);
+        return;
+      case kIndex:
+        Put(out, cap, n, "[");
+        Put(out, cap, n, absl::AlphaNum(index_).Piece());
+        Put(out, cap, n, "]");
         return;
     }
   }
