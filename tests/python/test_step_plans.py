@@ -190,7 +190,10 @@ class StepPlanTest(unittest.TestCase):
         self.assertIsNone(tr.plan())  # nothing sent yet
         tr.input(pb.Tensor(), self.grads[0], "update")
         plan = tr.plan()
-        self.assertEqual(plan.allocations, ((0, GRADS, 0x100000, 11, GRADS),))
+        self.assertEqual(plan.allocations, ((0, GRADS, 0x100000, 11, GRADS, "region-1", GRADS),))
+        self.assertEqual(plan.locate(GRADS + 0x30), ("region-1", 0x30))
+        self.assertIsNone(plan.locate(GRADS + 0x38))  # not a slice's alignment
+        self.assertIsNone(plan.locate(GRADS + 0x100000))  # past the allocation
         self.assertEqual(plan.tensors, 1)
         tr.output(pb.OutputTarget(), (2, 16), torch.bfloat16, torch.device("cpu"))
         self.assertIsNone(tr.plan())  # an output planned here: a new tensor each time
@@ -233,16 +236,21 @@ class StepPlanTest(unittest.TestCase):
             self.step(4, brief=1)
         self.assertEqual(len(self.sent), 3)
 
-    def test_a_keyed_step_builds_its_items_only_when_no_plan_of_its_key_holds(self):
-        built = []
-
+    def keyed(self, n, grads, built, layout="opt", replica=None):
         def make_items():
             built.append(1)
-            return self.items()
+            return self.items(grads=grads)
 
-        groups = [fp4q.SgdHyperparameters(lr=0.1)]
+        pointers = []
+        for g, p in zip(grads, self.params):
+            pointers += [g.data_ptr(), p.data_ptr()]
+        return self.requests.step_keyed(n, (layout, tuple(pointers)), make_items,
+                                        [fp4q.SgdHyperparameters(lr=0.1)], replica)
+
+    def test_a_keyed_step_builds_its_items_only_when_no_plan_of_its_key_holds(self):
+        built = []
         for n in (1, 2, 3):
-            result = self.requests.step_keyed(n, ("opt", 1), make_items, groups, None)
+            result = self.keyed(n, self.grads, built)
             self.assertEqual((result.items, result.applied_items), ([], 3))
         self.assertEqual(len(built), 1)
         self.assertEqual(self.stats["step_plans_reused"], 2)
@@ -251,10 +259,44 @@ class StepPlanTest(unittest.TestCase):
         self.assertEqual([it.name for it in self.sent[2].items], ["w0", "w1", "w2"])
         self.assertEqual([it.update.region.offset for it in self.sent[2].items],
                          [0, 0x1000, 0x2000])
-        # Another key (the caller's tensors moved): built again.
-        self.requests.step_keyed(4, ("opt", 2), make_items, groups, ("g", 1))
+        # Another layout: built again.
+        self.keyed(4, self.grads, built, layout="other", replica=("g", 1))
         self.assertEqual(len(built), 2)
         self.assertEqual((self.sent[3].replica.group, self.sent[3].replica.rank), ("g", 1))
+
+    def test_gradients_moved_within_known_allocations_reslice_the_layouts_items(self):
+        built = []
+        self.keyed(1, self.grads, built)
+        # New gradient tensors each step (zero_grad(set_to_none=True)): other offsets of the
+        # same allocation. No item is built and no tensor resolved: one driver call per
+        # allocation.
+        moved = [FakeCudaTensor(GRADS + 0x40000 + 0x2000 * i) for i in range(3)]
+        self.driver_calls.clear()
+        self.keyed(2, moved, built)
+        self.assertEqual(len(built), 1)
+        self.assertEqual(dict(self.driver_calls), {"identity": 2})
+        self.assertEqual(self.stats["step_plans_resliced"], 1)
+        self.assertEqual([it.update.region.offset for it in self.sent[1].items],
+                         [0x40000, 0x42000, 0x44000])
+        self.assertEqual([it.dequantized_out.region.offset for it in self.sent[1].items],
+                         [0, 0x1000, 0x2000])
+        self.assertEqual([it.name for it in self.sent[1].items], ["w0", "w1", "w2"])
+        self.assertEqual({it.update.region.region_id for it in self.sent[1].items},
+                         {"region-1"})
+        # The moved key is kept too: the next step at those addresses is a plain reuse.
+        self.keyed(3, moved, built)
+        self.assertEqual((len(built), self.stats["step_plans_resliced"]), (1, 1))
+        # A gradient in an allocation the plan does not hold, or misaligned: built afresh.
+        self.allocs[0x400000] = (0x100000, b"N" * 64, 13)
+        outside = [moved[0], FakeCudaTensor(0x400000), moved[2]]
+        self.keyed(4, outside, built)
+        self.assertEqual(len(built), 2)
+        self.assertEqual(self.sent[3].items[1].update.region.region_id, "region-3")
+        plans = self.requests._step_plans
+        skewed = (GRADS + 0x50008, PARAMS) + (GRADS, PARAMS + 0x1000) * 2
+        self.assertIsNone(plans.resliced("opt", skewed, ("opt", skewed), self.regions.plan_valid))
+        self.assertIsNone(plans.resliced("opt", skewed[:4], ("opt", skewed[:4]),
+                                         self.regions.plan_valid))  # not one pair per item
 
 
 class OptimizerStepKeyTest(unittest.TestCase):
@@ -275,21 +317,26 @@ class OptimizerStepKeyTest(unittest.TestCase):
         self.opt._stored, self.opt._plan_token = stored, object()
 
     def test_the_key_follows_the_tensors(self):
-        key, groups = self.opt._step_key()
+        (layout, pointers), groups = self.opt._step_key()
         self.assertEqual(groups, {0: 0, 1: 1})
-        self.assertIs(key[0], self.opt._plan_token)
-        self.assertEqual(key, self.opt._step_key()[0])
+        self.assertIs(layout[0], self.opt._plan_token)
+        self.assertEqual(layout[1:], ((torch.float32, True, torch.Size([32, 16]), True),) * 3)
+        self.assertEqual(pointers, tuple(v for p in self.params
+                                         for v in (p.grad.data_ptr(), p.data_ptr())))
+        self.assertEqual((layout, pointers), self.opt._step_key()[0])
         self.params[1].grad = torch.ones(32, 16)  # a new gradient tensor elsewhere
-        moved, _ = self.opt._step_key()
-        self.assertNotEqual(moved, key)
-        self.assertEqual(moved[1], key[1])
+        (layout2, moved), _ = self.opt._step_key()
+        self.assertEqual(layout2, layout)
+        self.assertNotEqual(moved[2], pointers[2])
+        self.assertEqual(moved[:2] + moved[3:], pointers[:2] + pointers[3:])
         self.params[0].grad = None
         self.params[1].grad = None
-        gone, groups = self.opt._step_key()
+        (gone, pointers), groups = self.opt._step_key()
         self.assertEqual((gone[1], gone[2]), (None, None))
+        self.assertEqual(len(pointers), 2)
         self.assertEqual(groups, {1: 0})
         self.params[2].data = self.params[2].data.t().contiguous().t()  # same shape, strided
-        self.assertNotEqual(self.opt._step_key()[0][3], gone[3])
+        self.assertEqual(self.opt._step_key()[0][0][3][3], False)
 
     def test_a_bad_gradient_is_refused_as_the_items_refuse_it(self):
         self.opt._stored[1].dtype = torch.bfloat16  # as if the model was converted since

@@ -58,13 +58,16 @@ class StepMixin:
         return " with ".join(parts)
 
     def _step_key(self):
-        """This step's items as a key of the client's step plans (fp4q._requests.step_keyed),
-        with {param group: its index in the Step's groups} of the groups with gradients; the
-        gradients checked as _items checks them. Per stored parameter: None without a
-        gradient, else the gradient's and the parameter's addresses, dtype, shape and
-        contiguity (names and groups are the optimizer's own: `_plan_token` stands for them)."""
-        key = [self._plan_token]
-        append = key.append
+        """This step's items as a key of the client's step plans (fp4q._requests.step_keyed:
+        (layout, pointers)), with {param group: its index in the Step's groups} of the groups
+        with gradients; the gradients checked as _items checks them. The layout, per stored
+        parameter: None without a gradient, else the gradient's dtype and contiguity and the
+        parameter's shape and contiguity (names and groups are the optimizer's own:
+        `_plan_token` stands for them); the pointers: the gradient's and the parameter's
+        addresses of each parameter with a gradient."""
+        layout = [self._plan_token]
+        pointers = []
+        append, point = layout.append, pointers.append
         group_index = {}
         for s in self._stored:
             p = s.param
@@ -76,9 +79,10 @@ class StepMixin:
                 self._refuse_gradient(s, g)
             if s.group not in group_index:
                 group_index[s.group] = len(group_index)
-            append((g.data_ptr(), g.dtype, g.is_contiguous(), p.data_ptr(), p.shape,
-                    p.is_contiguous()))
-        return tuple(key), group_index
+            append((g.dtype, g.is_contiguous(), p.shape, p.is_contiguous()))
+            point(g.data_ptr())
+            point(p.data_ptr())
+        return (tuple(layout), tuple(pointers)), group_index
 
     def _items(self):
         items, group_index = [], {}

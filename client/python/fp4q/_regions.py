@@ -183,7 +183,7 @@ class Regions:
         if info is None or info is not plan.info or plan.generation != self.cache.generation:
             return False
         self._ensure_session()
-        for _index, start, range_size, buffer_id, ptr in plan.allocations:
+        for _index, start, range_size, buffer_id, ptr, _region, _base in plan.allocations:
             try:
                 if _cuda_driver.allocation_identity(ptr) != (start, range_size, buffer_id):
                     return False
@@ -200,9 +200,20 @@ class TransferPlan:
     def __init__(self, info, generation, allocations, devices, tensors):
         self.info = info                # the ServerInfoReply the UUID spellings came from
         self.generation = generation    # the region cache's, before the first slice
-        self.allocations = allocations  # ((index, start, range size, buffer id, a pointer), ...)
+        # ((index, start, range size, buffer id, a pointer, region id, region base), ...)
+        self.allocations = allocations
         self.devices = devices          # the CUDA devices whose streams are synchronized
         self.tensors = tensors          # how many tensors went by IPC
+
+    def locate(self, ptr):
+        """(region_id, offset) of address `ptr` in one of the plan's allocations, or None (not
+        in one, or not aligned as a region slice must be). Sound while plan_valid holds: every
+        allocation recorded is then alive as it was, and allocations do not overlap."""
+        for _index, start, range_size, _buffer_id, _ptr, region_id, base in self.allocations:
+            if max(start, base) <= ptr < start + range_size:
+                offset = ptr - base
+                return None if offset % ipc.REGION_ALIGNMENT else (region_id, offset)
+        return None
 
 
 class Transfer:
@@ -217,7 +228,8 @@ class Transfer:
         self._arena = None
         self.direct = True       # every tensor so far a slice of its own allocation
         self._generation = regions.cache.generation
-        self._allocations = {}   # (index, start) -> (index, start, range size, buffer id, ptr)
+        # (index, start) -> (index, start, range size, buffer id, ptr, region id, region base)
+        self._allocations = {}
 
     def _region_for(self, tensor):
         """(tensor holding the bytes, (region_id, offset)) for a CUDA tensor; raises ipc.NoIpc."""
@@ -239,8 +251,10 @@ class Transfer:
         slot = regions.cache.slice_for(tensor, uuid, identities)
         if identities:
             index, start, range_size, buffer_id = identities[0]
+            ptr = tensor.data_ptr()
             self._allocations.setdefault(
-                (index, start), (index, start, range_size, buffer_id, tensor.data_ptr()))
+                (index, start),
+                (index, start, range_size, buffer_id, ptr, slot[0], ptr - slot[1]))
         else:
             self.direct = False
         return tensor, slot

@@ -181,13 +181,19 @@ class Requests:
                           resend, brief_reply)
 
     def step_keyed(self, step, key, make_items, groups, replica):
-        """fp4q.optim's step: `key` describes its items as _step_plan_key would (the caller
-        vouches that an equal key means equal items: names, groups, and the tensors' addresses,
-        dtypes, shapes and contiguity), so that make_items() runs only when no plan of the key
-        holds. Sent once (resend=False); the reply is brief when no output travels inline."""
-        return self._step(step, key, make_items, groups, None, replica, False, True)
+        """fp4q.optim's step. key = (layout, pointers): the caller vouches that an equal layout
+        means the same items apart from where their tensors are (names, groups, dtypes, shapes,
+        contiguity), and `pointers` lists each item's update and dequantized_out addresses in
+        item order. make_items() runs only when no plan of the key holds and the pointers do
+        not all fall in the allocations of the layout's last plan (then the items are the
+        layout's with their slices moved: gradients made anew each step land at new offsets of
+        the allocator's same blocks). Sent once (resend=False); the reply is brief when no
+        output travels inline."""
+        return self._step(step, key, make_items, groups, None, replica, False, True,
+                          layout=key[0], pointers=key[1])
 
-    def _step(self, step, key, make_items, groups, kind, replica, resend, brief_reply):
+    def _step(self, step, key, make_items, groups, kind, replica, resend, brief_reply,
+              layout=None, pointers=None):
         groups = list(groups)
         for g, h in enumerate(groups):
             if not isinstance(h, (opts.SgdHyperparameters, opts.AdamWHyperparameters)):
@@ -206,8 +212,15 @@ class Requests:
             return req.SerializeToString()
 
         def build(tr):
-            memo = self._step_plans.get(key) if key is not None else None
-            if memo is not None and self._regions.plan_valid(memo.plan):
+            plans = self._step_plans
+            memo = plans.get(key) if key is not None else None
+            valid = memo is not None and self._regions.plan_valid(memo.plan)
+            if not valid and layout is not None:
+                memo = plans.resliced(layout, pointers, key, self._regions.plan_valid)
+                valid = memo is not None
+                if valid:
+                    self._regions.count("step_plans_resliced")
+            if valid:
                 tr.adopt(memo.plan)
                 self._regions.count("step_plans_reused")
                 brief = brief_reply and memo.brief_ok
@@ -236,7 +249,9 @@ class Requests:
                              _fast_frames.reply_bound("Step", body),
                              not any(m.return_dequantized for m in body.items))
             if key is not None:
-                self._step_plans.put(key, memo)
+                plans.put(key, memo)
+                if layout is not None:
+                    plans.put_template(layout, memo, body)
             brief = brief_reply and memo.brief_ok
             return (Serialized(head(brief) + memo.body, 0 if brief else memo.reply_bound),
                     (items, planned, brief))
@@ -422,6 +437,46 @@ class StepPlans:
     def __init__(self):
         self._lock = threading.Lock()
         self._plans = collections.OrderedDict()  # key -> _StepPlan
+        self._templates = collections.OrderedDict()  # layout -> (_StepPlan, items message)
+
+    def put_template(self, layout, memo, items):
+        """Keeps a keyed step's items (a StepRequest holding only them) as its layout's
+        template, when every item's update and DQ(W) target are region slices of the plan."""
+        with self._lock:
+            if memo.plan is None or not all(
+                    m.update.HasField("region") and m.dequantized_out.HasField("region")
+                    for m in items.items):
+                self._templates.pop(layout, None)
+                return
+            self._templates[layout] = (memo, items)
+            self._templates.move_to_end(layout)
+            while len(self._templates) > self.SIZE:
+                self._templates.popitem(last=False)
+
+    def resliced(self, layout, pointers, key, plan_valid):
+        """The layout's template with each item's two slices at `pointers` (update, DQ(W)
+        target, in item order), kept under `key`; None when there is no template, its plan no
+        longer holds, or a pointer is outside its allocations."""
+        with self._lock:
+            found = self._templates.get(layout)
+        if found is None:
+            return None
+        memo, template = found
+        if len(pointers) != 2 * len(template.items) or not plan_valid(memo.plan):
+            return None
+        items = pb.StepRequest()
+        items.CopyFrom(template)
+        locate = memo.plan.locate
+        for k, m in enumerate(items.items):
+            u, o = locate(pointers[2 * k]), locate(pointers[2 * k + 1])
+            if u is None or o is None:
+                return None
+            m.update.region.region_id, m.update.region.offset = u
+            m.dequantized_out.region.region_id, m.dequantized_out.region.offset = o
+        moved = _StepPlan(memo.plan, items.SerializeToString(), memo.reply_bound,
+                          memo.brief_ok)
+        self.put(key, moved)
+        return moved
 
     def get(self, key):
         with self._lock:
