@@ -198,9 +198,10 @@ def check_arena(target):
 def check_optim_ipc_equals_inline(ipc, inline):
     """fp4q.optim.SGD with momentum and EF over bf16 CUDA parameters: by IPC (plans reused,
     brief replies, DQ(W) written into param.data by the server) and inline (gradients and DQ(W)
-    in the messages) give bit-identical parameters, step after step; gradients are new tensors
-    each step (zero_grad(set_to_none=True)) and the parameters are poisoned between steps, so
-    a step that did not write them shows."""
+    in the messages) give bit-identical parameters, step after step; the parameters are
+    poisoned between steps, so a step that did not write them shows. Steps 0-3: gradients are
+    new tensors each step (zero_grad(set_to_none=True)); steps 4-7: views of one buffer at
+    other offsets each step, in another order, so that every IPC step re-slices its plan."""
     import fp4q.optim
     g = torch.Generator(device="cuda").manual_seed(5)
     shapes = [(64, 128), (128, 64), (32, 256)]
@@ -213,10 +214,22 @@ def check_optim_ipc_equals_inline(ipc, inline):
                              name_prefix="optim_check_%s_" % label)
         reused0 = client.stats["step_plans_reused"]
         history = []
-        for step in range(4):
+        flat = torch.empty(4 << 20, dtype=torch.bfloat16, device="cuda")
+        resliced0 = client.stats["step_plans_resliced"]
+        for step in range(8):
             gg = torch.Generator(device="cuda").manual_seed(100 + step)
-            for p in params:
-                p.grad = torch.randn(p.shape, device="cuda", generator=gg).to(torch.bfloat16)
+            grads = [torch.randn(p.shape, device="cuda", generator=gg).to(torch.bfloat16)
+                     for p in params]
+            if step >= 4:  # the same values, placed in the buffer at shifting offsets
+                at = 4096 * step
+                for k in (2, 0, 1):
+                    n = grads[k].numel()
+                    view = flat[at:at + n].view(grads[k].shape)
+                    view.copy_(grads[k])
+                    grads[k] = view
+                    at += n + 256 * (step + k)
+            for p, g in zip(params, grads):
+                p.grad = g
             for p in params:  # the server must write every parameter
                 p.data.fill_(float("nan"))
             opt.step()
@@ -224,19 +237,22 @@ def check_optim_ipc_equals_inline(ipc, inline):
             history.append([p.detach().clone() for p in params])
             opt.zero_grad(set_to_none=True)
         stored = [client.get_weight(n).dequantized for n in opt.stored_names.values()]
-        runs[label] = (history, stored, client.stats["step_plans_reused"] - reused0)
+        runs[label] = (history, stored, client.stats["step_plans_reused"] - reused0,
+                       client.stats["step_plans_resliced"] - resliced0)
         for n in opt.stored_names.values():
             client.delete_weight(n)
-    (h_ipc, s_ipc, reused), (h_inline, s_inline, reused_inline) = runs["ipc"], runs["inline"]
+    (h_ipc, s_ipc, reused, resliced), (h_inline, s_inline, reused_inline, _) = (runs["ipc"],
+                                                                               runs["inline"])
     steps_equal = [all(same(a, b) for a, b in zip(x, y)) for x, y in zip(h_ipc, h_inline)]
     finite = all(bool(torch.isfinite(t.float()).all()) for x in h_ipc for t in x)
     stored_equal = all(same(a.cpu(), b.cpu()) for a, b in zip(s_ipc, h_ipc[-1])) and all(
         same(a.cpu(), b.cpu()) for a, b in zip(s_inline, h_inline[-1]))
     moved = not all(same(a, b) for a, b in zip(h_ipc[-1], start))
-    return {"ok": all(steps_equal) and finite and stored_equal and moved and reused >= 1 and
-            reused_inline == 0, "steps_bit_identical": steps_equal, "all_finite": finite,
-            "params_equal_stored_dq": stored_equal, "weights_moved": moved,
-            "ipc_step_plans_reused": reused, "inline_step_plans_reused": reused_inline}
+    return {"ok": all(steps_equal) and finite and stored_equal and moved and reused >= 3 and
+            resliced >= 3 and reused_inline == 0, "steps_bit_identical": steps_equal,
+            "all_finite": finite, "params_equal_stored_dq": stored_equal, "weights_moved": moved,
+            "ipc_step_plans_reused": reused, "ipc_step_plans_resliced": resliced,
+            "inline_step_plans_reused": reused_inline}
 
 
 def check_scaled_mm(ipc):
