@@ -273,6 +273,7 @@ class Fp4qd:
     def __init__(self, args, cuda):
         self.proc = None
         self.folder = None
+        self.spin_us = args.spin_us
         if args.fp4qd:
             self.folder = tempfile.mkdtemp(prefix="fp4q-bench-")
             sock = os.path.join(self.folder, "grpc.sock")
@@ -299,6 +300,7 @@ class Fp4qd:
 
     def client(self, fast, namespace):
         return fp4q.Client(self.target, fast_socket=self.fast if fast else "",
+                           fast_socket_spin_us=self.spin_us if fast else 0,
                            namespace=namespace, max_regions=1024, timeout=600,
                            ipc="require" if torch.cuda.is_available() and not DRY else "auto")
 
@@ -496,6 +498,9 @@ def main(argv=None):
                     help="its --fast_socket path")
     ap.add_argument("--state-budget-bytes", type=int, default=130 << 30,
                     help="--state_budget_bytes of the fp4qd started here")
+    ap.add_argument("--spin-us", type=int, default=0,
+                    help="the fast socket client's busy-poll of each reply (fp4q.Client "
+                         "fast_socket_spin_us; default 0: it sleeps until the reply)")
     ap.add_argument("--models", default="gpt2-small,llama3-8b")
     ap.add_argument("--llama-layers", type=int, default=32)
     ap.add_argument("--steps", type=int, default=30)
@@ -527,6 +532,7 @@ def main(argv=None):
             "fp4qd_command": server.command, "commit": commit(), "torch": torch.__version__,
             "device": (torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
             "dry_run": args.dry_run, "steps": args.steps, "warmup": args.warmup,
+            "client_spin_us": args.spin_us,
             "copy_bandwidth_bytes_per_s": bandwidth, "models": {}}
         wanted = [m.strip() for m in args.models.split(",") if m.strip()]
         for name in wanted:
