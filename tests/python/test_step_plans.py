@@ -137,13 +137,27 @@ class StepPlanTest(unittest.TestCase):
         self.assertEqual({it.dequantized_out.region.region_id for it in b.items}, {"region-2"})
         self.assertEqual(self.stats["ipc_tensors"], 12)  # counted on both paths
 
-    def test_a_moved_tensor_builds_the_step_afresh(self):
+    def test_a_tensor_moved_within_the_plans_allocations_reslices_the_step(self):
         self.step(1)
         grads = list(self.grads)
         grads[1] = FakeCudaTensor(GRADS + 0x8000)
+        self.driver_calls.clear()
+        self.step(2, items=self.items(grads=grads))
+        self.assertEqual(dict(self.driver_calls), {"identity": 2})  # none per tensor
+        self.assertEqual((self.stats["step_plans_reused"], self.stats["step_plans_resliced"]),
+                         (1, 1))
+        self.assertEqual([it.update.region.offset for it in self.sent[1].items],
+                         [0, 0x8000, 0x2000])
+
+    def test_a_tensor_moved_elsewhere_builds_the_step_afresh(self):
+        self.step(1)
+        self.allocs[0x400000] = (0x100000, b"N" * 64, 13)
+        grads = list(self.grads)
+        grads[1] = FakeCudaTensor(0x400000 + 0x100)
         self.step(2, items=self.items(grads=grads))
         self.assertEqual(self.stats["step_plans_reused"], 0)
-        self.assertEqual(self.sent[1].items[1].update.region.offset, 0x8000)
+        self.assertEqual(self.sent[1].items[1].update.region.offset, 0x100)
+        self.assertEqual(self.sent[1].items[1].update.region.region_id, "region-3")
 
     def test_a_reallocated_allocation_is_not_trusted(self):
         self.step(1)

@@ -209,6 +209,8 @@ class TransferPlan:
         """(region_id, offset) of address `ptr` in one of the plan's allocations, or None (not
         in one, or not aligned as a region slice must be). Sound while plan_valid holds: every
         allocation recorded is then alive as it was, and allocations do not overlap."""
+        if ptr is None:
+            return None
         for _index, start, range_size, _buffer_id, _ptr, region_id, base in self.allocations:
             if max(start, base) <= ptr < start + range_size:
                 offset = ptr - base

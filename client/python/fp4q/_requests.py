@@ -20,10 +20,14 @@ Contract
 - call(..., resend=False) sends the request once in the session it was built for: no resend
   in a new session and no rebuild (fp4q.optim's steps, which must notice a lost session).
 - step() keeps the items of its last few requests whose every tensor went as a slice of its own
-  allocation (StepPlans): the next step with the same tensors at the same addresses reuses them
-  (one driver call per allocation instead of a resolution per tensor, stat
-  "step_plans_reused"), and builds afresh when an allocation, the region cache, the session or
-  the server changed.
+  allocation (StepPlans), as their encoding: the next step with the same tensors at the same
+  addresses reuses it after a freshly encoded head (one driver call per allocation instead of a
+  resolution per tensor, stat "step_plans_reused"); when only the tensors' offsets within the
+  last plan's allocations moved (new gradient tensors each step) the kept items are re-sliced
+  there ("step_plans_resliced"); it builds afresh when an allocation, the region cache, the
+  session or the server changed. step_keyed() is fp4q.optim's: its own key, the items built
+  only when no plan matches, and a brief reply (no per-item results) when every output went
+  by IPC.
 - Outputs come back on the device of the request's main input (`device=` where there is none);
   before a request that uses regions is sent, the current CUDA stream of each device involved
   is synchronized; when a call returns, the server's writes are complete.
@@ -181,19 +185,21 @@ class Requests:
                           resend, brief_reply)
 
     def step_keyed(self, step, key, make_items, groups, replica):
-        """fp4q.optim's step. key = (layout, pointers): the caller vouches that an equal layout
-        means the same items apart from where their tensors are (names, groups, dtypes, shapes,
-        contiguity), and `pointers` lists each item's update and dequantized_out addresses in
-        item order. make_items() runs only when no plan of the key holds and the pointers do
-        not all fall in the allocations of the layout's last plan (then the items are the
-        layout's with their slices moved: gradients made anew each step land at new offsets of
-        the allocator's same blocks). Sent once (resend=False); the reply is brief when no
-        output travels inline."""
-        return self._step(step, key, make_items, groups, None, replica, False, True,
-                          layout=key[0], pointers=key[1])
+        """fp4q.optim's step, with its own key of its items in _step_plan_key's form (layout,
+        pointers): the caller vouches that an equal layout means the same items apart from
+        where their tensors are (names, groups, dtypes, shapes, contiguity), and `pointers`
+        lists each item's update and dequantized_out addresses in item order, so that
+        make_items() runs only when no plan holds. Sent once (resend=False); the reply is brief
+        when no output travels inline."""
+        return self._step(step, key, make_items, groups, None, replica, False, True)
 
-    def _step(self, step, key, make_items, groups, kind, replica, resend, brief_reply,
-              layout=None, pointers=None):
+    def _step(self, step, key, make_items, groups, kind, replica, resend, brief_reply):
+        """The Step call of step() and step_keyed(). `key`: (layout, pointers) or None. A plan
+        of the key is reused as it is; else, when the pointers all fall in the allocations of
+        the layout's last plan (gradients made anew each step land at new offsets of the
+        allocator's same blocks), the layout's items are re-sliced there; else make_items()
+        builds them."""
+        layout, pointers = key if key is not None else (None, None)
         groups = list(groups)
         for g, h in enumerate(groups):
             if not isinstance(h, (opts.SgdHyperparameters, opts.AdamWHyperparameters)):
@@ -497,12 +503,13 @@ class StepPlans:
 
 
 def _step_plan_key(items):
-    """What a Step's items are, as far as their request goes, as one flat tuple: names, groups
-    and the CUDA tensors' addresses (unique over the process's GPUs: unified addressing, so
-    they name the device too), dtypes, shapes and contiguity; None when a tensor is not a CUDA
-    one (those travel inline: nothing to reuse)."""
-    key = []
-    add = key.extend
+    """A Step's items as a step-plan key, (layout, pointers) as fp4q.optim's: the layout holds
+    each item's name, group, return_dequantized, and its tensors' dtypes, shapes and contiguity;
+    the pointers each item's update and dequantized_out addresses (None without a target).
+    Addresses are unique over the process's GPUs (unified addressing), so they name the device
+    too. None when a tensor is not a CUDA one (those travel inline: nothing to reuse)."""
+    layout, pointers = [], []
+    append, point = layout.append, pointers.append
     tensor = torch.Tensor
     for it in items:
         u, out = it.update, it.dequantized_out
@@ -510,17 +517,20 @@ def _step_plan_key(items):
             return None
         if not u.is_cuda or u.requires_grad:
             return None
-        add((it.name, it.group, it.return_dequantized, u.data_ptr(), u.dtype, u.shape,
-             u.is_contiguous()))
+        point(u.data_ptr())
         if out is None:
-            add((None, None, None, None))
+            append((it.name, it.group, it.return_dequantized, u.dtype, u.shape,
+                    u.is_contiguous(), None))
+            point(None)
             continue
         if type(out) is not tensor and not isinstance(out, tensor):
             return None
         if not out.is_cuda:
             return None
-        add((out.data_ptr(), out.dtype, out.shape, out.is_contiguous()))
-    return tuple(key)
+        append((it.name, it.group, it.return_dequantized, u.dtype, u.shape, u.is_contiguous(),
+                (out.dtype, out.shape, out.is_contiguous())))
+        point(out.data_ptr())
+    return tuple(layout), tuple(pointers)
 
 
 def fill_operand(msg, q, tr, field, device):
