@@ -16,6 +16,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "launch.h"
 #include "step_device.cuh"
 #include "step_launch.h"
@@ -92,23 +94,6 @@ FP4Q_D void FlushApply(const StepKernelArgs& a, int item, const ApplyAcc& c) {
   if (HasMm2<kOpt>()) FlushMax(a.max_acc, item, step_ws::kMaxApplySvm, c.svm);
 }
 
-// The raw words of a lane's half block that the apply reads first (rank 0's update, the
-// weight's codes and scale, the residual): loaded one slot ahead of their use.
-struct ApplyRaw {
-  uint4 g[2];  // 8 bf16 (g[0]) or f32 (PairLoadF32Raw's words)
-  uint32_t codes;
-  uint32_t scale;
-  float4 r[2];  // PairLoadF32Raw's words
-};
-
-FP4Q_D void LoadApplyRaw(const ApplyItem& c, const LaneHalf& b, ApplyRaw* w) {
-  if (!b.valid) return;
-  LoadUpdateRaw(c.g0, c.g0_dtype, b.at, b.h, w->g);
-  w->codes = *reinterpret_cast<const uint32_t*>(c.p.codes + (b.at >> 1));
-  w->scale = c.p.scales[b.scale_at];
-  if (c.s.has_r) PairLoadF32Raw(c.p.residual, b.at, b.h, &w->r[0], &w->r[1]);
-}
-
 // Max over the lanes sharing the block (the pair; for 16x16 the whole warp: 16 rows x 2 halves).
 template <bool kTile>
 FP4Q_D float BlockMax(unsigned mask, float m) {
@@ -145,10 +130,11 @@ FP4Q_D void StoreMomentHalf(const ApplyItem& c, int j, const LaneHalf& b, float 
   if (b.h == 0) c.m_scales[j][b.at >> 4] = static_cast<uint8_t>(sf);
 }
 
-// One slot: the lane's eight elements of one half block, from its raw words.
-template <int kOpt, int kSt, bool kSr, bool kTile>
+// One slot: the lane's eight elements of one half block, from the ring's stage (and the scale
+// byte of the weight's block).
+template <int kOpt, int kSt, bool kSr, bool kTile, typename Ring>
 FP4Q_D void ApplyHalf(const StepKernelArgs& a, const ApplyItem& c, const LaneHalf& b,
-                      const ApplyRaw& w, ApplyAcc* acc) {
+                      const Ring& ring, int stage, uint32_t scale, ApplyAcc* acc) {
   constexpr bool kDenseState = HasM1<kOpt>() && kSt != step_ws::kStNvfp4;
   constexpr bool kNvState = HasM1<kOpt>() && kSt == step_ws::kStNvfp4;
   constexpr int kStDtype = kSt == step_ws::kStF32 ? kF32 : kBF16;
@@ -156,7 +142,7 @@ FP4Q_D void ApplyHalf(const StepKernelArgs& a, const ApplyItem& c, const LaneHal
   if (!b.valid) return;
   const bool skip_m1 = kOpt == step_ws::kOptSgdMomentum && c.s.t1;  // b = g at t == 1
   float v[8], dq[8], r[8];
-  UpdateValues(mask, c.g0_dtype, b.h, w.g, v);
+  RingValues8(ring, stage, 0, mask, c.g0_dtype, b.h, v);
   for (int k = 1; k < c.n_updates; ++k) {
     const step_ws::UpdateDesc uk = a.updates[c.first_update + k];
     PairLoad8(mask, uk.data, uk.dtype, b.at, b.h, dq);
@@ -168,14 +154,10 @@ FP4Q_D void ApplyHalf(const StepKernelArgs& a, const ApplyItem& c, const LaneHal
     for (int i = 0; i < 8; ++i) v[i] = __fdiv_rn(v[i], c.s.kf);
   }
   {
-    const float sfv = E4M3Value(w.scale);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      dq[e] = __fmul_rn(__fmul_rn(E2M1Value((w.codes >> (4 * e)) & 0xFu), sfv), c.s_dec_old);
-    }
+    DqWord8(*ring.W4(stage, 0), E4M3Value(scale), c.s_dec_old, dq);
   }
   if (c.s.has_r) {
-    PairSwapF32(mask, b.h, w.r[0], w.r[1], r);
+    RingValues8(ring, stage, 2, mask, kF32, b.h, r);
   } else {
 #pragma unroll
     for (int i = 0; i < 8; ++i) r[i] = 0.0f;
@@ -187,9 +169,9 @@ FP4Q_D void ApplyHalf(const StepKernelArgs& a, const ApplyItem& c, const LaneHal
     float a1[8], a2[8], a3[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) a1[i] = a2[i] = a3[i] = 0.0f;
-    if (!skip_m1) PairLoad8(mask, c.m_dense[0], kStDtype, b.at, b.h, a1);
-    if (IsAdamW<kOpt>()) PairLoad8(mask, c.m_dense[1], kStDtype, b.at, b.h, a2);
-    if (HasMm2<kOpt>()) PairLoad8(mask, c.m_dense[2], kStDtype, b.at, b.h, a3);
+    if (!skip_m1) RingMoment8<kSt>(ring, stage, 0, mask, b, nullptr, 1.0f, false, a1);
+    if (IsAdamW<kOpt>()) RingMoment8<kSt>(ring, stage, 1, mask, b, nullptr, 1.0f, false, a2);
+    if (HasMm2<kOpt>()) RingMoment8<kSt>(ring, stage, 2, mask, b, nullptr, 1.0f, false, a3);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const Elem el = StepElement<kOpt>(c.s, v[i], dq[i], r[i], a1[i], a2[i], a3[i]);
@@ -210,12 +192,9 @@ FP4Q_D void ApplyHalf(const StepKernelArgs& a, const ApplyItem& c, const LaneHal
     if constexpr (kNvState) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) m1[i] = m2[i] = mm2[i] = 0.0f;
-      if (!skip_m1) LoadMoment8<kSt>(mask, b.h, c.m_dense[0], c.m_codes[0], c.m_scales[0],
-                                           c.m_sdec_old[0], b.at, false, m1);
-      if (IsAdamW<kOpt>()) LoadMoment8<kSt>(mask, b.h, c.m_dense[1], c.m_codes[1], c.m_scales[1],
-                                           c.m_sdec_old[1], b.at, true, m2);
-      if (HasMm2<kOpt>()) LoadMoment8<kSt>(mask, b.h, c.m_dense[2], c.m_codes[2], c.m_scales[2],
-                                           c.m_sdec_old[2], b.at, true, mm2);
+      if (!skip_m1) RingMoment8<kSt>(ring, stage, 0, mask, b, c.m_scales[0], c.m_sdec_old[0], false, m1);
+      if (IsAdamW<kOpt>()) RingMoment8<kSt>(ring, stage, 1, mask, b, c.m_scales[1], c.m_sdec_old[1], true, m2);
+      if (HasMm2<kOpt>()) RingMoment8<kSt>(ring, stage, 2, mask, b, c.m_scales[2], c.m_sdec_old[2], true, mm2);
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -226,8 +205,8 @@ FP4Q_D void ApplyHalf(const StepKernelArgs& a, const ApplyItem& c, const LaneHal
       v[i] = el.v;
       if constexpr (kNvState) {
         m1[i] = el.m1;
-        m2[i] = __fsqrt_rn(el.v2);
-        mm2[i] = __fsqrt_rn(el.vm);
+        if constexpr (IsAdamW<kOpt>()) m2[i] = __fsqrt_rn(el.v2);
+        if constexpr (HasMm2<kOpt>()) mm2[i] = __fsqrt_rn(el.vm);
       }
       bamax = fmaxf(bamax, fabsf(el.v));
     }
@@ -277,16 +256,19 @@ FP4Q_D void ApplyHalf(const StepKernelArgs& a, const ApplyItem& c, const LaneHal
 }
 
 // Warps own contiguous runs of slots (a slot: half a warp-unit, 256 elements; 16x16: one tile of
-// the unit's pair) so that a warp changes item rarely, and (SGD) each lane loads the next slot's
-// raw words before it computes the current one when both are in the same item; every variant but
-// amsgrad asks L2 for the slot prefetch_slots ahead.
+// the unit's pair) so that a warp changes item rarely. Within a run in one item each lane keeps
+// the slot ring's kDepth - 1 slots ahead in flight, and SGD's also asks L2 for the slot
+// prefetch_slots past the ring's newest.
 template <int kOpt, int kSt, bool kSr, bool kTile>
 __global__ void __launch_bounds__(kThreads, 2) StepApplyKernel(const StepKernelArgs a) {
   if (a.header->checked != step_ws::kCheckedMagic || a.header->ok != 1) return;
-  // AdamW's moments leave no registers for a second slot's words (it would spill).
-  constexpr bool kPrefetch = !IsAdamW<kOpt>();
-  // amsgrad's third moment leaves no registers for the L2 prefetch's addresses either.
-  constexpr bool kL2Prefetch = !HasMm2<kOpt>();
+  using R = StepRing<kOpt, kSt>;
+  constexpr int kD = R::kDepth;
+  // SGD's apply asks L2 for the slot past the ring (measured faster on the H200); AdamW's runs
+  // faster without it.
+  constexpr bool kL2Prefetch = !IsAdamW<kOpt>();
+  extern __shared__ uint4 step_smem[];
+  const auto ring = R::Ring::Of(reinterpret_cast<unsigned char*>(step_smem));
   const int lane = threadIdx.x & 31;
   const int64_t gw = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) >> 5;
   const int64_t nw = (static_cast<int64_t>(gridDim.x) * kThreads) >> 5;
@@ -298,60 +280,76 @@ __global__ void __launch_bounds__(kThreads, 2) StepApplyKernel(const StepKernelA
   int item = -1;
   ApplyItem c;
   ApplyAcc acc;
-  ApplyRaw cur{}, nxt{};
-  bool have = false;  // cur holds slot s
-  for (; s < s_end; ++s) {
-    const int64_t u = s >> 1;
-    e = Advance(a.list, a.n_entries, e, u);
+  while (s < s_end) {
+    e = Advance(a.list, a.n_entries, e, s >> 1);
     const int it = a.list[e].item;
     if (it != item) {
       if (item >= 0) FlushApply<kOpt>(a, item, acc);
       acc = ApplyAcc();
       item = it;
       LoadApplyItem(a, it, &c);
-      have = false;
     }
     const int64_t u0 = a.list[e].unit_begin;
-    const LaneHalf b = LocateHalf<kTile>(c.p, u - u0, static_cast<int>(s & 1), lane);
-    if (!have) LoadApplyRaw(c, b, &cur);
-    const int64_t s1 = s + 1;
-    have = kPrefetch && s1 < s_end && (s1 >> 1) < a.list[e + 1].unit_begin;
-    if (have) {
-      LoadApplyRaw(c, LocateHalf<kTile>(c.p, (s1 >> 1) - u0, static_cast<int>(s1 & 1), lane), &nxt);
-    }
-    ApplyHalf<kOpt, kSt, kSr, kTile>(a, c, b, cur, &acc);
-    cur = nxt;
-    // The slot prefetch_slots ahead, when it is in the item and the run (issued after the slot's
-    // work, so that none of its values is live across it).
-    const int64_t t = s + a.prefetch_slots;
-    if (kL2Prefetch && a.prefetch_slots > 0 && t < s_end && (t >> 1) < a.list[e + 1].unit_begin) {
-      const LaneHalf bt = LocateHalf<kTile>(c.p, (t >> 1) - u0, static_cast<int>(t & 1), lane);
-      if (bt.valid) {
-        PrefetchSlot<kOpt, kSt>(c.g0, c.g0_dtype, c.p, c.m_dense, c.m_codes, true, bt.at);
+    const int64_t item_end = 2 * a.list[e + 1].unit_begin;  // the next entry, or the sentinel
+    const int64_t run_end = item_end < s_end ? item_end : s_end;
+    const auto at_slot = [&](int64_t t) {
+      return LocateHalf<kTile>(c.p, (t >> 1) - u0, static_cast<int>(t & 1), lane);
+    };
+#pragma unroll
+    for (int j = 0; j + 1 < kD; ++j) {
+      if (s + j < run_end) {
+        IssueSlot<kOpt, kSt, true>(ring, j, c, at_slot(s + j));
+      } else {
+        CpAsyncCommit();
       }
+    }
+    LaneHalf b = at_slot(s);
+    uint32_t scale = b.valid ? c.p.scales[b.scale_at] : 0u;
+    int stage = 0;
+    for (; s < run_end; ++s) {
+      const int64_t t = s + kD - 1;
+      const int st_t = stage == 0 ? kD - 1 : stage - 1;
+      if (t < run_end) {
+        IssueSlot<kOpt, kSt, true>(ring, st_t, c, at_slot(t));
+      } else {
+        CpAsyncCommit();
+      }
+      LaneHalf bn{};
+      uint32_t scale_n = 0u;
+      if (s + 1 < run_end) {
+        bn = at_slot(s + 1);
+        if (bn.valid) scale_n = c.p.scales[bn.scale_at];
+      }
+      CpAsyncWait<kD - 1>();
+      ApplyHalf<kOpt, kSt, kSr, kTile>(a, c, b, ring, stage, scale, &acc);
+      // The slot prefetch_slots past the ring's newest, when it is in the item and the run
+      // (issued after the slot's work, so that none of its values is live across it).
+      const int64_t tp = t + a.prefetch_slots;
+      if (kL2Prefetch && a.prefetch_slots > 0 && tp < run_end) {
+        const LaneHalf bt = at_slot(tp);
+        if (bt.valid) {
+          PrefetchSlot<kOpt, kSt>(c.g0, c.g0_dtype, c.p, c.m_dense, c.m_codes, true, bt.at);
+        }
+      }
+      b = bn;
+      scale = scale_n;
+      stage = stage + 1 == kD ? 0 : stage + 1;
     }
   }
   if (item >= 0) FlushApply<kOpt>(a, item, acc);
 }
 
-template <typename Kernel>
-int ApplyResidentCtas(Kernel k) {
-  int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, 0) != cudaSuccess || n < 1) {
-    cudaGetLastError();
-    n = 2;
-  }
-  return n;
-}
-
 template <int kOpt, int kSt, bool kSr, bool kTile>
 cudaError_t LaunchApply(const StepKernelArgs& a, cudaStream_t s) {
-  static const int per_sm = ApplyResidentCtas(StepApplyKernel<kOpt, kSt, kSr, kTile>);
+  constexpr int kSmem = StepRing<kOpt, kSt>::Ring::kBytes;
+  static std::atomic<int> resident[kMaxStepDevices];
+  const int per_sm = StepResidentCtas(StepApplyKernel<kOpt, kSt, kSr, kTile>, kSmem, resident);
+  if (per_sm == 0) return cudaErrorInvalidConfiguration;  // the ring does not fit the device
   int64_t ctas = (a.total_units + kWarps - 1) / kWarps;
   const int64_t cap = static_cast<int64_t>(SmCount()) * per_sm;
   if (ctas > cap) ctas = cap;
   if (ctas == 0) return cudaSuccess;
-  StepApplyKernel<kOpt, kSt, kSr, kTile><<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(a);
+  StepApplyKernel<kOpt, kSt, kSr, kTile><<<static_cast<unsigned>(ctas), kThreads, kSmem, s>>>(a);
   return cudaGetLastError();
 }
 

@@ -22,6 +22,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cfloat>
 
 #include "launch.h"
@@ -116,30 +117,29 @@ FP4Q_D void LoadCheckItem(const StepKernelArgs& a, int it, CheckItem* c) {
   }
 }
 
-// The raw words of rank 0's update in a lane's slot, loaded before their use so that several
-// slots' loads are in flight at once.
-struct CheckRaw {
-  uint4 g[2];  // 8 bf16 (g[0]) or f32 (PairLoadF32Raw's words)
+// The check's slot ring: the apply's (step_device.cuh's StepRing) under current scaling; rank 0's
+// update alone, eight slots deep, for the updates-only check.
+template <bool kCurrent, int kOpt, int kSt>
+struct CheckRing {
+  using Ring = typename StepRing<kOpt, kSt>::Ring;
+  static constexpr int kDepth = StepRing<kOpt, kSt>::kDepth;
+};
+template <int kOpt, int kSt>
+struct CheckRing<false, kOpt, kSt> {
+  using Ring = SlotRing<2, 0, 8>;
+  static constexpr int kDepth = 8;
 };
 
-FP4Q_D void LoadCheckRaw(const CheckItem& c, const LaneHalf& b, CheckRaw* w) {
-  if (b.valid) LoadUpdateRaw(c.g0, c.g0_dtype, b.at, b.h, w->g);
-}
-
 // One slot (eight elements a lane, step_device.cuh's LocateHalf; a check always sees the
-// flattened tensor), from rank 0's raw words when `loaded` holds them (else it loads them).
-// Every lane of the warp calls it (the rank flushes are warp-wide).
-template <bool kCurrent, int kOpt, int kSt>
+// flattened tensor), from the ring's stage and the scale byte of the weight's block. Every lane
+// of the warp calls it (the rank flushes are warp-wide).
+template <bool kCurrent, int kOpt, int kSt, typename Ring>
 FP4Q_D void CheckHalf(const StepKernelArgs& a, const CheckItem& c, const LaneHalf& b,
-                      const CheckRaw* loaded, CheckAcc* acc) {
+                      const Ring& ring, int stage, uint32_t scale, CheckAcc* acc) {
   const unsigned mask = __ballot_sync(kFull, b.valid);  // pairs are valid together
   float g[8];
   if (b.valid) {
-    if (loaded != nullptr) {
-      UpdateValues(mask, c.g0_dtype, b.h, loaded->g, g);
-    } else {
-      PairLoad8(mask, c.g0, c.g0_dtype, b.at, b.h, g);
-    }
+    RingValues8(ring, stage, 0, mask, c.g0_dtype, b.h, g);
     acc->fp0 += FingerprintPart8(g, c.g0_dtype, b.at);
     if (!c.check_only) {
       // The largest magnitude's bits and whether any is Inf or NaN, in integer operations; the
@@ -191,9 +191,9 @@ FP4Q_D void CheckHalf(const StepKernelArgs& a, const CheckItem& c, const LaneHal
   }
   if constexpr (kCurrent) {
     float dq[8], r[8], m1[8], m2[8], mm2[8];
-    Dq8(c.p.codes, b.at, E4M3Value(c.p.scales[b.scale_at]), c.s_dec_old, dq);
+    DqWord8(*ring.W4(stage, 0), E4M3Value(scale), c.s_dec_old, dq);
     if (c.s.has_r) {
-      PairLoad8(mask, c.p.residual, kF32, b.at, b.h, r);
+      RingValues8(ring, stage, 2, mask, kF32, b.h, r);
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) r[i] = 0.0f;
@@ -201,68 +201,72 @@ FP4Q_D void CheckHalf(const StepKernelArgs& a, const CheckItem& c, const LaneHal
 #pragma unroll
     for (int i = 0; i < 8; ++i) m1[i] = m2[i] = mm2[i] = 0.0f;
     if (HasM1<kOpt>() && !(kOpt == step_ws::kOptSgdMomentum && c.s.t1)) {
-      LoadMoment8<kSt>(mask, b.h, c.m_dense[0], c.m_codes[0], c.m_scales[0], c.m_sdec[0],
-                       b.at, false, m1);
+      RingMoment8<kSt>(ring, stage, 0, mask, b, c.m_scales[0], c.m_sdec[0], false, m1);
     }
     if (IsAdamW<kOpt>()) {
-      LoadMoment8<kSt>(mask, b.h, c.m_dense[1], c.m_codes[1], c.m_scales[1], c.m_sdec[1],
-                       b.at, true, m2);
+      RingMoment8<kSt>(ring, stage, 1, mask, b, c.m_scales[1], c.m_sdec[1], true, m2);
     }
     if (HasMm2<kOpt>()) {
-      LoadMoment8<kSt>(mask, b.h, c.m_dense[2], c.m_codes[2], c.m_scales[2], c.m_sdec[2],
-                       b.at, true, mm2);
+      RingMoment8<kSt>(ring, stage, 2, mask, b, c.m_scales[2], c.m_sdec[2], true, mm2);
     }
     // Whether any result is Inf or NaN, as the largest magnitude's bits (integer operations);
-    // the per-element first indices only when one is.
-    uint32_t bad_mag = 0;
+    // the per-element first indices only when one is (the elements recomputed, in the rare,
+    // refused case).
+    WithItemFlags<kOpt>(c.s, [&](auto f) {
+      constexpr unsigned kF = decltype(f)::value;
+      uint32_t bad_mag = 0;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const Elem el = StepElement<kOpt>(c.s, g[i], dq[i], r[i], m1[i], m2[i], mm2[i]);
-      uint32_t m = max(__float_as_uint(el.x) & 0x7FFFFFFFu, __float_as_uint(el.v) & 0x7FFFFFFFu);
-      if (HasM1<kOpt>()) m = max(m, __float_as_uint(el.m1) & 0x7FFFFFFFu);
-      if (IsAdamW<kOpt>()) m = max(m, __float_as_uint(el.v2) & 0x7FFFFFFFu);
-      if (HasMm2<kOpt>()) m = max(m, __float_as_uint(el.vm) & 0x7FFFFFFFu);
-      bad_mag = max(bad_mag, m);
-      if (bad_mag >= 0x7F800000u) {
-        const int64_t idx = b.at + i;
-        if (HasM1<kOpt>() && !Finite(el.m1)) NoteBad(&acc->bad[step_ws::kIdxM1], idx);
-        if (IsAdamW<kOpt>() && (!Finite(el.v2) || (HasMm2<kOpt>() && !Finite(el.vm)))) {
-          NoteBad(&acc->bad[step_ws::kIdxM2], idx);
+      for (int i = 0; i < 8; ++i) {
+        const Elem el = StepElementF<kOpt, kF>(c.s, g[i], dq[i], r[i], m1[i], m2[i], mm2[i]);
+        uint32_t m =
+            max(__float_as_uint(el.x) & 0x7FFFFFFFu, __float_as_uint(el.v) & 0x7FFFFFFFu);
+        if (HasM1<kOpt>()) m = max(m, __float_as_uint(el.m1) & 0x7FFFFFFFu);
+        if (IsAdamW<kOpt>()) m = max(m, __float_as_uint(el.v2) & 0x7FFFFFFFu);
+        if (HasMm2<kOpt>()) m = max(m, __float_as_uint(el.vm) & 0x7FFFFFFFu);
+        bad_mag = max(bad_mag, m);
+        acc->max[step_ws::kMaxV] = fmaxf(acc->max[step_ws::kMaxV], fabsf(el.v));
+        if (HasM1<kOpt>()) acc->max[step_ws::kMaxM1] = fmaxf(acc->max[step_ws::kMaxM1], fabsf(el.m1));
+        if (IsAdamW<kOpt>()) {
+          acc->max[step_ws::kMaxS2] = fmaxf(acc->max[step_ws::kMaxS2], __fsqrt_rn(el.v2));
         }
-        if (!Finite(el.x) || !Finite(el.v)) NoteBad(&acc->bad[step_ws::kIdxW], idx);
+        if (HasMm2<kOpt>()) {
+          acc->max[step_ws::kMaxSvm] = fmaxf(acc->max[step_ws::kMaxSvm], __fsqrt_rn(el.vm));
+        }
       }
-      acc->max[step_ws::kMaxV] = fmaxf(acc->max[step_ws::kMaxV], fabsf(el.v));
-      acc->max[step_ws::kMaxM1] = fmaxf(acc->max[step_ws::kMaxM1], fabsf(el.m1));
-      acc->max[step_ws::kMaxS2] = fmaxf(acc->max[step_ws::kMaxS2], __fsqrt_rn(el.v2));
-      acc->max[step_ws::kMaxSvm] = fmaxf(acc->max[step_ws::kMaxSvm], __fsqrt_rn(el.vm));
-    }
+      if (bad_mag >= 0x7F800000u) {
+        for (int i = 0; i < 8; ++i) {
+          const Elem el = StepElementF<kOpt, kF>(c.s, g[i], dq[i], r[i], m1[i], m2[i], mm2[i]);
+          const int64_t idx = b.at + i;
+          if (HasM1<kOpt>() && !Finite(el.m1)) NoteBad(&acc->bad[step_ws::kIdxM1], idx);
+          if (IsAdamW<kOpt>() && (!Finite(el.v2) || (HasMm2<kOpt>() && !Finite(el.vm)))) {
+            NoteBad(&acc->bad[step_ws::kIdxM2], idx);
+          }
+          if (!Finite(el.x) || !Finite(el.v)) NoteBad(&acc->bad[step_ws::kIdxW], idx);
+        }
+      }
+    });
   }
 }
 
-// Slots a warp loads before it checks them: the updates-only check keeps 16 bytes a slot, so four
-// slots' loads fly at once; the current-scaling check has no registers left for a second slot
-// (SGD's asks L2 for the slots ahead instead, StepKernelArgs::prefetch_slots).
-template <bool kCurrent>
-constexpr int CheckBatch() {
-  return kCurrent ? 1 : 4;
-}
-
-// Warps own contiguous runs of slots, as the apply does; within an item they take kBatch slots at
-// a time, loading all their raw words before checking any.
-// CTAs per SM each variant is compiled for: plain SGD's check fits the registers of three.
+// CTAs per SM each variant is compiled for: the updates-only check fits the registers (and its
+// ring the shared memory) of three.
 template <bool kCurrent, int kOpt>
 constexpr int CheckMinCtas() {
-  return kCurrent && kOpt == step_ws::kOptSgdPlain ? 3 : 2;
+  return kCurrent ? 2 : 3;
 }
 
+// Warps own contiguous runs of slots, as the apply does, and keep the check ring's kDepth - 1
+// slots ahead in flight within a run in one item.
 template <bool kCurrent, int kOpt, int kSt>
 __global__ void __launch_bounds__(kThreads, (CheckMinCtas<kCurrent, kOpt>())) StepCheckKernel(const StepKernelArgs a) {
-  constexpr int kBatch = CheckBatch<kCurrent>();
-  // The L2 prefetch serves the current-scaling check of SGD: the updates-only check has its
-  // four slots in flight (the prefetch's instructions measured slower there), and AdamW's check
-  // and momentum's with NVFP4 state have no registers left for its addresses (they would spill).
+  using R = CheckRing<kCurrent, kOpt, kSt>;
+  constexpr int kD = R::kDepth;
+  // The L2 prefetch (past the ring) serves the current-scaling check of SGD: AdamW's check and
+  // momentum's with NVFP4 state have no registers left for its addresses (they would spill).
   constexpr bool kPrefetch =
       kCurrent && !IsAdamW<kOpt>() && !(HasM1<kOpt>() && kSt == step_ws::kStNvfp4);
+  extern __shared__ uint4 step_smem[];
+  const auto ring = R::Ring::Of(reinterpret_cast<unsigned char*>(step_smem));
   const int lane = threadIdx.x & 31;
   const int64_t gw = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) >> 5;
   const int64_t nw = (static_cast<int64_t>(gridDim.x) * kThreads) >> 5;
@@ -285,36 +289,48 @@ __global__ void __launch_bounds__(kThreads, (CheckMinCtas<kCurrent, kOpt>())) St
       LoadCheckItem<kCurrent, kSt>(a, it, &c);
     }
     const int64_t u0 = a.list[e].unit_begin;
-    int64_t run_end = s_end;  // of the warp's run in this item (batches and prefetches)
-    if constexpr (kBatch > 1 || kPrefetch) {
-      const int64_t item_end = 2 * a.list[e + 1].unit_begin;  // the next entry, or the sentinel
-      run_end = item_end < s_end ? item_end : s_end;
-    }
-    const int n = kBatch > 1 && run_end - s >= kBatch ? kBatch : 1;
-    if (n > 1) {
-      LaneHalf b[kBatch];
-      CheckRaw w[kBatch];
+    const int64_t item_end = 2 * a.list[e + 1].unit_begin;  // the next entry, or the sentinel
+    const int64_t run_end = item_end < s_end ? item_end : s_end;
+    const auto at_slot = [&](int64_t t) {
+      return LocateHalf<false>(c.p, (t >> 1) - u0, static_cast<int>(t & 1), lane);
+    };
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int64_t sj = s + j;
-        b[j] = LocateHalf<false>(c.p, (sj >> 1) - u0, static_cast<int>(sj & 1), lane);
-        LoadCheckRaw(c, b[j], &w[j]);
+    for (int j = 0; j + 1 < kD; ++j) {
+      if (s + j < run_end) {
+        IssueSlot<kOpt, kSt, kCurrent>(ring, j, c, at_slot(s + j));
+      } else {
+        CpAsyncCommit();
       }
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) CheckHalf<kCurrent, kOpt, kSt>(a, c, b[j], &w[j], &acc);
-      s += kBatch;
-    } else {
-      const LaneHalf b = LocateHalf<false>(c.p, (s >> 1) - u0, static_cast<int>(s & 1), lane);
-      CheckHalf<kCurrent, kOpt, kSt>(a, c, b, nullptr, &acc);
-      ++s;
     }
-    // The slots prefetch_slots after the ones just checked, when they are in the item and the run
-    // (issued after the check, so that none of its values is live across the prefetches).
-    for (int j = 0; kPrefetch && j < n && a.prefetch_slots > 0; ++j) {
-      const int64_t t = s - n + j + a.prefetch_slots;
-      if (t >= run_end) break;
-      const LaneHalf bt = LocateHalf<false>(c.p, (t >> 1) - u0, static_cast<int>(t & 1), lane);
-      PrefetchSlot<kOpt, kSt>(c.g0, c.g0_dtype, c.p, c.m_dense, c.m_codes, kCurrent, bt.at);
+    LaneHalf b = at_slot(s);
+    uint32_t scale = kCurrent && b.valid ? c.p.scales[b.scale_at] : 0u;
+    int stage = 0;
+    for (; s < run_end; ++s) {
+      const int64_t t = s + kD - 1;
+      const int st_t = stage == 0 ? kD - 1 : stage - 1;
+      if (t < run_end) {
+        IssueSlot<kOpt, kSt, kCurrent>(ring, st_t, c, at_slot(t));
+      } else {
+        CpAsyncCommit();
+      }
+      LaneHalf bn{};
+      uint32_t scale_n = 0u;
+      if (s + 1 < run_end) {
+        bn = at_slot(s + 1);
+        if (kCurrent && bn.valid) scale_n = c.p.scales[bn.scale_at];
+      }
+      CpAsyncWait<kD - 1>();
+      CheckHalf<kCurrent, kOpt, kSt>(a, c, b, ring, stage, scale, &acc);
+      // The slot prefetch_slots past the ring's newest, when it is in the item and the run
+      // (issued after the check, so that none of its values is live across the prefetch).
+      const int64_t tp = t + a.prefetch_slots;
+      if (kPrefetch && a.prefetch_slots > 0 && tp < run_end) {
+        const LaneHalf bt = at_slot(tp);
+        PrefetchSlot<kOpt, kSt>(c.g0, c.g0_dtype, c.p, c.m_dense, c.m_codes, kCurrent, bt.at);
+      }
+      b = bn;
+      scale = scale_n;
+      stage = stage + 1 == kD ? 0 : stage + 1;
     }
   }
   if (item >= 0) FlushCheck(a, item, c.first_update, c.check_only, acc, kCurrent);
@@ -624,24 +640,17 @@ __global__ void __launch_bounds__(kThreads) StepFinishKernel(const StepFinishArg
 
 // ---------------------------------------------------------------- launchers
 
-template <typename Kernel>
-int ResidentCtas(Kernel k) {
-  int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, 0) != cudaSuccess || n < 1) {
-    cudaGetLastError();
-    n = 2;
-  }
-  return n;
-}
-
 template <bool kCurrent, int kOpt, int kSt>
 cudaError_t LaunchCheck(const StepKernelArgs& a, cudaStream_t s) {
-  static const int per_sm = ResidentCtas(StepCheckKernel<kCurrent, kOpt, kSt>);
+  constexpr int kSmem = CheckRing<kCurrent, kOpt, kSt>::Ring::kBytes;
+  static std::atomic<int> resident[kMaxStepDevices];
+  const int per_sm = StepResidentCtas(StepCheckKernel<kCurrent, kOpt, kSt>, kSmem, resident);
+  if (per_sm == 0) return cudaErrorInvalidConfiguration;  // the ring does not fit the device
   int64_t ctas = (a.total_units + kWarps - 1) / kWarps;
   const int64_t cap = static_cast<int64_t>(SmCount()) * per_sm;
   if (ctas > cap) ctas = cap;
   if (ctas == 0) return cudaSuccess;
-  StepCheckKernel<kCurrent, kOpt, kSt><<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(a);
+  StepCheckKernel<kCurrent, kOpt, kSt><<<static_cast<unsigned>(ctas), kThreads, kSmem, s>>>(a);
   return cudaGetLastError();
 }
 

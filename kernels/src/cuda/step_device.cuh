@@ -13,8 +13,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cfloat>
 #include <cstdint>
+#include <type_traits>
 
 #include "device_numerics.cuh"
 #include "quantize_unit.cuh"
@@ -87,26 +89,32 @@ FP4Q_D Scalars LoadScalars(const ItemDesc& d) {
   return s;
 }
 
-// One element, NUMERICS 10.2 D..V (the CPU reference's StepElement, operation for operation).
+// One element, NUMERICS 10.2 D..V (the CPU reference's StepElement, operation for operation),
+// with the item's uniform choices as the bits of kF (kFDelta .. kFT1: an update that is a delta,
+// weight decay, a residual, Nesterov, the first momentum step) so that it holds no branch.
 struct Elem {
   float x, v, m1, v2, vm;
 };
 
-template <int kOpt>
-FP4Q_D Elem StepElement(const Scalars& s, float g, float d, float r, float m1, float m2,
-                        float mm2) {
+enum : unsigned { kFDelta = 1u, kFWd = 2u, kFR = 4u, kFNest = 8u, kFT1 = 16u };
+
+template <int kOpt, unsigned kF>
+FP4Q_D Elem StepElementF(const Scalars& s, float g, float d, float r, float m1, float m2,
+                         float mm2) {
+  constexpr bool kR = (kF & kFR) != 0;
+  constexpr bool kWd = (kF & kFWd) != 0;
   Elem e{0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-  const float p = s.has_r ? __fadd_rn(d, r) : d;
+  const float p = kR ? __fadd_rn(d, r) : d;
   if constexpr (kOpt == step_ws::kOptSgdPlain || kOpt == step_ws::kOptSgdMomentum) {
-    if (s.delta) {
+    if constexpr ((kF & kFDelta) != 0) {
       e.x = __fadd_rn(d, g);
     } else {
       float gg = g;
-      if (s.has_wd) gg = __fadd_rn(gg, __fmul_rn(s.wd, p));
+      if constexpr (kWd) gg = __fadd_rn(gg, __fmul_rn(s.wd, p));
       if constexpr (kOpt == step_ws::kOptSgdMomentum) {
-        const float b = s.t1 ? gg : __fadd_rn(__fmul_rn(s.mu, m1), __fmul_rn(s.cd, gg));
+        const float b = (kF & kFT1) != 0 ? gg : __fadd_rn(__fmul_rn(s.mu, m1), __fmul_rn(s.cd, gg));
         e.m1 = b;
-        gg = s.nesterov ? __fadd_rn(gg, __fmul_rn(s.mu, b)) : b;
+        gg = (kF & kFNest) != 0 ? __fadd_rn(gg, __fmul_rn(s.mu, b)) : b;
       }
       e.x = __fsub_rn(d, __fmul_rn(s.lr, gg));
     }
@@ -120,9 +128,49 @@ FP4Q_D Elem StepElement(const Scalars& s, float g, float d, float r, float m1, f
     }
     const float den = __fadd_rn(__fdiv_rn(__fsqrt_rn(src), s.sbc2), s.eps);
     const float moved = __fmul_rn(s.alpha, __fdiv_rn(e.m1, den));
-    e.x = s.has_wd ? __fsub_rn(d, __fadd_rn(__fmul_rn(s.lrwd, p), moved)) : __fsub_rn(d, moved);
+    e.x = kWd ? __fsub_rn(d, __fadd_rn(__fmul_rn(s.lrwd, p), moved)) : __fsub_rn(d, moved);
   }
-  e.v = s.has_r ? __fadd_rn(e.x, r) : e.x;
+  e.v = kR ? __fadd_rn(e.x, r) : e.x;
+  return e;
+}
+
+// Calls f(std::integral_constant<unsigned, kF>{}) with kF the choices of `s` that optimizer kOpt
+// reads (one uniform branch per choice, taken once per call rather than per element).
+template <int kOpt, unsigned kF = 0u, int kBit = 0, typename F>
+FP4Q_D void WithItemFlags(const Scalars& s, F&& f) {
+  if constexpr (kBit == 5) {
+    f(std::integral_constant<unsigned, kF>{});
+  } else {
+    constexpr unsigned kB = 1u << kBit;
+    constexpr bool kSgd = kOpt == step_ws::kOptSgdPlain || kOpt == step_ws::kOptSgdMomentum;
+    constexpr bool kDelta = (kF & kFDelta) != 0;  // a delta reads the residual choice only
+    constexpr bool kUsed =
+        kB == kFR || (kB == kFDelta && kSgd) || (!kDelta && kB == kFWd) ||
+        (!kDelta && kOpt == step_ws::kOptSgdMomentum && (kB == kFNest || kB == kFT1));
+    if constexpr (!kUsed) {
+      WithItemFlags<kOpt, kF, kBit + 1>(s, f);
+    } else {
+      const bool on = kB == kFDelta ? s.delta
+                      : kB == kFWd  ? s.has_wd
+                      : kB == kFR   ? s.has_r
+                      : kB == kFNest ? s.nesterov
+                                     : s.t1;
+      if (on) {
+        WithItemFlags<kOpt, kF | kB, kBit + 1>(s, f);
+      } else {
+        WithItemFlags<kOpt, kF, kBit + 1>(s, f);
+      }
+    }
+  }
+}
+
+template <int kOpt>
+FP4Q_D Elem StepElement(const Scalars& s, float g, float d, float r, float m1, float m2,
+                        float mm2) {
+  Elem e;
+  WithItemFlags<kOpt>(s, [&](auto f) {
+    e = StepElementF<kOpt, decltype(f)::value>(s, g, d, r, m1, m2, mm2);
+  });
   return e;
 }
 
@@ -137,6 +185,11 @@ constexpr bool IsAdamW() {
 template <int kOpt>
 constexpr bool HasMm2() {
   return kOpt == step_ws::kOptAdamWAmsgrad;
+}
+// Moments the optimizer keeps per element.
+template <int kOpt>
+constexpr int MomentsOf() {
+  return HasMm2<kOpt>() ? 3 : IsAdamW<kOpt>() ? 2 : HasM1<kOpt>() ? 1 : 0;
 }
 
 // ---------------------------------------------------------------- 16-element loads and stores
@@ -305,10 +358,12 @@ FP4Q_D uint64_t FingerprintPart8(const float* u, int dtype, int64_t base) {
 
 // DQ of eight NVFP4 elements at element offset `at` (a multiple of 8): their codes are the
 // 32-bit word at byte at / 2; scale value sfv, decode scale s_dec.
-FP4Q_D void Dq8(const uint8_t* codes, int64_t at, float sfv, float s_dec, float* v) {
-  const uint32_t w = *reinterpret_cast<const uint32_t*>(codes + (at >> 1));
+FP4Q_D void DqWord8(uint32_t w, float sfv, float s_dec, float* v) {
 #pragma unroll
   for (int e = 0; e < 8; ++e) v[e] = __fmul_rn(__fmul_rn(E2M1Value((w >> (4 * e)) & 0xFu), sfv), s_dec);
+}
+FP4Q_D void Dq8(const uint8_t* codes, int64_t at, float sfv, float s_dec, float* v) {
+  DqWord8(*reinterpret_cast<const uint32_t*>(codes + (at >> 1)), sfv, s_dec, v);
 }
 
 // Eight elements of a moment as f32 values (NUMERICS 10.5 load; `squared`: NVFP4 stores roots).
@@ -422,14 +477,161 @@ FP4Q_D void PrefetchSlot(const void* g0, int g_dtype, const HalfItem& p, void* c
   if (!weight) return;
   PrefetchL2(p.codes + (at >> 1));
   if (p.residual != nullptr) PrefetchL2(p.residual + at);
-  constexpr int kMoments = HasMm2<kOpt>() ? 3 : IsAdamW<kOpt>() ? 2 : HasM1<kOpt>() ? 1 : 0;
 #pragma unroll
-  for (int j = 0; j < kMoments; ++j) {
+  for (int j = 0; j < MomentsOf<kOpt>(); ++j) {
     if constexpr (kSt == step_ws::kStNvfp4) {
       PrefetchL2(m_codes[j] + (at >> 1));
     } else {
       PrefetchL2(static_cast<const char*>(m_dense[j]) + at * (kSt == step_ws::kStF32 ? 4 : 2));
     }
+  }
+}
+
+// ---------------------------------------------------------------- the slot ring
+
+// The words a lane reads for the slots ahead of the one it works on, in flight as its own
+// asynchronous copies into shared memory (cp.async): the step kernels keep kDepth - 1 slots of
+// every lane's reads on their way without holding a register for them. A lane reads back only
+// what it copied, so no barrier is needed, only cp.async.wait_group (per thread). A stage holds
+// kW16 16-byte words and kW4 4-byte words a lane, laid out [stage][word][thread] so that a warp's
+// accesses to one word are conflict-free.
+FP4Q_D void CpAsync16(void* smem, const void* g) {
+  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(g) : "memory");
+}
+FP4Q_D void CpAsync4(void* smem, const void* g) {
+  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(sa), "l"(g) : "memory");
+}
+FP4Q_D void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+FP4Q_D void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+template <int kW16, int kW4, int kDepth>
+struct SlotRing {
+  static constexpr int kStageBytes = (16 * kW16 + 4 * kW4) * kThreads;
+  static constexpr int kBytes = kDepth * kStageBytes;
+  uint4* w16;     // this thread's first word
+  uint32_t* w4;
+  FP4Q_D static SlotRing Of(unsigned char* smem) {
+    SlotRing r;
+    r.w16 = reinterpret_cast<uint4*>(smem) + threadIdx.x;
+    r.w4 = reinterpret_cast<uint32_t*>(smem + 16 * kW16 * kThreads * kDepth) + threadIdx.x;
+    return r;
+  }
+  FP4Q_D uint4* W16(int stage, int j) const { return w16 + (stage * kW16 + j) * kThreads; }
+  FP4Q_D uint32_t* W4(int stage, int j) const { return w4 + (stage * kW4 + j) * kThreads; }
+};
+
+// CTAs of the step kernel `k` (kThreads threads) that an SM of the current device holds with
+// `smem` bytes of dynamic shared memory, 0 when none fits or the query fails. The first call on
+// a device sets the kernel's dynamic shared memory limit there; `cache` (kMaxStepDevices
+// entries, one per kernel) keeps the answer.
+constexpr int kMaxStepDevices = 64;
+template <typename Kernel>
+int StepResidentCtas(Kernel k, int smem, std::atomic<int>* cache) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxStepDevices) {
+    cudaGetLastError();
+    return 0;
+  }
+  int n = cache[dev].load(std::memory_order_relaxed);
+  if (n > 0) return n;
+  if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, smem) != cudaSuccess ||
+      n < 1) {
+    cudaGetLastError();
+    return 0;
+  }
+  cache[dev].store(n, std::memory_order_relaxed);
+  return n;
+}
+
+// Copies the raw words of a dense f32 / bf16 array's eight elements at `at` (lane h of its pair)
+// into words j.. of a stage: f32 as PairLoadF32Raw's two words, bf16 as one.
+template <typename Ring>
+FP4Q_D void RingCopy8(const Ring& ring, int stage, int j, const void* p, int dtype, int64_t at,
+                      int h) {
+  if (dtype == kF32) {
+    const float* blk = static_cast<const float*>(p) + (at - 8 * h);
+    CpAsync16(ring.W16(stage, j), blk + 4 * h);
+    CpAsync16(ring.W16(stage, j + 1), blk + 8 + 4 * h);
+  } else {
+    CpAsync16(ring.W16(stage, j), static_cast<const uint16_t*>(p) + at);
+  }
+}
+
+// The eight values of RingCopy8's words (`mask`: the valid lanes, for the f32 swap).
+template <typename Ring>
+FP4Q_D void RingValues8(const Ring& ring, int stage, int j, unsigned mask, int dtype, int h,
+                        float* v) {
+  uint4 g[2];
+  g[0] = *ring.W16(stage, j);
+  if (dtype == kF32) g[1] = *ring.W16(stage, j + 1);
+  UpdateValues(mask, dtype, h, g, v);
+}
+
+// The step kernels' slot ring (SlotRing): per lane and slot, rank 0's update (16-byte words 0-1),
+// the residual (2-3), the dense moments (from 4, one word each in bf16, two in f32), the weight's
+// codes (4-byte word 0) and the NVFP4 moments' codes (from 1). The depth keeps a CTA's ring
+// within ~100 KiB (two CTAs an SM).
+template <int kOpt, int kSt>
+struct StepRing {
+  static constexpr int kMoments = MomentsOf<kOpt>();
+  static constexpr int kPer = kSt == step_ws::kStNvfp4 ? 0 : kSt == step_ws::kStF32 ? 2 : 1;
+  static constexpr int kW16 = 4 + kMoments * kPer;
+  static constexpr int kW4 = 1 + (kSt == step_ws::kStNvfp4 ? kMoments : 0);
+  static constexpr int kStage = (16 * kW16 + 4 * kW4) * kThreads;
+  static constexpr int kFit = 100 * 1024 / kStage;
+  static constexpr int kDepth = kFit < 2 ? 2 : kFit > 4 ? 4 : kFit;
+  using Ring = SlotRing<kW16, kW4, kDepth>;
+};
+
+// Starts the copies of what a step kernel reads for a lane's slot into `stage` (with kWeight the
+// weight's codes, residual and moments too, else rank 0's update only) and commits them as one
+// group: an empty one for an invalid lane, so that every lane counts the same groups. `Item`:
+// the kernel's per-item registers (g0, g0_dtype, p, s, m_dense, m_codes).
+template <int kOpt, int kSt, bool kWeight, typename Ring, typename Item>
+FP4Q_D void IssueSlot(const Ring& ring, int stage, const Item& c, const LaneHalf& b) {
+  using R = StepRing<kOpt, kSt>;
+  if (b.valid) {
+    RingCopy8(ring, stage, 0, c.g0, c.g0_dtype, b.at, b.h);
+    if constexpr (kWeight) {
+      CpAsync4(ring.W4(stage, 0), c.p.codes + (b.at >> 1));
+      if (c.s.has_r) RingCopy8(ring, stage, 2, c.p.residual, kF32, b.at, b.h);
+      const bool skip_m1 = kOpt == step_ws::kOptSgdMomentum && c.s.t1;  // b = g at t == 1
+#pragma unroll
+      for (int j = 0; j < R::kMoments; ++j) {
+        if (j == 0 && skip_m1) continue;
+        if constexpr (kSt == step_ws::kStNvfp4) {
+          CpAsync4(ring.W4(stage, 1 + j), c.m_codes[j] + (b.at >> 1));
+        } else {
+          RingCopy8(ring, stage, 4 + j * R::kPer, c.m_dense[j],
+                    kSt == step_ws::kStF32 ? kF32 : kBF16, b.at, b.h);
+        }
+      }
+    }
+  }
+  CpAsyncCommit();
+}
+
+// Eight elements of moment j as f32 values from the ring (NUMERICS 10.5 load): a dense moment's
+// words, or an NVFP4 moment's codes word with its block's scale from `scales` and decode scale
+// `s_dec` (`squared`: NVFP4 stores roots).
+template <int kSt, typename Ring>
+FP4Q_D void RingMoment8(const Ring& ring, int stage, int j, unsigned mask, const LaneHalf& b,
+                        const uint8_t* scales, float s_dec, bool squared, float* m) {
+  if constexpr (kSt == step_ws::kStNvfp4) {
+    DqWord8(*ring.W4(stage, 1 + j), E4M3Value(scales[b.at >> 4]), s_dec, m);
+    if (squared) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) m[e] = __fmul_rn(m[e], m[e]);
+    }
+  } else {
+    RingValues8(ring, stage, 4 + j * StepRing<0, kSt>::kPer, mask,
+                kSt == step_ws::kStF32 ? kF32 : kBF16, b.h, m);
   }
 }
 

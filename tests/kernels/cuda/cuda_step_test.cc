@@ -345,6 +345,107 @@ TEST_F(CudaTest, BatchesMatchCpuAndRefuseWhole) {
   }
 }
 
+// Batches large enough that every warp of a grouped launch walks a long run of slots (the grid is
+// capped at the resident CTAs, so a warp's run spans ~16+ slots here, where the sweeps above give
+// it two), crossing item boundaries mid-run: the step kernels' slot ring and L2 prefetch in their
+// steady state. One batch per variant family (three items each, 18M elements), two steps.
+TEST_F(CudaTest, LongWarpRunsMatchCpu) {
+  struct Family {
+    int opt;  // index into kSweepOptimizers
+    StateDType dtype;
+    Scaling scaling;
+    BlockShape block;
+    Rounding rounding;
+    bool ef;
+    std::vector<DType> updates, outs;
+  };
+  const Family families[] = {
+      {0, StateDType::kF32, Scaling::kCurrent, BlockShape::k1x16, Rounding::kNearest, true,
+       {DType::kBF16}, {DType::kBF16}},
+      {0, StateDType::kF32, Scaling::kDelayed, BlockShape::k16x16, Rounding::kStochastic, true,
+       {DType::kF32}, {}},
+      {3, StateDType::kBF16, Scaling::kDelayed, BlockShape::k1x16, Rounding::kNearest, true,
+       {DType::kBF16, DType::kF32}, {DType::kF32}},
+      {4, StateDType::kF32, Scaling::kCurrent, BlockShape::k1x16, Rounding::kStochastic, true,
+       {DType::kBF16}, {DType::kBF16}},
+      {4, StateDType::kNvfp4, Scaling::kDelayed, BlockShape::k16x16, Rounding::kNearest, false,
+       {DType::kBF16}, {DType::kBF16}},
+      {5, StateDType::kF32, Scaling::kCurrent, BlockShape::k1x16, Rounding::kNearest, true,
+       {DType::kF32}, {DType::kF32, DType::kBF16}},
+  };
+  int id = 0;
+  for (const Family& f : families) {
+    const SweepOptimizer& opt = kSweepOptimizers[f.opt];
+    const bool tile = f.block == BlockShape::k16x16;
+    const std::pair<int64_t, int64_t> shapes[] = {
+        {2000, 4112}, {tile ? 1552 : 1537, 2064}, {4096, 1536}};
+    std::vector<StepCase> cases;
+    std::vector<StepState> host, shape;
+    std::vector<std::unique_ptr<DeviceState>> dev;
+    for (const auto& [rows, cols] : shapes) {
+      ++id;
+      StepCase c;
+      c.opt = opt.kind;
+      c.momentum = opt.momentum;
+      c.amsgrad = opt.amsgrad;
+      c.dtype = f.dtype;
+      c.scaling = f.scaling;
+      c.block = f.block;
+      c.rounding = f.rounding;
+      c.residual = f.ef;
+      c.kind = opt.delta ? UpdateKind::kDelta : UpdateKind::kGradient;
+      c.rows = rows;
+      c.cols = cols;
+      c.layout = id % 2 ? ScaleLayout::kPlain : ScaleLayout::kSwizzled;
+      c.update_dtypes = f.updates;
+      c.out_dtypes = f.outs;
+      c.hyper = SweepHyper(opt, id);
+      c.seed = 0xD1B54A32D192ED03ull * static_cast<uint64_t>(id);
+      cases.push_back(c);
+      host.push_back(MakeState(cpu(), c, 900 + static_cast<uint32_t>(id)));
+      dev.push_back(std::make_unique<DeviceState>(gpu(), host.back(), Updates{}));
+    }
+    shape = host;
+    auto rng = Rng(9100 + id);
+    for (int t = 1; t <= 2; ++t) {
+      SCOPED_TRACE(absl::StrCat(cases[0].Name(), " step ", t));
+      std::vector<Updates> u;
+      std::vector<std::unique_ptr<DeviceState>> du;
+      std::vector<StepItem> want_items, got_items;
+      for (size_t i = 0; i < cases.size(); ++i) {
+        cases[i].hyper.t = t;
+        cases[i].step = static_cast<uint64_t>(t);
+        u.push_back(RandomUpdates(cases[i], t == 1 ? Dist::kNormal : Dist::kOutliers, 0.5f, rng));
+      }
+      for (size_t i = 0; i < cases.size(); ++i) {
+        // Fresh updates and (poisoned) outputs on the device; the state carried over.
+        auto d = std::make_unique<DeviceState>(gpu(), host[i], u[i]);
+        d->weight = std::move(dev[i]->weight);
+        d->residual = std::move(dev[i]->residual);
+        d->stats = std::move(dev[i]->stats);
+        for (int j = 0; j < 3; ++j) {
+          d->m_dense[j] = std::move(dev[i]->m_dense[j]);
+          d->m_q[j] = std::move(dev[i]->m_q[j]);
+        }
+        step_testing::PoisonOutputs(&host[i]);
+        want_items.push_back(MakeItem(cases[i], &host[i], u[i]));
+        got_items.push_back(d->Item(cases[i], &shape[i], u[i]));
+        du.push_back(std::move(d));
+      }
+      StepReport want, got;
+      ASSERT_TRUE(RunBatch(cpu(), want_items, &want).ok());
+      const absl::Status s = RunBatch(gpu(), got_items, &got);
+      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_TRUE(want.ok);
+      EXPECT_TRUE(SameReport(got, want));
+      for (size_t i = 0; i < cases.size(); ++i) {
+        EXPECT_TRUE(SameState(du[i]->Download(host[i]), host[i])) << cases[i].Name();
+      }
+      dev = std::move(du);
+    }
+  }
+}
+
 // Refusals of every kind are reported as the CPU reports them and write nothing.
 TEST_F(CudaTest, StepRefusalsMatchCpu) {
   struct Bad {
