@@ -63,8 +63,8 @@ ABSL_FLAG(std::string, cuda_row_kernels, "auto",
 ABSL_FLAG(int32_t, cuda_bf16_block_ctas, 3,
           "CUDA backend: CTAs per SM of the bf16 one-block-a-lane quantize kernel (3 or 4)");
 ABSL_FLAG(int32_t, cuda_step_prefetch, 2,
-          "CUDA backend: slots of 256 elements ahead of its work that each warp of the optimizer "
-          "step's kernels asks L2 for (0..16; 0 = none)");
+          "CUDA backend: slots of 256 elements past those in a lane's shared-memory ring that "
+          "each warp of the SGD step's kernels asks L2 for (0..16; 0 = none)");
 ABSL_FLAG(std::string, state_dir, "", "checkpoint directory; empty = no persistence");
 ABSL_FLAG(int64_t, checkpoint_interval_s, 0,
           "periodic checkpoint interval; 0 = only on request and on SIGTERM");

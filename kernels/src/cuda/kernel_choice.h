@@ -30,8 +30,9 @@ inline constexpr int kMaxStepPrefetchSlots = 16;
 struct KernelTuning {
   bool rows_only = false;  // every pass takes kRows
   int bf16_block_ctas = 3;  // 3 or 4: CTAs per SM of the bf16 one-block-a-lane kernel
-  // Slots (256 elements each) ahead of the one it works on that a warp of the optimizer step's
-  // kernels asks L2 for, in [0, kMaxStepPrefetchSlots]; 0: no prefetch.
+  // Slots (256 elements each) past those a lane keeps in flight in its shared-memory ring that a
+  // warp of the SGD step's apply and current-scaling check asks L2 for, in
+  // [0, kMaxStepPrefetchSlots]; 0: no prefetch.
   int step_prefetch_slots = 2;
 };
 
