@@ -17,7 +17,8 @@ CUDA IPC registers two allocations):
 Rows, each timed over --steps steps after --warmup, median and p90 of the wall time of one
 optimizer step (torch.cuda.synchronize() then perf_counter around it; random gradients, never
 zeros), in the same run:
-  fp4q SGD RTN+EF current / delayed scaling, fp4q AdamW (f32 moments, EF): fp4q.optim through
+  fp4q SGD RTN+EF and fp4q AdamW (f32 moments, EF), each under current and delayed scaling:
+    fp4q.optim through
     fp4qd, gradients by CUDA IPC, DQ(W) written into the bf16 params by the server; over the
     fast socket and over gRPC. kernel_ms: the server's kernel time (ReplyHeader.kernel_micros).
   bytes floor: bytes the update must move at the device copy bandwidth measured here with a
@@ -320,6 +321,8 @@ CONFIGS = [
     ("fp4q SGD RTN+EF, current scaling", "sgd", dict(scaling="current")),
     ("fp4q SGD RTN+EF, delayed scaling", "sgd", dict(scaling="delayed")),
     ("fp4q AdamW f32 moments, EF", "adamw", dict(state_dtype="f32")),
+    ("fp4q AdamW f32 moments, EF, delayed scaling", "adamw",
+     dict(state_dtype="f32", scaling="delayed")),
 ]
 
 

@@ -524,6 +524,7 @@ suite_step() {
   st gpt2-sgd-fast --model gpt2-small "${F[@]}"
   st gpt2-sgd-delayed-fast --model gpt2-small --scaling delayed "${F[@]}"
   st gpt2-adamw-fast --model gpt2-small --optimizer adamw "${F[@]}"
+  st gpt2-adamw-delayed-fast --model gpt2-small --optimizer adamw --scaling delayed "${F[@]}"
   st gpt2-adamw-nvfp4-fast --model gpt2-small --optimizer adamw --state-dtype nvfp4 "${F[@]}"
   st sq8192-fast --model square8192 "${F[@]}"
   st sq8192-delayed-fast --model square8192 --scaling delayed "${F[@]}"
