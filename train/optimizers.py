@@ -12,7 +12,8 @@ the same start by:
 
   torch-adamw       torch.optim.AdamW on fp32 weights (the reference)
   fp4q-adamw-*      fp4q.optim.AdamW: weights stored in NVFP4 (1x16) on fp4qd, f32 moments,
-                    rtn | sr | rtn-ef | sr-ef; rtn-ef-bf16 / rtn-ef-nvfp4: bf16 or NVFP4 moments
+                    rtn | sr | rtn-ef | sr-ef; rtn-ef-bf16 / rtn-ef-nvfp4: bf16 or NVFP4 moments;
+                    rtn-ef-delayed: delayed scaling (the previous step's amax, one pass)
   torch-sgdm        torch.optim.SGD, momentum 0.9, on fp32 weights
   fp4q-sgdm-*       fp4q.optim.SGD, momentum 0.9, the momentum buffer on fp4qd: rtn | rtn-ef
 
@@ -106,6 +107,9 @@ def variants(client, seed):
         v["fp4q-adamw-rtn-ef-" + dt] = stored(fp4q.optim.AdamW, "opt-adamw-ef-" + dt,
                                               rounding="nearest", error_feedback=True,
                                               state_dtype=dt, **adam)
+    v["fp4q-adamw-rtn-ef-delayed"] = stored(fp4q.optim.AdamW, "opt-adamw-ef-delayed",
+                                            rounding="nearest", error_feedback=True,
+                                            scaling="delayed", **adam)
     v["torch-sgdm"] = lambda p, k: torch.optim.SGD([t for _, t in p], lr=LR_SGD[k],
                                                    momentum=MOMENTUM)
     for r, ef in (("rtn", False), ("rtn-ef", True)):
@@ -156,7 +160,7 @@ def check(results, floors):
         start = r["torch-adamw"][0]
         floor = floors[kind]
         for name in ("fp4q-adamw-rtn-ef", "fp4q-adamw-sr-ef", "fp4q-adamw-rtn-ef-bf16",
-                     "fp4q-adamw-rtn-ef-nvfp4", "fp4q-sgdm-rtn-ef"):
+                     "fp4q-adamw-rtn-ef-nvfp4", "fp4q-adamw-rtn-ef-delayed", "fp4q-sgdm-rtn-ef"):
             got = r[name][-1]
             c.check("%s: %s ends within 2.5x of the 4-bit floor" % (kind, name),
                     got <= 2.5 * floor, "%.5f vs floor %.5f" % (got, floor))
