@@ -293,22 +293,8 @@ FP4Q_D void PairStore8(unsigned mask, void* p, int dtype, int64_t at, int h, con
   }
 }
 
-// The raw words of a dense update's eight elements at `at` under the apply's mapping, loaded
-// ahead of their use: 8 bf16 in g[0], or f32 as PairLoadF32Raw's two words.
-FP4Q_D void LoadUpdateRaw(const void* p, int dtype, int64_t at, int h, uint4* g) {
-  if (dtype == kF32) {
-    float4 x, y;
-    PairLoadF32Raw(static_cast<const float*>(p), at, h, &x, &y);
-    g[0] = make_uint4(__float_as_uint(x.x), __float_as_uint(x.y), __float_as_uint(x.z),
-                      __float_as_uint(x.w));
-    g[1] = make_uint4(__float_as_uint(y.x), __float_as_uint(y.y), __float_as_uint(y.z),
-                      __float_as_uint(y.w));
-  } else {
-    g[0] = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + at);
-  }
-}
-
-// The eight values of LoadUpdateRaw's words (`mask`: the valid lanes, for the f32 swap).
+// The eight values of a dense update's raw words under the apply's mapping: 8 bf16 in g[0], or
+// f32 as PairLoadF32Raw's two words (`mask`: the valid lanes, for the f32 swap).
 FP4Q_D void UpdateValues(unsigned mask, int dtype, int h, const uint4* g, float* v) {
   if (dtype == kF32) {
     const float4 x = make_float4(__uint_as_float(g[0].x), __uint_as_float(g[0].y),
@@ -364,22 +350,6 @@ FP4Q_D void DqWord8(uint32_t w, float sfv, float s_dec, float* v) {
 }
 FP4Q_D void Dq8(const uint8_t* codes, int64_t at, float sfv, float s_dec, float* v) {
   DqWord8(*reinterpret_cast<const uint32_t*>(codes + (at >> 1)), sfv, s_dec, v);
-}
-
-// Eight elements of a moment as f32 values (NUMERICS 10.5 load; `squared`: NVFP4 stores roots).
-template <int kSt>
-FP4Q_D void LoadMoment8(unsigned mask, int h, const void* dense, const uint8_t* codes,
-                        const uint8_t* scales, float s_dec_old, int64_t at, bool squared,
-                        float* m) {
-  if constexpr (kSt == step_ws::kStNvfp4) {
-    Dq8(codes, at, E4M3Value(scales[at >> 4]), s_dec_old, m);
-    if (squared) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) m[e] = __fmul_rn(m[e], m[e]);
-    }
-  } else {
-    PairLoad8(mask, dense, kSt == step_ws::kStF32 ? kF32 : kBF16, at, h, m);
-  }
 }
 
 // One element of a moment (the decide kernel's recomputation at a first index).
