@@ -292,6 +292,31 @@ TEST_F(EngineStepTest, OptimizerStateLivesWithTheWeight) {
   req.groups[0].eps = std::numeric_limits<float>::quiet_NaN();
   EXPECT_THAT(Step(req), StatusIs(absl::StatusCode::kInvalidArgument,
                                   HasSubstr("groups[0].adamw.eps: nan must be finite and > 0")));
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const struct {
+    void (*set)(HyperIn&, float);
+    float value;
+    const char* message;
+  } bad_hyper[] = {
+      {[](HyperIn& g, float v) { g.lr = v; }, nan, "groups[0].lr: nan must be finite and >= 0"},
+      {[](HyperIn& g, float v) { g.lr = v; }, -1e-3f,
+       "groups[0].lr: -0.001 must be finite and >= 0"},
+      {[](HyperIn& g, float v) { g.beta1 = v; }, -0.5f,
+       "groups[0].adamw.beta1: -0.5 must be in [0, 1)"},
+      {[](HyperIn& g, float v) { g.beta1 = v; }, nan, "groups[0].adamw.beta1: nan must be in [0, 1)"},
+      {[](HyperIn& g, float v) { g.beta1 = v; }, 1.5f,
+       "groups[0].adamw.beta1: 1.5 must be in [0, 1)"},
+      {[](HyperIn& g, float v) { g.beta2 = v; }, nan, "groups[0].adamw.beta2: nan must be in [0, 1)"},
+      {[](HyperIn& g, float v) { g.eps = v; }, -1.0f,
+       "groups[0].adamw.eps: -1 must be finite and > 0"},
+  };
+  for (const auto& b : bad_hyper) {
+    SCOPED_TRACE(b.message);
+    req.groups = {AdamW(1e-3f)};
+    b.set(req.groups[0], b.value);
+    EXPECT_THAT(Step(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(b.message)));
+  }
+  EXPECT_TRUE(Take("adam") == s);  // none of the refused steps changed the weight or its state
   // No state on a plain weight.
   GetWeightRequest get;
   get.name = "plain";
