@@ -120,6 +120,46 @@ def variants(client, seed):
     return v
 
 
+# Bytes a stored parameter holds on the server for each optimizer state (measured by ListTensors
+# on a 1024 x 1024 weight), and what the layout says it must: codes 0.5 + E4M3 scales 1/16, the
+# f32 residual 4 with error feedback, each moment 4 (f32), 2 (bf16) or 0.5625 (NVFP4), a few
+# fixed bytes (global records, statistics) spread over 2^20 elements. torch's AdamW on an fp32
+# master weight keeps 12 (the weight 4, exp_avg 4, exp_avg_sq 4) beside the model's own copy.
+STATE_OPTIONS = [  # label, OptimizerSpec fields, error feedback, moments, bytes per moment
+    ("plain SGD", dict(kind="sgd"), False, 0, 0),
+    ("plain SGD + EF", dict(kind="sgd"), True, 0, 0),
+    ("SGD momentum, f32", dict(kind="sgd", momentum=True), True, 1, 4),
+    ("SGD momentum, bf16", dict(kind="sgd", momentum=True, state_dtype="bf16"), True, 1, 2),
+    ("SGD momentum, NVFP4", dict(kind="sgd", momentum=True, state_dtype="nvfp4"), True, 1,
+     0.5625),
+    ("AdamW, f32 moments", dict(kind="adamw"), False, 2, 4),
+    ("AdamW, f32 moments + EF", dict(kind="adamw"), True, 2, 4),
+    ("AdamW, bf16 moments + EF", dict(kind="adamw", state_dtype="bf16"), True, 2, 2),
+    ("AdamW, NVFP4 moments + EF", dict(kind="adamw", state_dtype="nvfp4"), True, 2, 0.5625),
+    ("AdamW amsgrad, f32 + EF", dict(kind="adamw", amsgrad=True), True, 3, 4),
+]
+TORCH_ADAMW_BYTES = 12.0
+
+
+def state_bytes(client):
+    """(label -> measured bytes per parameter, the checks against the layout: within 0.001)."""
+    n = 1024 * 1024
+    w0 = torch.randn(1024, 1024) * 0.02
+    out, rows = {}, []
+    for label, spec, ef, moments, per in STATE_OPTIONS:
+        name = "state-bytes/" + "".join(ch if ch.isalnum() else "-" for ch in label)
+        client.create_weight(name, w0, error_feedback=ef, optimizer=fp4q.OptimizerSpec(**spec))
+        got = [t.bytes for t in client.list_tensors() if t.name == name][0] / n
+        client.delete_weight(name)
+        want = 0.5625 + (4 if ef else 0) + moments * per
+        out[label] = got
+        print("  %-28s %7.4f B/param  (layout %.4f; torch AdamW fp32 master %.0f)" % (
+            label, got, want, TORCH_ADAMW_BYTES))
+        rows.append(("state bytes: %s holds its layout's bytes" % label,
+                     abs(got - want) < 1e-3, "%.5f vs %.5f" % (got, want)))
+    return out, rows
+
+
 def floor_loss(problem, client):
     """The loss at the teacher's weights stored in NVFP4 (round-to-nearest): how close any
     4-bit stored weight can get, where fp32 reaches 0."""
@@ -239,16 +279,21 @@ def main(argv):
                 seconds[kind][name] = secs
                 print("%-6s %-24s start %.5f  final %.5f  (%.1f s)" % (
                     kind, name, losses[0], losses[-1], secs), flush=True)
+        print("\nserver bytes per parameter:")
+        per_param, byte_rows = state_bytes(client)
         client.close()
     finally:
         if srv is not None:
             srv.stop()
     print("\nchecks:")
     c = check(results, floors)
+    for text, passed, detail in byte_rows:
+        c.check(text, passed, detail)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "optimizers.json"), "w") as f:
         json.dump({"steps": a.steps, "seed": a.seed, "lr_adamw": LR_ADAMW, "lr_sgd": LR_SGD,
                    "momentum": MOMENTUM, "floor": floors, "losses": results, "seconds": seconds,
+                   "bytes_per_param": per_param, "torch_adamw_bytes_per_param": TORCH_ADAMW_BYTES,
                    "failed": c.failed}, f)
     if a.plot:
         plot(results, floors, a.plot, a.steps)
