@@ -116,6 +116,21 @@ class ConstructionTest(Assertions):
         self.assertEqual(c.list_tensors(), [])  # nothing was created
         c.close()
 
+    def test_arguments_have_torch_s_names_and_defaults(self):
+        import inspect
+        for ours, theirs in ((fp4q.optim.SGD, torch.optim.SGD),
+                             (fp4q.optim.AdamW, torch.optim.AdamW)):
+            a = inspect.signature(ours.__init__).parameters
+            b = inspect.signature(theirs.__init__).parameters
+            positional = [n for n, p in b.items() if p.kind == p.POSITIONAL_OR_KEYWORD]
+            with self.subTest(ours.__name__):
+                # torch's positional arguments, in torch's order, each with torch's default.
+                self.assertEqual([n for n, p in a.items()
+                                  if p.kind == p.POSITIONAL_OR_KEYWORD][:len(positional)],
+                                 positional)
+                for n in positional[1:]:  # after self
+                    self.assertEqual(a[n].default, b[n].default, n)
+
     def test_an_existing_name_is_an_error_unless_attached_or_replaced(self):
         c = client()
         p = torch.nn.Parameter(randn(16, 32, seed=1))

@@ -57,6 +57,7 @@ StoredOptimizer is defined in fp4q._stored_optimizer (construction, torch's side
 helpers in fp4q._optim_step; both are imported here.
 """
 
+import inspect
 import math
 import numbers
 
@@ -112,21 +113,29 @@ _FP4Q_DOC = """
 """
 
 
+def _torch_default(cls, name):
+    """The installed torch.optim class's default for argument `name` (_REQUIRED where it has
+    none: older torch, Debian's 1.13 among them, requires SGD's lr; newer torch defaults it)."""
+    d = inspect.signature(cls.__init__).parameters[name].default
+    return _REQUIRED if d is inspect.Parameter.empty or d is _REQUIRED else d
+
+
 class SGD(StoredOptimizer):
     """torch.optim.SGD (momentum, dampening, Nesterov, weight decay) with 4-bit stored weights.
 
     Arguments as torch.optim.SGD: params (tensors, (name, tensor) pairs, or param group dicts),
-    lr (required), momentum=0, dampening=0, weight_decay=0, nesterov=False. A group whose
-    momentum is > 0 at construction gets a server-side momentum buffer; momentum can change
-    later but not from 0 to > 0 (or back) for that group.
+    lr (the installed torch's default: required in older torch, 1e-3 in newer), momentum=0,
+    dampening=0, weight_decay=0, nesterov=False. A group whose momentum is > 0 at construction
+    gets a server-side momentum buffer; momentum can change later but not from 0 to > 0 (or
+    back) for that group.
     """
 
     KIND = "sgd"
     TORCH = torch.optim.SGD
     FIXED = ("whether momentum is > 0",)
 
-    def __init__(self, params, lr=_REQUIRED, momentum=0, dampening=0, weight_decay=0,
-                 nesterov=False, *, rounding="nearest", error_feedback=True, block="1x16",
+    def __init__(self, params, lr=_torch_default(torch.optim.SGD, "lr"), momentum=0,
+                 dampening=0, weight_decay=0, nesterov=False, *, rounding="nearest", error_feedback=True, block="1x16",
                  scaling="current", state_dtype="f32", seed=0, client=None, name_prefix="",
                  exclude=(), existing="error", group=None, world_size=1, rank=0,
                  deadline_ms=0):
