@@ -54,8 +54,8 @@ class FieldPath {
   FieldPath Shaped() const&& = delete;
 
   std::string str() const {
-    std::string out;
-    Append(&out);
+    std::string out(SpellTo(nullptr, 0), '\0');
+    SpellTo(out.data(), out.size());
     return out;
   }
   // Writes the path as str() spells it into out[0, cap) (cut at cap) and returns its whole
@@ -73,22 +73,7 @@ class FieldPath {
   FieldPath(const FieldPath* parent, int64_t index)
       : parent_(parent), index_(index), kind_(kIndex) {}
 
-  void Append(std::string* out) const {
-    if (parent_ != nullptr) parent_->Append(out);
-    switch (kind_) {
-      case kRoot:
-        out->append(text_.data(), text_.size());
-        return;
-      case kMember:
-        if (!out->empty()) out->push_back('.');
-        out->append(text_.data(), text_.size());
-        return;
-      case kIndex:
-        absl::StrAppend(out, "[", index_, "]");
-        return;
-    }
-  }
-
+  // The one spelling of a path: into out[0, cap), counting every character in *n.
   static void Put(char* out, size_t cap, size_t* n, absl::string_view s) {
     for (char c : s) {
       if (*n < cap) out[*n] = c;
