@@ -32,6 +32,7 @@ QuantOptions MakeQuantOptions(const QuantizeOptions& o) {
   q.fmt = FmtCode(o.format, o.block);
   q.sr = o.rounding == Rounding::kStochastic;
   q.seed = o.seed;
+  q.sr_keys = PhiloxKeySchedule(o.seed);
   q.step = o.step;
   q.rht = o.rht != RhtMode::kOff;
   q.rht_signs = q.rht ? RhtSignMask(RhtCode(o.rht), o.rht_seed) : 0u;

@@ -4,8 +4,9 @@
 // module is built with --fmad=false as well), so the CPU reference's operation order is kept.
 //
 // Cost notes (Hopper has no E2M1 convert): the E2M1 magnitude takes 3 FMA-pipe operations and
-// 3 min/max per element (RTN), 10 and 3 with stochastic rounding, plus an eighth of a
-// Philox4x32-10 call (about 40 instructions per 8 elements).
+// 3 min/max per element (RTN); with stochastic rounding 3 FMA-pipe operations, 2 min/max, a
+// byte permute and an add, plus an eighth of a Philox4x32-10 call (about 43 instructions per 8
+// elements).
 #ifndef FP4Q_KERNELS_SRC_CUDA_DEVICE_NUMERICS_CUH_
 #define FP4Q_KERNELS_SRC_CUDA_DEVICE_NUMERICS_CUH_
 
@@ -15,6 +16,8 @@
 
 #include <cfloat>
 #include <cstdint>
+
+#include "cuda/launch.h"
 
 namespace fp4q::kernels::cuda {
 
@@ -34,29 +37,28 @@ FP4Q_HD uint32_t MulHi32(uint32_t a, uint32_t b) {
 #endif
 }
 
-// Random123 / cuRAND Philox4x32 with 10 rounds. ctr = (c0, c1, c2, c3), key = (k0, k1).
-FP4Q_HD uint4 Philox4x32_10(uint4 c, uint32_t k0, uint32_t k1) {
+// Random123 / cuRAND Philox4x32 with 10 rounds. ctr = (c0, c1, c2, c3); the round keys
+// k.K0(i), k.K1(i) (PhiloxKeys or SeedKeys, launch.h).
+template <typename Keys>
+FP4Q_HD uint4 Philox4x32_10(uint4 c, const Keys& k) {
 #pragma unroll
   for (int i = 0; i < 10; ++i) {
-    if (i > 0) {
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-    }
     const uint32_t hi0 = MulHi32(0xD2511F53u, c.x);
     const uint32_t lo0 = 0xD2511F53u * c.x;
     const uint32_t hi1 = MulHi32(0xCD9E8D57u, c.z);
     const uint32_t lo1 = 0xCD9E8D57u * c.z;
-    c = make_uint4(hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0);
+    c = make_uint4(hi1 ^ c.y ^ k.K0(i), lo1, hi0 ^ c.w ^ k.K1(i), lo0);
   }
   return c;
 }
 
 // The 8 x 16 random bits of elements 8j .. 8j+7 (NUMERICS 4): counter (lo j, hi j, lo step,
-// hi step), key (lo seed, hi seed).
-FP4Q_HD uint4 SrBits(uint64_t j, uint64_t seed, uint64_t step) {
+// hi step), key (lo seed, hi seed) given by its round keys.
+template <typename Keys>
+FP4Q_HD uint4 SrBits(uint64_t j, const Keys& keys, uint64_t step) {
   return Philox4x32_10(make_uint4(static_cast<uint32_t>(j), static_cast<uint32_t>(j >> 32),
                                   static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32)),
-                       static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+                       keys);
 }
 
 // ---------------------------------------------------------------- E2M1
@@ -80,32 +82,35 @@ FP4Q_D float E2M1RnMagnitude(float y) {
   return fminf(fminf(s1, s2), s3);
 }
 
-// Stochastic rounding (NUMERICS 4) in the same form: in a binade of step h, round up iff
-// r16 < frac * 65536, i.e. the code is ceil(a / h - r16 / 65536) (exactly the floor when the
-// fraction does not exceed r16 / 65536). An FMA rounded up keeps that ceiling, and adding
-// 2^23 + 1 + offset rounded up yields it as an integer; the minimum over the three binade
-// candidates is again the right one. `rbits` holds r16 in its low 16 bits, ORed with 2^23's
-// bits (see SrOperand). The float returned has bits kSrMagBase + code.
-inline constexpr uint32_t kSrMagBase = 0x4B000001u;  // bits of 2^23 + 1
-FP4Q_D float E2M1SrMagnitude(float y, uint32_t rbits) {
+// Stochastic rounding (NUMERICS 4) on the f32 bits, with integer adds. For a = min(|y|, 6) let
+// lo be the code of the largest grid value <= a. Then m = max(2a, RU(1 + a)) has bits
+// 0x3F800000 + K, K = lo * 2^22 + n, where the element rounds up iff 64 * r16 < n:
+//   a >= 1: m = 2a, K = bits(a) - 0x3F000000 and n is a's lower 22 mantissa bits (E2M1 keeps
+//           the top one), f = n / 2^22, so "r16 < f * 65536" is "64 * r16 < n";
+//   a < 1:  m = RU(1 + a), K = ceil(a * 2^23) (step 0.5 from 0), n = ceil(f * 2^22), and
+//           64 * r16 < f * 2^22 iff 64 * r16 < n.
+// (2a is exact; RU(1 + a) <= 2a from 1 up and > 2a below.) Adding 2^22 - 1 - 64 * r16 to K
+// carries into bit 22 exactly when the element rounds up: the code is (K + 2^22 - 1 - 64 r16)
+// >> 22. The word returned is that sum times 4, the code in byte 3 and bits 27-31 zero:
+// 4 * bits(m) + nb, nb = kSrCodeBias - (r16 << 8) from SrNoise. NaN gives code 7.
+inline constexpr uint32_t kSrCodeBias = 4u * (0x3FFFFFu - 0x3F800000u);  // 0x02FFFFFC (wraps)
+FP4Q_D uint32_t E2M1SrCodeWord(float y, uint32_t nb) {
   const float a = fminf(fabsf(y), 6.0f);
-  const float rf = __fadd_rn(__uint_as_float(rbits), -0x1p23f);  // r16, exactly
-  const float d1 = __fmaf_ru(rf, -0x1p-16f, __fmul_rn(a, 2.0f));
-  const float d2 = __fmaf_ru(rf, -0x1p-16f, a);
-  const float d3 = __fmaf_ru(rf, -0x1p-16f, __fmul_rn(a, 0.5f));
-  const float c1 = __fadd_ru(d1, 0x1p23f + 1.0f);
-  const float c2 = __fadd_ru(d2, 0x1p23f + 3.0f);
-  const float c3 = __fadd_ru(d3, 0x1p23f + 5.0f);
-  return fminf(fminf(c1, c2), c3);
+  const float m = fmaxf(__fmul_rn(a, 2.0f), __fadd_ru(a, 1.0f));
+  return __float_as_uint(m) * 4u + nb;
 }
 
-// Element e's 16 random bits of a Philox group, placed under 2^23's exponent bits (one PRMT).
-FP4Q_HD uint32_t SrOperand(const uint4& w, int e) {
-  const uint32_t word = (e >> 1) == 0 ? w.x : (e >> 1) == 1 ? w.y : (e >> 1) == 2 ? w.z : w.w;
+// kSrCodeBias - (r16 << 8) for element e of a Philox group, from the group's words inverted
+// (`nw` = ~w): kSrCodeBias has bytes FC 00 00 02 from the low end, the inverted bits are
+// 0xFFFF - r16, so it is those two bytes in the middle of 0x020000FC (one PRMT).
+inline constexpr uint32_t kSrNoiseFrame = 0x020000FCu;
+static_assert(kSrNoiseFrame + (0xFFFFu << 8) == kSrCodeBias, "SrNoise frame");
+FP4Q_HD uint32_t SrNoise(const uint4& nw, int e) {
+  const uint32_t word = (e >> 1) == 0 ? nw.x : (e >> 1) == 1 ? nw.y : (e >> 1) == 2 ? nw.z : nw.w;
 #ifdef __CUDA_ARCH__
-  return __byte_perm(word, 0x4B000000u, (e & 1) ? 0x7632 : 0x7610);
+  return __byte_perm(word, kSrNoiseFrame, (e & 1) ? 0x7324 : 0x7104);
 #else
-  return 0x4B000000u | ((e & 1) ? (word >> 16) : (word & 0xFFFFu));
+  return kSrNoiseFrame | (((e & 1) ? (word >> 16) : (word & 0xFFFFu)) << 8);
 #endif
 }
 

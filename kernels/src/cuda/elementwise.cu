@@ -335,7 +335,7 @@ int SmCount() {
 }
 
 uint32_t RhtSignMask(int mode, uint64_t rht_seed) {
-  if (mode == kRhtSeeded) return SrBits(0, rht_seed, 0).x & 0xFFFFu;
+  if (mode == kRhtSeeded) return SrBits(0, SeedKeys{rht_seed}, 0).x & 0xFFFFu;
   return kDefaultRhtSigns;
 }
 

@@ -31,11 +31,44 @@ struct QOut {
   float amax_value = 0.0f;
 };
 
+// Philox4x32-10's round keys for a seed (NUMERICS 4): round i uses lo32(seed) + i * 0x9E3779B9
+// and hi32(seed) + i * 0xBB67AE85. The host computes them once per launch, so the kernels read
+// each round's key as a constant operand instead of adding it per call.
+struct PhiloxKeys {
+  uint32_t k0[10];
+  uint32_t k1[10];
+  __host__ __device__ uint32_t K0(int i) const { return k0[i]; }
+  __host__ __device__ uint32_t K1(int i) const { return k1[i]; }
+};
+
+// The same round keys computed from the seed where it is a device value (the step kernels'
+// items): two adds per round.
+struct SeedKeys {
+  uint64_t seed;
+  __host__ __device__ uint32_t K0(int i) const {
+    return static_cast<uint32_t>(seed) + static_cast<uint32_t>(i) * 0x9E3779B9u;
+  }
+  __host__ __device__ uint32_t K1(int i) const {
+    return static_cast<uint32_t>(seed >> 32) + static_cast<uint32_t>(i) * 0xBB67AE85u;
+  }
+};
+
+inline PhiloxKeys PhiloxKeySchedule(uint64_t seed) {
+  const SeedKeys from{seed};
+  PhiloxKeys k{};
+  for (int i = 0; i < 10; ++i) {
+    k.k0[i] = from.K0(i);
+    k.k1[i] = from.K1(i);
+  }
+  return k;
+}
+
 // Options shared by every quantizing kernel.
 struct QuantOptions {
   int fmt = kFmtNv1x16;
   bool sr = false;
   uint64_t seed = 0;
+  PhiloxKeys sr_keys{};  // PhiloxKeySchedule(seed)
   uint64_t step = 0;
   bool rht = false;
   uint32_t rht_signs = 0;  // bit i set: s_i = -1 (already resolved from the mode/seed)

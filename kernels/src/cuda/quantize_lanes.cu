@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(kThreads, 2) QuantizeLanesKernel(const LanePar
       bamax = fmaxf(bamax, __shfl_xor_sync(kFull, bamax, 1));
       const uint32_t sf = E4M3Rn(__fmul_rn(bamax, ctx.g.t));
       const float sfv = E4M3Value(sf);
-      const uint32_t word = Codes8<kSr>(v, InvScale(sfv, ctx.g.s_dec), ctx, g);
+      const uint32_t word = Codes8<kSr>(v, InvScale(sfv, ctx.g.s_dec), ctx, p.q.sr_keys, g);
       if (want_codes) {
         const uint32_t b1 = __shfl_down_sync(kFull, sf, 2);
         const uint32_t b2 = __shfl_down_sync(kFull, sf, 4);
@@ -341,11 +341,12 @@ __global__ void __launch_bounds__(kThreads, kCtas) QuantizeBlocksKernel(const La
         thread_max = fmaxf(thread_max, BlockAmax16(v));
         continue;
       }
-      const uint32_t sf = E4M3Rn(__fmul_rn(BlockAmax16(v), ctx.g.t));
+      bool any_nan;
+      const uint32_t sf = E4M3Rn(__fmul_rn(BlockAmax16Flagged(v, &any_nan), ctx.g.t));
       const float sfv = E4M3Value(sf);
       const float inv = InvScale(sfv, ctx.g.s_dec);
-      const uint32_t w0 = Codes8<kSr>(v, inv, ctx, uint64_t{b} * 2);
-      const uint32_t w1 = Codes8<kSr>(v + 8, inv, ctx, uint64_t{b} * 2 + 1);
+      const uint32_t w0 = Codes8<kSr>(v, inv, ctx, p.q.sr_keys, uint64_t{b} * 2, any_nan);
+      const uint32_t w1 = Codes8<kSr>(v + 8, inv, ctx, p.q.sr_keys, uint64_t{b} * 2 + 1, any_nan);
       if (want_codes && valid) {
         reinterpret_cast<uint2*>(p.out.codes)[b] = make_uint2(w0, w1);
         // One byte a lane: a warp's 32 scale bytes are contiguous in the plain layout (one

@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kThreads, kRes ? 3 : (sizeof(In) == 4 ? 1 : 2)
     }
     if (!kTrack && !amax_only) {
       UnitResult r;
-      QuantizeUnit<kFmt, kSr, 1>(v, n_valid, ctx, static_cast<uint64_t>(base), &r);
+      QuantizeUnit<kFmt, kSr, 1>(v, n_valid, ctx, p.q.sr_keys, static_cast<uint64_t>(base), &r);
       if (n_valid > 0) {
         if (p.out.codes != nullptr) {
           StoreUnit<kFmt>(p.out, p.rows, p.cols, it.row, it.c0, n_valid, r);

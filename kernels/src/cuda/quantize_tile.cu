@@ -109,8 +109,8 @@ FP4Q_D void FinishUnit(float (&v)[32], int n_valid, const TileParams& p, const Q
     WarpAtomicMax(out.global, m);
   }
   UnitResult res;
-  QuantizeUnit<kFmt, kSr, kRowwise>(v, n_valid, ctx, static_cast<uint64_t>(outer * inner_dim + inner),
-                                    &res);
+  QuantizeUnit<kFmt, kSr, kRowwise>(v, n_valid, ctx, p.q.sr_keys,
+                                    static_cast<uint64_t>(outer * inner_dim + inner), &res);
   if (n_valid > 0) StoreUnit<kFmt>(out, outer_dim, inner_dim, outer, inner, n_valid, res);
 }
 

@@ -21,7 +21,7 @@ struct UnitCtx {
   float err_div;   // 6 * Emax (four-over-six)
   int scale_sel;
   int mx_rule;
-  uint64_t seed;
+  uint64_t seed;    // SR: the step kernels' SeedKeys (quantize launches pass QuantOptions' keys)
   uint64_t step;
 };
 
@@ -69,42 +69,19 @@ FP4Q_D float BlockAmax16(const float* v) {
   return m;
 }
 
-// Codes of 16 values with one multiplier. SR draws two Philox groups at sr_group0.
-// Packing: nibble e of a word is added as IMAD(bits(m), 16^e) (the magnitudes' float bits carry
-// a constant base, subtracted once per word as base * 0x11111111) plus the sign bit of y times
-// 8 * 16^e. A NaN element must get code 0x7 whatever its sign: the sum of |v| (NaN if any
-// element is) flags the rare block that needs the fix-up.
-template <bool kSr>
-FP4Q_D void Codes16(const float* v, float inv, const UnitCtx& c, uint64_t sr_group0,
-                    uint32_t* w0, uint32_t* w1) {
-  constexpr uint32_t kBase = kSr ? kSrMagBase : kRnMagBase;
-  constexpr uint32_t kBias = kBase * 0x11111111u;  // wraps: sum over e of base << 4e
-  uint32_t out[2];
-  float probe = 0.0f;
+// The block amax as BlockAmax16 gives it, and whether an element is NaN, from one pass of
+// NaN-propagating maxima (the same instruction count as fmaxf's); only a block holding a NaN
+// takes the second pass.
+FP4Q_D float BlockAmax16Flagged(const float* v, bool* any_nan) {
+  float m = 0.0f;
 #pragma unroll
-  for (int g = 0; g < 2; ++g) {
-    uint4 r = make_uint4(0u, 0u, 0u, 0u);
-    if (kSr) r = SrBits(sr_group0 + g, c.seed, c.step);
-    uint32_t acc = 0u - kBias;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const float x = v[8 * g + e];
-      probe = __fadd_rn(probe, fabsf(x));
-      const float y = __fmul_rn(x, inv);
-      const float m = kSr ? E2M1SrMagnitude(y, SrOperand(r, e)) : E2M1RnMagnitude(y);
-      acc += __float_as_uint(m) * (1u << (4 * e));
-      acc += __umulhi(__float_as_uint(y), 2u) * (8u << (4 * e));  // sign bit
-    }
-    out[g] = acc;
+  for (int i = 0; i < 16; ++i) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(v[i])));
+    m = r;
   }
-  if (isnan(probe)) {  // NaN elements: code 0x7, no sign
-#pragma unroll
-    for (int e = 0; e < 16; ++e) {
-      if (isnan(v[e])) out[e >> 3] &= ~(8u << (4 * (e & 7)));
-    }
-  }
-  *w0 = out[0];
-  *w1 = out[1];
+  *any_nan = isnan(m);
+  return *any_nan ? BlockAmax16(v) : m;
 }
 
 // Byte k of the word: byte `b` of a[k] (k = 0..3), by three byte permutes.
@@ -113,39 +90,61 @@ FP4Q_D uint32_t GatherBytes(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, 
   return __byte_perm(__byte_perm(a0, a1, sel), __byte_perm(a2, a3, sel), 0x5410);
 }
 
-// The 8 codes of a granule as one word (element e in bits 4e .. 4e+3), as Codes16 does for 16
-// (the same codes: Codes16 is two of these, groups sr_group0 and sr_group0 + 1).
-// Packing by byte permutes: byte 0 of each magnitude's float bits is its code (plus 1 with the SR
-// base) and byte 3 of y carries its sign, so the even and the odd elements' bytes are gathered
-// into two words each and merged with one shift (8 ALU-pipe operations per 8 elements for the
-// codes, 8 for the signs, instead of 24 IMADs).
-template <bool kSr>
-FP4Q_D uint32_t Codes8(const float* v, float inv, const UnitCtx& c, uint64_t group) {
-  constexpr uint32_t kBase = kSr ? kSrMagBase : kRnMagBase;
-  constexpr uint32_t kLowBias = (kBase & 0xFFu) * 0x11111111u;  // 0 (RTN) or 1 per nibble (SR)
+// The 8 codes of a granule as one word (element e in bits 4e .. 4e+3); SR draws Philox group
+// `group`. Packing by byte permutes: one byte of each element's rounding word is its code (byte
+// 0 of the RTN magnitude's float bits, byte 3 of the SR code word) and byte 3 of y carries its
+// sign, so the even and the odd elements' bytes are gathered into two words each and merged with
+// one shift (8 ALU-pipe operations per 8 elements for the codes, 8 for the signs). A NaN element
+// must get code 0x7 whatever its sign: `any_nan` flags the rare granule that needs the fix-up.
+// `keys`: Philox round keys (PhiloxKeys from the launch's parameters, read as constant
+// operands, or SeedKeys).
+template <bool kSr, typename Keys>
+FP4Q_D uint32_t Codes8(const float* v, float inv, const UnitCtx& c, const Keys& keys,
+                       uint64_t group, bool any_nan) {
+  constexpr uint32_t kCodeByte = kSr ? 3u : 0u;
   uint4 r = make_uint4(0u, 0u, 0u, 0u);
-  if (kSr) r = SrBits(group, c.seed, c.step);
+  if (kSr) {
+    r = SrBits(group, keys, c.step);
+    r = make_uint4(~r.x, ~r.y, ~r.z, ~r.w);  // SrNoise's operand (folds into Philox's last XORs)
+  }
   uint32_t m[8], y[8];
-  float probe = 0.0f;
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
-    probe = __fadd_rn(probe, fabsf(v[e]));
     const float ye = __fmul_rn(v[e], inv);
     y[e] = __float_as_uint(ye);
-    m[e] = __float_as_uint(kSr ? E2M1SrMagnitude(ye, SrOperand(r, e)) : E2M1RnMagnitude(ye));
+    m[e] = kSr ? E2M1SrCodeWord(ye, SrNoise(r, e)) : __float_as_uint(E2M1RnMagnitude(ye));
   }
-  const uint32_t codes = GatherBytes(m[0], m[2], m[4], m[6], 0) +
-                         GatherBytes(m[1], m[3], m[5], m[7], 0) * 16u - kLowBias;
+  const uint32_t codes = GatherBytes(m[0], m[2], m[4], m[6], kCodeByte) +
+                         GatherBytes(m[1], m[3], m[5], m[7], kCodeByte) * 16u;
   const uint32_t signs_even = GatherBytes(y[0], y[2], y[4], y[6], 3);  // sign of 2k at bit 8k+7
   const uint32_t signs_odd = GatherBytes(y[1], y[3], y[5], y[7], 3);   // sign of 2k+1 at 8k+7
   uint32_t acc = codes | ((signs_even >> 4) & 0x08080808u) | (signs_odd & 0x80808080u);
-  if (isnan(probe)) {  // NaN elements: code 0x7, no sign
+  if (any_nan) {  // NaN elements: code 0x7, no sign
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       if (isnan(v[e])) acc &= ~(8u << (4 * e));
     }
   }
   return acc;
+}
+
+// The same where no block amax flagged the NaN: the sum of |v| (NaN if any element is).
+template <bool kSr, typename Keys>
+FP4Q_D uint32_t Codes8(const float* v, float inv, const UnitCtx& c, const Keys& keys,
+                       uint64_t group) {
+  float probe = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) probe = __fadd_rn(probe, fabsf(v[e]));
+  return Codes8<kSr>(v, inv, c, keys, group, isnan(probe));
+}
+
+// Codes of 16 values with one multiplier: two granules, SR groups sr_group0 and sr_group0 + 1;
+// any_nan: one of the 16 is NaN (BlockAmax16Flagged).
+template <bool kSr>
+FP4Q_D void Codes16(const float* v, float inv, const UnitCtx& c, const PhiloxKeys& keys,
+                    uint64_t sr_group0, bool any_nan, uint32_t* w0, uint32_t* w1) {
+  *w0 = Codes8<kSr>(v, inv, c, keys, sr_group0, any_nan);
+  *w1 = Codes8<kSr>(v + 8, inv, c, keys, sr_group0 + 1, any_nan);
 }
 
 // Four-over-six error of one candidate over 16 values (NUMERICS 7), sequential f32 sum.
@@ -162,14 +161,16 @@ FP4Q_D float FourOverSixError(const float* v, uint32_t w0, uint32_t w1, float sf
   return err;
 }
 
-// One NVFP4 block of 16 values with block amax `bamax` (already tile-reduced for 16x16).
+// One NVFP4 block of 16 values with block amax `bamax` (already tile-reduced for 16x16);
+// any_nan: one of the 16 values is NaN.
 template <bool kSr, bool kTile, int kXorShift>
-FP4Q_D void QuantizeNvBlock(const float* v, float bamax, const UnitCtx& c, uint64_t sr_group0,
-                            uint32_t* w0, uint32_t* w1, uint32_t* sf, float* sfv) {
+FP4Q_D void QuantizeNvBlock(const float* v, float bamax, bool any_nan, const UnitCtx& c,
+                            const PhiloxKeys& keys, uint64_t sr_group0, uint32_t* w0,
+                            uint32_t* w1, uint32_t* sf, float* sfv) {
   if (c.scale_sel == kSelMapTo6) {
     *sf = E4M3Rn(__fmul_rn(bamax, c.g.t));
     *sfv = E4M3Value(*sf);
-    Codes16<kSr>(v, InvScale(*sfv, c.g.s_dec), c, sr_group0, w0, w1);
+    Codes16<kSr>(v, InvScale(*sfv, c.g.s_dec), c, keys, sr_group0, any_nan, w0, w1);
     return;
   }
   // Four-over-six (round-to-nearest only).
@@ -179,8 +180,8 @@ FP4Q_D void QuantizeNvBlock(const float* v, float bamax, const UnitCtx& c, uint6
   const float v6 = E4M3Value(sf6);
   const float v4 = E4M3Value(sf4);
   uint32_t a0, a1, b0, b1;
-  Codes16<false>(v, InvScale(v6, c.g.s_dec), c, 0, &a0, &a1);
-  Codes16<false>(v, InvScale(v4, c.g.s_dec), c, 0, &b0, &b1);
+  Codes16<false>(v, InvScale(v6, c.g.s_dec), c, keys, 0, any_nan, &a0, &a1);
+  Codes16<false>(v, InvScale(v4, c.g.s_dec), c, keys, 0, any_nan, &b0, &b1);
   float e6 = FourOverSixError(v, a0, a1, v6, c);
   float e4 = FourOverSixError(v, b0, b1, v4, c);
   if (kTile) {
@@ -197,25 +198,27 @@ FP4Q_D void QuantizeNvBlock(const float* v, float bamax, const UnitCtx& c, uint6
 // Quantizes a unit. sr_index0 is the linear index of v[0] in the tensor being quantized
 // (a multiple of 16). kFmt: kFmtNv1x16, kFmtNv16x16 or kFmtMx.
 template <int kFmt, bool kSr, int kXorShift>
-FP4Q_D void QuantizeUnit(const float* v, int n_valid, const UnitCtx& c, uint64_t sr_index0,
-                         UnitResult* r) {
+FP4Q_D void QuantizeUnit(const float* v, int n_valid, const UnitCtx& c, const PhiloxKeys& keys,
+                         uint64_t sr_index0, UnitResult* r) {
   const uint64_t g0 = sr_index0 >> 3;
   if (kFmt == kFmtMx) {
-    const float bamax = fmaxf(BlockAmax16(v), BlockAmax16(v + 16));
+    bool nan0, nan1;
+    const float bamax = fmaxf(BlockAmax16Flagged(v, &nan0), BlockAmax16Flagged(v + 16, &nan1));
     const uint32_t b = MxScaleByte(bamax, c.mx_rule);
     const float mul = E8M0Inverse(b);
     r->sf[0] = b;
     r->sfv[0] = E8M0Value(b);
     r->sf[1] = 0u;
     r->sfv[1] = 0.0f;
-    Codes16<kSr>(v, mul, c, g0, &r->codes[0], &r->codes[1]);
-    Codes16<kSr>(v + 16, mul, c, g0 + 2, &r->codes[2], &r->codes[3]);
+    Codes16<kSr>(v, mul, c, keys, g0, nan0, &r->codes[0], &r->codes[1]);
+    Codes16<kSr>(v + 16, mul, c, keys, g0 + 2, nan1, &r->codes[2], &r->codes[3]);
     return;
   }
   constexpr bool kTile = kFmt == kFmtNv16x16;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    float bamax = n_valid > 16 * j ? BlockAmax16(v + 16 * j) : 0.0f;
+    bool any_nan = false;
+    float bamax = n_valid > 16 * j ? BlockAmax16Flagged(v + 16 * j, &any_nan) : 0.0f;
     if (kTile) bamax = TileMax<kXorShift>(bamax);
     if (!kTile && n_valid <= 16 * j) {
       r->codes[2 * j] = r->codes[2 * j + 1] = 0u;
@@ -223,8 +226,9 @@ FP4Q_D void QuantizeUnit(const float* v, int n_valid, const UnitCtx& c, uint64_t
       r->sfv[j] = 0.0f;
       continue;
     }
-    QuantizeNvBlock<kSr, kTile, kXorShift>(v + 16 * j, bamax, c, g0 + 2 * j, &r->codes[2 * j],
-                                           &r->codes[2 * j + 1], &r->sf[j], &r->sfv[j]);
+    QuantizeNvBlock<kSr, kTile, kXorShift>(v + 16 * j, bamax, any_nan, c, keys, g0 + 2 * j,
+                                           &r->codes[2 * j], &r->codes[2 * j + 1], &r->sf[j],
+                                           &r->sfv[j]);
   }
 }
 

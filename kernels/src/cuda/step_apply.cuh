@@ -119,7 +119,7 @@ FP4Q_D void StoreMomentHalf(const ApplyItem& c, int j, const LaneHalf& b, float 
   const uint32_t sf = E4M3Rn(__fmul_rn(bamax, c.mg[j].t));
   UnitCtx q{};
   q.g = c.mg[j];
-  uint32_t w = Codes8<false>(vals, InvScale(E4M3Value(sf), c.mg[j].s_dec), q, 0);
+  uint32_t w = Codes8<false>(vals, InvScale(E4M3Value(sf), c.mg[j].s_dec), q, SeedKeys{0}, 0);
   if (squared) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
@@ -215,7 +215,8 @@ FP4Q_D void ApplyHalf(const StepKernelArgs& a, const ApplyItem& c, const LaneHal
   // Q: the new weight block.
   const uint32_t sf = E4M3Rn(__fmul_rn(bamax, c.q.g.t));
   const float sfv = E4M3Value(sf);
-  const uint32_t word = Codes8<kSr>(v, InvScale(sfv, c.q.g.s_dec), c.q, static_cast<uint64_t>(b.at) >> 3);
+  const uint32_t word = Codes8<kSr>(v, InvScale(sfv, c.q.g.s_dec), c.q, SeedKeys{c.q.seed},
+                                    static_cast<uint64_t>(b.at) >> 3);
   *reinterpret_cast<uint32_t*>(c.p.codes + (b.at >> 1)) = word;
   if (b.h == 0) c.p.scales[b.scale_at] = static_cast<uint8_t>(sf);
   // R and O: DQ(W'), the residual, the outputs.

@@ -4,6 +4,7 @@
 // five value distributions (NaN/Inf/subnormal/huge included). Codes, scales (padding included)
 // and the global record must be byte-identical; outputs start with different poison on the two
 // sides. Some views are deliberately unaligned.
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <ostream>
@@ -256,6 +257,47 @@ TEST_F(LargeQuantizeTest, GridStrideLoopsMatchCpuBitForBit) {
     ASSERT_TRUE(s.ok()) << s;
     EXPECT_TRUE(q.Matches("large"));
     if (b.feedback) EXPECT_TRUE(cuda_testing::SameDense(dr->DownloadAs<float>(), r, "residual"));
+  }
+}
+
+// Stochastic rounding where it turns: values k/65536 of the way through each grid cell (and one
+// ulp either side), subnormals and grid values, with y = x exactly; Philox's 16 bits land on
+// or next to an element's threshold k about once in 20,000 elements, so 4M elements meet it
+// a few hundred times. Both SR kernels (one block a lane; lane pairs with error feedback, whose
+// residual starts at zero) against the CPU, bit for bit.
+TEST_F(LargeQuantizeTest, StochasticRoundingAtItsThresholdsMatchesCpu) {
+  constexpr int64_t kRows = 1024, kCols = 4096;
+  const size_t n = static_cast<size_t>(kRows * kCols);
+  auto rng = Rng(9300);
+  DenseInput x =
+      cuda_testing::MakeInput(gpu(), DType::kF32, kRows, kCols, Dist::kSrThresholds, rng);
+  for (bool feedback : {false, true}) {
+    SCOPED_TRACE(feedback ? "error feedback" : "quantize");
+    QuantizeOptions o;
+    o.rounding = Rounding::kStochastic;
+    o.has_amax = true;
+    o.amax = 2688.0f;
+    o.seed = 0x9E3779B97F4A7C15ull;
+    o.step = 77;
+    std::vector<float> r(feedback ? n : 0, 0.0f);
+    std::unique_ptr<cuda_testing::DeviceBuffer> dr;
+    if (feedback) {
+      dr = std::make_unique<cuda_testing::DeviceBuffer>(gpu(), n * 4);
+      dr->Upload(r.data(), n * 4);
+    }
+    QuantPair q(gpu(), Format::kNvfp4, BlockShape::k1x16, ScaleLayout::kPlain, kRows, kCols);
+    ASSERT_TRUE(cpu().Quantize(x.host_view(), o, feedback ? r.data() : nullptr, &q.host,
+                               nullptr, nullptr)
+                    .ok());
+    const absl::Status s =
+        gpu().Quantize(x.dev_view(), o, feedback ? static_cast<float*>(dr->get()) : nullptr,
+                       &q.dev, nullptr, nullptr);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(q.Matches("sr thresholds"));
+    // Every block scale is 1 (E4M3 0x38): y = x held.
+    EXPECT_EQ(std::count(q.scales.begin(), q.scales.end(), uint8_t{0x38}),
+              static_cast<std::ptrdiff_t>(n / 16));
+    if (feedback) EXPECT_TRUE(cuda_testing::SameDense(dr->DownloadAs<float>(), r, "residual"));
   }
 }
 

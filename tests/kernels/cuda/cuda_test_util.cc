@@ -136,6 +136,7 @@ const char* DistName(Dist d) {
     case Dist::kOutliers: return "outliers";
     case Dist::kSpecial: return "special";
     case Dist::kMidpoints: return "midpoints";
+    case Dist::kSrThresholds: return "sr_thresholds";
   }
   return "?";
 }
@@ -191,6 +192,32 @@ std::vector<float> RandomValues(size_t n, Dist dist, std::mt19937& rng) {
         const float m = mids[static_cast<size_t>(uni(rng) * 14.0f) % 14];
         const int e = static_cast<int>(uni(rng) * 7.0f) - 3;
         x = std::ldexp(uni(rng) < 0.5f ? -m : m, e);
+      }
+      break;
+    }
+    case Dist::kSrThresholds: {
+      // Blocks of 16 led by +-6 (with the caller amax 2688 both scales are 1, so y = x): the
+      // rest lie k/65536 of the way through a grid cell, nudged by -1, 0 or +1 ulp, where the
+      // stochastic rounding of NUMERICS 4 turns at r16 = k; a few are subnormal, zero or on
+      // the grid.
+      const float grid[] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+      std::uniform_int_distribution<int> cell(0, 6), k16(0, 65536), nudge(-1, 1), kind(0, 31);
+      for (size_t i = 0; i < v.size(); ++i) {
+        float a;
+        if (i % 16 == 0) {
+          a = 6.0f;
+        } else if (const int t = kind(rng); t == 0) {
+          a = std::ldexp(static_cast<float>(k16(rng) + 1), -150 + static_cast<int>(i % 24));
+        } else if (t == 1) {
+          a = grid[cell(rng) + (i % 2)];
+        } else {
+          const int c = cell(rng);
+          const float h = grid[c + 1] - grid[c];
+          a = grid[c] + h * (static_cast<float>(k16(rng)) / 65536.0f);  // exact
+          const int d = nudge(rng);
+          if (d != 0) a = std::nextafter(a, d < 0 ? 0.0f : 7.0f);
+        }
+        v[i] = uni(rng) < 0.5f ? -a : a;
       }
       break;
     }

@@ -108,6 +108,7 @@ enum class Dist {
   kOutliers,    // N(0, 1) with 1% of values x1e4
   kSpecial,     // N(0, 1) with NaN, +-Inf, -0, subnormals, 3e38, and some tiny blocks
   kMidpoints,   // exact E2M1 rounding midpoints and grid values times random powers of two
+  kSrThresholds,  // values at the r16 thresholds of stochastic rounding (blocks led by +-6)
 };
 const char* DistName(Dist d);
 std::vector<float> RandomValues(size_t n, Dist dist, std::mt19937& rng);
