@@ -115,7 +115,8 @@ FP4Q_D void FinishUnit(float (&v)[32], int n_valid, const TileParams& p, const Q
 }
 
 template <typename In, int kFmt, bool kSr, bool kRht>
-__global__ void __launch_bounds__(kThreads) QuantizeTileKernel(const TileParams p, bool vec_ok) {
+__global__ void __launch_bounds__(kThreads, kSr && kRht ? 3 : 0)
+    QuantizeTileKernel(const TileParams p, bool vec_ok) {
   __shared__ __align__(16) float tile[kTC * kTR];
   constexpr bool kTile = kFmt == kFmtNv16x16;
   constexpr bool kBf16 = sizeof(In) == 2;
