@@ -63,10 +63,10 @@ FP4Q_HD uint4 SrBits(uint64_t j, const Keys& keys, uint64_t step) {
 
 // ---------------------------------------------------------------- E2M1
 //
-// FMA-pipe formulations (the per-element hot path).
+// The per-element hot path, in as few operations as each rounding allows.
 //
-// Hopper issues FADD/FMUL/FFMA/IMAD at twice the rate of the integer/logic pipe (LOP3, IADD3,
-// SHF, FMNMX), so the hot path rounds with float adds instead of bit manipulation. For
+// Round-to-nearest: Hopper issues FADD/FMUL/FFMA/IMAD at twice the rate of the integer/logic
+// pipe (LOP3, IADD3, SHF, FMNMX), so it rounds with float adds instead of bit manipulation. For
 // a = min(|y|, 6) the three candidates
 //   RN(2a) (step 0.5 below 2), 2 + RN(a) (step 1 in [2, 4)), 4 + RN(a / 2) (step 2 from 4)
 // each computed as a magic add onto 2^23 (whose ulp is 1), have as their minimum exactly the
