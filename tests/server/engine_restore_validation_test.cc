@@ -69,13 +69,7 @@ class EngineRestoreValidationTest : public ::testing::Test {
     ::rmdir(dir_.c_str());
   }
   std::unique_ptr<Engine> MakeEngine() {
-    EngineOptions o;
-    o.state_budget_bytes = uint64_t{1} << 30;
-    o.cpu_workers = 2;
-    o.state_dir = dir_;
-    auto e = ::fp4q::server::testing::CpuEngine(o);
-    EXPECT_TRUE(e.ok()) << e.status();
-    return std::move(*e);
+    return ::fp4q::server::testing::TestCpuEngine(uint64_t{1} << 30, dir_);
   }
   absl::Status Create(const std::string& name, bool ef) {
     CreateWeightRequest r;

@@ -46,13 +46,7 @@ class EngineStateTest : public ::testing::Test {
     ::rmdir(dir_.c_str());
   }
   std::unique_ptr<Engine> MakeEngine(uint64_t budget) {
-    EngineOptions o;
-    o.state_budget_bytes = budget;
-    o.cpu_workers = 2;
-    o.state_dir = dir_;
-    auto e = ::fp4q::server::testing::CpuEngine(o);
-    EXPECT_TRUE(e.ok()) << e.status();
-    return std::move(*e);
+    return ::fp4q::server::testing::TestCpuEngine(budget, dir_);
   }
 
   absl::StatusOr<CreateWeightResult> Create(const std::string& name, const std::string& init,

@@ -364,13 +364,7 @@ TEST_F(EngineStepTest, OptimizerStateSurvivesACheckpointBitForBit) {
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
   auto engine_at = [&]() {
-    EngineOptions o;
-    o.state_budget_bytes = uint64_t{1} << 30;
-    o.cpu_workers = 2;
-    o.state_dir = dir;
-    auto e = ::fp4q::server::testing::CpuEngine(o);
-    EXPECT_TRUE(e.ok()) << e.status();
-    return std::move(*e);
+    return ::fp4q::server::testing::TestCpuEngine(uint64_t{1} << 30, dir);
   };
   engine_ = engine_at();
   struct W {

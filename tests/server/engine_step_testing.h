@@ -51,13 +51,7 @@ class EngineStepTest : public ::testing::Test {
   void SetUp() override { engine_ = MakeEngine(uint64_t{1} << 30); }
 
   std::unique_ptr<Engine> MakeEngine(uint64_t budget, int max_items = 4096) {
-    EngineOptions o;
-    o.state_budget_bytes = budget;
-    o.cpu_workers = 2;
-    o.max_step_items = max_items;
-    auto e = ::fp4q::server::testing::CpuEngine(o);
-    EXPECT_TRUE(e.ok()) << e.status();
-    return std::move(*e);
+    return ::fp4q::server::testing::TestCpuEngine(budget, "", max_items);
   }
 
   absl::Status Create(const std::string& name, int64_t rows, int64_t cols, uint32_t seed,

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "fp4q/kernels/backend.h"
+#include "gtest/gtest.h"
 #include "server/engine.h"
 
 namespace fp4q::server::testing {
@@ -150,6 +151,21 @@ inline absl::StatusOr<std::unique_ptr<Engine>> CpuEngine(const EngineOptions& o)
   std::vector<std::unique_ptr<kernels::Backend>> b;
   b.push_back(kernels::CreateCpuBackend());
   return Engine::Create(DeviceSet::FromBackends(std::move(b), true), o, nullptr, nullptr);
+}
+
+// A CPU engine for a test: `budget` bytes of state, two CPU workers, checkpoints in `state_dir`
+// (none when empty), at most `max_step_items` items a Step. A failure to start fails the test
+// and gives a null engine.
+inline std::unique_ptr<Engine> TestCpuEngine(uint64_t budget, const std::string& state_dir = "",
+                                             int max_step_items = EngineOptions().max_step_items) {
+  EngineOptions o;
+  o.state_budget_bytes = budget;
+  o.cpu_workers = 2;
+  o.state_dir = state_dir;
+  o.max_step_items = max_step_items;
+  auto e = CpuEngine(o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? std::move(*e) : nullptr;
 }
 
 // Calls an asynchronous engine method and waits for its completion.
