@@ -31,7 +31,6 @@ QuantOptions MakeQuantOptions(const QuantizeOptions& o) {
   QuantOptions q;
   q.fmt = FmtCode(o.format, o.block);
   q.sr = o.rounding == Rounding::kStochastic;
-  q.seed = o.seed;
   q.sr_keys = PhiloxKeySchedule(o.seed);
   q.step = o.step;
   q.rht = o.rht != RhtMode::kOff;

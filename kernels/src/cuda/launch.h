@@ -67,8 +67,7 @@ inline PhiloxKeys PhiloxKeySchedule(uint64_t seed) {
 struct QuantOptions {
   int fmt = kFmtNv1x16;
   bool sr = false;
-  uint64_t seed = 0;
-  PhiloxKeys sr_keys{};  // PhiloxKeySchedule(seed)
+  PhiloxKeys sr_keys{};  // PhiloxKeySchedule(the request's seed)
   uint64_t step = 0;
   bool rht = false;
   uint32_t rht_signs = 0;  // bit i set: s_i = -1 (already resolved from the mode/seed)
