@@ -158,7 +158,7 @@ struct RhtParams {
   bool inverse = false;
 };
 
-// An NVFP4/MXFP4 GEMM operand for the small-M kernel.
+// An NVFP4/MXFP4 GEMM operand for the direct (small- and mid-M) kernels.
 struct GemmOperand {
   int64_t rows = 0;
   int64_t cols = 0;  // K
@@ -170,11 +170,12 @@ struct GemmOperand {
 
 struct SmallMParams {
   bool mx = false;
-  GemmOperand a;  // [M, K], M <= kSmallMMax
+  GemmOperand a;  // [M, K], M <= kSmallMMax (small-M kernel) or <= kMidMMax (mid-M kernel)
   GemmOperand b;  // [N, K]
   void* c = nullptr;
   int c_dtype = kF32;
-  // SmallMWorkspaceBytes(M, N, K) bytes: A in fragment order, split tickets, partial sums.
+  // SmallMWorkspaceBytes / MidMWorkspaceBytes(M, N, K) bytes: A in fragment order, split
+  // tickets, partial sums.
   void* workspace = nullptr;
   // Launch the main kernel with programmatic dependent launch (compute capability >= 9.0).
   bool pdl = false;
@@ -249,6 +250,14 @@ cudaError_t LaunchFiniteGuard(const GuardParams& p, cudaStream_t s);
 inline constexpr int64_t kSmallMMax = 16;
 size_t SmallMWorkspaceBytes(int64_t m, int64_t n, int64_t k);
 cudaError_t LaunchSmallMMatmul(const SmallMParams& p, cudaStream_t s);
+
+// The mid-M kernel (matmul_mid_m.cu) takes kSmallMMax < M <= kMidMMax, the same K and alignment
+// rules; above kMidMMax the backend dequantizes both operands and calls cuBLASLt's bf16 GEMM.
+// The bound is where the H200 measured the kernel faster than that path (N = K = 8192: 2.1x at
+// M = 32, 1.4x at 64, 0.97x at 128; bench/results/h200-gemm/).
+inline constexpr int64_t kMidMMax = 64;
+size_t MidMWorkspaceBytes(int64_t m, int64_t n, int64_t k);
+cudaError_t LaunchMidMMatmul(const SmallMParams& p, cudaStream_t s);
 
 // Multiprocessors of the current device (cached per device).
 int SmCount();

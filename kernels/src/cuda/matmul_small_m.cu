@@ -19,10 +19,11 @@
 // (N = K = 8192: 64 x 6 CTAs of 11 chunks). Each lane keeps two chunks of B loads in flight
 // (2 x 2 x 16 bytes) while it decodes a third: 768 threads x 64 bytes = 48 KB per SM. Issue
 // budget (ptxas 13.0 SASS, sm_90a): about 240 instructions per lane and chunk (64 weights), of
-// which 144 are the decode and its bf16 multiplies, 16 the MMAs and fragment loads. A is prepared once by a small kernel into a workspace
-// in fragment order; the main kernel is launched with programmatic dependent launch, issues its
-// first B loads, then waits for that kernel and copies its A slice into shared memory (rows
-// padded by 32 bytes: the 8-byte fragment loads are conflict-free). With splits > 1 every CTA
+// which 144 are the decode and its bf16 multiplies, 16 the MMAs and fragment loads. A is
+// prepared once by a small kernel (LaunchPrepareGemmAct) into a workspace in fragment order;
+// the main kernel is launched with programmatic dependent launch, issues its first B loads,
+// then waits for that kernel and copies its A slice into shared memory (rows padded by 32
+// bytes: the 8-byte fragment loads are conflict-free). With splits > 1 every CTA
 // writes f32 partial sums; the last CTA of each row group (an integer ticket) adds the slices
 // in slice order, so the result does not depend on timing.
 #include <cuda_bf16.h>
@@ -30,49 +31,12 @@
 
 #include "device_numerics.cuh"
 #include "launch.h"
+#include "matmul_direct.cuh"
 #include "small_m_layout.h"
 
 namespace fp4q::kernels::cuda {
+namespace direct_gemm {
 namespace {
-
-using small_m::DecodeWord;
-
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
-constexpr int kRowsPerCta = kWarps * 16;
-constexpr int kChunk = 128;           // k per lane step: 4 lanes x 32
-// CTAs per SM the launch bounds ask for: up to 85 registers. At 4 (64 registers) ptxas
-// recomputes addresses in the loop (1 n8 tile) or spills (2).
-constexpr int kCtasPerSm = 3;
-constexpr int kPad = 16;              // bf16 of padding per shared row (32 bytes)
-constexpr int kSmemBudget = 48 * 1024;
-
-FP4Q_D uint32_t MulBf16x2(uint32_t a, uint32_t b) {
-  __nv_bfloat162 x = *reinterpret_cast<__nv_bfloat162*>(&a);
-  const __nv_bfloat162 y = *reinterpret_cast<__nv_bfloat162*>(&b);
-  x = __hmul2_rn(x, y);
-  return *reinterpret_cast<uint32_t*>(&x);
-}
-
-FP4Q_D void Mma16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-FP4Q_D void GridDependencyWait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-FP4Q_D void GridDependentsLaunch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
 
 // Scale value of block (r, kb) of an operand.
 FP4Q_D float OperandScale(const GemmOperand& o, bool mx, int64_t r, int64_t kb) {
@@ -81,16 +45,15 @@ FP4Q_D float OperandScale(const GemmOperand& o, bool mx, int64_t r, int64_t kb) 
   return mx ? E8M0Value(b) : E4M3Value(b);
 }
 
-// A -> bf16 workspace [M][chunks][i][t][4] (small_m::ActSlotK order), NVFP4 values times 2^62;
-// zero beyond K. Also zeroes the split tickets. One thread per 4-value fragment.
+// One thread per 4-value fragment of LaunchPrepareGemmAct's workspace.
 __global__ void __launch_bounds__(256)
-    PrepareActKernel(const SmallMParams p, int64_t chunks, uint2* act, int* tickets,
-                     int64_t n_tickets) {
+    PrepareActKernel(const SmallMParams p, int64_t chunks, int64_t m_rows, uint2* act,
+                     int* tickets, int64_t n_tickets) {
   GridDependentsLaunch();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
   if (idx < n_tickets) tickets[idx] = 0;
   const int64_t per_row = chunks * 32;
-  if (idx >= p.a.rows * per_row) return;
+  if (idx >= m_rows * per_row) return;
   const int64_t m = idx / per_row;
   const int64_t rem = idx - m * per_row;
   const int64_t c = rem >> 5;
@@ -102,7 +65,7 @@ __global__ void __launch_bounds__(256)
   for (int s = 0; s < 4; ++s) {
     const int64_t k = c * kChunk + small_m::ActSlotK(i, t, s);
     float v = 0.0f;
-    if (k < K) {
+    if (k < K && m < p.a.rows) {
       const uint32_t code = (p.a.codes[(m * K + k) >> 1] >> ((k & 1) * 4)) & 0xFu;
       v = __fmul_rn(E2M1Value(code), OperandScale(p.a, p.mx, m, p.mx ? (k >> 5) : (k >> 4)));
       if (!p.mx) v = __fmul_rn(v, 0x1p62f);
@@ -113,48 +76,44 @@ __global__ void __launch_bounds__(256)
   act[idx] = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
 }
 
+}  // namespace
+
+cudaError_t LaunchPrepareGemmAct(const SmallMParams& p, int64_t total, int64_t m_rows, uint2* act,
+                                 int* tickets, int64_t n_tickets, cudaStream_t s) {
+  const int64_t frags = m_rows * total * 32;
+  const int64_t threads = frags > n_tickets ? frags : n_tickets;
+  if ((threads + 255) / 256 > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
+  PrepareActKernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, s>>>(
+      p, total, m_rows, act, tickets, n_tickets);
+  return cudaGetLastError();
+}
+
+}  // namespace direct_gemm
+
+namespace {
+
+using direct_gemm::GridDependencyWait;
+using direct_gemm::kChunk;
+using direct_gemm::LoadRow;
+using direct_gemm::Mma16816;
+using direct_gemm::MulBf16x2;
+using direct_gemm::ScaleSplats;
+using small_m::DecodeWord;
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRowsPerCta = kWarps * 16;
+// CTAs per SM the launch bounds ask for: up to 85 registers. At 4 (64 registers) ptxas
+// recomputes addresses in the loop (1 n8 tile) or spills (2).
+constexpr int kCtasPerSm = 3;
+constexpr int kPad = 16;              // bf16 of padding per shared row (32 bytes)
+constexpr int kSmemBudget = 48 * 1024;
+
 // One lane's B data for one chunk: 32 codes and their scale byte(s) per row.
 struct Chunk {
   uint4 wa, wb;   // rows g, g + 8
   uint32_t xa, xb;
 };
-
-// The scale multipliers of one row's chunk: s[0] for words 0-1 (block 2t or the MX block),
-// s[1] for words 2-3, as bf16 splats.
-template <bool kMx>
-FP4Q_D void ScaleSplats(uint32_t x, bool check_nan, uint32_t s[2]) {
-  if (kMx) {
-    const uint32_t b = small_m::E8m0Bf16Bits(x);
-    s[0] = s[1] = b | (b << 16);
-    return;
-  }
-  uint32_t h = small_m::E4m3PairBits(x);  // sf * 2^-120
-  h = MulBf16x2(h, 0x7F007F00u);          // * 2^127
-  h = MulBf16x2(h, 0x5C005C00u);          // * 2^57: sf * 2^64, exact
-  if (check_nan) {  // rare: the chunk has a NaN scale byte somewhere
-    if ((x & 0x7Fu) == 0x7Fu) h = (h & 0xFFFF0000u) | 0x7FC0u;
-    if ((x & 0x7F00u) == 0x7F00u) h = (h & 0x0000FFFFu) | 0x7FC00000u;
-  }
-  s[0] = __byte_perm(h, h, 0x1010);
-  s[1] = __byte_perm(h, h, 0x3232);
-}
-
-// Loads row data at `codes` (this lane's 16 code bytes of the chunk) and `scales` (its scale
-// bytes), for k = lane's first k of the chunk (< K).
-template <bool kMx, bool kK32>
-FP4Q_D void LoadRow(const uint8_t* codes, const uint8_t* scales, int64_t k, int64_t K, uint4& w,
-                    uint32_t& x) {
-  if (kK32) {
-    w = __ldg(reinterpret_cast<const uint4*>(codes));
-    x = kMx ? __ldg(scales) : __ldg(reinterpret_cast<const uint16_t*>(scales));
-  } else {  // K % 32 == 16 (NVFP4 only): rows are 8-byte aligned, the second half may be past K
-    const uint2 lo = __ldg(reinterpret_cast<const uint2*>(codes));
-    const bool hi_ok = k + 16 < K;
-    const uint2 hi = hi_ok ? __ldg(reinterpret_cast<const uint2*>(codes + 8)) : make_uint2(0, 0);
-    w = make_uint4(lo.x, lo.y, hi.x, hi.y);
-    x = __ldg(scales) | (hi_ok ? static_cast<uint32_t>(__ldg(scales + 1)) << 8 : 0u);
-  }
-}
 
 // grid = (ceil(N / 128), splits); dynamic shared memory: 8 kTiles rows x (chunks * 128 + kPad)
 // bf16. kK32: K % 32 == 0. kTiles: n8 tiles of A rows (1: M <= 8, 2: M <= 16).
@@ -220,7 +179,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     ld_k += kChunk;
   };
 
-  // ---- the first two chunks of B loads, then A's slice (written by PrepareActKernel).
+  // ---- the first two chunks of B loads, then A's slice (written by LaunchPrepareGemmAct).
   Chunk buf0, buf1;
   load_next(buf0);
   load_next(buf1);
@@ -304,15 +263,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   }
 
   // ---- results: acc[tl][2h + q] is C[m = 8 tl + 2t + q][n = n0 + g + 8h].
-  const float alpha =
-      p.mx ? 1.0f : __fmul_rn(__frcp_rn(p.a.global[1]), __frcp_rn(p.b.global[1]));
-  auto store = [&](int64_t m, int64_t n, float v) {
-    if (p.c_dtype == kF32) {
-      static_cast<float*>(p.c)[m * N + n] = __fmul_rn(v, alpha);
-    } else {
-      static_cast<__nv_bfloat16*>(p.c)[m * N + n] = __float2bfloat16_rn(__fmul_rn(v, alpha));
-    }
-  };
+  const float alpha = direct_gemm::OutputAlpha(p);
   const bool split = gridDim.y > 1;
 #pragma unroll
   for (int tl = 0; tl < kTiles; ++tl) {
@@ -324,57 +275,14 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       if (split) {
         partial[(static_cast<int64_t>(blockIdx.y) * M + m) * N + n] = acc[tl][e];
       } else {
-        store(m, n, acc[tl][e]);
+        direct_gemm::StoreC(p, alpha, m, n, acc[tl][e]);
       }
     }
   }
   if (!split) return;
-
-  // ---- the last CTA of this row group adds the slices in order.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last_cta = atomicAdd(&tickets[blockIdx.x], 1) == static_cast<int>(gridDim.y) - 1;
-  }
-  __syncthreads();
-  if (!last_cta) return;
-  __threadfence();
-  // Each thread sums up to kQ outputs, with up to 8 slices x kQ outputs of loads in flight (one
-  // L2 round trip per batch instead of one per slice), adding the slices in slice order.
-  constexpr int kQ = 2;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowsPerCta;
-  const int outputs = static_cast<int>(M) * kRowsPerCta;
-  const unsigned splits = gridDim.y;
-  for (int e0 = threadIdx.x; e0 < outputs; e0 += kQ * kThreads) {
-    float sum[kQ] = {};
-    for (unsigned s0 = 0; s0 < splits; s0 += 8) {
-      float v[kQ][8];
-#pragma unroll
-      for (int q = 0; q < kQ; ++q) {
-        const int e = e0 + q * kThreads;
-        const int64_t m = e / kRowsPerCta;
-        const int64_t n = row0 + e % kRowsPerCta;
-        const bool ok = e < outputs && n < N;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          v[q][j] = ok && s0 + j < splits ? __ldcg(partial + ((s0 + j) * M + m) * N + n) : 0.0f;
-        }
-      }
-#pragma unroll
-      for (int q = 0; q < kQ; ++q) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          if (s0 + j < splits) sum[q] = __fadd_rn(sum[q], v[q][j]);
-        }
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < kQ; ++q) {
-      const int e = e0 + q * kThreads;
-      const int64_t n = row0 + e % kRowsPerCta;
-      if (e < outputs && n < N) store(e / kRowsPerCta, n, sum[q]);
-    }
-  }
+  direct_gemm::SumSlicesInOrder<kRowsPerCta, kThreads>(
+      p, partial, &tickets[blockIdx.x], gridDim.y, 0, static_cast<int>(M),
+      static_cast<int64_t>(blockIdx.x) * kRowsPerCta, &last_cta);
 }
 
 struct Plan {
@@ -401,12 +309,12 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   return pl;
 }
 
-size_t Align256(size_t b) { return (b + 255) / 256 * 256; }
-
 // Workspace: [act: M * total * 256 bytes][tickets: groups ints][partials: splits * M * N f32].
-size_t ActBytes(const Plan& pl, int64_t m) { return Align256(static_cast<size_t>(m * pl.total) * 256); }
+size_t ActBytes(const Plan& pl, int64_t m) {
+  return direct_gemm::Align256(static_cast<size_t>(m * pl.total) * 256);
+}
 size_t TicketBytes(const Plan& pl) {
-  return pl.splits > 1 ? Align256(static_cast<size_t>(pl.groups) * sizeof(int)) : 0;
+  return pl.splits > 1 ? direct_gemm::Align256(static_cast<size_t>(pl.groups) * sizeof(int)) : 0;
 }
 
 template <bool kMx, bool kK32, int kTiles>
@@ -452,11 +360,8 @@ cudaError_t LaunchSmallMMatmul(const SmallMParams& p, cudaStream_t s) {
   float* partial =
       pl.splits > 1 ? reinterpret_cast<float*>(ws + ActBytes(pl, m) + TicketBytes(pl)) : nullptr;
   const int64_t n_tickets = pl.splits > 1 ? pl.groups : 0;
-  const int64_t frags = m * pl.total * 32;
-  const int64_t threads = frags > n_tickets ? frags : n_tickets;
-  PrepareActKernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, s>>>(
-      p, pl.total, act, tickets, n_tickets);
-  const cudaError_t e = cudaGetLastError();
+  const cudaError_t e =
+      direct_gemm::LaunchPrepareGemmAct(p, pl.total, m, act, tickets, n_tickets, s);
   if (e != cudaSuccess) return e;
   const bool k32 = (p.b.cols & 31) == 0;
   if (p.mx) {  // K % 32 == 0

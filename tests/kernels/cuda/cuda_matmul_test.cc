@@ -1,9 +1,11 @@
 // The CUDA backend's FP4 GEMM against the CPU reference (exact products summed in f64): relative
 // Frobenius error below 1e-5 for f32 output and 3e-3 for bf16 output (one bf16 rounding), for
-// NVFP4 and MXFP4, both block shapes and scale layouts, and M on both sides of the small-M
-// kernel's limit (16), including the decode shapes M = 1 and 16 at K = 8192, and the small-M
-// kernel's edges: M = 1, 3, 8, 9, 16, N not a multiple of 16 or 128, K not a multiple of 128
-// (NVFP4 also K = 16 mod 32), single and split K slices.
+// NVFP4 and MXFP4, both block shapes and scale layouts, and M on every path (small-M kernel up
+// to 16, mid-M kernel up to 64, dequantize + cuBLASLt above), including the decode shapes
+// M = 1 and 16 at K = 8192, and each direct kernel's edges: for small M, M = 1, 3, 8, 9, 16,
+// N not a multiple of 16 or 128; for mid M, M on both sides of its 32- and 64-row A tiles, N
+// not a multiple of 256; for both, K not a multiple of 128 (NVFP4 also K = 16 mod 32), single
+// and split K slices.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -75,7 +77,9 @@ TEST_F(MatmulTest, WithinToleranceOfCpuReference) {
              {128, 512, 2048},
              {129, 257, 512},
              {300, 200, 1056},
-             {512, 384, 512}},
+             {512, 384, 512},
+             {520, 136, 256},
+             {1024, 72, 128}},
             6000);
 }
 
@@ -99,8 +103,35 @@ TEST_F(MatmulTest, SmallMKOddMultipleOf16) {
             {Format::kNvfp4});
 }
 
-// The benchmark's decode shapes (large: kept apart so memcheck runs can leave them out).
-TEST_F(MatmulTest, DecodeShapesAtK8192) { RunShapes({{16, 1024, 8192}, {1, 8192, 8192}}, 7000); }
+// Mid-M kernel edges (16 < M <= 64; K a multiple of 32: both formats): 4 and 8 n8 tiles of A
+// rows, M not a multiple of either tile, N not a multiple of 256 (warps with no rows, partial
+// warps), K not a multiple of 128, one chunk of K, single and split slices; M = 65, the first
+// M past the kernel.
+TEST_F(MatmulTest, MidMRaggedShapes) {
+  RunShapes({{17, 300, 4128},
+             {32, 1000, 2080},
+             {33, 257, 9216},
+             {64, 513, 1056},
+             {40, 255, 128},
+             {48, 40, 96},
+             {64, 770, 2048},
+             {57, 600, 3072},
+             {25, 130, 4096},
+             {65, 300, 2080}},
+            10000);
+}
+
+// NVFP4 only: mid-M with K = 16 mod 32.
+TEST_F(MatmulTest, MidMKOddMultipleOf16) {
+  RunShapes({{24, 130, 1040}, {50, 70, 4112}, {63, 17, 16}, {40, 300, 144}}, 11000,
+            {Format::kNvfp4});
+}
+
+// The benchmark's decode shapes and a mid-M one at K = 8192 (large: kept apart so memcheck runs
+// can leave them out).
+TEST_F(MatmulTest, DecodeShapesAtK8192) {
+  RunShapes({{16, 1024, 8192}, {1, 8192, 8192}, {64, 1024, 8192}}, 7000);
+}
 
 void MatmulTest::RunShapes(const std::vector<Shape>& shapes, int salt,
                            const std::vector<Format>& formats) {
