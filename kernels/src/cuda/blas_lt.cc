@@ -98,6 +98,12 @@ absl::Status BlasLt::Run(const Key& key, cudaDataType_t ab_type, const void* a, 
     const size_t ws = kWorkspaceBytes;
     FP4Q_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
         d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    // Split-K partial sums stay in f32: a reduction in the output type would round them to bf16
+    // for a bf16 C (measured on the H200: 2.9e-3 relative Frobenius error at 65 x 300 x 2080).
+    const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_MASK &
+                                ~static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE);
+    FP4Q_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+        d.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions, sizeof(reductions)));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, d.op, d.a, d.b, d.c, d.c,
