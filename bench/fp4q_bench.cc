@@ -610,9 +610,10 @@ int Run(int argc, char** argv) {
       dq_us = dq.median_us;
     }
     Row r;
-    r.name = m <= 16 ? "GEMM nvfp4, B pre-quantized (small-M kernel)"
-                     : (m == 8192 ? "GEMM nvfp4, dequantization included"
-                                 : "GEMM nvfp4, B pre-quantized (mid-M kernel)");
+    r.name = m <= 16   ? "GEMM nvfp4, B pre-quantized (small-M kernel)"
+             : m <= 64 ? "GEMM nvfp4, B pre-quantized (mid-M kernel)"
+             : m == 8192 ? "GEMM nvfp4, dequantization included"
+                         : "GEMM nvfp4, B pre-quantized (dequantize + cuBLAS bf16)";
     r.shape = absl::StrCat("M=", m, " N=8192 K=8192 -> bf16");
     r.us = ours.median_us;
     r.flops = 2.0 * m * nn * k;
