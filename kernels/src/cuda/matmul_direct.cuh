@@ -160,6 +160,26 @@ FP4Q_D void SumSlicesInOrder(const SmallMParams& p, const float* partial, int* t
   }
 }
 
+// Launches a direct GEMM kernel on `s` after LaunchPrepareGemmAct, under programmatic dependent
+// launch when p.pdl (the kernel waits for the prepare kernel with GridDependencyWait).
+template <typename... Params, typename... Args>
+cudaError_t LaunchAfterPrepare(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                               bool pdl, cudaStream_t s, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  if (e != cudaSuccess) return e;
+  return cudaGetLastError();
+}
+
 // A -> bf16 workspace [m_rows][total][i][t][4] (small_m::ActSlotK order; m_rows >= M, rows past M
 // and k past K zero), NVFP4 values times 2^62; also zeroes n_tickets split tickets. The GEMM
 // kernel launched after it on the stream waits for it (griddepcontrol.wait) under programmatic

@@ -289,25 +289,16 @@ cudaError_t LaunchMain(const SmallMParams& p, const Plan& pl, const uint2* act, 
                        int* tickets, cudaStream_t s) {
   auto* kernel = MidMKernel<kMx, kK32, kTiles>;
   const size_t smem = static_cast<size_t>(kStages) * StageBytes(kTiles);
-  cudaError_t e =
+  const cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(pl.groups), static_cast<unsigned>(pl.act_tiles),
-                     static_cast<unsigned>(pl.splits));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = p.pdl ? 1 : 0;
   // The sign shifts as kernel arguments: ptxas cannot fold them (small_m_layout.h).
-  e = cudaLaunchKernelEx(&cfg, kernel, p, pl.chunks, pl.total, act, partial, tickets,
-                         small_m::SignShifts());
-  if (e != cudaSuccess) return e;
-  return cudaGetLastError();
+  return direct_gemm::LaunchAfterPrepare(
+      kernel,
+      dim3(static_cast<unsigned>(pl.groups), static_cast<unsigned>(pl.act_tiles),
+           static_cast<unsigned>(pl.splits)),
+      dim3(kThreads), smem, p.pdl, s, p, pl.chunks, pl.total, act, partial, tickets,
+      small_m::SignShifts());
 }
 
 }  // namespace

@@ -320,22 +320,12 @@ size_t TicketBytes(const Plan& pl) {
 template <bool kMx, bool kK32, int kTiles>
 cudaError_t LaunchMain(const SmallMParams& p, const Plan& pl, const uint2* act, float* partial,
                        int* tickets, cudaStream_t s) {
-  auto* kernel = SmallMKernel<kMx, kK32, kTiles>;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(pl.groups), static_cast<unsigned>(pl.splits));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(8 * kTiles) * (pl.chunks * kChunk + kPad) * 2;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = p.pdl ? 1 : 0;
   // The sign shifts as kernel arguments: ptxas cannot fold them (small_m_layout.h).
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p, pl.chunks, pl.total, act, partial,
-                                           tickets, small_m::SignShifts());
-  if (e != cudaSuccess) return e;
-  return cudaGetLastError();
+  return direct_gemm::LaunchAfterPrepare(
+      SmallMKernel<kMx, kK32, kTiles>,
+      dim3(static_cast<unsigned>(pl.groups), static_cast<unsigned>(pl.splits)), dim3(kThreads),
+      static_cast<size_t>(8 * kTiles) * (pl.chunks * kChunk + kPad) * 2, p.pdl, s, p, pl.chunks,
+      pl.total, act, partial, tickets, small_m::SignShifts());
 }
 
 }  // namespace
