@@ -41,11 +41,9 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -55,6 +53,7 @@ sys.path.insert(0, os.path.join(REPO, "client", "python"))
 import torch  # noqa: E402
 
 import fp4q  # noqa: E402
+from fp4qd_process import Fp4qd  # noqa: E402
 
 SGD_FLOOR_BYTES = 2 + 2 + 4 + 4 + 0.5 + 0.5 + 1 / 16 + 1 / 16   # 13.125
 ADAMW_FLOOR_BYTES = SGD_FLOOR_BYTES + 16                          # 29.125
@@ -268,55 +267,13 @@ def torch_nvfp4_row(model, device, warmup, steps):
 
 # ---------------------------------------------------------------------- fp4q
 
-class Fp4qd:
-    """fp4qd started for the run (--fp4qd), or the one given (--server, --fast-socket)."""
-
-    def __init__(self, args, cuda):
-        self.proc = None
-        self.folder = None
-        self.spin_us = args.spin_us
-        if args.fp4qd:
-            self.folder = tempfile.mkdtemp(prefix="fp4q-bench-")
-            sock = os.path.join(self.folder, "grpc.sock")
-            fast = os.path.join(self.folder, "fast.sock")
-            cmd = [args.fp4qd, "--listen", "127.0.0.1:0", "--metrics_listen", "",
-                   "--unix_socket", sock, "--fast_socket", fast,
-                   "--state_budget_bytes", str(args.state_budget_bytes), "--log_format", "text"]
-            if cuda:
-                cmd += ["--allow_cuda_ipc", "--backend", "cuda"]
-            else:
-                cmd += ["--backend", "cpu"]
-            cmd += args.fp4qd_arg
-            self.command = cmd
-            self.log = open(os.path.join(self.folder, "fp4qd.log"), "w")
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
-            line = self.proc.stdout.readline()
-            if not line.startswith("fp4qd: listening on"):
-                self.stop()
-                raise RuntimeError("fp4qd did not start: %r (log %s)" % (line, self.log.name))
-            self.target, self.fast = "unix:" + sock, fast
-        else:
-            self.command = None
-            self.target, self.fast = args.server, args.fast_socket
-
-    def client(self, fast, namespace):
-        return fp4q.Client(self.target, fast_socket=self.fast if fast else "",
-                           fast_socket_spin_us=self.spin_us if fast else 0,
-                           namespace=namespace, max_regions=1024, timeout=600,
-                           ipc="require" if torch.cuda.is_available() and not DRY else "auto")
-
-    def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        if self.folder:
-            shutil.rmtree(self.folder, ignore_errors=True)
-
-
 DRY = False
+
+
+def ipc_mode():
+    return "require" if torch.cuda.is_available() and not DRY else "auto"
+
+
 CONFIGS = [
     ("fp4q SGD RTN+EF, current scaling", "sgd", dict(scaling="current")),
     ("fp4q SGD RTN+EF, delayed scaling", "sgd", dict(scaling="delayed")),
@@ -330,7 +287,7 @@ def fp4q_row(server, model, label, kind, kw, fast, device, warmup, steps, tag):
     row = {"name": "%s, %s" % (label, "fast socket" if fast else "gRPC"),
            "floor_bytes_per_param": SGD_FLOOR_BYTES if kind == "sgd" else ADAMW_FLOOR_BYTES}
     ns = "bench-%s-%d" % (tag, os.getpid())
-    c = server.client(fast, ns)
+    c = server.client(fast, ns, ipc_mode())
     try:
         with out_of_memory_as_row(row):
             if kind == "sgd":
@@ -400,7 +357,7 @@ def _find(rows, prefix):
 def update_8192(server, args, device, bandwidth):
     size = 256 if args.dry_run else 8192
     model = Model([(size, size)], device, torch.bfloat16, seed=3)
-    c = server.client(True, "bench-8192-%d" % os.getpid())
+    c = server.client(True, "bench-8192-%d" % os.getpid(), ipc_mode())
     out = {"shape": [size, size]}
     try:
         with out_of_memory_as_row(out):
@@ -456,7 +413,7 @@ def profile_steps(server, args, device, path):
     import io
     import pstats
     model = Model(gpt2_shapes(args.dry_run), device, torch.bfloat16, seed=5)
-    c = server.client(True, "bench-profile-%d" % os.getpid())
+    c = server.client(True, "bench-profile-%d" % os.getpid(), ipc_mode())
     try:
         opt = fp4q.optim.SGD(model.params, lr=1e-2, client=c, existing="replace")
         for _ in range(args.warmup):

@@ -28,6 +28,10 @@
 #              SGD RTN+EF current/delayed, AdamW; fast socket and gRPC) and
 #              bench/trainer_step.py (Python fp4q.optim beside torch's SGD/AdamW and an
 #              in-process torch NVFP4 update); FP4Q_STEP_LLAMA_LAYERS (default 32)
+#   gemm       the user's GEMM: fp4q_bench --only GEMM (the kernels beside cuBLAS bf16 and
+#              dequantize + cuBLAS), then bench/matmul_service.py (Matmul through fp4qd by CUDA
+#              IPC, fast socket and gRPC, M = 1..8192 at N = K = 8192, beside torch's bf16
+#              matmul in the same process)
 #   train      train/ (scripts/train-transformer.sh --gpu): the transformer in every variant
 #   dp         bench/dp_step.py: 4 data-parallel ranks sharing the GPU through one fp4qd, beside
 #              torch.distributed all-reduce (gloo) with per-rank fp32 masters
@@ -56,7 +60,7 @@
 # Exit status: 0 when every suite passed, 1 when one failed, 2 on bad usage.
 set -uo pipefail
 
-usage() { sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,60p' "$0" | sed 's/^# \{0,1\}//'; }
 
 here=$(cd "$(dirname "$0")" && pwd)
 bundle=""
@@ -67,7 +71,7 @@ example_steps="200 500"
 profile=0
 dry=0
 suites=()
-known="info gpu-tests memcheck bench profile service python examples step train dp multigpu"
+known="info gpu-tests memcheck bench profile service python examples step gemm train dp multigpu"
 while (($#)); do
   case "$1" in
     --bundle) bundle="$2"; shift 2 ;;
@@ -537,6 +541,13 @@ suite_step() {
   run_step trainer-step 420 python3 bench/trainer_step.py --fp4qd "$b/bin/fp4qd" \
     --profile "$work/trainer_step_profile.txt" \
     --llama-layers "${FP4Q_STEP_PY_LLAMA_LAYERS:-8}" --json "$work/trainer_step.json"
+}
+
+suite_gemm() {
+  run_step kernel-gemm 300 "$b/bin/fp4q_bench" --out "$work/fp4q_bench_gemm.json" \
+    --commit "${commit%% *}" --only GEMM
+  run_step matmul-service 400 python3 bench/matmul_service.py --fp4qd "$b/bin/fp4qd" --grpc \
+    --json "$work/matmul_service.json"
 }
 
 suite_train() {

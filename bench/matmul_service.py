@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""The user's GEMM: C = A * B^T through fp4qd's Matmul, beside torch's bf16 matmul in the same run.
+
+    # H200: fp4qd started by the benchmark (or --server/--fast-socket for a running one)
+    python3 bench/matmul_service.py --fp4qd build/bin/fp4qd --json out.json
+    # here: the CPU dry run (small shapes, inline tensors, a few calls), what ctest runs
+    python3 bench/matmul_service.py --dry-run --fp4qd build-py/bin/fp4qd --json dry.json
+
+For each M of --m (N = --n, K = --k; bf16 A [M, K] and B [N, K] of random values, never zeros),
+over the fast socket (and gRPC with --grpc), each timed over --iters calls after --warmup, p50
+and p90 of the wall time of one call (torch.cuda.synchronize() before it: the inputs are ready,
+as the API requires; perf_counter around it) and the server's kernel time
+(ReplyHeader.kernel_micros):
+  matmul, both quantized   client.matmul(qa, qb, out=c): A and B quantized beforehand (NVFP4
+                           1x16, RTN) into the client's CUDA tensors, sent by CUDA IPC; C
+                           written by the server into the client's bf16 tensor.
+  matmul, B stored         client.matmul(qa, name, out=c): B a weight fp4qd stores
+                           (CreateWeight), A as above.
+  linear forward           client.quantize(a) then client.matmul(qa, name, out=c): the two calls
+                           of a forward through a layer whose weight fp4qd stores.
+  torch bf16               torch.matmul(a, b.t(), out=c) in this process (cuBLAS), the same
+                           wall-time convention, and its CUDA-event time.
+Every fp4qd result is checked once, its output poisoned with NaN first, against the f32 product
+of the operands' dequantized values (relative Frobenius error <= --tolerance). --json writes all
+of it with the GPU, torch version, commit and commands.
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "client", "python"))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+import fp4q  # noqa: E402
+from fp4qd_process import Fp4qd  # noqa: E402
+
+
+def percentile(values, q):
+    """Nearest-rank percentile (the value at rank ceil(q * n))."""
+    s = sorted(values)
+    return s[max(0, min(len(s) - 1, int(math.ceil(q * len(s))) - 1))]
+
+
+def stats_us(values):
+    return {"p50_us": percentile(values, 0.5), "p90_us": percentile(values, 0.9),
+            "min_us": min(values), "samples": len(values)}
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_calls(fn, device, warmup, iters, header=None):
+    """Wall microseconds of fn() per call (inputs synchronized before each), and the server's
+    kernel microseconds per call when `header` gives the call's ReplyHeader (summed over the
+    calls fn makes: header() returns the list)."""
+    wall, kernel = [], []
+    for i in range(warmup + iters):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        if i >= warmup:
+            wall.append((t1 - t0) * 1e6)
+            if header is not None:
+                kernel.append(sum(h.kernel_micros for h in header()))
+    out = {"wall": stats_us(wall)}
+    if kernel:
+        out["kernel"] = stats_us(kernel)
+        out["wall_minus_kernel_p50_us"] = out["wall"]["p50_us"] - out["kernel"]["p50_us"]
+    return out
+
+
+def event_us(fn, device, warmup, iters):
+    """CUDA-event microseconds of fn() (device time only), p50."""
+    if device.type != "cuda":
+        return None
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3)
+    return stats_us(times)
+
+
+def rel_frobenius(got, want):
+    d = (got.double() - want.double()).norm()
+    w = want.double().norm()
+    return float(d / w) if w > 0 else float(d)
+
+
+def commit():
+    if os.environ.get("FP4Q_COMMIT"):  # set by scripts/device/run.sh: the bundle's commit
+        return os.environ["FP4Q_COMMIT"]
+    try:
+        return subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=30).stdout.strip() or None
+    except OSError:
+        return None
+
+
+class Checked(Exception):
+    pass
+
+
+def check_output(name, c, reference, tolerance):
+    """c (poisoned with NaN before the call) against the f32 reference."""
+    if not torch.isfinite(c).all():
+        raise Checked("%s: the output holds NaN/Inf after the call (not written?)" % name)
+    err = rel_frobenius(c.float(), reference)
+    if not err <= tolerance:
+        raise Checked("%s: relative Frobenius error %.3g over the tolerance %.3g" %
+                      (name, err, tolerance))
+    return err
+
+
+def m_section(client, m, n, k, b, weight, qb, ref_b, device, args):
+    """The rows of one M (B, its stored weight and its quantized form are shared)."""
+    gen = torch.Generator(device="cpu").manual_seed(1000 + m)
+    a = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(device)
+    qa = client.quantize(a).rowwise
+    ref = client.dequantize(qa, torch.float32, device=device) @ ref_b.t()
+    c = torch.empty(m, n, dtype=torch.bfloat16, device=device)
+    last = lambda: [client.last_header]  # noqa: E731
+    section = {"m": m, "n": n, "k": k, "rows": {}}
+    rows = section["rows"]
+
+    def both():
+        client.matmul(qa, qb, torch.bfloat16, out=c)
+
+    def stored():
+        client.matmul(qa, weight, torch.bfloat16, out=c)
+
+    headers = []
+
+    def forward():
+        q = client.quantize(a).rowwise
+        headers[:] = [client.last_header]
+        client.matmul(q, weight, torch.bfloat16, out=c)
+        headers.append(client.last_header)
+
+    for name, fn, header in (("matmul, both quantized", both, last),
+                             ("matmul, B stored", stored, last),
+                             ("linear forward (quantize + matmul, B stored)", forward,
+                              lambda: headers)):
+        c.fill_(float("nan"))
+        fn()
+        sync(device)
+        row = {"rel_frobenius_error": check_output(name, c, ref, args.tolerance)}
+        row.update(timed_calls(fn, device, args.warmup, args.iters, header))
+        rows[name] = row
+
+    def torch_mm():
+        torch.matmul(a, b.t(), out=c)
+
+    row = timed_calls(torch_mm, device, args.warmup, args.iters)
+    row["event"] = event_us(torch_mm, device, args.warmup, args.iters)
+    rows["torch bf16"] = row
+    base = row["wall"]["p50_us"]
+    for name, r in rows.items():
+        if name != "torch bf16":
+            r["torch_bf16_wall_over_this_wall"] = base / r["wall"]["p50_us"]
+    return section
+
+
+def print_section(s):
+    print("\nM=%d N=%d K=%d" % (s["m"], s["n"], s["k"]))
+    print("| row | wall p50 us | kernel p50 us | wall - kernel | torch bf16 wall / this |")
+    print("|---|---|---|---|---|")
+    for name, r in s["rows"].items():
+        kern = r.get("kernel", {}).get("p50_us")
+        print("| %s | %.1f | %s | %s | %s |" % (
+            name, r["wall"]["p50_us"], "%.1f" % kern if kern is not None else "-",
+            "%.1f" % r["wall_minus_kernel_p50_us"] if kern is not None else "-",
+            "%.2fx" % r["torch_bf16_wall_over_this_wall"]
+            if "torch_bf16_wall_over_this_wall" in r else
+            "event %.1f us" % r["event"]["p50_us"] if r.get("event") else "-"), flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU, N = K = 256, M 1,16,64, inline tensors, 1 warmup + 3 calls")
+    ap.add_argument("--fp4qd", help="start this fp4qd for the run (CUDA IPC, fast socket)")
+    ap.add_argument("--fp4qd-arg", action="append", default=[],
+                    help="one more fp4qd flag (repeatable)")
+    ap.add_argument("--server", default=os.environ.get("FP4Q_SERVER"),
+                    help="a running fp4qd's gRPC address instead (unix:/path for CUDA IPC)")
+    ap.add_argument("--fast-socket", default=os.environ.get("FP4Q_FAST_SOCKET"),
+                    help="its --fast_socket path")
+    ap.add_argument("--state-budget-bytes", type=int, default=16 << 30,
+                    help="--state_budget_bytes of the fp4qd started here")
+    ap.add_argument("--spin-us", type=int, default=0,
+                    help="the fast socket client's busy-poll of each reply")
+    ap.add_argument("--m", default="1,16,32,64,128,512,2048,8192",
+                    help="comma-separated M values (A's rows)")
+    ap.add_argument("--n", type=int, default=8192, help="B's rows (N)")
+    ap.add_argument("--k", type=int, default=8192, help="the inner dimension (K)")
+    ap.add_argument("--grpc", action="store_true", help="also every row over gRPC")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--tolerance", type=float, default=8e-3,
+                    help="relative Frobenius error allowed for the bf16 output")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    try:
+        ms = [int(v) for v in args.m.split(",") if v.strip()]
+    except ValueError:
+        ap.error("--m: comma-separated integers, got %r" % args.m)
+    if not ms or min(ms) < 1 or args.n < 16 or args.k < 16 or args.k % 16:
+        ap.error("--m >= 1, --n >= 16, --k a multiple of 16 (>= 16)")
+    if args.iters < 1 or args.warmup < 0:
+        ap.error("--iters >= 1, --warmup >= 0")
+    if args.dry_run:
+        device = torch.device("cpu")
+        ms, args.n, args.k = [1, 16, 64], 256, 256
+        args.iters, args.warmup = min(args.iters, 3), min(args.warmup, 1)
+        args.state_budget_bytes = min(args.state_budget_bytes, 1 << 30)
+    else:
+        if not torch.cuda.is_available():
+            ap.error("no CUDA device: run with --dry-run here")
+        device = torch.device("cuda", torch.cuda.current_device())
+    if not args.fp4qd and not args.server:
+        ap.error("give --fp4qd (started here) or --server (and --fast-socket)")
+    torch.backends.cuda.matmul.allow_tf32 = False  # the f32 reference
+    ipc = "require" if device.type == "cuda" else "auto"
+    server = Fp4qd(args, cuda=device.type == "cuda")
+    results = {"command": [sys.executable] + (sys.argv if argv is None else argv),
+               "fp4qd_command": server.command, "commit": commit(), "torch": torch.__version__,
+               "device": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                          else "cpu"),
+               "host": platform.node(), "dry_run": args.dry_run, "iters": args.iters,
+               "warmup": args.warmup, "transports": {}}
+    failed = None
+    try:
+        for fast in [True, False] if args.grpc else [True]:
+            transport = "fast socket" if fast else "gRPC"
+            client = server.client(fast, "bench-matmul-%d" % os.getpid(), ipc)
+            sections = []
+            try:
+                gen = torch.Generator(device="cpu").manual_seed(7)
+                b = torch.randn(args.n, args.k, generator=gen).to(torch.bfloat16).to(device)
+                weight = "matmul.b"
+                client.create_weight(weight, b)
+                qb = client.quantize(b).rowwise
+                ref_b = client.dequantize(qb, torch.float32, device=device)
+                stored = client.dequantize(weight, torch.float32, device=device)
+                if not torch.equal(stored, ref_b):
+                    raise Checked("the stored weight's DQ differs from Quantize's of the same B")
+                print("%s: %s, N=%d K=%d" % (transport, results["device"], args.n, args.k),
+                      flush=True)
+                for m in ms:
+                    s = m_section(client, m, args.n, args.k, b, weight, qb, ref_b, device, args)
+                    print_section(s)
+                    sections.append(s)
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                stats = {k: v for k, v in client.stats.items()
+                         if k.startswith(("fast", "ipc", "inline"))}
+                results["transports"][transport] = {"sections": sections, "client_stats": stats}
+            finally:
+                try:
+                    client.delete_namespace()
+                except fp4q.Fp4qError:
+                    pass
+                client.close()
+    except Checked as e:
+        failed = str(e)
+        results["error"] = failed
+    finally:
+        server.stop()
+    text = json.dumps(results, indent=2, sort_keys=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    if failed:
+        print("matmul_service: FAILED: %s" % failed, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
