@@ -26,6 +26,9 @@
 // (bench/results/h200-gemm/). More warps need fewer than 128 registers a thread (two CTAs an
 // SM), which spills at 8 n8 tiles; Hopper's wgmma (a warpgroup's MMA with the decoded weights
 // in registers and A in shared memory) is the path for larger M.
+#include <atomic>
+#include <cstdint>
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -289,9 +292,17 @@ cudaError_t LaunchMain(const SmallMParams& p, const Plan& pl, const uint2* act, 
                        int* tickets, cudaStream_t s) {
   auto* kernel = MidMKernel<kMx, kK32, kTiles>;
   const size_t smem = static_cast<size_t>(kStages) * StageBytes(kTiles);
-  const cudaError_t e =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  // The shared-memory opt-in once per device (a bit each; devices past 63 set it every call).
+  static std::atomic<uint64_t> opted{0};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
+  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit == 0 || (opted.load(std::memory_order_acquire) & bit) == 0) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    opted.fetch_or(bit, std::memory_order_acq_rel);
+  }
   // The sign shifts as kernel arguments: ptxas cannot fold them (small_m_layout.h).
   return direct_gemm::LaunchAfterPrepare(
       kernel,
