@@ -34,6 +34,8 @@ struct Engine::Route {
   void Operand(const QuantizedOperandIn& op, const std::string& field) {
     if (op.is_weight) {
       names.emplace_back(op.weight_name, absl::StrCat(field, ".weight_name"));
+    } else if (op.is_dense) {
+      Region(op.dense.tensor.data, absl::StrCat(field, ".dense.tensor.region"));
     } else {
       Region(op.tensor.codes, absl::StrCat(field, ".tensor.codes_region"));
       Region(op.tensor.scales, absl::StrCat(field, ".tensor.scales_region"));

@@ -20,18 +20,25 @@ struct Operand {
   kernels::ConstQuantizedTensor q;
   std::shared_ptr<StateEntry> entry;
   std::string field;  // "a", "b", "input"
-  // How messages name it: "a.tensor" with dimensions "a.tensor.shape[0]" / "[1]", or a stored
-  // weight's "a.weight_name" (no shape in the request: "a.weight_name (the weight's rows)").
+  // How messages name it: "a.tensor" with dimensions "a.tensor.shape[0]" / "[1]", a stored
+  // weight's "a.weight_name" (no shape in the request: "a.weight_name (the weight's rows)"), or
+  // "a.dense.tensor" (column-wise: its rows are the tensor's shape[1]).
   std::string path;
   bool weight_dims = false;
+  // A dense operand: `x` quantized with `quant` into `dense` (scratch) before the GEMM.
+  bool is_dense = false;
+  kernels::ConstTensor x;
+  kernels::QuantizeOptions quant;
+  kernels::QuantizedTensor dense;
 };
 
 namespace {
 
 // The operand's path for messages; `root` is FieldPath(o.path), kept by the caller.
 FieldPath OperandPath(const FieldPath& root, const Operand& o) {
-  return o.weight_dims ? root.Dims(" (the weight's rows)", " (the weight's columns)")
-                       : root.Shaped();
+  if (o.weight_dims) return root.Dims(" (the weight's rows)", " (the weight's columns)");
+  if (o.is_dense && o.quant.columnwise) return root.Dims(".shape[1]", ".shape[0]");  // Q(x^T)
+  return root.Shaped();
 }
 
 // A's rows [r0, r0 + rows) as an operand of their own: plain scale layouts slice by rows (16x16
@@ -85,12 +92,64 @@ absl::Status ChunkedMatmul(OpEnv& env, const kernels::ConstQuantizedTensor& a,
   return absl::OkStatus();
 }
 
+// A dense operand (Matmul's `dense`): checked as Quantize checks its input and options, with
+// the one-output and no-state rules of an operand; its quantized form gets scratch buffers.
+absl::Status ResolveDense(OpEnv& env, const DenseOperandIn& in, const std::string& field,
+                          Operand* out) {
+  const std::string f = absl::StrCat(field, ".dense");
+  out->path = absl::StrCat(f, ".tensor");  // messages name the tensor's dimensions
+  out->is_dense = true;
+  const FieldPath fp(f);
+  const FieldPath tensor = fp.Member("tensor");
+  const std::string options = absl::StrCat(f, ".options");
+  FP4Q_ASSIGN_OR_RETURN(DenseShape shape, CheckDenseTensor(in.tensor, tensor));
+  const kernels::QuantizeOptions& o = in.options.quant;
+  if (!in.options.residual_key.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options, ".residual_key: set, but Matmul changes no state (error feedback is Quantize's "
+        "or a stored weight's)"));
+  }
+  if (o.rowwise && o.columnwise) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options, ".outputs: OUTPUTS_BOTH, but an operand is one quantization: OUTPUTS_ROWWISE "
+        "(Q(x)) or OUTPUTS_COLUMNWISE (Q(x^T))"));
+  }
+  FP4Q_RETURN_IF_ERROR(CheckQuantOptions(in.options, options));
+  FP4Q_RETURN_IF_ERROR(
+      kernels::ValidateQuantizeShape(shape.rows, shape.cols, o, tensor.Shaped()));
+  FP4Q_ASSIGN_OR_RETURN(out->x, env.Input(in.tensor, shape, tensor));
+  out->quant = o;
+  const std::string shape_field = absl::StrCat(f, ".tensor.shape");
+  FP4Q_ASSIGN_OR_RETURN(out->dense,
+                        o.columnwise ? QuantizedOutput(o, shape.cols, shape.rows, shape_field)
+                                     : QuantizedOutput(o, shape.rows, shape.cols, shape_field));
+  kernels::QuantizedTensor& q = out->dense;
+  FP4Q_ASSIGN_OR_RETURN(void* codes, env.Scratch(q.codes_capacity));
+  FP4Q_ASSIGN_OR_RETURN(void* scales, env.Scratch(q.scales_capacity));
+  FP4Q_ASSIGN_OR_RETURN(void* global, env.Scratch(kernels::kGlobalFloats * sizeof(float)));
+  q.codes = static_cast<uint8_t*>(codes);
+  q.scales = static_cast<uint8_t*>(scales);
+  q.global = static_cast<float*>(global);
+  out->q = kernels::AsConst(q);
+  return absl::OkStatus();
+}
+
+// Quantizes a dense operand into its scratch (on the request's stream, before the GEMM).
+absl::Status QuantizeDense(OpEnv& env, Operand& op) {
+  if (!op.is_dense) return absl::OkStatus();
+  const bool col = op.quant.columnwise;
+  return env.backend().Quantize(op.x, op.quant, nullptr, col ? nullptr : &op.dense,
+                                col ? &op.dense : nullptr, env.stream(), nullptr);
+}
+
 absl::Status ResolveOperand(OpEnv& env, StateStore& store, const QuantizedOperandIn& in,
                             const std::string& field, Operand* out) {
   out->field = field;
   if (!in.is_set) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": set tensor or weight_name"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": set tensor, weight_name or dense"));
   }
+  if (in.is_dense) return ResolveDense(env, in.dense, field, out);
   if (in.is_weight) {
     const std::string f = absl::StrCat(field, ".weight_name");
     out->path = f;
@@ -174,6 +233,11 @@ absl::Status LockOperands(std::vector<Operand*> ops,
 
 absl::Status Engine::RunDequantize(OpEnv& env, const DequantizeRequest& req,
                                    DequantizeResult* res) {
+  if (req.input.is_dense) {
+    return absl::InvalidArgumentError(
+        "input.dense: Dequantize takes a quantized tensor or a weight_name (Qdq quantizes and "
+        "dequantizes a dense tensor)");
+  }
   Operand op;
   FP4Q_RETURN_IF_ERROR(ResolveOperand(env, *store_, req.input, "input", &op));
   const kernels::DType dt = req.out_dtype;
@@ -226,6 +290,8 @@ absl::Status Engine::RunMatmul(OpEnv& env, const MatmulRequest& req, MatmulResul
   FP4Q_RETURN_IF_ERROR(kernels::ValidateMatmulArgs(a.q, b.q, c, OperandPath(a_root, a),
                                                    OperandPath(b_root, b), "out"));
   absl::Status s = env.Kernel("matmul", [&] {
+    FP4Q_RETURN_IF_ERROR(QuantizeDense(env, a));
+    FP4Q_RETURN_IF_ERROR(QuantizeDense(env, b));
     if (!env.device().host_memory) return env.backend().Matmul(a.q, b.q, c, env.stream());
     // On the CPU: row chunks of A (~2^27 multiply-adds each), the deadline checked between them.
     return ChunkedMatmul(env, a.q, b.q, c);

@@ -50,21 +50,6 @@ absl::Status GuardStatus(const kernels::FiniteGuard& g, absl::string_view key) {
   }
 }
 
-// Sizes and views of a quantized output [rows, cols] in `options`' format and layout.
-absl::StatusOr<kernels::QuantizedTensor> OutputTensor(const kernels::QuantizeOptions& o,
-                                                      int64_t rows, int64_t cols) {
-  kernels::QuantizedTensor q;
-  q.format = o.format;
-  q.block = o.block;
-  q.scale_layout = o.scale_layout;
-  q.rows = rows;
-  q.cols = cols;
-  FP4Q_ASSIGN_OR_RETURN(q.codes_capacity, kernels::CodeBytes(rows, cols, "input.shape"));
-  FP4Q_ASSIGN_OR_RETURN(q.scales_capacity,
-                        kernels::ScaleBytes(rows, cols, o.format, o.scale_layout, "input.shape"));
-  return q;
-}
-
 absl::Status Unrequested(const OutputTarget& t, absl::string_view field, absl::string_view what) {
   if (!t.has_region) return absl::OkStatus();
   return absl::InvalidArgumentError(
@@ -250,7 +235,7 @@ absl::Status Engine::RunQuantize(OpEnv& env, const QuantizeRequest& req, Quantiz
   float* rglobal = nullptr;
   float* cglobal = nullptr;
   if (opts.rowwise) {
-    FP4Q_ASSIGN_OR_RETURN(rq, OutputTensor(opts, shape.rows, shape.cols));
+    FP4Q_ASSIGN_OR_RETURN(rq, QuantizedOutput(opts, shape.rows, shape.cols, "input.shape"));
     FP4Q_ASSIGN_OR_RETURN(rq.codes, env.Output(req.rowwise_codes, rq.codes_capacity,
                                                "rowwise_codes", &res->rowwise.codes));
     FP4Q_ASSIGN_OR_RETURN(rq.scales, env.Output(req.rowwise_scales, rq.scales_capacity,
@@ -259,7 +244,7 @@ absl::Status Engine::RunQuantize(OpEnv& env, const QuantizeRequest& req, Quantiz
     rq.global = rglobal = static_cast<float*>(g);
   }
   if (opts.columnwise) {
-    FP4Q_ASSIGN_OR_RETURN(cq, OutputTensor(opts, shape.cols, shape.rows));
+    FP4Q_ASSIGN_OR_RETURN(cq, QuantizedOutput(opts, shape.cols, shape.rows, "input.shape"));
     FP4Q_ASSIGN_OR_RETURN(cq.codes, env.Output(req.columnwise_codes, cq.codes_capacity,
                                                "columnwise_codes", &res->columnwise.codes));
     FP4Q_ASSIGN_OR_RETURN(cq.scales, env.Output(req.columnwise_scales, cq.scales_capacity,

@@ -41,24 +41,26 @@ OutputTarget Target(bool has, const v1::OutputTarget& m) {
   return t;
 }
 
-absl::StatusOr<QuantOptionsIn> FromProto(const v1::QuantOptions& m) {
+// `f` names the message ("options", "a.dense.options").
+absl::StatusOr<QuantOptionsIn> FromProto(const v1::QuantOptions& m,
+                                         const FieldPath& f = "options") {
   QuantOptionsIn in;
   kernels::QuantizeOptions& o = in.quant;
-  FP4Q_ASSIGN_OR_RETURN(o.format, FormatFrom(m.format(), "options.format"));
-  FP4Q_ASSIGN_OR_RETURN(o.block, BlockFrom(m.block(), o.format, "options.block"));
-  FP4Q_ASSIGN_OR_RETURN(o.rounding, RoundingFrom(m.rounding(), "options.rounding"));
+  FP4Q_ASSIGN_OR_RETURN(o.format, FormatFrom(m.format(), f.Member("format")));
+  FP4Q_ASSIGN_OR_RETURN(o.block, BlockFrom(m.block(), o.format, f.Member("block")));
+  FP4Q_ASSIGN_OR_RETURN(o.rounding, RoundingFrom(m.rounding(), f.Member("rounding")));
   o.seed = m.seed();
   o.step = m.step();
-  FP4Q_ASSIGN_OR_RETURN(o.rht, RhtFrom(m.rht(), "options.rht"));
+  FP4Q_ASSIGN_OR_RETURN(o.rht, RhtFrom(m.rht(), f.Member("rht")));
   o.rht_seed = m.rht_seed();
   FP4Q_ASSIGN_OR_RETURN(o.scale_selection,
-                        SelectionFrom(m.scale_selection(), "options.scale_selection"));
+                        SelectionFrom(m.scale_selection(), f.Member("scale_selection")));
   o.four_over_six_emax = m.four_over_six_emax() == 0.0f ? 256.0f : m.four_over_six_emax();
   o.has_amax = m.has_amax();
   o.amax = m.amax();
-  FP4Q_ASSIGN_OR_RETURN(o.scale_layout, LayoutFrom(m.scale_layout(), "options.scale_layout"));
-  FP4Q_ASSIGN_OR_RETURN(o.mx_rule, MxRuleFrom(m.mx_scale_rule(), "options.mx_scale_rule"));
-  FP4Q_RETURN_IF_ERROR(OutputsFrom(m.outputs(), "options.outputs", &o));
+  FP4Q_ASSIGN_OR_RETURN(o.scale_layout, LayoutFrom(m.scale_layout(), f.Member("scale_layout")));
+  FP4Q_ASSIGN_OR_RETURN(o.mx_rule, MxRuleFrom(m.mx_scale_rule(), f.Member("mx_scale_rule")));
+  FP4Q_RETURN_IF_ERROR(OutputsFrom(m.outputs(), f.Member("outputs"), &o));
   in.residual_key = m.residual_key();
   return in;
 }
@@ -105,6 +107,15 @@ absl::StatusOr<QuantizedOperandIn> FromProto(const v1::QuantizedOperand& m,
     case v1::QuantizedOperand::kTensor: {
       op.is_set = true;
       FP4Q_ASSIGN_OR_RETURN(op.tensor, FromProto(m.tensor(), field.Member("tensor")));
+      return op;
+    }
+    case v1::QuantizedOperand::kDense: {
+      op.is_set = true;
+      op.is_dense = true;
+      const FieldPath dense = field.Member("dense");
+      FP4Q_ASSIGN_OR_RETURN(op.dense.tensor, FromProto(m.dense().tensor(), dense.Member("tensor")));
+      FP4Q_ASSIGN_OR_RETURN(op.dense.options,
+                            FromProto(m.dense().options(), dense.Member("options")));
       return op;
     }
     default:

@@ -121,4 +121,19 @@ absl::Status CheckQuantOptions(const QuantOptionsIn& in, absl::string_view field
   return kernels::ValidateErrorFeedback(o, root.Member("residual_key"), options);
 }
 
+absl::StatusOr<kernels::QuantizedTensor> QuantizedOutput(const kernels::QuantizeOptions& o,
+                                                         int64_t rows, int64_t cols,
+                                                         absl::string_view field) {
+  kernels::QuantizedTensor q;
+  q.format = o.format;
+  q.block = o.block;
+  q.scale_layout = o.scale_layout;
+  q.rows = rows;
+  q.cols = cols;
+  FP4Q_ASSIGN_OR_RETURN(q.codes_capacity, kernels::CodeBytes(rows, cols, field));
+  FP4Q_ASSIGN_OR_RETURN(q.scales_capacity,
+                        kernels::ScaleBytes(rows, cols, o.format, o.scale_layout, field));
+  return q;
+}
+
 }  // namespace fp4q::server

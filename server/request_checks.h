@@ -62,6 +62,12 @@ absl::Status CheckQuantOptions(const QuantOptionsIn& in, absl::string_view field
 absl::Status CheckErrorFeedbackOutputs(const QuantOptionsIn& in,
                                        absl::string_view field = "options");
 
+// The sizes of a quantized output [rows, cols] in `o`'s format, block and scale layout (its
+// buffers unset); an overflow of the byte counts is refused naming `field`.
+absl::StatusOr<kernels::QuantizedTensor> QuantizedOutput(const kernels::QuantizeOptions& o,
+                                                         int64_t rows, int64_t cols,
+                                                         absl::string_view field);
+
 }  // namespace fp4q::server
 
 #endif  // FP4Q_SERVER_REQUEST_CHECKS_H_

@@ -98,12 +98,20 @@ struct QuantizedIn {
   BytesIn scales;
 };
 
-// fp4q.v1.QuantizedOperand: a quantized tensor or a server-held weight.
+// fp4q.v1.DenseOperand: a dense tensor Matmul quantizes with `options`.
+struct DenseOperandIn {
+  TensorIn tensor;
+  QuantOptionsIn options;
+};
+
+// fp4q.v1.QuantizedOperand: a quantized tensor, a server-held weight, or a dense tensor.
 struct QuantizedOperandIn {
   bool is_weight = false;
-  bool is_set = false;  // false: neither field was set
+  bool is_dense = false;
+  bool is_set = false;  // false: no field was set
   std::string weight_name;
   QuantizedIn tensor;
+  DenseOperandIn dense;
 };
 
 // fp4q.v1.QuantizedTensor in a result.

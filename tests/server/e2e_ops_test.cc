@@ -1,6 +1,7 @@
 // End to end: every tensor RPC over the inline transport against the real fp4qd (CPU backend),
 // results compared bit for bit with the CPU backend called in this process.
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -313,6 +314,173 @@ TEST_F(E2eOpsTest, MatmulOfInlineOperandsAndOfAStoredWeight) {
   v1::DeleteWeightReply delr;
   auto dctx = Context();
   EXPECT_TRUE(stub_->DeleteWeight(dctx.get(), del, &delr).ok());
+}
+
+// Matmul of dense operands (DenseOperand): each quantized by the server with exactly Quantize's
+// numerics, row-wise (Q(x)) or column-wise (Q(x^T)), so the result is the CPU backend's GEMM of
+// the two quantizations, bit for bit; and a dense A against a stored weight.
+TEST_F(E2eOpsTest, MatmulOfDenseOperandsIsTheGemmOfTheirQuantizations) {
+  struct Dense {
+    kernels::QuantizeOptions k;
+    v1::QuantOptions p;
+  };
+  Dense fwd_x, fwd_w, wgrad;  // nn.Linear's fprop operands, and wgrad's (RHT + SR, column-wise)
+  fwd_w.k.block = kernels::BlockShape::k16x16;
+  fwd_w.p.set_block(v1::BLOCK_SHAPE_16X16);
+  wgrad.k.rht = kernels::RhtMode::kDefaultSigns;
+  wgrad.k.rounding = kernels::Rounding::kStochastic;
+  wgrad.k.seed = 77;
+  wgrad.k.step = 3;
+  wgrad.k.rowwise = false;
+  wgrad.k.columnwise = true;
+  wgrad.p.set_rht(v1::RHT_MODE_DEFAULT_SIGNS);
+  wgrad.p.set_rounding(v1::ROUNDING_STOCHASTIC);
+  wgrad.p.set_seed(77);
+  wgrad.p.set_step(3);
+  wgrad.p.set_outputs(v1::OUTPUTS_COLUMNWISE);
+  auto dense = [](v1::QuantizedOperand* op, const std::string& x, int64_t r, int64_t c,
+                  kernels::DType dt, const v1::QuantOptions& o) {
+    *op->mutable_dense()->mutable_tensor() = InlineTensor(x, r, c, Wire(dt));
+    *op->mutable_dense()->mutable_options() = o;
+  };
+  const int64_t m = 24, n = 48, k = 64;
+  for (kernels::DType out : {kernels::DType::kF32, kernels::DType::kBF16}) {
+    SCOPED_TRACE(out == kernels::DType::kF32 ? "f32 out" : "bf16 out");
+    {  // fprop: x [m, k] bf16 row-wise 1x16, W [n, k] f32 row-wise 16x16
+      const std::string x = RandomBF16(m * k, 21, 2.0f), w = RandomF32(n * k, 22);
+      RefQuantize qx = CpuQuantize(x, kernels::DType::kBF16, m, k, fwd_x.k);
+      RefQuantize qw = CpuQuantize(w, kernels::DType::kF32, n, k, fwd_w.k);
+      ASSERT_TRUE(qx.status.ok() && qw.status.ok());
+      v1::MatmulRequest req;
+      dense(req.mutable_a(), x, m, k, kernels::DType::kBF16, fwd_x.p);
+      dense(req.mutable_b(), w, n, k, kernels::DType::kF32, fwd_w.p);
+      req.set_out_dtype(Wire(out));
+      v1::MatmulReply rep;
+      auto ctx = Context();
+      grpc::Status s = stub_->Matmul(ctx.get(), req, &rep);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      auto want = CpuMatmul(qx.rowwise, fwd_x.k, m, qw.rowwise, fwd_w.k, n, k, out);
+      ASSERT_TRUE(want.ok()) << want.status();
+      EXPECT_EQ(rep.output().inline_data(), *want);
+      ASSERT_EQ(rep.output().shape_size(), 2);
+      EXPECT_EQ(rep.output().shape(0), m);
+      EXPECT_EQ(rep.output().shape(1), n);
+    }
+    {  // wgrad: dW [n, mw] = Q(H g^T) Q(H x^T)^T with g [tokens, n], x [tokens, mw]
+      const int64_t tokens = 64, mw = 32;  // the quantizer takes 16-multiples on both axes
+      const std::string g = RandomF32(tokens * n, 23), x = RandomBF16(tokens * mw, 24, 2.0f);
+      RefQuantize qg = CpuQuantize(g, kernels::DType::kF32, tokens, n, wgrad.k);
+      RefQuantize qx = CpuQuantize(x, kernels::DType::kBF16, tokens, mw, wgrad.k);
+      ASSERT_TRUE(qg.status.ok()) << qg.status;
+      ASSERT_TRUE(qx.status.ok()) << qx.status;
+      v1::MatmulRequest req;
+      dense(req.mutable_a(), g, tokens, n, kernels::DType::kF32, wgrad.p);
+      dense(req.mutable_b(), x, tokens, mw, kernels::DType::kBF16, wgrad.p);
+      req.set_out_dtype(Wire(out));
+      v1::MatmulReply rep;
+      auto ctx = Context();
+      grpc::Status s = stub_->Matmul(ctx.get(), req, &rep);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      auto want = CpuMatmul(qg.columnwise, wgrad.k, n, qx.columnwise, wgrad.k, mw, tokens, out);
+      ASSERT_TRUE(want.ok()) << want.status();
+      EXPECT_EQ(rep.output().inline_data(), *want);
+      EXPECT_EQ(rep.output().shape(0), n);
+      EXPECT_EQ(rep.output().shape(1), mw);
+    }
+  }
+  // A dense A against a stored weight (NVFP4 1x16 RTN, as CreateWeight quantizes).
+  const std::string a = RandomF32(m * k, 25), b = RandomF32(n * k, 26);
+  v1::CreateWeightRequest cw;
+  cw.set_name("ops/dense_b");
+  *cw.mutable_initial() = InlineTensor(b, n, k);
+  v1::CreateWeightReply cwr;
+  auto cctx = Context();
+  ASSERT_TRUE(stub_->CreateWeight(cctx.get(), cw, &cwr).ok());
+  RefQuantize qa = CpuQuantize(a, kernels::DType::kF32, m, k, {});
+  RefQuantize qb = CpuQuantize(b, kernels::DType::kF32, n, k, {});
+  v1::MatmulRequest req;
+  dense(req.mutable_a(), a, m, k, kernels::DType::kF32, v1::QuantOptions());
+  req.mutable_b()->set_weight_name("ops/dense_b");
+  v1::MatmulReply rep;
+  auto ctx = Context();
+  grpc::Status s = stub_->Matmul(ctx.get(), req, &rep);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  auto want = CpuMatmul(qa.rowwise, m, qb.rowwise, n, k, {}, kernels::DType::kF32);
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(rep.output().inline_data(), *want);
+  v1::DeleteWeightRequest del;
+  del.set_name("ops/dense_b");
+  v1::DeleteWeightReply delr;
+  auto dctx = Context();
+  EXPECT_TRUE(stub_->DeleteWeight(dctx.get(), del, &delr).ok());
+}
+
+// A dense operand's refusals name its fields; nothing is computed.
+TEST_F(E2eOpsTest, MatmulDenseOperandRefusalsNameTheField) {
+  const int64_t m = 16, n = 32, k = 64;
+  const std::string a = RandomF32(m * k, 31), b = RandomF32(n * k, 32);
+  auto request = [&](auto edit) {
+    v1::MatmulRequest req;
+    *req.mutable_a()->mutable_dense()->mutable_tensor() = InlineTensor(a, m, k);
+    *req.mutable_b()->mutable_dense()->mutable_tensor() = InlineTensor(b, n, k);
+    edit(req);
+    v1::MatmulReply rep;
+    auto ctx = Context();
+    return stub_->Matmul(ctx.get(), req, &rep);
+  };
+  struct Bad {
+    std::string name;
+    std::function<void(v1::MatmulRequest&)> edit;
+    std::string message;
+  };
+  const std::vector<Bad> bad = {
+      {"both outputs",
+       [](v1::MatmulRequest& r) {
+         r.mutable_a()->mutable_dense()->mutable_options()->set_outputs(v1::OUTPUTS_BOTH);
+       },
+       "a.dense.options.outputs: OUTPUTS_BOTH, but an operand is one quantization"},
+      {"error feedback",
+       [](v1::MatmulRequest& r) {
+         r.mutable_b()->mutable_dense()->mutable_options()->set_residual_key("r");
+       },
+       "b.dense.options.residual_key: set, but Matmul changes no state"},
+      {"unknown block",
+       [](v1::MatmulRequest& r) {
+         r.mutable_a()->mutable_dense()->mutable_options()->set_block(
+             static_cast<v1::BlockShape>(77));
+       },
+       "a.dense.options.block"},
+      {"K mismatch (b column-wise: its K is shape[0])",
+       [](v1::MatmulRequest& r) {
+         r.mutable_b()->mutable_dense()->mutable_options()->set_outputs(v1::OUTPUTS_COLUMNWISE);
+       },
+       "b.dense.tensor.shape[0]"},
+      {"dtype",
+       [](v1::MatmulRequest& r) {
+         r.mutable_a()->mutable_dense()->mutable_tensor()->set_dtype(v1::DTYPE_UNSPECIFIED);
+       },
+       "a.dense.tensor.dtype"},
+      {"bytes short",
+       [&](v1::MatmulRequest& r) {
+         r.mutable_a()->mutable_dense()->mutable_tensor()->set_inline_data(a.substr(4));
+       },
+       "a.dense.tensor.inline_data"},
+  };
+  for (const Bad& c : bad) {
+    SCOPED_TRACE(c.name);
+    grpc::Status s = request(c.edit);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(c.message));
+  }
+  EXPECT_TRUE(request([](v1::MatmulRequest&) {}).ok());  // the unedited request runs
+  // Dequantize takes no dense input.
+  v1::DequantizeRequest dq;
+  *dq.mutable_input()->mutable_dense()->mutable_tensor() = InlineTensor(a, m, k);
+  v1::DequantizeReply dqr;
+  auto ctx = Context();
+  grpc::Status s = stub_->Dequantize(ctx.get(), dq, &dqr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("input.dense: Dequantize takes a quantized tensor"));
 }
 
 TEST_F(E2eOpsTest, ServerInfoAndHealth) {

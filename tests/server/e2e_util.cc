@@ -403,8 +403,15 @@ absl::StatusOr<std::string> CpuDequantize(const HostQuantized& q, const kernels:
 absl::StatusOr<std::string> CpuMatmul(const HostQuantized& a, int64_t m, const HostQuantized& b,
                                       int64_t n, int64_t k, const kernels::QuantizeOptions& o,
                                       kernels::DType out_dtype) {
+  return CpuMatmul(a, o, m, b, o, n, k, out_dtype);
+}
+
+absl::StatusOr<std::string> CpuMatmul(const HostQuantized& a, const kernels::QuantizeOptions& oa,
+                                      int64_t m, const HostQuantized& b,
+                                      const kernels::QuantizeOptions& ob, int64_t n, int64_t k,
+                                      kernels::DType out_dtype) {
   auto cpu = kernels::CreateCpuBackend();
-  auto view = [&](const HostQuantized& q, int64_t rows) {
+  auto view = [&](const HostQuantized& q, const kernels::QuantizeOptions& o, int64_t rows) {
     kernels::ConstQuantizedTensor c;
     c.format = o.format;
     c.block = o.block;
@@ -420,7 +427,8 @@ absl::StatusOr<std::string> CpuMatmul(const HostQuantized& a, int64_t m, const H
   };
   std::string out(static_cast<size_t>(m * n) * kernels::DTypeSize(out_dtype), '\0');
   absl::Status s =
-      cpu->Matmul(view(a, m), view(b, n), {out.data(), out_dtype, m, n, out.size()}, nullptr);
+      cpu->Matmul(view(a, oa, m), view(b, ob, n), {out.data(), out_dtype, m, n, out.size()},
+                  nullptr);
   if (!s.ok()) return s;
   return out;
 }

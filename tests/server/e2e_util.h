@@ -119,6 +119,11 @@ absl::StatusOr<std::string> CpuDequantize(const HostQuantized& q, const kernels:
 absl::StatusOr<std::string> CpuMatmul(const HostQuantized& a, int64_t m, const HostQuantized& b,
                                       int64_t n, int64_t k, const kernels::QuantizeOptions& o,
                                       kernels::DType out_dtype);
+// The same with each operand's own format, block and layout.
+absl::StatusOr<std::string> CpuMatmul(const HostQuantized& a, const kernels::QuantizeOptions& oa,
+                                      int64_t m, const HostQuantized& b,
+                                      const kernels::QuantizeOptions& ob, int64_t n, int64_t k,
+                                      kernels::DType out_dtype);
 
 // A reply's QuantizedTensor as an operand of a request.
 v1::QuantizedTensor AsOperand(const v1::QuantizedTensor& q);
