@@ -16,13 +16,19 @@ as the API requires; perf_counter around it) and the server's kernel time
                            written by the server into the client's bf16 tensor.
   matmul, B stored         client.matmul(qa, name, out=c): B a weight fp4qd stores
                            (CreateWeight), A as above.
-  linear forward           client.quantize(a) then client.matmul(qa, name, out=c): the two calls
-                           of a forward through a layer whose weight fp4qd stores.
+  matmul, A dense, B stored  client.matmul(fp4q.DenseOperand(a), name, out=c): A sent as bf16,
+                           quantized by fp4qd in the same call (a layer's forward against a
+                           stored weight).
+  matmul, A and B dense    client.matmul(DenseOperand(a), DenseOperand(b), out=c): both
+                           quantized in the call (fp4q.nn.Linear's forward GEMM).
+  quantize, then matmul    client.quantize(a) then client.matmul(qa, name, out=c): the same
+                           forward as two calls.
   torch bf16               torch.matmul(a, b.t(), out=c) in this process (cuBLAS), the same
                            wall-time convention, and its CUDA-event time.
 Every fp4qd result is checked once, its output poisoned with NaN first, against the f32 product
 of the operands' dequantized values (relative Frobenius error <= --tolerance). --json writes all
-of it with the GPU, torch version, commit and commands.
+of it with the GPU, torch version, commit and commands; --profile adds a cProfile of each
+row's calls at the first M (where the client's time goes).
 """
 
 import argparse
@@ -66,7 +72,7 @@ def timed_calls(fn, device, warmup, iters, header=None):
     """Wall microseconds of fn() per call (inputs synchronized before each), and the server's
     kernel microseconds per call when `header` gives the call's ReplyHeader (summed over the
     calls fn makes: header() returns the list)."""
-    wall, kernel = [], []
+    wall, kernel, server, queue = [], [], [], []
     for i in range(warmup + iters):
         sync(device)
         t0 = time.perf_counter()
@@ -75,10 +81,15 @@ def timed_calls(fn, device, warmup, iters, header=None):
         if i >= warmup:
             wall.append((t1 - t0) * 1e6)
             if header is not None:
-                kernel.append(sum(h.kernel_micros for h in header()))
+                hs = header()
+                kernel.append(sum(h.kernel_micros for h in hs))
+                server.append(sum(h.server_micros for h in hs))
+                queue.append(sum(h.queue_micros for h in hs))
     out = {"wall": stats_us(wall)}
     if kernel:
         out["kernel"] = stats_us(kernel)
+        out["server"] = stats_us(server)  # the request's arrival to its reply, in fp4qd
+        out["queue"] = stats_us(queue)
         out["wall_minus_kernel_p50_us"] = out["wall"]["p50_us"] - out["kernel"]["p50_us"]
     return out
 
@@ -148,6 +159,12 @@ def m_section(client, m, n, k, b, weight, qb, ref_b, device, args):
     def stored():
         client.matmul(qa, weight, torch.bfloat16, out=c)
 
+    def dense_a():
+        client.matmul(fp4q.DenseOperand(a), weight, torch.bfloat16, out=c)
+
+    def dense_both():
+        client.matmul(fp4q.DenseOperand(a), fp4q.DenseOperand(b), torch.bfloat16, out=c)
+
     headers = []
 
     def forward():
@@ -158,19 +175,31 @@ def m_section(client, m, n, k, b, weight, qb, ref_b, device, args):
 
     for name, fn, header in (("matmul, both quantized", both, last),
                              ("matmul, B stored", stored, last),
-                             ("linear forward (quantize + matmul, B stored)", forward,
+                             ("matmul, A dense, B stored", dense_a, last),
+                             ("matmul, A and B dense", dense_both, last),
+                             ("quantize, then matmul (two calls), B stored", forward,
                               lambda: headers)):
         c.fill_(float("nan"))
         fn()
         sync(device)
         row = {"rel_frobenius_error": check_output(name, c, ref, args.tolerance)}
+        before = dict(client.stats)
         row.update(timed_calls(fn, device, args.warmup, args.iters, header))
+        row["client_stats_per_call"] = {
+            k: (v - before.get(k, 0)) / (args.warmup + args.iters)
+            for k, v in client.stats.items() if v != before.get(k, 0)}
+        if args.profile and m == ms_profiled(args):
+            profile_row(fn, name, m, device, args)
         rows[name] = row
 
     def torch_mm():
         torch.matmul(a, b.t(), out=c)
 
-    row = timed_calls(torch_mm, device, args.warmup, args.iters)
+    def torch_mm_done():  # the same wall convention as a call to fp4qd: its result is ready
+        torch_mm()
+        sync(device)
+
+    row = timed_calls(torch_mm_done, device, args.warmup, args.iters)
     row["event"] = event_us(torch_mm, device, args.warmup, args.iters)
     rows["torch bf16"] = row
     base = row["wall"]["p50_us"]
@@ -180,18 +209,48 @@ def m_section(client, m, n, k, b, weight, qb, ref_b, device, args):
     return section
 
 
+def ms_profiled(args):
+    return int(args.m.split(",")[0]) if not args.dry_run else 1
+
+
+def profile_row(fn, name, m, device, args):
+    """cProfile of --iters calls of one row (the first M), appended to --profile."""
+    import cProfile
+    import io
+    import pstats
+    prof = cProfile.Profile()
+    sync(device)
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(args.iters):
+        sync(device)
+        fn()
+    prof.disable()
+    per = (time.perf_counter() - t0) / args.iters * 1e6
+    text = io.StringIO()
+    st = pstats.Stats(prof, stream=text)
+    st.sort_stats("tottime").print_stats(30)
+    st.sort_stats("cumulative").print_stats(30)
+    with open(args.profile, "a") as f:
+        f.write("%s, M=%d, %d calls under cProfile: %.1f us a call (profiled)\n%s\n" %
+                (name, m, args.iters, per, text.getvalue()))
+
+
 def print_section(s):
     print("\nM=%d N=%d K=%d" % (s["m"], s["n"], s["k"]))
-    print("| row | wall p50 us | kernel p50 us | wall - kernel | torch bf16 wall / this |")
-    print("|---|---|---|---|---|")
+    print("| row | wall p50 us | in fp4qd | kernel | wall - kernel | torch bf16 wall / this |")
+    print("|---|---|---|---|---|---|")
     for name, r in s["rows"].items():
-        kern = r.get("kernel", {}).get("p50_us")
-        print("| %s | %.1f | %s | %s | %s |" % (
-            name, r["wall"]["p50_us"], "%.1f" % kern if kern is not None else "-",
-            "%.1f" % r["wall_minus_kernel_p50_us"] if kern is not None else "-",
-            "%.2fx" % r["torch_bf16_wall_over_this_wall"]
-            if "torch_bf16_wall_over_this_wall" in r else
-            "event %.1f us" % r["event"]["p50_us"] if r.get("event") else "-"), flush=True)
+        if "kernel" in r:
+            print("| %s | %.1f | %.1f | %.1f | %.1f | %.2fx |" % (
+                name, r["wall"]["p50_us"], r["server"]["p50_us"], r["kernel"]["p50_us"],
+                r["wall_minus_kernel_p50_us"], r["torch_bf16_wall_over_this_wall"]),
+                flush=True)
+        else:
+            ev = r.get("event")
+            print("| %s | %.1f | - | %s | - | - |" % (
+                name, r["wall"]["p50_us"], "event %.1f" % ev["p50_us"] if ev else "-"),
+                flush=True)
 
 
 def main(argv=None):
@@ -219,6 +278,8 @@ def main(argv=None):
     ap.add_argument("--tolerance", type=float, default=8e-3,
                     help="relative Frobenius error allowed for the bf16 output")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--profile", metavar="PATH",
+                    help="also a cProfile of each row's calls at the first M, into PATH")
     args = ap.parse_args(argv)
     try:
         ms = [int(v) for v in args.m.split(",") if v.strip()]

@@ -187,6 +187,76 @@ class LinearTest(unittest.TestCase):
         self.assertTrue(np.array_equal(m.weight.grad.numpy(), R.matmul_reference(qgt, qxt)))
         self.assertTrue(torch.equal(m.bias.grad, g.sum(0)))
 
+    def test_linear_gemms_equal_separate_quantize_and_matmul_calls(self):
+        """Each GEMM of fp4q.nn.Linear is one Matmul of dense operands (fp4q.DenseOperand); its
+        results are those of quantizing the operands with Quantize and multiplying them, bit
+        for bit, for the default recipe (SR, RHT) and with stochastic forward rounding."""
+        from fp4q.functional import _key
+        from fp4q.nn import _SALT_DGRAD, _SALT_WGRAD_G, _SALT_WGRAD_X
+        c = CLIENT
+        for recipe in (fp4q.nn.Recipe(), fp4q.nn.Recipe(forward_rounding="stochastic")):
+            with self.subTest(recipe=recipe):
+                torch.manual_seed(2)
+                m = fp4q.nn.Linear(64, 48, recipe=recipe, seed=11)
+                x = randn(20, 64, seed=18).requires_grad_()  # wgrad pads 20 tokens to 32
+                calls = []
+                real_call = c._requests.call
+
+                def counting(rpc, *args, **kwargs):
+                    calls.append(rpc)
+                    return real_call(rpc, *args, **kwargs)
+                c._requests.call = counting
+                try:
+                    y = m(x)
+                    g = randn(20, 48, seed=19)
+                    y.backward(g)
+                finally:
+                    del c._requests.call
+                self.assertEqual(calls, ["Matmul"] * 3)  # one call a GEMM: fprop, dgrad, wgrad
+                s, r = m.step, recipe
+                qx = c.quantize(x.detach(), block=r.input_block, rounding=r.forward_rounding,
+                                seed=_key(m.seed), step=s).rowwise
+                qw = c.quantize(m.weight.detach(), block=r.weight_block,
+                                rounding=r.forward_rounding, seed=_key(m.seed), step=s,
+                                outputs="both")
+                want_y = c.matmul(qx, qw.rowwise, torch.float32) + m.bias.detach()
+                self.assertTrue(torch.equal(y.detach(), want_y))
+                qg = c.quantize(g, rounding=r.grad_rounding, seed=_key(m.seed, _SALT_DGRAD),
+                                step=s).rowwise
+                self.assertTrue(torch.equal(x.grad, c.matmul(qg, qw.columnwise, torch.float32)))
+                gp = torch.nn.functional.pad(g, (0, 0, 0, 12))
+                xp = torch.nn.functional.pad(x.detach(), (0, 0, 0, 12))
+                qgt = c.quantize(gp, outputs="columnwise", rht=r.wgrad_rht,
+                                 rounding=r.grad_rounding, seed=_key(m.seed, _SALT_WGRAD_G),
+                                 step=s).columnwise
+                qxt = c.quantize(xp, outputs="columnwise", rht=r.wgrad_rht,
+                                 rounding=r.wgrad_input_rounding,
+                                 seed=_key(m.seed, _SALT_WGRAD_X), step=s).columnwise
+                self.assertTrue(torch.equal(m.weight.grad, c.matmul(qgt, qxt, torch.float32)))
+                self.assertGreater(float(m.weight.grad.abs().sum()), 0.0)
+
+    def test_dense_operand_checks(self):
+        x = randn(16, 32, seed=20)
+        with self.assertRaises(fp4q.Fp4qError) as e:
+            CLIENT.matmul(fp4q.DenseOperand(x, outputs="both"), fp4q.DenseOperand(x))
+        self.assertIn("a.dense.options.outputs: OUTPUTS_BOTH", e.exception.message)
+        with self.assertRaises(fp4q.Fp4qError) as e:
+            CLIENT.matmul(fp4q.DenseOperand(x), fp4q.DenseOperand(x, residual_key="r"))
+        self.assertIn("b.dense.options.residual_key", e.exception.message)
+        with self.assertRaises(fp4q.ClientArgumentError):
+            fp4q.DenseOperand(x, not_an_option=1)
+        with self.assertRaises(fp4q.ClientArgumentError):
+            fp4q.DenseOperand(x.numpy())
+        with self.assertRaises(fp4q.ClientArgumentError):  # Dequantize takes no dense input
+            CLIENT.dequantize(fp4q.DenseOperand(x))
+        xt = x.t().contiguous()
+        y = CLIENT.matmul(fp4q.DenseOperand(x), fp4q.DenseOperand(xt, outputs="columnwise"),
+                          torch.float32)
+        qa = CLIENT.quantize(x).rowwise
+        qb = CLIENT.quantize(xt, outputs="columnwise").columnwise
+        self.assertEqual(tuple(y.shape), (16, 16))
+        self.assertTrue(torch.equal(y, CLIENT.matmul(qa, qb, torch.float32)))
+
     def test_default_recipe_gradients_approximate_full_precision(self):
         torch.manual_seed(1)
         m = fp4q.nn.Linear(64, 32, seed=4)

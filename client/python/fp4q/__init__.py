@@ -24,14 +24,15 @@ from fp4q.functional import (ErrorFeedback, Fp4MmPath, Fp4Operands, Fp4Pair, Fp4
                              swizzle_scales, to_fp4_operands)
 from fp4q.options import (AdamWHyperparameters, OptimizerSpec, QuantOptions,
                           SgdHyperparameters)
-from fp4q.results import (OptimizerState, QuantizedTensor, QuantizeResult, StepItem,
-                          StepItemResult, StepResult, UpdateResult, WeightState)
+from fp4q.results import (DenseOperand, OptimizerState, QuantizedTensor, QuantizeResult,
+                          StepItem, StepItemResult, StepResult, UpdateResult, WeightState)
 from fp4q.tensors import ClientArgumentError
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AdamWHyperparameters", "Client", "ClientArgumentError", "ErrorFeedback", "Fp4MmPath",
+    "AdamWHyperparameters", "Client", "ClientArgumentError", "DenseOperand", "ErrorFeedback",
+    "Fp4MmPath",
     "Fp4Operands", "Fp4Pair", "Fp4Tensor", "Fp4qError", "OptimizerSpec", "OptimizerState",
     "QuantOptions", "QuantizeResult", "QuantizedTensor", "ServerRestartedError",
     "SgdHyperparameters", "StepItem", "StepItemResult", "StepResult", "UpdateResult",

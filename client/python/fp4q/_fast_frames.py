@@ -232,15 +232,29 @@ def _dequantize(req):
     return _numel(req.input.tensor.shape) * _esize(req.out_dtype, pb.DType.DTYPE_F32)
 
 
+def _operand_rows(op):
+    """A Matmul operand's rows from the request, None when only the server knows them (a
+    weight), 0 when the request is malformed (refused before any output)."""
+    kind = op.WhichOneof("operand")
+    if kind == "weight_name":
+        return None
+    if kind == "dense":
+        shape = list(op.dense.tensor.shape)
+        if len(shape) != 2:
+            return 0
+        columnwise = op.dense.options.outputs == pb.Outputs.OUTPUTS_COLUMNWISE
+        return max(int(shape[1] if columnwise else shape[0]), 0)
+    shape = list(op.tensor.shape)
+    return max(int(shape[0]), 0) if len(shape) == 2 else 0
+
+
 def _matmul(req):
     if not _inline(req.out):
         return 0
-    if "weight_name" in (req.a.WhichOneof("operand"), req.b.WhichOneof("operand")):
+    m, n = _operand_rows(req.a), _operand_rows(req.b)
+    if m is None or n is None:
         return UNKNOWN
-    a, b = list(req.a.tensor.shape), list(req.b.tensor.shape)
-    if len(a) != 2 or len(b) != 2:
-        return 0
-    return max(int(a[0]), 0) * max(int(b[0]), 0) * _esize(req.out_dtype, pb.DType.DTYPE_F32)
+    return m * n * _esize(req.out_dtype, pb.DType.DTYPE_F32)
 
 
 def _update_weight(req):

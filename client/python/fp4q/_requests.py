@@ -137,8 +137,8 @@ class Requests:
     def matmul(self, a, b, out_dtype, out, device):
         def build(tr):
             req = pb.MatmulRequest(out_dtype=tensors.torch_dtype(out_dtype))
-            sa, da = fill_operand(req.a, a, tr, "a", device)
-            sb, _ = fill_operand(req.b, b, tr, "b", device)
+            sa, da = fill_operand(req.a, a, tr, "a", device, dense=True)
+            sb, _ = fill_operand(req.b, b, tr, "b", device, dense=True)
             shape = (sa[0], sb[0]) if sa and sb else None
             dev = da
             if out is not None:
@@ -533,15 +533,19 @@ def _step_plan_key(items):
     return tuple(layout), tuple(pointers)
 
 
-def fill_operand(msg, q, tr, field, device):
-    """Fills a QuantizedOperand; returns (shape or None, result device)."""
+def fill_operand(msg, q, tr, field, device, dense=False):
+    """Fills a QuantizedOperand; returns (shape or None, result device). dense: an
+    fp4q.DenseOperand is accepted (Matmul's operands)."""
     if isinstance(q, str):
         msg.weight_name = q
         return None, torch.device(device or "cpu")
+    if dense and isinstance(q, results.DenseOperand):
+        q.fill(msg.dense, tr, field + ".dense")
+        return q.shape, (torch.device(device) if device else q.device)
     if not isinstance(q, results.QuantizedTensor):
         raise tensors.ClientArgumentError(
-            "%s: expected fp4q.QuantizedTensor or a weight name, got %s" %
-            (field, type(q).__name__))
+            "%s: expected fp4q.QuantizedTensor%s or a weight name, got %s" %
+            (field, ", fp4q.DenseOperand" if dense else "", type(q).__name__))
     q.fill(msg.tensor, tr, field)
     return (q.rows, q.cols), (torch.device(device) if device else q.codes.device)
 

@@ -34,7 +34,7 @@ from fp4q._error_feedback import ErrorFeedback
 from fp4q._functional_common import (_SEED_SPLIT, _client, _key, _rounding, _rows,
                                      default_client, set_default_client)
 from fp4q.errors import Fp4qError
-from fp4q.results import QuantizedTensor
+from fp4q.results import DenseOperand, QuantizedTensor
 from fp4q.tensors import ClientArgumentError, has_float8
 
 __all__ = [
@@ -284,13 +284,24 @@ def _as_quantized(c, t, stochastic, seed, step, field, **extra):
     return _quantize_2d(c, _rows(t, field), stochastic, seed, step, **extra).rowwise
 
 
+def _mm_operand(t, stochastic, seed, step, field):
+    """A Matmul operand: a quantized one as it is, a tensor as a DenseOperand the server
+    quantizes in the same call (exactly as _as_quantized would)."""
+    if isinstance(t, QuantizedTensor):
+        return t
+    if isinstance(t, Fp4Tensor):
+        return t.quantized
+    return DenseOperand(_rows(t, field), rounding=_rounding(stochastic), seed=_key(seed),
+                        step=int(step))
+
+
 def fp4_matmul(a, b, stochastic=False, seed=0, step=0, *, out_dtype=None, client=None):
     """a [M, K] @ b [N, K]^T with both operands NVFP4 (RTN or SR), on the server's Matmul;
     tensors, Fp4Tensors or QuantizedTensors. Returns [M, N] in out_dtype (default a's dtype if
-    f32/bf16, else f32)."""
+    f32/bf16, else f32). Tensors are quantized by the server within the one Matmul call."""
     c = _client(client)
-    qa = _as_quantized(c, a, stochastic, seed, step, "a")
-    qb = _as_quantized(c, b, stochastic, _key(seed, _SEED_SPLIT), step, "b")
+    qa = _mm_operand(a, stochastic, seed, step, "a")
+    qb = _mm_operand(b, stochastic, _key(seed, _SEED_SPLIT), step, "b")
     if out_dtype is None:
         out_dtype = _out_dtype(a.dtype) if isinstance(a, torch.Tensor) else torch.float32
     y = c.matmul(qa, qb, out_dtype)
@@ -424,8 +435,8 @@ def fp4_mm(a, b, stochastic=False, seed=0, step=0, *, out_dtype=None, path="auto
             chosen = Fp4MmPath("server", "torch._scaled_mm refused the operands (%s)" %
                                str(e).splitlines()[0][:200])
     if y is None:
-        qa = _as_quantized(c, a, stochastic, seed, step, "a")
-        qb = _as_quantized(c, b, stochastic, _key(seed, _SEED_SPLIT), step, "b")
+        qa = _mm_operand(a, stochastic, seed, step, "a")
+        qb = _mm_operand(b, stochastic, _key(seed, _SEED_SPLIT), step, "b")
         y = c.matmul(qa, qb, out_dtype)
     _last_mm.path = chosen
     if isinstance(a, torch.Tensor) and a.dim() != 2:

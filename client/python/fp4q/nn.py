@@ -13,6 +13,10 @@ The bias stays in torch precision. K and N must be multiples of 16.
 
 Each quantization uses its own SR key derived from the layer seed, and the layer's step counter
 (incremented by every training-mode forward) as the SR step.
+
+Each GEMM is one Matmul call: its operands go to fp4qd as the dense tensors (fp4q.DenseOperand,
+by CUDA IPC on the GPU) and the server quantizes them with the options above before the GEMM,
+so a layer's training step makes three calls and no codes travel.
 """
 
 import dataclasses
@@ -21,6 +25,7 @@ import math
 import torch
 
 from fp4q.functional import _client, _key, _out_dtype, _rows
+from fp4q.results import DenseOperand
 from fp4q.tensors import ClientArgumentError
 
 
@@ -44,21 +49,20 @@ class _Nvfp4LinearFn(torch.autograd.Function):
     def forward(ctx, x, weight, bias, layer):
         c, r = _client(layer.client), layer.recipe
         x2 = _rows(x, "input")
-        qx = c.quantize(x2, block=r.input_block, rounding=r.forward_rounding,
-                        seed=_key(layer.seed), step=layer.step).rowwise
-        qw = c.quantize(weight, block=r.weight_block, rounding=r.forward_rounding,
-                        seed=_key(layer.seed), step=layer.step, outputs="both")
-        y = c.matmul(qx, qw.rowwise, _out_dtype(x.dtype))
+        y = c.matmul(
+            DenseOperand(x2, block=r.input_block, rounding=r.forward_rounding,
+                         seed=_key(layer.seed), step=layer.step),
+            _weight_operand(weight, r, layer.seed, layer.step, "rowwise"), _out_dtype(x.dtype))
         if bias is not None:
             y = y + bias.to(y.dtype)
-        ctx.save_for_backward(x2)
-        ctx.layer, ctx.step, ctx.qw_t = layer, layer.step, qw.columnwise
+        ctx.save_for_backward(x2, weight)
+        ctx.layer, ctx.step = layer, layer.step
         ctx.x_shape, ctx.w_dtype, ctx.has_bias = x.shape, weight.dtype, bias is not None
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx, grad):
-        (x2,) = ctx.saved_tensors
+        x2, weight = ctx.saved_tensors
         layer, step = ctx.layer, ctx.step
         c, r = _client(layer.client), layer.recipe
         g = grad.reshape(-1, grad.shape[-1])
@@ -67,24 +71,35 @@ class _Nvfp4LinearFn(torch.autograd.Function):
         g = g.contiguous()
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
-            qg = c.quantize(g, rounding=r.grad_rounding, seed=_key(layer.seed, _SALT_DGRAD),
-                            step=step).rowwise
-            gx = c.matmul(qg, ctx.qw_t, _out_dtype(x2.dtype)).to(x2.dtype).reshape(ctx.x_shape)
+            qg = DenseOperand(g, rounding=r.grad_rounding, seed=_key(layer.seed, _SALT_DGRAD),
+                              step=step)
+            # W^T: the column-wise quantization of the forward's W (the same options and
+            # seed), the exact transpose of its 16x16 row-wise one (NUMERICS 2).
+            qwt = _weight_operand(weight, r, layer.seed, step, "columnwise")
+            gx = c.matmul(qg, qwt, _out_dtype(x2.dtype)).to(x2.dtype).reshape(ctx.x_shape)
         if ctx.needs_input_grad[1]:
             m = g.shape[0]
             pad = (-m) % 16
             gp = torch.nn.functional.pad(g, (0, 0, 0, pad)) if pad else g
             xp = torch.nn.functional.pad(x2, (0, 0, 0, pad)) if pad else x2
-            qgt = c.quantize(gp, outputs="columnwise", rht=r.wgrad_rht, rounding=r.grad_rounding,
-                             seed=_key(layer.seed, _SALT_WGRAD_G), step=step).columnwise
-            qxt = c.quantize(xp.contiguous(), outputs="columnwise", rht=r.wgrad_rht,
-                             rounding=r.wgrad_input_rounding,
-                             seed=_key(layer.seed, _SALT_WGRAD_X), step=step).columnwise
+            qgt = DenseOperand(gp, outputs="columnwise", rht=r.wgrad_rht,
+                               rounding=r.grad_rounding, seed=_key(layer.seed, _SALT_WGRAD_G),
+                               step=step)
+            qxt = DenseOperand(xp.contiguous(), outputs="columnwise", rht=r.wgrad_rht,
+                               rounding=r.wgrad_input_rounding,
+                               seed=_key(layer.seed, _SALT_WGRAD_X), step=step)
             wdt = ctx.w_dtype if ctx.w_dtype in (torch.float32, torch.bfloat16) else torch.float32
             gw = c.matmul(qgt, qxt, wdt).to(ctx.w_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g.float().sum(0)
         return gx, gw, gb, None
+
+
+def _weight_operand(weight, recipe, seed, step, outputs):
+    """The layer's weight as a Matmul operand: Q(W) row-wise (fprop) or Q(W^T) (dgrad)."""
+    return DenseOperand(weight.detach(), block=recipe.weight_block,
+                        rounding=recipe.forward_rounding, seed=_key(seed), step=step,
+                        outputs=outputs)
 
 
 class Linear(torch.nn.Module):

@@ -68,6 +68,49 @@ class QuantizedTensor:
                 region.region_id, region.offset = slot
 
 
+class DenseOperand:
+    """A dense tensor as an operand of Client.matmul that fp4qd quantizes itself, with exactly
+    Quantize's numerics for `options` (fp4q.QuantOptions and/or its keywords): one call instead
+    of a quantize and a matmul, and the codes never leave the server.
+
+    tensor: [rows, cols] float32 / bfloat16 (CUDA tensors by IPC). options.outputs 'rowwise'
+    (the default) makes the operand Q(x) [rows, cols]; 'columnwise' Q(x^T) [cols, rows]
+    (quantized along x's rows: a weight's transpose, or the token axis of a weight gradient).
+    Not 'both', and no residual_key: Matmul changes no state.
+    """
+
+    __slots__ = ("tensor", "options")
+
+    def __init__(self, tensor, options=None, **kwargs):
+        if not isinstance(tensor, torch.Tensor):
+            raise ClientArgumentError("tensor: expected a torch.Tensor, got %s" %
+                                      type(tensor).__name__)
+        self.tensor = tensor
+        self.options = opts.quant_options(options, **kwargs)
+
+    @property
+    def columnwise(self):
+        return opts.enum_value("outputs", self.options.outputs) == pb.Outputs.OUTPUTS_COLUMNWISE
+
+    @property
+    def shape(self):
+        """The operand's [rows, cols] (the tensor's, transposed when column-wise), or None when
+        the tensor is not 2-D (the server refuses it)."""
+        if self.tensor.dim() != 2:
+            return None
+        r, c = self.tensor.shape
+        return (int(c), int(r)) if self.columnwise else (int(r), int(c))
+
+    @property
+    def device(self):
+        return self.tensor.device
+
+    def fill(self, msg, transfer, field):
+        """Writes this operand into a fp4q.v1.DenseOperand (a CUDA tensor by IPC)."""
+        transfer.input(msg.tensor, self.tensor, field + ".tensor")
+        self.options.fill(msg.options)
+
+
 def scale_bytes(fmt, block, layout, rows, cols):
     """Bytes of the scales of a [rows, cols] quantization, or None if the shape is invalid."""
     per = 32 if opts.enum_value("format", fmt) == pb.Format.FORMAT_MXFP4 else 16
