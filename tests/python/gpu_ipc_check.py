@@ -157,6 +157,41 @@ def check_ipc_equals_inline(ipc, inline):
             inline.stats["ipc_tensors"]}
 
 
+def check_dense_operands(ipc, inline):
+    """Matmul of dense operands (fp4q.DenseOperand, by IPC and inline) equals the Matmul of the
+    same operands quantized by separate Quantize calls, bit for bit, on the CUDA backend."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(96, 512, device="cuda", generator=g).to(torch.bfloat16)
+    w = torch.randn(384, 512, device="cuda", generator=g) * 0.05
+    t = torch.randn(512, 128, device="cuda", generator=g)  # tokens x features (wgrad's shape)
+    diffs = []
+    cases = [
+        ("fprop", x, {}, w, {"block": "16x16"}),
+        ("fprop SR", x, {"rounding": "stochastic", "seed": 5, "step": 2}, w,
+         {"block": "16x16", "rounding": "stochastic", "seed": 6, "step": 2}),
+        ("wgrad RHT SR column-wise", t, {"outputs": "columnwise", "rht": "default",
+                                        "rounding": "stochastic", "seed": 8, "step": 4},
+         x.float().t().contiguous(),
+         {"outputs": "columnwise", "rht": "default", "rounding": "stochastic", "seed": 9,
+          "step": 4}),
+    ]
+    for label, a, oa, b, ob in cases:
+        side_a = "columnwise" if oa.get("outputs") == "columnwise" else "rowwise"
+        side_b = "columnwise" if ob.get("outputs") == "columnwise" else "rowwise"
+        qa = getattr(ipc.quantize(a, **oa), side_a)
+        qb = getattr(ipc.quantize(b, **ob), side_b)
+        for dt in (torch.float32, torch.bfloat16):
+            want = ipc.matmul(qa, qb, dt)
+            got = ipc.matmul(fp4q.DenseOperand(a, **oa), fp4q.DenseOperand(b, **ob), dt)
+            if not same(got, want):
+                diffs.append("%s %s by IPC" % (label, dt))
+            got = inline.matmul(fp4q.DenseOperand(a.cpu(), **oa),
+                                fp4q.DenseOperand(b.cpu(), **ob), dt)
+            if not same(got, want.cpu()):
+                diffs.append("%s %s inline" % (label, dt))
+    return {"ok": not diffs, "differences": diffs}
+
+
 def check_registration_cached(ipc, inline, server):
     torch.cuda.empty_cache()  # src and dst below get fresh cudaMalloc allocations
     opens0 = server.metric("fp4q_cuda_handle_opens_total")
@@ -368,6 +403,8 @@ def main():
         checks.run("buffer_id_identifies_allocation",
                    lambda: check_buffer_id_identifies_allocation(ipc))
         checks.run("ipc_bit_identical_to_inline", lambda: check_ipc_equals_inline(ipc, inline))
+        checks.run("dense_operand_matmul_bit_identical",
+                   lambda: check_dense_operands(ipc, inline))
         checks.run("registration_cached_one_open_per_allocation",
                    lambda: check_registration_cached(ipc, inline, server))
         checks.run("arena_pools_small_tensors", lambda: check_arena(server.target))
