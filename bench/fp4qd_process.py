@@ -9,6 +9,23 @@ import tempfile
 import fp4q
 
 
+def add_server_args(ap, state_budget_bytes):
+    """The options of where fp4qd is: --fp4qd (start one), its extra flags, or --server /
+    --fast-socket of a running one; its state budget; the client's busy-poll."""
+    ap.add_argument("--fp4qd", help="start this fp4qd for the run (CUDA IPC, fast socket)")
+    ap.add_argument("--fp4qd-arg", action="append", default=[],
+                    help="one more fp4qd flag (repeatable), e.g. --fp4qd-arg=--worker_spin_us=50")
+    ap.add_argument("--server", default=os.environ.get("FP4Q_SERVER"),
+                    help="a running fp4qd's gRPC address instead (unix:/path for CUDA IPC)")
+    ap.add_argument("--fast-socket", default=os.environ.get("FP4Q_FAST_SOCKET"),
+                    help="its --fast_socket path")
+    ap.add_argument("--state-budget-bytes", type=int, default=state_budget_bytes,
+                    help="--state_budget_bytes of the fp4qd started here")
+    ap.add_argument("--spin-us", type=int, default=0,
+                    help="the fast socket client's busy-poll of each reply (fp4q.Client "
+                         "fast_socket_spin_us; default 0: it sleeps until the reply)")
+
+
 class Fp4qd:
     """fp4qd started for the run (--fp4qd), or the one given (--server, --fast-socket)."""
 

@@ -49,7 +49,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 import fp4q  # noqa: E402
-from fp4qd_process import Fp4qd  # noqa: E402
+from fp4qd_process import Fp4qd, add_server_args  # noqa: E402
 
 
 def percentile(values, q):
@@ -257,17 +257,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU, N = K = 256, M 1,16,64, inline tensors, 1 warmup + 3 calls")
-    ap.add_argument("--fp4qd", help="start this fp4qd for the run (CUDA IPC, fast socket)")
-    ap.add_argument("--fp4qd-arg", action="append", default=[],
-                    help="one more fp4qd flag (repeatable)")
-    ap.add_argument("--server", default=os.environ.get("FP4Q_SERVER"),
-                    help="a running fp4qd's gRPC address instead (unix:/path for CUDA IPC)")
-    ap.add_argument("--fast-socket", default=os.environ.get("FP4Q_FAST_SOCKET"),
-                    help="its --fast_socket path")
-    ap.add_argument("--state-budget-bytes", type=int, default=16 << 30,
-                    help="--state_budget_bytes of the fp4qd started here")
-    ap.add_argument("--spin-us", type=int, default=0,
-                    help="the fast socket client's busy-poll of each reply")
+    add_server_args(ap, 16 << 30)
     ap.add_argument("--m", default="1,16,32,64,128,512,2048,8192",
                     help="comma-separated M values (A's rows)")
     ap.add_argument("--n", type=int, default=8192, help="B's rows (N)")

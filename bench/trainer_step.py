@@ -53,7 +53,7 @@ sys.path.insert(0, os.path.join(REPO, "client", "python"))
 import torch  # noqa: E402
 
 import fp4q  # noqa: E402
-from fp4qd_process import Fp4qd  # noqa: E402
+from fp4qd_process import Fp4qd, add_server_args  # noqa: E402
 
 SGD_FLOOR_BYTES = 2 + 2 + 4 + 4 + 0.5 + 0.5 + 1 / 16 + 1 / 16   # 13.125
 ADAMW_FLOOR_BYTES = SGD_FLOOR_BYTES + 16                          # 29.125
@@ -449,18 +449,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU, tiny shapes, inline tensors, 1 warmup + 3 steps")
-    ap.add_argument("--fp4qd", help="start this fp4qd for the run (CUDA IPC, fast socket)")
-    ap.add_argument("--fp4qd-arg", action="append", default=[],
-                    help="one more fp4qd flag (repeatable), e.g. --fp4qd-arg=--worker_spin_us=50")
-    ap.add_argument("--server", default=os.environ.get("FP4Q_SERVER"),
-                    help="a running fp4qd's gRPC address instead (unix:/path for CUDA IPC)")
-    ap.add_argument("--fast-socket", default=os.environ.get("FP4Q_FAST_SOCKET"),
-                    help="its --fast_socket path")
-    ap.add_argument("--state-budget-bytes", type=int, default=130 << 30,
-                    help="--state_budget_bytes of the fp4qd started here")
-    ap.add_argument("--spin-us", type=int, default=0,
-                    help="the fast socket client's busy-poll of each reply (fp4q.Client "
-                         "fast_socket_spin_us; default 0: it sleeps until the reply)")
+    add_server_args(ap, 130 << 30)
     ap.add_argument("--models", default="gpt2-small,llama3-8b")
     ap.add_argument("--llama-layers", type=int, default=32)
     ap.add_argument("--steps", type=int, default=30)

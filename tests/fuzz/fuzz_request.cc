@@ -337,6 +337,22 @@ void WriteSeeds(const char* dir) {
     m.mutable_a()->set_weight_name("w");
     m.mutable_b()->set_weight_name("plain");
     Seed(dir, "matmul-weights", kMatmul, m);
+    // Dense operands, quantized in the call: row-wise against a weight, then both column-wise.
+    v1::Tensor dense;
+    dense.set_dtype(v1::DTYPE_F32);
+    dense.add_shape(16);
+    dense.add_shape(32);
+    dense.set_inline_data(testing::RandomF32(16 * 32, 5, 1.0f));
+    *m.mutable_a()->mutable_dense()->mutable_tensor() = dense;
+    Seed(dir, "matmul-dense-weight", kMatmul, m);
+    *m.mutable_b()->mutable_dense()->mutable_tensor() = dense;
+    for (v1::QuantizedOperand* o : {m.mutable_a(), m.mutable_b()}) {
+      v1::QuantOptions* q = o->mutable_dense()->mutable_options();
+      q->set_outputs(v1::OUTPUTS_COLUMNWISE);
+      q->set_rht(v1::RHT_MODE_DEFAULT_SIGNS);
+      q->set_rounding(v1::ROUNDING_STOCHASTIC);
+    }
+    Seed(dir, "matmul-dense-columnwise", kMatmul, m);
   }
   v1::Tensor wt;
   wt.set_dtype(v1::DTYPE_F32);

@@ -133,6 +133,26 @@ void ExpectSame(const v1::QuantizedTensor& got, const HostQuantized& want, int64
   EXPECT_EQ(got.s_enc(), want.global[1]) << what;
 }
 
+// Creates a stored weight [rows, cols] from f32 bytes (NVFP4 1x16 RTN, CreateWeight's default).
+void CreateWeight(v1::Fp4q::Stub* stub, const std::string& name, const std::string& f32,
+                  int64_t rows, int64_t cols) {
+  v1::CreateWeightRequest cw;
+  cw.set_name(name);
+  *cw.mutable_initial() = InlineTensor(f32, rows, cols);
+  v1::CreateWeightReply cwr;
+  auto ctx = Context();
+  grpc::Status s = stub->CreateWeight(ctx.get(), cw, &cwr);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+}
+
+void DeleteWeight(v1::Fp4q::Stub* stub, const std::string& name) {
+  v1::DeleteWeightRequest del;
+  del.set_name(name);
+  v1::DeleteWeightReply delr;
+  auto ctx = Context();
+  EXPECT_TRUE(stub->DeleteWeight(ctx.get(), del, &delr).ok());
+}
+
 TEST_F(E2eOpsTest, QuantizeAndDequantizeMatchTheCpuBackendBitForBit) {
   uint32_t seed = 100;
   uint64_t epoch = 0;
@@ -285,12 +305,7 @@ TEST_F(E2eOpsTest, MatmulOfInlineOperandsAndOfAStoredWeight) {
   // B as a stored weight (NVFP4 1x16, created from b): same result as its quantization inline.
   const int64_t m = 8, n = 32, k = 32;
   const std::string a = RandomF32(m * k, 13), b = RandomF32(n * k, 14);
-  v1::CreateWeightRequest cw;
-  cw.set_name("ops/matmul_b");
-  *cw.mutable_initial() = InlineTensor(b, n, k);
-  v1::CreateWeightReply cwr;
-  auto cctx = Context();
-  ASSERT_TRUE(stub_->CreateWeight(cctx.get(), cw, &cwr).ok());
+  ASSERT_NO_FATAL_FAILURE(CreateWeight(stub_.get(), "ops/matmul_b", b, n, k));
   RefQuantize qa = CpuQuantize(a, kernels::DType::kF32, m, k, {});
   RefQuantize qb = CpuQuantize(b, kernels::DType::kF32, n, k, {});
   v1::MatmulRequest req;
@@ -309,11 +324,7 @@ TEST_F(E2eOpsTest, MatmulOfInlineOperandsAndOfAStoredWeight) {
   auto want = CpuMatmul(qa.rowwise, m, qb.rowwise, n, k, {}, kernels::DType::kF32);
   ASSERT_TRUE(want.ok());
   EXPECT_EQ(rep.output().inline_data(), *want);
-  v1::DeleteWeightRequest del;
-  del.set_name("ops/matmul_b");
-  v1::DeleteWeightReply delr;
-  auto dctx = Context();
-  EXPECT_TRUE(stub_->DeleteWeight(dctx.get(), del, &delr).ok());
+  DeleteWeight(stub_.get(), "ops/matmul_b");
 }
 
 // Matmul of dense operands (DenseOperand): each quantized by the server with exactly Quantize's
@@ -390,12 +401,7 @@ TEST_F(E2eOpsTest, MatmulOfDenseOperandsIsTheGemmOfTheirQuantizations) {
   }
   // A dense A against a stored weight (NVFP4 1x16 RTN, as CreateWeight quantizes).
   const std::string a = RandomF32(m * k, 25), b = RandomF32(n * k, 26);
-  v1::CreateWeightRequest cw;
-  cw.set_name("ops/dense_b");
-  *cw.mutable_initial() = InlineTensor(b, n, k);
-  v1::CreateWeightReply cwr;
-  auto cctx = Context();
-  ASSERT_TRUE(stub_->CreateWeight(cctx.get(), cw, &cwr).ok());
+  ASSERT_NO_FATAL_FAILURE(CreateWeight(stub_.get(), "ops/dense_b", b, n, k));
   RefQuantize qa = CpuQuantize(a, kernels::DType::kF32, m, k, {});
   RefQuantize qb = CpuQuantize(b, kernels::DType::kF32, n, k, {});
   v1::MatmulRequest req;
@@ -408,11 +414,7 @@ TEST_F(E2eOpsTest, MatmulOfDenseOperandsIsTheGemmOfTheirQuantizations) {
   auto want = CpuMatmul(qa.rowwise, m, qb.rowwise, n, k, {}, kernels::DType::kF32);
   ASSERT_TRUE(want.ok());
   EXPECT_EQ(rep.output().inline_data(), *want);
-  v1::DeleteWeightRequest del;
-  del.set_name("ops/dense_b");
-  v1::DeleteWeightReply delr;
-  auto dctx = Context();
-  EXPECT_TRUE(stub_->DeleteWeight(dctx.get(), del, &delr).ok());
+  DeleteWeight(stub_.get(), "ops/dense_b");
 }
 
 // A dense operand's refusals name its fields; nothing is computed.
