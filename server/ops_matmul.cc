@@ -142,12 +142,13 @@ absl::Status QuantizeDense(OpEnv& env, Operand& op) {
                                 col ? &op.dense : nullptr, env.stream(), nullptr);
 }
 
+// `dense_ok`: Matmul's operands may be dense (Dequantize refuses them before this).
 absl::Status ResolveOperand(OpEnv& env, StateStore& store, const QuantizedOperandIn& in,
-                            const std::string& field, Operand* out) {
+                            const std::string& field, bool dense_ok, Operand* out) {
   out->field = field;
   if (!in.is_set) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": set tensor, weight_name or dense"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, dense_ok ? ": set tensor, weight_name or dense" : ": set tensor or weight_name"));
   }
   if (in.is_dense) return ResolveDense(env, in.dense, field, out);
   if (in.is_weight) {
@@ -239,7 +240,7 @@ absl::Status Engine::RunDequantize(OpEnv& env, const DequantizeRequest& req,
         "dequantizes a dense tensor)");
   }
   Operand op;
-  FP4Q_RETURN_IF_ERROR(ResolveOperand(env, *store_, req.input, "input", &op));
+  FP4Q_RETURN_IF_ERROR(ResolveOperand(env, *store_, req.input, "input", false, &op));
   const kernels::DType dt = req.out_dtype;
   std::vector<std::unique_lock<std::mutex>> locks;
   FP4Q_RETURN_IF_ERROR(LockOperands({&op}, &locks));
@@ -261,8 +262,8 @@ absl::Status Engine::RunDequantize(OpEnv& env, const DequantizeRequest& req,
 
 absl::Status Engine::RunMatmul(OpEnv& env, const MatmulRequest& req, MatmulResult* res) {
   Operand a, b;
-  FP4Q_RETURN_IF_ERROR(ResolveOperand(env, *store_, req.a, "a", &a));
-  FP4Q_RETURN_IF_ERROR(ResolveOperand(env, *store_, req.b, "b", &b));
+  FP4Q_RETURN_IF_ERROR(ResolveOperand(env, *store_, req.a, "a", true, &a));
+  FP4Q_RETURN_IF_ERROR(ResolveOperand(env, *store_, req.b, "b", true, &b));
   const kernels::DType dt = req.out_dtype;
   std::vector<std::unique_lock<std::mutex>> locks;
   FP4Q_RETURN_IF_ERROR(LockOperands({&a, &b}, &locks));

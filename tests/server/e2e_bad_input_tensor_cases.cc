@@ -426,7 +426,7 @@ std::vector<BadCase> TensorOpCases() {
           "b.weight_name: no weight 'ghost'"),
       Mm(
           "matmul a not set", [](v1::MatmulRequest* r) { r->mutable_a()->Clear(); },
-          Code::INVALID_ARGUMENT, "a: set tensor or weight_name"),
+          Code::INVALID_ARGUMENT, "a: set tensor, weight_name or dense"),
       Mm(
           "matmul formats differ",
           [](v1::MatmulRequest* r) {
@@ -442,6 +442,46 @@ std::vector<BadCase> TensorOpCases() {
           "matmul scales NaN-free but s_enc Inf",
           [](v1::MatmulRequest* r) { r->mutable_a()->mutable_tensor()->set_s_enc(kInf); },
           Code::INVALID_ARGUMENT, "a.tensor.s_enc: inf must be finite and > 0"),
+      // Dense operands (quantized by the Matmul).
+      Mm(
+          "matmul dense a with both outputs",
+          [](v1::MatmulRequest* r) {
+            v1::DenseOperand* d = r->mutable_a()->mutable_dense();
+            *d->mutable_tensor() = InlineTensor(RandomF32(2 * 32, 2), 2, 32);
+            d->mutable_options()->set_outputs(v1::OUTPUTS_BOTH);
+          },
+          Code::INVALID_ARGUMENT, "a.dense.options.outputs: OUTPUTS_BOTH, but an operand is"),
+      Mm(
+          "matmul dense b with a residual key",
+          [](v1::MatmulRequest* r) {
+            v1::DenseOperand* d = r->mutable_b()->mutable_dense();
+            *d->mutable_tensor() = InlineTensor(RandomF32(2 * 32, 3), 2, 32);
+            d->mutable_options()->set_residual_key("r");
+          },
+          Code::INVALID_ARGUMENT, "b.dense.options.residual_key: set, but Matmul changes no"),
+      Mm(
+          "matmul dense a with bytes short",
+          [](v1::MatmulRequest* r) {
+            *r->mutable_a()->mutable_dense()->mutable_tensor() =
+                InlineTensor(RandomF32(2 * 32, 4).substr(8), 2, 32);
+          },
+          Code::INVALID_ARGUMENT, "a.dense.tensor.inline_data: 248 bytes; DTYPE_F32 [2, 32] needs 256"),
+      Mm(
+          "matmul dense b column-wise: its K is the tensor's rows",
+          [](v1::MatmulRequest* r) {
+            v1::DenseOperand* d = r->mutable_b()->mutable_dense();
+            *d->mutable_tensor() = InlineTensor(RandomF32(16 * 32, 5), 16, 32);
+            d->mutable_options()->set_outputs(v1::OUTPUTS_COLUMNWISE);
+          },
+          Code::INVALID_ARGUMENT,
+          "b.dense.tensor.shape[0]: 16 does not match a.tensor.shape[1] 32 (K)"),
+      Deq(
+          "dequantize a dense input",
+          [](v1::DequantizeRequest* r) {
+            *r->mutable_input()->mutable_dense()->mutable_tensor() =
+                InlineTensor(RandomF32(2 * 16, 6), 2, 16);
+          },
+          Code::INVALID_ARGUMENT, "input.dense: Dequantize takes a quantized tensor"),
   };
   return cases;
 }
