@@ -25,6 +25,9 @@ as the API requires; perf_counter around it) and the server's kernel time
                            forward as two calls.
   torch bf16               torch.matmul(a, b.t(), out=c) in this process (cuBLAS), the same
                            wall-time convention, and its CUDA-event time.
+Then a linear layer's training GEMMs at each M of --linear-m: forward and backward of
+fp4q.nn.Linear(K, N) (three Matmul calls of dense operands: fprop, dgrad, wgrad) against
+torch.nn.Linear in bf16 on the same data, wall time with the result synchronized.
 Every fp4qd result is checked once, its output poisoned with NaN first, against the f32 product
 of the operands' dequantized values (relative Frobenius error <= --tolerance). --json writes all
 of it with the GPU, torch version, commit and commands; --profile adds a cProfile of each
@@ -209,6 +212,39 @@ def m_section(client, m, n, k, b, weight, qb, ref_b, device, args):
     return section
 
 
+def linear_section(client, m, n, k, device, args):
+    """One training step's GEMMs of a linear layer (forward and backward, no bias): fp4q.nn.Linear
+    (three Matmul calls of dense operands) against torch.nn.Linear in bf16, same data."""
+    gen = torch.Generator(device="cpu").manual_seed(2000 + m)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(device).requires_grad_()
+    g = torch.randn(m, n, generator=gen).to(torch.bfloat16).to(device)
+    torch.manual_seed(3)
+    ref = torch.nn.Linear(k, n, bias=False, device=device, dtype=torch.bfloat16)
+    fp4 = fp4q.nn.Linear.from_linear(ref, client=client, seed=5)
+    rows = {}
+    for name, layer in (("fp4q.nn.Linear (3 Matmul calls)", fp4), ("torch.nn.Linear bf16", ref)):
+        def step(layer=layer):
+            x.grad = None
+            layer.weight.grad = None
+            layer(x).backward(g)
+        rows[name] = timed_calls(step, device, args.warmup, args.iters)
+    # The quantized layer's results are finite and near the bf16 ones (NVFP4's error).
+    x.grad = fp4.weight.grad = None
+    y = fp4(x)
+    y.backward(g)
+    want = ref(x.detach())
+    err = rel_frobenius(y.detach().float(), want.float())
+    if not (torch.isfinite(y).all() and torch.isfinite(x.grad).all() and
+            torch.isfinite(fp4.weight.grad).all()) or not err < 0.25:
+        raise Checked("fp4q.nn.Linear M=%d: output error %.3g against bf16 (or non-finite)"
+                      % (m, err))
+    rows["fp4q.nn.Linear (3 Matmul calls)"]["forward_rel_error_vs_bf16"] = err
+    base = rows["torch.nn.Linear bf16"]["wall"]["p50_us"]
+    rows["fp4q.nn.Linear (3 Matmul calls)"]["torch_bf16_wall_over_this_wall"] = (
+        base / rows["fp4q.nn.Linear (3 Matmul calls)"]["wall"]["p50_us"])
+    return {"m": m, "n": n, "k": k, "rows": rows}
+
+
 def ms_profiled(args):
     return int(args.m.split(",")[0]) if not args.dry_run else 1
 
@@ -262,6 +298,9 @@ def main(argv=None):
                     help="comma-separated M values (A's rows)")
     ap.add_argument("--n", type=int, default=8192, help="B's rows (N)")
     ap.add_argument("--k", type=int, default=8192, help="the inner dimension (K)")
+    ap.add_argument("--linear-m", default="2048,8192",
+                    help="tokens of the linear-layer rows (fp4q.nn.Linear forward + backward "
+                         "against torch.nn.Linear bf16, [N, K] weight); '' for none")
     ap.add_argument("--grpc", action="store_true", help="also every row over gRPC")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
@@ -279,9 +318,14 @@ def main(argv=None):
         ap.error("--m >= 1, --n >= 16, --k a multiple of 16 (>= 16)")
     if args.iters < 1 or args.warmup < 0:
         ap.error("--iters >= 1, --warmup >= 0")
+    try:
+        linear_ms = [int(v) for v in args.linear_m.split(",") if v.strip()]
+    except ValueError:
+        ap.error("--linear-m: comma-separated integers, got %r" % args.linear_m)
     if args.dry_run:
         device = torch.device("cpu")
         ms, args.n, args.k = [1, 16, 64], 256, 256
+        linear_ms = [32] if linear_ms else []
         args.iters, args.warmup = min(args.iters, 3), min(args.warmup, 1)
         args.state_budget_bytes = min(args.state_budget_bytes, 1 << 30)
     else:
@@ -323,9 +367,20 @@ def main(argv=None):
                     sections.append(s)
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
+                linear = []
+                for m in linear_ms:
+                    s = linear_section(client, m, args.n, args.k, device, args)
+                    f, t = s["rows"]["fp4q.nn.Linear (3 Matmul calls)"], s["rows"][
+                        "torch.nn.Linear bf16"]
+                    print("\nlinear layer forward + backward, M=%d N=%d K=%d: fp4q.nn.Linear "
+                          "%.1f us, torch.nn.Linear bf16 %.1f us (torch / fp4q %.2fx)" % (
+                              m, args.n, args.k, f["wall"]["p50_us"], t["wall"]["p50_us"],
+                              f["torch_bf16_wall_over_this_wall"]), flush=True)
+                    linear.append(s)
                 stats = {k: v for k, v in client.stats.items()
                          if k.startswith(("fast", "ipc", "inline"))}
-                results["transports"][transport] = {"sections": sections, "client_stats": stats}
+                results["transports"][transport] = {"sections": sections, "linear": linear,
+                                                    "client_stats": stats}
             finally:
                 try:
                     client.delete_namespace()
