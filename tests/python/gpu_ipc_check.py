@@ -192,6 +192,28 @@ def check_dense_operands(ipc, inline):
     return {"ok": not diffs, "differences": diffs}
 
 
+def check_thread_without_context(ipc):
+    """A tensor made on this thread travels by IPC from a thread that made no CUDA call (as
+    autograd's backward thread does: fp4q.nn.Linear's backward GEMMs), its allocation not yet
+    registered: the export binds the device's primary context there. Same result as here."""
+    torch.cuda.empty_cache()
+    x = torch.randn(4096, 4096, device="cuda")  # 64 MiB: an allocation of its own, no arena
+    got, errors = [], []
+
+    def run():
+        try:
+            got.append(ipc.quantize(x).rowwise)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append("%s: %s" % (type(e).__name__, e))
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    want = ipc.quantize(x).rowwise
+    same_codes = bool(got) and same(got[0].codes, want.codes) and same(got[0].scales,
+                                                                      want.scales)
+    return {"ok": not errors and same_codes, "errors": errors, "bit_identical": same_codes}
+
+
 def check_registration_cached(ipc, inline, server):
     torch.cuda.empty_cache()  # src and dst below get fresh cudaMalloc allocations
     opens0 = server.metric("fp4q_cuda_handle_opens_total")
@@ -403,6 +425,8 @@ def main():
         checks.run("buffer_id_identifies_allocation",
                    lambda: check_buffer_id_identifies_allocation(ipc))
         checks.run("ipc_bit_identical_to_inline", lambda: check_ipc_equals_inline(ipc, inline))
+        checks.run("ipc_from_a_thread_without_context",
+                   lambda: check_thread_without_context(ipc))
         checks.run("dense_operand_matmul_bit_identical",
                    lambda: check_dense_operands(ipc, inline))
         checks.run("registration_cached_one_open_per_allocation",

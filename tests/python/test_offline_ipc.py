@@ -62,6 +62,9 @@ class RegionCacheTest(unittest.TestCase):
             self.calls.append("cuIpcGetMemHandle")
             return self.allocs[base][1]
 
+        def bind_context(index):
+            self.calls.append("bind context")
+
         real_current_device = ipc._current_device
 
         def current_device(index):
@@ -71,6 +74,7 @@ class RegionCacheTest(unittest.TestCase):
         patches = [mock.patch.object(_cuda_driver, "allocation_identity", allocation_identity),
                    mock.patch.object(_cuda_driver, "address_range", address_range),
                    mock.patch.object(_cuda_driver, "ipc_handle", ipc_handle),
+                   mock.patch.object(_cuda_driver, "bind_context", bind_context),
                    mock.patch.object(ipc, "_current_device", current_device)]
         for p in patches:
             p.start()
@@ -92,7 +96,7 @@ class RegionCacheTest(unittest.TestCase):
 
     def test_a_hit_is_one_driver_call_without_export_or_device_switch(self):
         self.cache.slice_for(FakeTensor(0x10000), "GPU-x")
-        self.assertEqual(self.calls, ["cuPointerGetAttributes", "device switch",
+        self.assertEqual(self.calls, ["cuPointerGetAttributes", "device switch", "bind context",
                                       "cuMemGetAddressRange", "cuIpcGetMemHandle"])
         del self.calls[:]
         self.assertEqual(self.cache.slice_for(FakeTensor(0x10000 + 256), "GPU-x"), ("r1", 256))
@@ -195,7 +199,46 @@ class RegionCacheTest(unittest.TestCase):
 
 
 class CudaDriverTest(unittest.TestCase):
-    """allocation_identity's ctypes marshalling against a fake libcuda."""
+    """allocation_identity's and bind_context's ctypes marshalling against a fake libcuda."""
+
+    def test_bind_context_binds_the_primary_context_only_where_none_is_current(self):
+        seen = []
+
+        class FakeLib:
+            current = 0
+
+            def cuCtxGetCurrent(self, out):
+                seen.append("get")
+                out._obj.value = self.current
+                return 0
+
+            def cuDeviceGet(self, dev, ordinal):
+                seen.append(("device", ordinal))
+                dev._obj.value = 10 + ordinal
+                return 0
+
+            def cuDevicePrimaryCtxRetain(self, ctx, dev):
+                seen.append(("retain", dev))
+                ctx._obj.value = 0x5000 + dev
+                return 0
+
+            def cuCtxSetCurrent(self, ctx):
+                seen.append(("set", ctx.value))
+                self.current = ctx.value
+                return 0
+
+            def cuGetErrorName(self, result, name):
+                return 0
+
+        lib = FakeLib()
+        with mock.patch.object(_cuda_driver, "_lib", lib), \
+                mock.patch.object(_cuda_driver, "_primary", {}):
+            _cuda_driver.bind_context(1)  # no current context: bind device 1's primary one
+            _cuda_driver.bind_context(1)  # now one is current: nothing to do
+            lib.current = 0
+            _cuda_driver.bind_context(1)  # retained once: set again without a second retain
+        self.assertEqual(seen, ["get", ("device", 1), ("retain", 11), ("set", 0x500b), "get",
+                                "get", ("set", 0x500b)])
 
     def test_one_cu_pointer_get_attributes_call_reads_start_size_and_buffer_id(self):
         seen = []

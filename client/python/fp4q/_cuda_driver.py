@@ -58,6 +58,10 @@ def _driver():
             lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
             lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
             lib.cuDeviceGetUuid.argtypes = [ctypes.POINTER(_Uuid), ctypes.c_int]
+            lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+            lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
+            lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p),
+                                                     ctypes.c_int]
             _lib = lib
         return _lib
 
@@ -69,6 +73,31 @@ def _check(result, what, *args):
         _driver().cuGetErrorName(result, ctypes.byref(name))
         label = name.value.decode() if name.value else "CUresult %d" % result
         raise DriverError("%s failed: %s" % (what % args, label))
+
+
+_primary = {}  # visible ordinal -> its primary context, retained once for the process
+
+
+def bind_context(ordinal):
+    """Makes sure this thread has a current context, binding device `ordinal`'s primary context
+    (the one torch uses) when it has none. A thread that made no CUDA runtime call has none, and
+    torch does not bind one when the device it selects is already the thread's current device:
+    autograd's backward threads are such threads."""
+    lib = _driver()
+    current = ctypes.c_void_p()
+    _check(lib.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
+    if current.value:
+        return
+    with _lib_lock:
+        ctx = _primary.get(ordinal)
+        if ctx is None:
+            dev = ctypes.c_int()
+            _check(lib.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet(%d)", ordinal)
+            ctx = ctypes.c_void_p()
+            _check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev.value),
+                   "cuDevicePrimaryCtxRetain(%d)", ordinal)
+            _primary[ordinal] = ctx
+    _check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent(device %d)", ordinal)
 
 
 def address_range(ptr):

@@ -133,9 +133,11 @@ class RegionCache:
                         identities.append((index, start, range_size, buffer_id))
                     return region.region_id, offset
         # Miss: export the allocation's handle. These driver calls act in the current context:
-        # make it the tensor's device's (as the C++ client does), whichever device is current.
+        # make it the tensor's device's (as the C++ client does), whichever device is current,
+        # and bind one on a thread that has none.
         try:
             with _current_device(index):
+                _cuda_driver.bind_context(index)
                 base, size = _cuda_driver.address_range(ptr)
                 handle = _cuda_driver.ipc_handle(base)
         except _cuda_driver.DriverError as e:
