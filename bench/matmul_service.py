@@ -223,10 +223,11 @@ def linear_section(client, m, n, k, device, args):
     fp4 = fp4q.nn.Linear.from_linear(ref, client=client, seed=5)
     rows = {}
     for name, layer in (("fp4q.nn.Linear (3 Matmul calls)", fp4), ("torch.nn.Linear bf16", ref)):
-        def step(layer=layer):
+        def step(layer=layer):  # timed until its gradients are ready
             x.grad = None
             layer.weight.grad = None
             layer(x).backward(g)
+            sync(device)
         rows[name] = timed_calls(step, device, args.warmup, args.iters)
     # The quantized layer's results are finite and near the bf16 ones (NVFP4's error).
     x.grad = fp4.weight.grad = None
