@@ -1,5 +1,6 @@
-"""fp4qd for a benchmark: started by it (--fp4qd, CUDA IPC and the fast socket on Unix
-sockets in a private folder), or one already running (--server, --fast-socket)."""
+"""What the benchmarks through fp4qd share: fp4qd started by the benchmark (--fp4qd, CUDA IPC
+and the fast socket on Unix sockets in a private folder) or one already running (--server,
+--fast-socket), and the commit they report."""
 
 import os
 import shutil
@@ -7,6 +8,20 @@ import subprocess
 import tempfile
 
 import fp4q
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def commit():
+    """The commit measured: FP4Q_COMMIT (scripts/device/run.sh sets the bundle's), else git's."""
+    if os.environ.get("FP4Q_COMMIT"):
+        return os.environ["FP4Q_COMMIT"]
+    try:
+        return subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=30).stdout.strip() or None
+    except OSError:
+        return None
 
 
 def add_server_args(ap, state_budget_bytes):

@@ -39,8 +39,6 @@ import json
 import math
 import os
 import platform
-import statistics
-import subprocess
 import sys
 import time
 
@@ -52,7 +50,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 import fp4q  # noqa: E402
-from fp4qd_process import Fp4qd, add_server_args  # noqa: E402
+from fp4qd_process import Fp4qd, add_server_args, commit  # noqa: E402
 
 
 def percentile(values, q):
@@ -118,16 +116,6 @@ def rel_frobenius(got, want):
     d = (got.double() - want.double()).norm()
     w = want.double().norm()
     return float(d / w) if w > 0 else float(d)
-
-
-def commit():
-    if os.environ.get("FP4Q_COMMIT"):  # set by scripts/device/run.sh: the bundle's commit
-        return os.environ["FP4Q_COMMIT"]
-    try:
-        return subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=30).stdout.strip() or None
-    except OSError:
-        return None
 
 
 class Checked(Exception):

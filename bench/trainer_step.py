@@ -42,7 +42,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -53,7 +52,7 @@ sys.path.insert(0, os.path.join(REPO, "client", "python"))
 import torch  # noqa: E402
 
 import fp4q  # noqa: E402
-from fp4qd_process import Fp4qd, add_server_args  # noqa: E402
+from fp4qd_process import Fp4qd, add_server_args, commit  # noqa: E402
 
 SGD_FLOOR_BYTES = 2 + 2 + 4 + 4 + 0.5 + 0.5 + 1 / 16 + 1 / 16   # 13.125
 ADAMW_FLOOR_BYTES = SGD_FLOOR_BYTES + 16                          # 29.125
@@ -394,16 +393,6 @@ def print_table(name, section):
             row["name"], fmt(row["median_ms"]), fmt(row.get("p90_ms")),
             fmt(row.get("kernel_median_ms")), fmt(row.get("vs_floor"), "%9.2f"),
             fmt(row.get("vs_torch"), "%9.2f")))
-
-
-def commit():
-    if os.environ.get("FP4Q_COMMIT"):  # set by scripts/device/run.sh: the bundle's commit
-        return os.environ["FP4Q_COMMIT"]
-    try:
-        return subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=30).stdout.strip() or None
-    except OSError:
-        return None
 
 
 def profile_steps(server, args, device, path):

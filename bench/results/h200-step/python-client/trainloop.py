@@ -2,6 +2,7 @@
 # stored weights' fp4q.optim.SGD step (momentum 0.9, RTN + EF) timed alone, with the client's
 # phases and stats; zero_grad(set_to_none=True/False) and fixed gradients (no backward).
 # Env: B (bundle dir), LD_LIBRARY_PATH, FP4Q_CUDA_MODULE, FP4Q_PROTO_DESCRIPTOR. Run from repo root.
+# PROFILE=1: also a cProfile of opt.step() over steps 20.. (PHASES=0: without the phase timers).
 import collections, os, statistics, subprocess, sys, time
 sys.path.insert(0, os.environ.get("CLIENT") or os.path.join(os.getcwd(), "client", "python"))
 sys.path.insert(0, os.path.join(os.getcwd(), "train"))
@@ -100,7 +101,11 @@ def run(mode, prefix):
             loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, 256), y.reshape(-1))
             loss.backward()
         torch.cuda.synchronize(); t1 = time.perf_counter()
+        if globals().get("PROF") is not None and i >= 20:
+            PROF.enable()
         opt.step()
+        if globals().get("PROF") is not None and i >= 20:
+            PROF.disable()
         t15 = time.perf_counter()
         torch.cuda.synchronize(); t2 = time.perf_counter()
         a, b = marks[-1]
@@ -122,6 +127,14 @@ def run(mode, prefix):
     print("   stats: %s" % stats)
     sys.stdout.flush()
 
+import cProfile, pstats, io
 for mode in os.environ.get("MODES", "fixed,zero,none").split(","):
+    PROF = cProfile.Profile() if os.environ.get("PROFILE") == "1" else None
     run(mode, "tl_%s_" % mode)
+    if globals().get("PROF") is not None:
+        out = io.StringIO()
+        st = pstats.Stats(PROF, stream=out)
+        st.sort_stats("tottime").print_stats(35)
+        st.sort_stats("cumulative").print_stats(45)
+        print(out.getvalue())
 srv.terminate(); srv.wait()
