@@ -72,6 +72,7 @@ class StepPlanTest(unittest.TestCase):
         patches = [mock.patch.object(_cuda_driver, "allocation_identity", allocation_identity),
                    mock.patch.object(_cuda_driver, "address_range", address_range),
                    mock.patch.object(_cuda_driver, "ipc_handle", ipc_handle),
+                   mock.patch.object(_cuda_driver, "bind_context", lambda index: None),
                    mock.patch.object(ipc, "_current_device", lambda i: contextlib.nullcontext()),
                    mock.patch.object(ipc, "device_uuid", return_value="gpu-00aa"),
                    mock.patch.object(torch.cuda, "current_stream")]
