@@ -258,7 +258,8 @@ class Client:
         return self._requests.last_qdq_amax
 
     def matmul(self, a, b, out_dtype=torch.float32, *, out=None, device=None):
-        """C = A * B^T from two QuantizedTensors (or weight names): [a.rows, b.rows]."""
+        """C = A * B^T: [a.rows, b.rows]. Each operand is an fp4q.QuantizedTensor, a stored
+        weight's name, or an fp4q.DenseOperand (a tensor fp4qd quantizes in this call)."""
         return self._requests.matmul(a, b, out_dtype, out, device)
 
     # ------------------------------------------------------------------ weights and state
