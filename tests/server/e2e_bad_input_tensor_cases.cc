@@ -465,7 +465,8 @@ std::vector<BadCase> TensorOpCases() {
             *r->mutable_a()->mutable_dense()->mutable_tensor() =
                 InlineTensor(RandomF32(2 * 32, 4).substr(8), 2, 32);
           },
-          Code::INVALID_ARGUMENT, "a.dense.tensor.inline_data: 248 bytes; DTYPE_F32 [2, 32] needs 256"),
+          Code::INVALID_ARGUMENT,
+          "a.dense.tensor.inline_data: 248 bytes; DTYPE_F32 [2, 32] needs 256"),
       Mm(
           "matmul dense b column-wise: its K is the tensor's rows",
           [](v1::MatmulRequest* r) {
