@@ -246,6 +246,11 @@ class Engine {
                            StepPartSync* sync);
   // Routes a step to the device(s) holding its weights and answers its ranks (engine_step.cc).
   void StartStep(std::shared_ptr<StepJob> job);
+  // Each rank's StepRequest.done_signal checked and pinned (nothing written yet), or the error
+  // naming it; `devices`: how many devices the step's weights are on.
+  absl::Status PinDoneSignals(StepJob& job, size_t devices);
+  // Writes them on env's stream after the step's device work (whatever its outcome).
+  void WriteDoneSignals(OpEnv& env, StepJob& job);
   // Replica groups (engine_groups.cc).
   void Contribute(const RequestContext& ctx, StepRequest req, Done<StepResult> done);
   void FailRanks(std::vector<std::unique_ptr<StepJob::Rank>> ranks, const absl::Status& s);

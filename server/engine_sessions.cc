@@ -140,8 +140,10 @@ ServerInfoResult Engine::ServerInfo() const {
                        "delayed_scaling",
                        "replica_groups",
                        "namespaces"};
-  if (options_.allow_cuda_ipc && devices_->kind() == "cuda")
+  if (options_.allow_cuda_ipc && devices_->kind() == "cuda") {
     r.supported_modes.push_back("cuda_ipc");
+    r.supported_modes.push_back("step_done_signal");
+  }
   r.state_budget_bytes = options_.state_budget_bytes;
   r.max_queue_depth = static_cast<uint32_t>(options_.max_queue_depth);
   r.max_open_handles = static_cast<uint32_t>(options_.max_open_handles);

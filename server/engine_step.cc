@@ -91,6 +91,54 @@ void Engine::Step(const RequestContext& ctx, StepRequest req, Done<StepResult> d
   StartStep(std::move(job));
 }
 
+absl::Status Engine::PinDoneSignals(StepJob& job, size_t devices) {
+  for (StepJob::Rank& r : job.ranks) {
+    if (!r.req->has_done_signal) continue;
+    const std::string prefix =
+        job.ranks.size() > 1 ? absl::StrCat("rank ", r.rank, "'s ") : std::string();
+    if (devices != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, "done_signal: the step's weights are on ", devices,
+          " devices; a done signal is written after one device's work (send one step per "
+          "device, or no done_signal)"));
+    }
+    const std::string& id = r.req->done_signal.region_id;
+    auto pin = job.scope.pins.find(id);
+    if (pin == job.scope.pins.end()) {
+      absl::StatusOr<RegionPin> p =
+          regions_->Acquire(r.ctx.session_id, id, absl::StrCat(prefix, "done_signal.region"));
+      if (!p.ok()) return p.status();
+      pin = job.scope.pins.emplace(id, std::move(*p)).first;
+    }
+    Device* d = job.entries[0]->device;
+    if (pin->second.device() != d) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, "done_signal.region: on device ", pin->second.device()->label,
+          ", but the step's weights are on device ", d->label));
+    }
+    absl::StatusOr<uint8_t*> at = pin->second.Slice(
+        r.req->done_signal.offset, sizeof(uint32_t), absl::StrCat(prefix, "done_signal.region"));
+    if (!at.ok()) return at.status();
+    job.signals.push_back(StepJob::Signal{*at, r.req->done_value});
+  }
+  return absl::OkStatus();
+}
+
+void Engine::WriteDoneSignals(OpEnv& env, StepJob& job) {
+  if (job.signals.empty()) return;
+  // After the step's report was read: the weights, residuals and every DQ(W) are written.
+  absl::Status s;
+  for (const StepJob::Signal& sig : job.signals) {
+    if (s.ok()) s = env.backend().CopyFromHost(sig.at, &sig.value, sizeof(uint32_t), env.stream());
+  }
+  if (s.ok()) s = env.backend().Synchronize(env.stream());  // before `job` (the values) can go
+  if (!s.ok() && logger_ != nullptr) {
+    // The worker's client releases its stream itself when it reads the reply.
+    logger_->Warning("step done signal not written",
+                     {{"step", absl::StrCat(job.step)}, {"error", s.ToString()}});
+  }
+}
+
 void Engine::StartStep(std::shared_ptr<StepJob> job) {
   // Every rank is answered exactly once, with its own result or the step's one error.
   auto answer_all = [job](const absl::Status& s) {
@@ -185,6 +233,7 @@ void Engine::StartStep(std::shared_ptr<StepJob> job) {
   for (size_t i = 0; i < job->entries.size(); ++i) {
     by_device[job->entries[i]->device->index].push_back(i);
   }
+  if (absl::Status s = PinDoneSignals(*job, by_device.size()); !s.ok()) return refuse(s);
   job->results.resize(job->ranks.size());
   for (size_t r = 0; r < job->ranks.size(); ++r) {
     job->results[r].items.resize(first.items.size());
@@ -254,6 +303,7 @@ void Engine::StartStep(std::shared_ptr<StepJob> job) {
             StepPartSync sync{barrier.get()};
             s = RunStepPart(env, *job, mine, barrier != nullptr ? &sync : nullptr);
             if (barrier != nullptr && !sync.arrived) barrier->Failed(s);
+            WriteDoneSignals(env, *job);
             CheckHealth(*device);
             int64_t elements = 0;
             for (size_t i : mine) elements += job->entries[i]->rows * job->entries[i]->cols;

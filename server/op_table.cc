@@ -310,7 +310,9 @@ std::vector<Op> MakeTable() {
         if (!env.engine->CudaIpcAllowedFor(ctx.peer)) {  // listed only for callers who may
           auto* modes = rep->mutable_supported_modes();
           for (int i = modes->size() - 1; i >= 0; --i) {
-            if (modes->Get(i) == "cuda_ipc") modes->DeleteSubrange(i, 1);
+            if (modes->Get(i) == "cuda_ipc" || modes->Get(i) == "step_done_signal") {
+              modes->DeleteSubrange(i, 1);
+            }
           }
         }
         rep->set_server_epoch(env.engine->epoch());

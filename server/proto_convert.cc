@@ -308,6 +308,11 @@ absl::StatusOr<StepRequest> FromProto(const v1::StepRequest& m) {
     r.rank = m.replica().rank();
   }
   r.brief_reply = m.brief_reply();
+  if (m.has_done_signal()) {
+    r.has_done_signal = true;
+    r.done_signal = FromProto(m.done_signal().region());
+    r.done_value = m.done_signal().value();
+  }
   return r;
 }
 

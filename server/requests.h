@@ -346,6 +346,9 @@ struct StepRequest {
   std::string replica_group;
   uint32_t rank = 0;
   bool brief_reply = false;  // the reply counts the items instead of listing them
+  bool has_done_signal = false;  // fp4q.v1.DoneSignal: `done_value` written at `done_signal`
+  RegionSlice done_signal;
+  uint32_t done_value = 0;
 };
 
 struct StepItemResult {

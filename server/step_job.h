@@ -35,6 +35,12 @@ struct StepJob {
   std::vector<std::shared_ptr<StateEntry>> entries;  // per item, request order
   std::vector<StepResult> results;                   // per rank
   RequestScope scope;                                // every rank's regions
+  // Each rank's done signal (StepRequest.done_signal), written after the step's device work.
+  struct Signal {
+    uint8_t* at = nullptr;  // in a pinned region of `scope`
+    uint32_t value = 0;
+  };
+  std::vector<Signal> signals;
   // Ranks in the group (1 for a single worker). `ranks` holds all of them for a step, or one
   // when a rank retries an applied step alone.
   uint32_t world_size = 1;

@@ -160,6 +160,19 @@ TEST_F(EngineStepTest, AGroupsWeightsSpreadOverTheDevicesAndStepWhereTheyLive) {
     for (auto& t : threads) t.join();
     for (int r = 0; r < 2; ++r) ASSERT_TRUE(results[r].ok()) << results[r].status();
   }
+  {  // A done signal is written after one device's work: refused for this spread step.
+    StepRequest req;
+    req.step = 3;
+    req.groups = {Sgd(0.25f)};
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      req.items.push_back(Item(shapes[i].name, grads.back()[i], shapes[i].rows, shapes[i].cols));
+    }
+    req.has_done_signal = true;
+    req.done_signal = RegionSlice{"r", 0};
+    EXPECT_THAT(Step(req).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("done_signal: the step's weights are on 2 devices")));
+  }
   std::map<std::string, Snapshot> spread;
   for (const Shape& w : shapes) spread[w.name] = Take(w.name);
   // The replay on one device: the same weights, each step's two gradients summed in rank

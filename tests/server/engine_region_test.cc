@@ -217,6 +217,84 @@ TEST_F(EngineRegionTest, StepOutputsMayNotOverlapAnyItemsSlices) {
   EXPECT_TRUE(ok->items[0].applied);
 }
 
+// StepRequest.done_signal: its value lands in the region after the step's device work, applied
+// or refused on the device; a request refused before that leaves it unwritten, names the field
+// and changes nothing.
+TEST_F(EngineRegionTest, StepDoneSignalIsWrittenAfterTheDeviceWorkWhateverItsOutcome) {
+  CreateWeightRequest c;
+  c.name = "w";
+  c.initial = InlineF32(RandomF32(2 * 32, 41), 2, 32);
+  ASSERT_TRUE(Await<CreateWeightResult>([&](auto d) { engine_->CreateWeight(ctx_, c, d); }).ok());
+  const std::string g = RandomF32(2 * 32, 42);
+  std::memcpy(memory_.data(), g.data(), g.size());
+  constexpr uint64_t kSignal = 4096;
+  auto signal = [&] {
+    uint32_t v;
+    std::memcpy(&v, memory_.data() + kSignal, 4);
+    return v;
+  };
+  auto step = [&](int64_t n, uint64_t at, uint32_t value, const std::string& name = "w",
+                  const std::string& region = "") {
+    StepRequest r;
+    r.step = n;
+    HyperIn h;
+    h.lr = 0.01f;
+    r.groups = {h};
+    StepItemIn it;
+    it.name = name;
+    it.update = RegionF32(region_, 0, 2, 32);
+    it.dequantized_out = RegionTarget(region_, 1024);
+    r.items.push_back(it);
+    r.has_done_signal = true;
+    r.done_signal = RegionSlice{region.empty() ? region_ : region, at};
+    r.done_value = value;
+    return Await<StepResult>([&](auto done) { engine_->Step(ctx_, r, done); });
+  };
+  EXPECT_THAT(engine_->ServerInfo().supported_modes, ::testing::Contains("step_done_signal"));
+  EXPECT_EQ(signal(), 0xEEEEEEEEu);  // poisoned
+  // Refused before any device work: unwritten, named, nothing applied.
+  EXPECT_THAT(step(1, kSignal + 8, 7),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "done_signal.region.offset: 4104 is not a multiple of 16"));
+  EXPECT_THAT(step(1, kRegionBytes - 2, 7),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("done_signal.region.offset: 65534 is not a multiple of 16")));
+  EXPECT_THAT(step(1, kRegionBytes, 7),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "done_signal.region.offset: 65536 + 4 bytes is past the end of the "
+                       "region (65536 bytes)"));
+  EXPECT_THAT(step(1, kSignal, 7, "w", "nope"),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("done_signal.region.region_id: no region 'nope'")));
+  EXPECT_THAT(step(1, kSignal, 7, "missing"),
+              StatusIs(absl::StatusCode::kNotFound, "items[0].name: no weight 'missing'"));
+  EXPECT_EQ(signal(), 0xEEEEEEEEu);
+  EXPECT_EQ(memory_[1024], 0xEE) << "a refused step wrote its DQ(W)";
+  // Applied: DQ(W) written, then the signal.
+  auto ok = step(1, kSignal, 7);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(ok->items[0].applied);
+  EXPECT_EQ(signal(), 7u);
+  EXPECT_NE(memory_[1024], 0xEE);
+  EXPECT_EQ(memory_[kSignal + 4], 0xEE) << "wrote past the signal's 4 bytes";
+  // A retry of the applied step: answered "already applied", signalled again.
+  auto again = step(1, kSignal, 8);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->items[0].applied);
+  EXPECT_EQ(signal(), 8u);
+  // Refused on the device (a NaN gradient): signalled, nothing applied.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(memory_.data() + 4 * 5, &nan, 4);
+  EXPECT_THAT(step(2, kSignal, 9), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            HasSubstr("items[0].update: element 5 is NaN")));
+  EXPECT_EQ(signal(), 9u);
+  std::memcpy(memory_.data(), g.data(), g.size());
+  auto next = step(2, kSignal, 10);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_TRUE(next->items[0].applied) << "the refused step 2 changed the weight's last step";
+  EXPECT_EQ(signal(), 10u);
+}
+
 TEST_F(EngineRegionTest, RegionLargerThanItsAllocationIsRefused) {
   std::vector<uint8_t> small(4096, 0xEE);
   const std::string handle = fake_->Export(small.data(), small.size());
