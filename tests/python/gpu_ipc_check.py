@@ -312,6 +312,93 @@ def check_optim_ipc_equals_inline(ipc, inline):
             "inline_step_plans_reused": reused_inline}
 
 
+def check_optim_overlap(ipc):
+    """fp4q.optim.SGD(overlap=True): step() returns before the reply and the current stream
+    waits on the device for the server's done signal. Without any host synchronization between
+    steps, each step's parameters (poisoned with NaN before it, cloned on the stream right after
+    step() returns) are bit-identical to overlap=False's; a NaN gradient (refused on the device)
+    and a deleted weight (refused before any device work: the client releases the stream) are
+    raised by the next synchronize() naming the step, the stream never stays blocked, and the
+    refused step number is sent again."""
+    import threading
+    import fp4q.optim
+    g = torch.Generator(device="cuda").manual_seed(6)
+    shapes = [(64, 128), (128, 64), (32, 256)]
+    start = [torch.randn(s, device="cuda", generator=g).mul_(0.05).to(torch.bfloat16)
+             for s in shapes]
+    runs = {}
+    for overlap in (False, True):
+        params = [torch.nn.Parameter(w.clone()) for w in start]
+        opt = fp4q.optim.SGD(params, lr=0.05, momentum=0.9, error_feedback=True, client=ipc,
+                             name_prefix="overlap_check_%d_" % overlap, overlap=overlap)
+        history = []
+        for step in range(8):
+            gg = torch.Generator(device="cuda").manual_seed(200 + step)
+            for p in params:
+                p.grad = torch.randn(p.shape, device="cuda", generator=gg).to(torch.bfloat16)
+                p.data.fill_(float("nan"))  # queued before the step: the server must write it
+            opt.step()
+            history.append([p.detach().clone() for p in params])  # queued after the wait
+            opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        opt.synchronize()
+        runs[overlap] = (history, opt, params)
+    (h_sync, _, _), (h_over, opt, params) = runs[False], runs[True]
+    steps_equal = [all(same(a, b) for a, b in zip(x, y)) for x, y in zip(h_sync, h_over)]
+    finite = all(bool(torch.isfinite(t.float()).all()) for x in h_over for t in x)
+    o = opt._overlapped
+    out = {"steps_bit_identical": steps_equal, "all_finite": finite,
+           "server_step": opt.server_step, "sent_overlapped": o.sent,
+           "completed_in_step": o.completed}
+
+    def stream_released():
+        done = threading.Event()
+        threading.Thread(target=lambda: (torch.cuda.current_stream().synchronize(),
+                                         done.set()), daemon=True).start()
+        return done.wait(30)
+
+    def grads(nan=False):
+        for p in params:
+            p.grad = torch.full(p.shape, 0.01, device="cuda", dtype=torch.bfloat16)
+        if nan:
+            params[1].grad[3, 5] = float("nan")
+    grads(nan=True)
+    opt.step()  # step 9, refused on the device
+    out["released_after_device_refusal"] = stream_released()
+    try:
+        opt.synchronize()
+        out["nan_error"] = None
+    except fp4q.Fp4qError as e:
+        out["nan_error"] = e.message
+    grads()
+    opt.step()  # step 9 again
+    opt.synchronize()
+    out["server_step_after_resend"] = opt.server_step
+    ipc.delete_weight(opt.stored_names[0])
+    grads()
+    opt.step()  # step 10, refused before any device work: the signal is the client's to write
+    out["released_after_host_refusal"] = stream_released()
+    try:
+        opt.step()
+        out["deleted_error"] = None
+    except fp4q.Fp4qError as e:
+        out["deleted_error"] = e.message
+    for run in runs.values():
+        for n in run[1].stored_names.values():
+            try:
+                ipc.delete_weight(n)
+            except fp4q.Fp4qError:
+                pass
+    nan_ok = bool(out["nan_error"]) and out["nan_error"].startswith(
+        "step 9 (overlap=True") and "is NaN" in out["nan_error"]
+    del_ok = bool(out["deleted_error"]) and out["deleted_error"].startswith(
+        "step 10 (overlap=True") and "no weight" in out["deleted_error"]
+    out["ok"] = (all(steps_equal) and finite and opt.server_step == 9 and o.sent >= 10 and
+                 out["released_after_device_refusal"] and out["released_after_host_refusal"]
+                 and out["server_step_after_resend"] == 9 and nan_ok and del_ok)
+    return out
+
+
 def check_scaled_mm(ipc):
     a = torch.randn(128, 256, device="cuda")
     b = torch.randn(192, 256, device="cuda")
@@ -435,6 +522,8 @@ def main():
         checks.run("to_fp4_operands_scaled_mm", lambda: check_scaled_mm(ipc))
         checks.run("optim_ipc_bit_identical_to_inline",
                    lambda: check_optim_ipc_equals_inline(ipc, inline))
+        checks.run("optim_overlap_bit_identical_and_never_blocked",
+                   lambda: check_optim_overlap(ipc))
         checks.run("training_nvfp4_linear_vs_bf16",
                    lambda: check_training(ipc, args.out, args.steps))
     finally:

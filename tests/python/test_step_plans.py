@@ -8,10 +8,11 @@ import contextlib
 import unittest
 from unittest import mock
 
+import grpc
 import torch
 
 import fp4q
-from fp4q import _cuda_driver, _regions, _requests, ipc
+from fp4q import _cuda_driver, _overlap, _regions, _requests, _transport, ipc
 from fp4q._messages import Serialized, pb
 
 
@@ -23,8 +24,8 @@ class FakeCudaTensor(torch.Tensor):
     is_cuda = True
 
     @staticmethod
-    def __new__(cls, ptr, shape=(32, 16), index=0):
-        t = torch.Tensor._make_subclass(cls, torch.zeros(shape, dtype=torch.bfloat16))
+    def __new__(cls, ptr, shape=(32, 16), index=0, dtype=torch.bfloat16):
+        t = torch.Tensor._make_subclass(cls, torch.zeros(shape, dtype=dtype))
         t.fake_ptr, t.fake_device = ptr, torch.device("cuda", index)
         return t
 
@@ -36,14 +37,15 @@ class FakeCudaTensor(torch.Tensor):
         return self.fake_ptr
 
 
-GRADS, PARAMS = 0x100000, 0x800000  # the bases of two fake allocations
+GRADS, PARAMS, SIGNAL = 0x100000, 0x800000, 0xF00000  # the bases of fake allocations
 
 
 class StepPlanTest(unittest.TestCase):
 
     def setUp(self):
         # base -> (size, IPC handle, buffer id)
-        self.allocs = {GRADS: (0x100000, b"G" * 64, 11), PARAMS: (0x100000, b"P" * 64, 12)}
+        self.allocs = {GRADS: (0x100000, b"G" * 64, 11), PARAMS: (0x100000, b"P" * 64, 12),
+                       SIGNAL: (0x200, b"S" * 64, 13)}
         self.driver_calls = collections.Counter()
         self.sent = []
         self.stats = collections.Counter()
@@ -101,6 +103,7 @@ class StepPlanTest(unittest.TestCase):
                                        for it in request.items],
                                 applied_items=len(request.items))
 
+        self.server = server
         self.regions = _regions.Regions(
             "auto", 8, send=lambda rpc, req: server(rpc, req), ensure_session=lambda: "s",
             count=lambda k, n=1: self.stats.update({k: n}), reasons={})
@@ -312,6 +315,96 @@ class StepPlanTest(unittest.TestCase):
         self.assertIsNone(plans.resliced("opt", skewed, ("opt", skewed), self.regions.plan_valid))
         self.assertIsNone(plans.resliced("opt", skewed[:4], ("opt", skewed[:4]),
                                          self.regions.plan_valid))  # not one pair per item
+
+
+    # ------------------------------------------------------------------ done signals
+
+    def begun(self):
+        """Requests whose begin() sends at once (self.sent) and hands the reply over only when
+        waited for (self.replies_read counts them); self.fail_wait, when set, is raised
+        instead."""
+        self.replies_read = 0
+        self.fail_wait = None
+
+        def begin(rpc, request):
+            reply = self.server(rpc, request)
+
+            def wait():
+                self.replies_read += 1
+                if self.fail_wait is not None:
+                    raise self.fail_wait
+                return reply
+            return _transport.Pending(wait)
+        return _requests.Requests(self.server, lambda: False, self.regions, begin)
+
+    def test_a_step_with_a_done_signal_is_sent_at_once_and_its_reply_read_when_waited_for(self):
+        requests = self.begun()
+        groups = [fp4q.SgdHyperparameters(lr=0.1)]
+        pending, result = requests.step_begin(4, None, self.items, groups, None,
+                                              (("region-9", 16), 7))
+        self.assertIsNone(result)
+        self.assertEqual(self.replies_read, 0)
+        sent = self.sent[-1]
+        self.assertEqual((sent.step, len(sent.items), sent.brief_reply), (4, 3, True))
+        self.assertEqual((sent.done_signal.region.region_id, sent.done_signal.region.offset,
+                          sent.done_signal.value), ("region-9", 16, 7))
+        result = pending.wait()
+        self.assertEqual((self.replies_read, result.applied_items), (1, 3))
+        # An output that is copied after the reply (a CPU parameter): the call completes now.
+        cpu = [torch.zeros(32, 16, dtype=torch.bfloat16) for _ in range(3)]
+        pending, result = requests.step_begin(5, None, lambda: self.items(params=cpu), groups,
+                                              None, (("region-9", 16), 8))
+        self.assertIsNone(pending)
+        self.assertEqual([r.last_step for r in result.items], [5, 5, 5])
+        self.assertFalse(self.sent[-1].brief_reply)
+        self.assertEqual(self.sent[-1].done_signal.value, 8)  # the server still writes it
+
+    def test_overlapped_steps_wait_on_the_stream_and_release_it_on_any_error(self):
+        requests = self.begun()
+        signal = FakeCudaTensor(SIGNAL, shape=(4,), dtype=torch.int32)
+        side = mock.Mock()
+        waits = []
+        patches = [
+            mock.patch.object(_overlap, "_new_signal", lambda device: (signal, side)),
+            mock.patch.object(_cuda_driver, "stream_wait_value32",
+                              lambda stream, ptr, value: waits.append((ptr, value))),
+            mock.patch.object(torch.cuda, "device", lambda d: contextlib.nullcontext()),
+            mock.patch.object(torch.cuda, "stream", lambda s: contextlib.nullcontext())]
+        for p in patches:
+            p.start()
+            self.addCleanup(p.stop)
+        client = mock.Mock(_ipc=self.regions, _requests=requests)
+        o = _overlap.OverlappedSteps(client, torch.device("cuda", 0))
+        groups = [fp4q.SgdHyperparameters(lr=0.1)]
+        self.assertIsNone(o.send(1, None, self.items, groups, None))
+        self.assertEqual((o.in_flight, waits), (1, [(SIGNAL, 1)]))
+        d = self.sent[-1].done_signal
+        self.assertEqual((d.region.offset, d.value), (0, 1))
+        self.assertIn(d.region.region_id, {"region-1", "region-2", "region-3"})
+        step, result = o.finish()
+        self.assertEqual((step, result.applied_items, o.in_flight), (1, 3, None))
+        self.assertEqual(int(signal[0]), 0)  # on success the server writes it, not the client
+        self.assertIsNone(o.finish())
+        # A refusal before the device work (or a lost connection): the watcher writes the value.
+        self.fail_wait = fp4q.Fp4qError(grpc.StatusCode.NOT_FOUND,
+                                        "items[0].name: no weight 'w0'", "Step")
+        self.assertIsNone(o.send(2, None, self.items, groups, None))
+        with self.assertRaisesRegex(fp4q.Fp4qError, "no weight 'w0'"):
+            o.finish()
+        self.assertEqual(int(signal[0]), 2)
+        side.synchronize.assert_called_once_with()
+        self.assertIsNone(o.in_flight)
+        # The value wraps at 2^32 (the stream's wait compares cyclically).
+        o._value = 0xFFFFFFFE
+        self.assertIsNone(o.send(3, None, self.items, groups, None))
+        with self.assertRaises(fp4q.Fp4qError):
+            o.finish()
+        self.assertEqual(int(signal[0]), -1)
+        self.fail_wait = None
+        self.assertIsNone(o.send(3, None, self.items, groups, None))
+        self.assertEqual(waits[-2:], [(SIGNAL, 0xFFFFFFFF), (SIGNAL, 0)])
+        self.assertEqual(o.finish()[0], 3)
+        self.assertEqual((o.sent, o.completed), (4, 0))
 
 
 class OptimizerStepKeyTest(unittest.TestCase):

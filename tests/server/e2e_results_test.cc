@@ -270,6 +270,38 @@ int64_t RssKib(pid_t pid) {
   return kib;
 }
 
+// StepRequest.done_signal crosses both transports: on the CPU backend no region exists, so it
+// is refused naming the field, and the step changes nothing; the server does not list
+// step_done_signal there.
+TEST_F(E2eResultsTest, ADoneSignalIsParsedOnBothTransportsAndChecked) {
+  Create(Weight("signalled", RandomF32(16 * 32, 21, 0.05f), 16, 32, true));
+  v1::StepRequest step;
+  step.set_step(1);
+  step.add_groups()->set_lr(0.01f);
+  v1::StepItem* it = step.add_items();
+  it->set_name("signalled");
+  *it->mutable_update() = InlineTensor(RandomF32(16 * 32, 22, 0.01f), 16, 32);
+  step.mutable_done_signal()->mutable_region()->set_region_id("x");
+  step.mutable_done_signal()->set_value(3);
+  v1::StepReply rep;
+  absl::Status fast = fast_->Invoke("Step", step, &rep);
+  EXPECT_EQ(fast.code(), absl::StatusCode::kNotFound) << fast;
+  EXPECT_THAT(std::string(fast.message()),
+              HasSubstr("done_signal.region.region_id: no region 'x'"));
+  auto ctx = Context();
+  grpc::Status g = stub_->Step(ctx.get(), step, &rep);
+  EXPECT_EQ(g.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(g.error_message(), HasSubstr("done_signal.region.region_id: no region 'x'"));
+  v1::ServerInfoReply info;
+  auto ictx = Context();
+  ASSERT_TRUE(stub_->ServerInfo(ictx.get(), v1::ServerInfoRequest(), &info).ok());
+  EXPECT_THAT(info.supported_modes(), ::testing::Not(::testing::Contains("step_done_signal")));
+  step.clear_done_signal();
+  ASSERT_TRUE(fast_->Invoke("Step", step, &rep).ok());
+  ASSERT_EQ(rep.items_size(), 1);
+  EXPECT_TRUE(rep.items(0).applied()) << "a refused step changed the weight";
+}
+
 // Memory flat over 10,000 steps (docs/RELIABILITY.md C4): SGD with momentum and error feedback and AdamW
 // weights stepped 10,000 times over the fast socket, every 4th step a refused one (a NaN).
 TEST_F(E2eResultsTest, TenThousandStepsKeepTheServersMemoryFlat) {

@@ -62,6 +62,13 @@ def _driver():
             lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
             lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p),
                                                      ctypes.c_int]
+            for name in ("cuStreamWaitValue32_v2", "cuStreamWaitValue32"):
+                f = getattr(lib, name, None)
+                if f is not None:
+                    f.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32,
+                                  ctypes.c_uint]
+                    lib.fp4q_wait_value32 = f
+                    break
             _lib = lib
         return _lib
 
@@ -139,6 +146,21 @@ def allocation_identity(ptr):
         _check(result, "cuPointerGetAttributes(0x%x)", ptr)
     v = b.values
     return v[0], v[1], v[2]
+
+
+CU_STREAM_WAIT_VALUE_GEQ = 0x0  # (int32_t)(*addr - value) >= 0: cyclic, wraps safely
+
+
+def stream_wait_value32(stream, ptr, value):
+    """Makes CUDA stream `stream` (a CUstream handle, e.g. torch's Stream.cuda_stream) wait,
+    on the device and without blocking the host, until the 32-bit word at device address `ptr`
+    reaches `value` (cyclic comparison)."""
+    lib = _driver()
+    f = getattr(lib, "fp4q_wait_value32", None)
+    if f is None:
+        raise DriverError("cuStreamWaitValue32 is not in this libcuda")
+    _check(f(stream, ptr, value & 0xFFFFFFFF, CU_STREAM_WAIT_VALUE_GEQ),
+           "cuStreamWaitValue32(0x%x, %d)", ptr, value)
 
 
 def ipc_handle(base):

@@ -294,10 +294,60 @@ class FastSocket:
                 if time.monotonic() >= until:
                     return None
 
+    def start(self, rpc, msg, session_id, token, deadline):
+        """The first half of call(): sends `msg` on a connection of its own and returns a
+        ticket for finish(), which waits for the reply (from any thread). Raises as call()
+        does; nothing was sent when it raises."""
+        for attempt in (0, 1):
+            conn = self._take_idle(session_id)
+            reused = conn is not None
+            if conn is None:
+                conn = self._connect(session_id, token, deadline, rpc)
+            try:
+                call_id = self._send_frame(conn, rpc, msg, deadline, reused)
+            except _SendGone:
+                conn.close()
+                if attempt == 0:
+                    continue
+                raise self._unavailable(rpc, "the server closed the connection") from None
+            except FrameTooLarge:
+                self._release(conn)
+                raise
+            except BaseException:
+                conn.close()
+                raise
+            return (conn, call_id)
+        raise AssertionError("unreachable")
+
+    def finish(self, ticket, rpc, deadline):
+        """The reply message of a call start() sent; raises Fp4qError as call() does."""
+        conn, call_id = ticket
+        done = False
+        try:
+            reply = self._recv_reply(conn, rpc, call_id, deadline)
+            payload = None
+            if reply.code == 0:
+                payload = self._payload(reply, self.framing.carried(rpc), rpc)
+            done = True
+        finally:
+            if done:
+                self._release(conn)
+            else:
+                conn.close()
+        self._count("fast_socket_calls")
+        if reply.code != 0:
+            raise Fp4qError(status_code(reply.code), reply.message, rpc)
+        return payload
+
     def _exchange(self, conn, rpc, msg, deadline, reused):
         """One frame (`msg`, a Frame) out, one frame in: the decoded reply (a _fast_frames.Reply)
         with our call_id (its code unchecked). Raising leaves `conn` out of step (the caller
         closes it)."""
+        call_id = self._send_frame(conn, rpc, msg, deadline, reused)
+        return self._recv_reply(conn, rpc, call_id, deadline)
+
+    def _send_frame(self, conn, rpc, msg, deadline, reused):
+        """Sends `msg` on `conn` under a new call_id (returned)."""
         sock = conn.sock
         call_id = self._next_id()
         left = _remaining(deadline, rpc)
@@ -317,6 +367,12 @@ class FastSocket:
             raise self._unavailable(rpc, "send: %s" % (e.strerror or e)) from None
         if sent != len(data):
             raise self._unavailable(rpc, "send: %d of %d bytes sent" % (sent, len(data)))
+        return call_id
+
+    def _recv_reply(self, conn, rpc, call_id, deadline):
+        """The reply frame to `call_id` on `conn`, decoded (its code unchecked)."""
+        sock = conn.sock
+        max_frame = self.limits.max_frame
         try:
             data = self._spin_recv(conn) if self._spin > 0 else None
             if data is None:

@@ -112,34 +112,64 @@ class StepMixin:
             "%s: the parameter is %s now, but its weight was created %s (convert the "
             "model before building the optimizer)" % (field, p.dtype, s.dtype))
 
-    def _send(self, step, key, groups):
+    def _send(self, step, key, groups, overlapped=False):
+        """Sends step `step` and returns its StepResult; with `overlapped`, by
+        self._overlapped.send (None: the step is in flight, synchronize() takes its outcome).
+        A lost session is opened again and the step sent once more (single workers)."""
         c = self.client
         replica = (self._replica, self._rank) if self._replica is not None else None
         for attempt in (0, 1):
             try:
-                result = c._requests.step_keyed(step, key, lambda: self._items()[0], groups,
-                                                replica)
+                if overlapped:
+                    result = self._overlapped.send(step, key, lambda: self._items()[0], groups,
+                                                   replica)
+                else:
+                    result = c._requests.step_keyed(step, key, lambda: self._items()[0],
+                                                    groups, replica)
                 break
             except Fp4qError as e:
-                if e.code != grpc.StatusCode.NOT_FOUND or not e.message.startswith(_SESSION_GONE):
-                    raise
-                # The session this optimizer's calls ran in is gone: a restarted server, or a
-                # lapsed lease. Nothing of this step ran.
-                epoch = c.server_info().server_epoch
-                if epoch != self._epoch:
-                    raise ServerRestartedError(self._epoch, epoch, "Step") from None
-                if self._replica is not None or attempt == 1:
-                    raise Fp4qError(grpc.StatusCode.UNAVAILABLE, (
-                        "step %d: this optimizer's session ended (its lease lapsed: the process "
-                        "was stopped for longer than the lease, or the session was closed)%s; "
-                        "nothing was applied") % (step, (
-                            "; rank %d's place in replica group '%s' is free again: every rank "
-                            "must build its optimizer again (existing='attach')"
-                            % (self._rank, self._replica)) if self._replica else ""),
-                        "Step") from None
+                gone = self._session_gone(step, e, retry=attempt == 0)
+                if gone is not None:
+                    raise gone from None
                 c._ensure_session()  # same server: its weights are intact
-        self._check_reply_epoch(result.header, "Step")
+        if result is not None:
+            self._check_reply_epoch(result.header, "Step")
         return result
+
+    def _session_gone(self, step, e, retry):
+        """None when `e` says this optimizer's session is gone and the step may be sent again
+        in a new one (`retry`, single workers); else the error to raise for step `step`."""
+        if e.code != grpc.StatusCode.NOT_FOUND or not e.message.startswith(_SESSION_GONE):
+            return e
+        # The session this optimizer's calls ran in is gone: a restarted server, or a lapsed
+        # lease. Nothing of this step ran.
+        c = self.client
+        epoch = c.server_info().server_epoch
+        if epoch != self._epoch:
+            return ServerRestartedError(self._epoch, epoch, "Step")
+        if self._replica is None and retry:
+            return None
+        return Fp4qError(grpc.StatusCode.UNAVAILABLE, (
+            "step %d: this optimizer's session ended (its lease lapsed: the process was stopped "
+            "for longer than the lease, or the session was closed)%s; nothing was applied") % (
+                step, (
+                    "; rank %d's place in replica group '%s' is free again: every rank must "
+                    "build its optimizer again (existing='attach')"
+                    % (self._rank, self._replica)) if self._replica else ""), "Step")
+
+    def _send_overlapped(self, step, key, groups):
+        if self._send(step, key, groups, overlapped=True) is not None:
+            self._fp4q_steps = step  # it had to complete in step()
+
+    def _overlapped_error(self, step, e):
+        """The error to raise for step `step`, sent with overlap=True, that failed with `e`."""
+        gone = self._session_gone(step, e, retry=False)
+        if gone is not e:
+            if self._replica is None and not isinstance(gone, ServerRestartedError):
+                self.client._ensure_session()  # the next step() is sent in a new session
+            return gone
+        return Fp4qError(e.code, "step %d (overlap=True: sent by the step() before this call): "
+                         "%s" % (step, e.message), e.rpc)
 
     def _torch_step(self):
         if self._inner is None:

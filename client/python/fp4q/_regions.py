@@ -362,6 +362,10 @@ class Transfer:
         for dev in self._devices:
             torch.cuda.current_stream(dev).synchronize()
 
+    def writes_in_place(self):
+        """True when no output of this request is copied into its tensor after the reply."""
+        return not self._copy_back
+
     def after_reply(self):
         for view, out in self._copy_back:
             out.copy_(view)

@@ -60,8 +60,9 @@ class Requests:
     """`send(rpc, request, resend)` is the client's call path; `session_lost()` is
     Session.lost; `regions` the client's fp4q._regions.Regions."""
 
-    def __init__(self, send, session_lost, regions):
+    def __init__(self, send, session_lost, regions, begin=None):
         self._send = send
+        self._begin = begin  # Transport.begin: a request sent now, its reply waited for later
         self._session_lost = session_lost
         self._regions = regions
         self._tls = threading.local()
@@ -193,12 +194,22 @@ class Requests:
         when no output travels inline."""
         return self._step(step, key, make_items, groups, None, replica, False, True)
 
-    def _step(self, step, key, make_items, groups, kind, replica, resend, brief_reply):
-        """The Step call of step() and step_keyed(). `key`: (layout, pointers) or None. A plan
-        of the key is reused as it is; else, when the pointers all fall in the allocations of
-        the layout's last plan (gradients made anew each step land at new offsets of the
-        allocator's same blocks), the layout's items are re-sliced there; else make_items()
-        builds them."""
+    def step_begin(self, step, key, make_items, groups, replica, signal):
+        """step_keyed() with a done signal (`signal`: ((region_id, offset), value), see
+        fp4q.v1.DoneSignal), sent without waiting for the reply when every tensor of the step
+        goes in place by IPC. Returns (pending, result): a PendingStep to wait() for later and
+        None, or None and the StepResult when the call had to complete now (an output that is
+        copied after the reply, or no begin())."""
+        return self._step(step, key, make_items, groups, None, replica, False, True,
+                          signal=signal)
+
+    def _step(self, step, key, make_items, groups, kind, replica, resend, brief_reply,
+              signal=None):
+        """The Step call of step(), step_keyed() and step_begin(). `key`: (layout, pointers) or
+        None. A plan of the key is reused as it is; else, when the pointers all fall in the
+        allocations of the layout's last plan (gradients made anew each step land at new
+        offsets of the allocator's same blocks), the layout's items are re-sliced there; else
+        make_items() builds them."""
         layout, pointers = key if key is not None else (None, None)
         groups = list(groups)
         for g, h in enumerate(groups):
@@ -215,6 +226,10 @@ class Requests:
                 h.fill(req.groups.add())
             if replica is not None:
                 req.replica.group, req.replica.rank = replica[0], int(replica[1])
+            if signal is not None:
+                (region_id, offset), value = signal
+                d = req.done_signal
+                d.region.region_id, d.region.offset, d.value = region_id, int(offset), int(value)
             return req.SerializeToString()
 
         def build(tr):
@@ -262,7 +277,36 @@ class Requests:
             return (Serialized(head(brief) + memo.body, 0 if brief else memo.reply_bound),
                     (items, planned, brief))
 
+        if signal is not None:
+            pending, done = self._begin_call("Step", build, lambda planned: planned[2])
+            if pending is not None:
+                return PendingStep(pending, self._step_result), None
+            reply, (items, planned, brief) = done
+            return None, self._step_result(reply, items, planned, brief)
         reply, (items, planned, brief) = self.call("Step", build, resend=resend)
+        return self._step_result(reply, items, planned, brief)
+
+    def _begin_call(self, rpc, build, in_place):
+        """call() for a request whose reply may be waited for later: (Pending, None) when it
+        was sent by begin() and the server writes every output in place (in_place(planned),
+        and nothing is copied after the reply), else (None, (reply, planned)) after a call()
+        that completed now. Sent once, in the session it was built for."""
+        if self._begin is None:
+            return None, self.call(rpc, build, resend=False)
+        transfer = self._regions.transfer()
+        try:
+            request, planned = build(transfer)
+            if not (in_place(planned) and transfer.writes_in_place()):
+                transfer.release()
+                return None, self.call(rpc, build, resend=False)
+            transfer.before_send()
+            sent = self._begin(rpc, request)
+        except BaseException:
+            transfer.release()
+            raise
+        return _PendingCall(sent, transfer, planned), None
+
+    def _step_result(self, reply, items, planned, brief):
         if brief:
             if reply.items:
                 raise Fp4qError(grpc.StatusCode.INTERNAL, "reply items: %d results for a brief "
@@ -428,6 +472,37 @@ class _StepPlan:
 
     def __init__(self, plan, body, reply_bound, brief_ok):
         self.plan, self.body, self.reply_bound, self.brief_ok = plan, body, reply_bound, brief_ok
+
+
+class _PendingCall:
+    """A request Requests._begin_call sent: wait() (once, from any thread) returns
+    (reply, planned) or raises; the Transfer's tensors are held until then."""
+
+    def __init__(self, sent, transfer, planned):
+        self._sent = sent
+        self._transfer = transfer
+        self._planned = planned
+
+    def wait(self):
+        try:
+            reply = self._sent.wait()
+            self._transfer.after_reply()
+            return reply, self._planned
+        finally:
+            self._transfer.release()
+
+
+class PendingStep:
+    """A Step that Requests.step_begin sent: wait() returns its StepResult or raises its
+    error (once, from any thread)."""
+
+    def __init__(self, call, decode):
+        self._call = call
+        self._decode = decode
+
+    def wait(self):
+        reply, (items, planned, brief) = self._call.wait()
+        return self._decode(reply, items, planned, brief)
 
 
 class StepPlans:

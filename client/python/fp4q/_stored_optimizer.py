@@ -14,6 +14,7 @@ import torch
 from torch.optim import optimizer as _torch_optimizer
 
 from fp4q import _optim_state
+from fp4q import _overlap
 from fp4q import functional
 from fp4q import options as opts
 from fp4q._optim_step import StepMixin
@@ -61,8 +62,11 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
 
     def __init__(self, params, defaults, *, client, name_prefix, group, world_size, rank,
                  deadline_ms, rounding, error_feedback, block, scaling, state_dtype, seed,
-                 exclude, existing):
+                 exclude, existing, overlap=False):
         self._ready = False
+        if not isinstance(overlap, bool):
+            raise ClientArgumentError("overlap: %r is not a bool" % (overlap,))
+        self._overlapped = None  # fp4q._overlap.OverlappedSteps with overlap=True
         self._rounding = _choice(rounding, _ROUNDINGS, "rounding")
         self._block = _choice(block, _BLOCKS, "block")
         self._error_feedback = bool(error_feedback)
@@ -96,9 +100,12 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
         self._epoch = None
         info = self._connect()
         self._max_items = int(info.limits.max_step_items) or None
+        device = self._overlap_device(info) if overlap else None
         for gi in range(len(self.param_groups)):
             self._register_group(gi)
         self._check_torch_side()
+        if device is not None:
+            self._overlapped = _overlap.OverlappedSteps(self.client, device)
         self._ready = True
 
     # ------------------------------------------------------------------ construction
@@ -289,6 +296,27 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
             "(fp4q.Client(namespace=...)); Client.delete_namespace() deletes a job's state") % (
                 s.name, c.namespace, info.last_step))
 
+    def _overlap_device(self, info):
+        """The device of overlap=True's steps (None: nothing is stored), checked before any
+        weight is created: the server must write done signals and every stored parameter be on
+        one CUDA device."""
+        modes = set(info.supported_modes)
+        missing = [m for m in ("cuda_ipc", "step_done_signal") if m not in modes]
+        if missing:
+            raise ClientArgumentError(
+                "overlap: True needs a server that offers %s to this client (fp4qd "
+                "--allow_cuda_ipc on the CUDA backend, reached over its Unix socket); it lists "
+                "%s" % (" and ".join(missing), sorted(modes)))
+        devices = sorted({str(p.device) for g in self.param_groups for p in g["params"]
+                          if self._unstorable(p) is None})
+        if not devices:
+            return None  # nothing stored: every step is torch's
+        if len(devices) > 1 or not devices[0].startswith("cuda"):
+            raise ClientArgumentError(
+                "overlap: True needs every stored parameter on one CUDA device; they are on %s"
+                % devices)
+        return torch.device(devices[0])
+
     # ------------------------------------------------------------------ torch's side
 
     def _torch_hyper(self, group):
@@ -323,7 +351,8 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
     @property
     def server_step(self):
         """The step number of the last step the server applied (the next step() sends this
-        plus one; a failed step() is sent again with the same number)."""
+        plus one; a failed step() is sent again with the same number). With overlap=True a step
+        in flight counts once its outcome is taken (synchronize())."""
         return self._fp4q_steps
 
     @property
@@ -345,6 +374,7 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self.synchronize()
         self._check_epoch()
         hypers = self._hyper_for_step()
         key, group_index = self._step_key()
@@ -352,19 +382,39 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
             groups = [None] * len(group_index)
             for gi, k in group_index.items():
                 groups[k] = hypers[gi]
-            self._send(self._fp4q_steps + 1, key, groups)
-            self._fp4q_steps += 1
+            if self._overlapped is not None:
+                self._send_overlapped(self._fp4q_steps + 1, key, groups)
+            else:
+                self._send(self._fp4q_steps + 1, key, groups)
+                self._fp4q_steps += 1
         self._torch_step()
         return loss
+
+    def synchronize(self):
+        """With overlap=True: waits for the step in flight and takes its outcome (the step
+        count advances, or its error is raised here; the next step() then sends that step number
+        again). Without overlap, or with no step in flight, it returns at once."""
+        o = self._overlapped
+        if o is None or o.in_flight is None:
+            return
+        step = o.in_flight
+        try:
+            _, result = o.finish()
+        except Fp4qError as e:
+            raise self._overlapped_error(step, e) from None
+        self._check_reply_epoch(result.header, "Step")
+        self._fp4q_steps = step
 
     # ------------------------------------------------------------------ state
 
     def state_dict(self):
-        """See fp4q._optim_state.state_dict."""
+        """See fp4q._optim_state.state_dict (after synchronize())."""
+        self.synchronize()
         return _optim_state.state_dict(self)
 
     def load_state_dict(self, state_dict):
-        """See fp4q._optim_state.load_state_dict."""
+        """See fp4q._optim_state.load_state_dict (after synchronize())."""
+        self.synchronize()
         _optim_state.load_state_dict(self, state_dict)
 
     def __repr__(self):

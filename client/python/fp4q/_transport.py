@@ -126,6 +126,62 @@ class Transport:
             self.fast.set_limits(reply)
         return reply
 
+    def begin(self, rpc, request):
+        """Sends one request (fast socket or gRPC, sent once: no resend in a new session) and
+        returns a Pending whose wait() (from any thread, once) returns the reply or raises
+        Fp4qError, as send() would."""
+        if self._session.namespace and rpc not in _SESSION_CALLS:
+            self._session.ensure()
+        if self.fast is not None and self.fast.serves(rpc):
+            pending = self._begin_fast(rpc, request)
+            if pending is not None:
+                return pending
+        sid = self._session.id
+        try:
+            future = self._stubs[rpc].future(request, metadata=self._metadata(),
+                                             timeout=self._timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, rpc) from None
+
+        def wait():
+            try:
+                reply = future.result()
+            except grpc.RpcError as e:
+                error = from_rpc_error(e, rpc)
+                if (sid is not None and error.code == grpc.StatusCode.NOT_FOUND and
+                        error.message.startswith(_UNKNOWN_SESSION)):
+                    self._session.forget_if(sid)
+                raise error from None
+            self._session.see_header(reply)
+            return reply
+        return Pending(wait)
+
+    def _begin_fast(self, rpc, request):
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        try:
+            frame = self.fast.frame(rpc, request)
+        except _fast_socket.FrameTooLarge:
+            self._count("fast_socket_fallbacks")
+            return None
+        sid = self._session.id
+        if sid is None:
+            sid = self._session.ensure()
+        try:
+            ticket = self.fast.start(rpc, frame, sid, self._token, deadline)
+        except _fast_socket.FrameTooLarge:
+            self._count("fast_socket_fallbacks")
+            return None
+        except _fast_socket.HelloRefused as e:
+            if e.code == grpc.StatusCode.NOT_FOUND:
+                self._session.forget_if(sid)
+            raise Fp4qError(e.code, e.message, rpc) from None
+
+        def wait():
+            reply = self.fast.finish(ticket, rpc, deadline)
+            self._session.see_header(reply)
+            return reply
+        return Pending(wait)
+
     def _send_grpc(self, rpc, request, resend):
         for attempt in (0, 1):
             sid = self._session.id
@@ -181,3 +237,15 @@ class Transport:
         except grpc.RpcError as e:
             raise from_rpc_error(e, "Health.Check") from None
         return loaded().health_status.Name(reply.status)
+
+
+class Pending:
+    """A request sent by Transport.begin: wait() returns its reply or raises its error."""
+
+    __slots__ = ("_wait",)
+
+    def __init__(self, wait):
+        self._wait = wait
+
+    def wait(self):
+        return self._wait()

@@ -106,7 +106,8 @@ class Client:
             self.target, session=self._session, timeout=timeout, token=bearer_token,
             channel_options=channel_options, fast_socket=fast_socket,
             fast_socket_spin_us=fast_socket_spin_us, count=self._count)
-        self._requests = _requests.Requests(self._raw, self._session.lost, self._ipc)
+        self._requests = _requests.Requests(self._raw, self._session.lost, self._ipc,
+                                            lambda rpc, req: self._transport.begin(rpc, req))
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -50,6 +50,18 @@ server restarted (its state is then its last checkpoint's, or empty), step() rai
 fp4q.ServerRestartedError naming both epochs before anything is sent; a step sent in the old
 session is refused by the server, and is reported the same way. Nothing is re-created.
 
+Overlap (overlap=True; needs fp4qd's CUDA backend with --allow_cuda_ipc, every stored
+parameter on one CUDA device): step() sends the Step with a done signal (fp4q.v1.DoneSignal),
+makes the current CUDA stream wait on the device for it (cuStreamWaitValue32) and returns. The
+host goes on with the next forward pass while fp4qd applies the step; kernels queued on that
+stream after step() run once DQ(W) is in param.data. The reply is taken by the next step(), or by
+synchronize() (state_dict() and load_state_dict() call it): an error of the step in flight is
+raised there, prefixed "step N (overlap=True: ...)", before anything else is sent, and the next
+step() sends number N again, as after a failed step without overlap. Work on other CUDA streams
+that reads the parameters must wait for the current stream (torch.cuda.Stream.wait_stream). A
+step whose tensors cannot all travel in place by IPC completes in step() as without overlap
+(fp4q._overlap).
+
 state_dict() / load_state_dict(): see fp4q._optim_state (what is saved, and what a load
 restores exactly).
 
@@ -110,6 +122,9 @@ _FP4Q_DOC = """
         exists on the server means (see the module docstring).
       group, world_size, rank, deadline_ms: a data-parallel replica group (module docstring);
         deadline_ms: how long a step waits for every rank (0: the server's 30 s).
+      overlap: False (default) | True: step() sends the step and returns without waiting for
+        the reply; the current CUDA stream waits on the device until fp4qd has written the new
+        weights, so the next forward pass is queued at once (module docstring, "Overlap").
 """
 
 
@@ -135,10 +150,10 @@ class SGD(StoredOptimizer):
     FIXED = ("whether momentum is > 0",)
 
     def __init__(self, params, lr=_torch_default(torch.optim.SGD, "lr"), momentum=0,
-                 dampening=0, weight_decay=0, nesterov=False, *, rounding="nearest", error_feedback=True, block="1x16",
-                 scaling="current", state_dtype="f32", seed=0, client=None, name_prefix="",
-                 exclude=(), existing="error", group=None, world_size=1, rank=0,
-                 deadline_ms=0):
+                 dampening=0, weight_decay=0, nesterov=False, *, rounding="nearest",
+                 error_feedback=True, block="1x16", scaling="current", state_dtype="f32",
+                 seed=0, client=None, name_prefix="", exclude=(), existing="error", group=None,
+                 world_size=1, rank=0, deadline_ms=0, overlap=False):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
                         weight_decay=weight_decay, nesterov=nesterov)
         if lr is not _REQUIRED:
@@ -147,7 +162,7 @@ class SGD(StoredOptimizer):
                          group=group, world_size=world_size, rank=rank, deadline_ms=deadline_ms,
                          rounding=rounding, error_feedback=error_feedback, block=block,
                          scaling=scaling, state_dtype=state_dtype, seed=seed, exclude=exclude,
-                         existing=existing)
+                         existing=existing, overlap=overlap)
 
     @staticmethod
     def check_group(group, field):
@@ -205,7 +220,7 @@ class AdamW(StoredOptimizer):
                  amsgrad=False, *, rounding="nearest", error_feedback=True, block="1x16",
                  scaling="current", state_dtype="f32", seed=0, client=None, name_prefix="",
                  exclude=(), existing="error", group=None, world_size=1, rank=0,
-                 deadline_ms=0):
+                 deadline_ms=0, overlap=False):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         amsgrad=amsgrad)
         self.check_group(defaults, "")
@@ -213,7 +228,7 @@ class AdamW(StoredOptimizer):
                          group=group, world_size=world_size, rank=rank, deadline_ms=deadline_ms,
                          rounding=rounding, error_feedback=error_feedback, block=block,
                          scaling=scaling, state_dtype=state_dtype, seed=seed, exclude=exclude,
-                         existing=existing)
+                         existing=existing, overlap=overlap)
 
     @staticmethod
     def check_group(group, field):

@@ -1,6 +1,10 @@
 # The train suite's model (4 layers, d_model 384) in a real loop: forward, backward, then the
 # stored weights' fp4q.optim.SGD step (momentum 0.9, RTN + EF) timed alone, with the client's
-# phases and stats; zero_grad(set_to_none=True/False) and fixed gradients (no backward).
+# phases and stats; MODES: none / zero (zero_grad(set_to_none=True/False)), fixed (fixed
+# gradients, no backward: steps back to back), sleep (fixed gradients, the host idle GAP_MS
+# before each step), busy (fixed gradients, the GPU kept busy GAP_MS by this process before each
+# step, then synchronized), gpt2 (the GPT-2-shaped matrices, fixed gradients).
+# FP4QD_ARGS: more fp4qd flags (space-separated).
 # Env: B (bundle dir), LD_LIBRARY_PATH, FP4Q_CUDA_MODULE, FP4Q_PROTO_DESCRIPTOR. Run from repo root.
 # PROFILE=1: also a cProfile of opt.step() over steps 20.. (PHASES=0: without the phase timers).
 import collections, os, statistics, subprocess, sys, time
@@ -15,7 +19,7 @@ sock, fast = "/tmp/tl.sock", "/tmp/tl.fast"
 for p in (sock, fast):
     if os.path.exists(p): os.unlink(p)
 srv = subprocess.Popen([B + "/bin/fp4qd", "--backend", "cuda", "--allow_cuda_ipc", "--unix_socket", sock,
-                        "--fast_socket", fast, "--listen", "127.0.0.1:0", "--metrics_listen=", "--log_format", "text"],
+                        "--fast_socket", fast, "--listen", "127.0.0.1:0", "--metrics_listen=", "--log_format", "text"] + os.environ.get("FP4QD_ARGS", "").split(),
                        stdout=subprocess.PIPE, stderr=open("/tmp/tlfp4qd.log", "w"), text=True)
 for line in srv.stdout:
     if "listening" in line: break
@@ -56,6 +60,18 @@ if os.environ.get("PHASES", "1") == "1":
 c = fp4q.Client("unix://" + sock, fast_socket=fast)
 cfg = M.Config(vocab_size=256, block_size=128, layers=4, d_model=384, heads=6)
 N = int(os.environ.get("N", "200"))
+GAP = float(os.environ.get("GAP_MS", "7")) / 1e3
+
+def gap(mode, mats):
+    """The time a worker's forward and backward take: the host idle, or the GPU busy."""
+    if mode == "sleep":
+        time.sleep(GAP)
+    elif mode == "busy":
+        t = time.perf_counter()
+        while time.perf_counter() - t < GAP:
+            for _ in range(8):
+                torch.mm(mats[0], mats[1], out=mats[2])
+            torch.cuda.synchronize()
 
 def gpt2_params():
     shapes = []
@@ -93,9 +109,11 @@ def run(mode, prefix):
     spent.clear(); calls.clear()
     stats0 = dict(c.stats)
     ws, fb, pre, post, xch = [], [], [], [], []
+    mats = [torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     for i in range(N):
+        gap(mode, mats)
         torch.cuda.synchronize(); t0 = time.perf_counter()
-        if mode not in ("fixed", "gpt2") or i == 0 and model is not None:
+        if mode in ("none", "zero") or i == 0 and model is not None:
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 logits = model(x)
             loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, 256), y.reshape(-1))
@@ -117,11 +135,11 @@ def run(mode, prefix):
         ws.append(t2 - t1); fb.append(t1 - t0)
     skip = 20
     stats = {k: v - stats0.get(k, 0) for k, v in c.stats.items() if v - stats0.get(k, 0)}
-    print("mode=%s: step p50 %.1f us (p90 %.1f), fwd+bwd p50 %.1f us; server p50 %.1f kernel %.1f; items %d" % (
+    print("mode=%s: step p50 %.1f us (p90 %.1f), fwd+bwd p50 %.1f us; server p50 %.1f kernel %.1f queue %.1f; items %d" % (
         mode, statistics.median(ws[skip:]) * 1e6, sorted(ws[skip:])[int(0.9 * (N - skip))] * 1e6,
         statistics.median(fb[skip:]) * 1e6,
         statistics.median(h.server_micros for h in hdr[skip:]), statistics.median(h.kernel_micros for h in hdr[skip:]),
-        len(stored)))
+        statistics.median(h.queue_micros for h in hdr[skip:]), len(stored)))
     print("   pre-send p50 %.1f us, exchange p50 %.1f us, after-reply p50 %.1f us" % (statistics.median(pre[skip:]) * 1e6, statistics.median(xch[skip:]) * 1e6, statistics.median(post[skip:]) * 1e6))
     print("   per step (mean): " + ", ".join("%s %.1f us (%d calls)" % (k, v / N * 1e6, calls[k]) for k, v in spent.items()))
     print("   stats: %s" % stats)

@@ -1,0 +1,164 @@
+"""A training loop's iteration time with fp4q.optim, synchronous and overlap=True, beside torch.
+
+The train suite's transformer (train/fp4q_train: 4 layers, d_model 384, 7.1M parameters, bf16
+autocast) on random byte windows (batch 64 x 128), in a loop as a user writes it: forward,
+backward, opt.step(), opt.zero_grad(set_to_none=True), and no host synchronization except
+`loss.item()` every --log-every iterations. Each variant runs --warmup iterations, then
+--iters timed ones ending in a synchronize; the figure is wall time per iteration.
+
+Variants (the same model, seed and data):
+- torch: torch.optim.SGD (momentum 0.9) over every parameter, fp32 master weights: the loop a
+  user would run without fp4q;
+- fp4q: fp4q.optim.SGD (momentum 0.9, RTN + error feedback) storing the 16 block matrices in
+  fp4qd (the rest in torch), step() waiting for the reply;
+- fp4q overlap: the same with overlap=True (step() returns once the step is sent; the stream
+  waits on the device for the new weights).
+
+"fp4q cost" is (variant - torch) / variant: the share of the iteration the stored-weight step
+adds. Usage: python3 bench/train_loop.py --fp4qd build/bin/fp4qd [--out FILE.json]
+(--dry-run: a tiny model on the CPU backend, for CI).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "train"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "client", "python"))
+sys.path.insert(0, HERE)
+
+import fp4q  # noqa: E402
+import fp4q.optim  # noqa: E402
+from fp4q_train import model as M  # noqa: E402
+from fp4qd_process import Fp4qd, add_server_args, commit  # noqa: E402
+
+
+def run_variant(variant, server, cfg, device, args, rounds):
+    """Seconds per iteration of each round (a list), for `variant`."""
+    torch.manual_seed(1)
+    model = M.Transformer(cfg).to(device)
+    c = None
+    if variant == "torch":
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    else:
+        c = server.client(True, "train-loop-%s-%d" % (variant.replace(" ", "-"), os.getpid()),
+                          "require" if device.type == "cuda" else "auto")
+        store = set(M.block_linear_names(model))
+        named = [(n, p) for n, p in model.named_parameters()]
+        opt = fp4q.optim.SGD(named, lr=0.01, momentum=0.9, error_feedback=True, client=c,
+                             exclude=[n for n, _ in named if n not in store],
+                             existing="replace", overlap=variant == "fp4q overlap")
+    g = torch.Generator(device=device).manual_seed(2)
+    batches = [torch.randint(0, 256, (args.batch, cfg.block_size + 1), device=device,
+                             generator=g) for _ in range(8)]
+    use_autocast = device.type == "cuda"
+    losses = []
+
+    def iteration(i):
+        b = batches[i % len(batches)]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_autocast):
+            logits = model(b[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, 256),
+                                                 b[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if args.log_every and i % args.log_every == 0:
+            losses.append(loss.item())
+
+    try:
+        for i in range(args.warmup):
+            iteration(i)
+        out = []
+        for _ in range(rounds):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for i in range(args.iters):
+                iteration(i)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if hasattr(opt, "synchronize"):
+                opt.synchronize()
+            out.append((time.perf_counter() - t0) / args.iters)
+        extra = {}
+        if c is not None:
+            o = opt._overlapped
+            extra = {"overlapped_steps": o.sent if o else 0,
+                     "completed_in_step": o.completed if o else 0}
+        return out, losses, extra
+    finally:
+        if c is not None:
+            try:
+                c.delete_namespace()
+            except fp4q.Fp4qError:
+                pass
+            c.close()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_server_args(ap, 8 << 30)
+    ap.add_argument("--iters", type=int, default=200, help="timed iterations per round")
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds per variant, the variants interleaved (median reported)")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--log-every", type=int, default=10,
+                    help="loss.item() every N iterations (0: never; default 10)")
+    ap.add_argument("--out", help="write the report (JSON) here")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="a tiny model on the CPU backend (CI): checks the script, no numbers")
+    args = ap.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")
+    if args.dry_run:
+        cfg = M.Config(vocab_size=256, block_size=16, layers=1, d_model=32, heads=2)
+        args.iters, args.warmup, args.rounds, args.batch = 3, 1, 1, 4
+    else:
+        cfg = M.Config(vocab_size=256, block_size=128, layers=4, d_model=384, heads=6)
+    if not args.fp4qd and not args.server:
+        ap.error("give --fp4qd (start one) or --server")
+    server = Fp4qd(args, cuda=device.type == "cuda")
+    variants = ["torch", "fp4q", "fp4q overlap"] if device.type == "cuda" else ["torch", "fp4q"]
+    times = {v: [] for v in variants}
+    losses, extras = {}, {}
+    try:
+        for _ in range(args.rounds):  # interleaved, so that drift hits every variant alike
+            for v in variants:
+                t, lo, extra = run_variant(v, server, cfg, device, args, 1)
+                times[v].extend(t)
+                losses[v], extras[v] = lo, extra
+    finally:
+        server.stop()
+    ref = statistics.median(times["torch"])
+    rows = []
+    for v in variants:
+        ms = statistics.median(times[v]) * 1e3
+        row = {"variant": v, "ms_per_iteration": ms, "rounds_ms": [t * 1e3 for t in times[v]],
+               "fp4q_cost": None if v == "torch" else (ms - ref * 1e3) / ms,
+               "first_losses": losses[v][:3]}
+        row.update(extras[v])
+        rows.append(row)
+        cost = "" if v == "torch" else ", fp4q cost %.1f%%" % (100 * row["fp4q_cost"])
+        print("%-13s %.3f ms/iteration (rounds %s)%s" % (
+            v, ms, " ".join("%.3f" % x for x in row["rounds_ms"]), cost), flush=True)
+    report = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+              "fp4qd_command": server.command, "commit": commit(), "torch": torch.__version__,
+              "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+              "model": vars(cfg) if hasattr(cfg, "__dict__") else str(cfg),
+              "batch": args.batch, "iters": args.iters, "warmup": args.warmup,
+              "log_every": args.log_every, "rows": rows}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

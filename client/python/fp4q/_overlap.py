@@ -1,0 +1,135 @@
+"""fp4q.optim's overlap=True: a step sent without its host waiting for the reply.
+
+A step with overlap carries a done signal (fp4q.v1.DoneSignal): a 4-byte word in a small CUDA
+tensor of this module, registered as an IPC region, and the step's sequence value. fp4qd
+writes the value there once the step's device work is over (the weights, residuals and every
+DQ(W) in param.data written), whether it applied or the device-side check refused it. After
+sending, the worker's current CUDA stream is made to wait on the device for that value
+(cuStreamWaitValue32), and step() returns: the worker's host goes on with the next forward pass,
+whose kernels run once the new weights are in place. The reply is read later:
+
+- a watcher thread (one per optimizer, asleep in the socket's recv) takes each reply as it
+  arrives. On any error (a refusal before the device work, which leaves the signal unwritten, a
+  lost connection, a dead server) it writes the value itself from a side stream, so the worker's
+  stream is never left waiting, even while the host blocks on the GPU (loss.item());
+- the next step() (or synchronize(), state_dict(), load_state_dict()) takes the outcome: the
+  step count advances, or the error is raised there, before anything else is sent.
+
+The step is sent only when every tensor of it travels in place by IPC (no output copied after
+the reply); otherwise it completes in step() as without overlap.
+"""
+
+import queue
+import threading
+import weakref
+
+import torch
+
+from fp4q import _cuda_driver
+
+
+class _Job:
+    __slots__ = ("step", "value", "pending", "done", "result", "error")
+
+    def __init__(self, step, value, pending):
+        self.step = step
+        self.value = value
+        self.pending = pending
+        self.done = threading.Event()
+        self.result = None
+        self.error = None
+
+
+def _as_int32(value):
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def _watch(jobs, signal, side):
+    """The watcher thread: each job's reply, and the signal written on any error."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        try:
+            job.result = job.pending.wait()
+        except BaseException as e:  # noqa: BLE001 - every failure must release the stream
+            job.error = e
+            try:
+                with torch.cuda.device(signal.device), torch.cuda.stream(side):
+                    signal[0].fill_(_as_int32(job.value))
+                side.synchronize()
+            except BaseException as e2:  # noqa: BLE001
+                job.error.__context__ = e2
+        job.done.set()
+
+
+def _new_signal(device):
+    """The signal word's tensor (16 bytes: a region slice is 16-byte aligned) and the side
+    stream the watcher writes it from."""
+    return torch.zeros(4, dtype=torch.int32, device=device), torch.cuda.Stream(device)
+
+
+class OverlappedSteps:
+    """The in-flight step of one optimizer whose stored parameters are on `device`."""
+
+    def __init__(self, client, device):
+        self._client = client
+        self._device = torch.device(device)
+        self._signal, self._side = _new_signal(self._device)
+        self._ptr = self._signal.data_ptr()
+        self._value = 0
+        self._inflight = None
+        self._jobs = None
+        self.sent = 0       # steps sent with overlap
+        self.completed = 0  # steps that had to complete in step()
+
+    def send(self, step, key, make_items, groups, replica):
+        """Sends step `step` (fp4q._requests.step_begin). Returns its StepResult when it
+        completed now; else None (finish() takes its outcome)."""
+        assert self._inflight is None, "finish() the step in flight first"
+        slot = self._client._ipc.register_tensor(self._signal)
+        value = (self._value + 1) & 0xFFFFFFFF
+        pending, result = self._client._requests.step_begin(step, key, make_items, groups,
+                                                            replica, (slot, value))
+        self._value = value
+        if pending is None:
+            self.completed += 1
+            return result
+        try:
+            stream = torch.cuda.current_stream(self._device)
+            _cuda_driver.stream_wait_value32(stream.cuda_stream, self._ptr, value)
+        except _cuda_driver.DriverError:
+            self.completed += 1
+            return pending.wait()  # the stream cannot wait on the device: the host waits
+        job = _Job(step, value, pending)
+        self._inflight = job
+        self._watcher().put(job)
+        self.sent += 1
+        return None
+
+    def finish(self):
+        """None when no step is in flight; else waits for it and returns (step, StepResult),
+        or raises its error."""
+        job = self._inflight
+        if job is None:
+            return None
+        job.done.wait()
+        self._inflight = None
+        if job.error is not None:
+            raise job.error
+        return job.step, job.result
+
+    @property
+    def in_flight(self):
+        """The step number in flight, or None."""
+        return None if self._inflight is None else self._inflight.step
+
+    def _watcher(self):
+        if self._jobs is None:
+            jobs = queue.SimpleQueue()
+            t = threading.Thread(target=_watch, args=(jobs, self._signal, self._side),
+                                 name="fp4q-overlap", daemon=True)
+            t.start()
+            self._jobs = jobs
+            weakref.finalize(self, jobs.put, None)  # the thread ends with this object
+        return self._jobs
