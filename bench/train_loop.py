@@ -12,7 +12,11 @@ Variants (the same model, seed and data):
 - fp4q: fp4q.optim.SGD (momentum 0.9, RTN + error feedback) storing the 16 block matrices in
   fp4qd (the rest in torch), step() waiting for the reply;
 - fp4q overlap: the same with overlap=True (step() returns once the step is sent; the stream
-  waits on the device for the new weights).
+  waits on the device for the new weights). Where fp4qd polls ready signals the host does not
+  wait for the gradients either (the stream writes the ready word behind the backward pass);
+- fp4q overlap, host sync: overlap=True with the ready signal left off, so step() waits on the
+  host for the backward pass before sending (what overlap does with a server without ready
+  signals).
 
 "fp4q cost" is (variant - torch) / variant: the share of the iteration the stored-weight step
 adds. Usage: python3 bench/train_loop.py --fp4qd build/bin/fp4qd [--out FILE.json]
@@ -53,7 +57,9 @@ def run_variant(variant, server, cfg, device, args, rounds):
         named = [(n, p) for n, p in model.named_parameters()]
         opt = fp4q.optim.SGD(named, lr=0.01, momentum=0.9, error_feedback=True, client=c,
                              exclude=[n for n, _ in named if n not in store],
-                             existing="replace", overlap=variant == "fp4q overlap")
+                             existing="replace", overlap=variant.startswith("fp4q overlap"))
+        if variant == "fp4q overlap, host sync":
+            opt._overlapped._ready = False
     g = torch.Generator(device=device).manual_seed(2)
     batches = [torch.randint(0, 256, (args.batch, cfg.block_size + 1), device=device,
                              generator=g) for _ in range(8)]
@@ -91,7 +97,8 @@ def run_variant(variant, server, cfg, device, args, rounds):
         if c is not None:
             o = opt._overlapped
             extra = {"overlapped_steps": o.sent if o else 0,
-                     "completed_in_step": o.completed if o else 0}
+                     "completed_in_step": o.completed if o else 0,
+                     "sent_with_ready_signal": o.ready_sent if o else 0}
         return out, losses, extra
     finally:
         if c is not None:
@@ -125,7 +132,8 @@ def main(argv=None):
     if not args.fp4qd and not args.server:
         ap.error("give --fp4qd (start one) or --server")
     server = Fp4qd(args, cuda=device.type == "cuda")
-    variants = ["torch", "fp4q", "fp4q overlap"] if device.type == "cuda" else ["torch", "fp4q"]
+    variants = (["torch", "fp4q", "fp4q overlap", "fp4q overlap, host sync"]
+                if device.type == "cuda" else ["torch", "fp4q"])
     times = {v: [] for v in variants}
     losses, extras = {}, {}
     try:
@@ -146,7 +154,7 @@ def main(argv=None):
         row.update(extras[v])
         rows.append(row)
         cost = "" if v == "torch" else ", fp4q cost %.1f%%" % (100 * row["fp4q_cost"])
-        print("%-13s %.3f ms/iteration (rounds %s)%s" % (
+        print("%-24s %.3f ms/iteration (rounds %s)%s" % (
             v, ms, " ".join("%.3f" % x for x in row["rounds_ms"]), cost), flush=True)
     report = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv),
               "fp4qd_command": server.command, "commit": commit(), "torch": torch.__version__,

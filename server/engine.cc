@@ -75,6 +75,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<DeviceSet
     return absl::InvalidArgumentError(
         absl::StrCat("max_queue_depth: ", options.max_queue_depth, " must be >= 1"));
   }
+  if (options.step_ready_timeout < absl::Milliseconds(1) ||
+      options.step_ready_timeout > absl::Seconds(60)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step_ready_timeout: ", absl::FormatDuration(options.step_ready_timeout),
+        " is not in [1ms, 60s]"));
+  }
   if (options.worker_spin < absl::ZeroDuration() || options.worker_spin > absl::Seconds(1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "worker_spin: ", absl::FormatDuration(options.worker_spin), " is not in [0, 1s]"));

@@ -84,6 +84,9 @@ struct EngineOptions {
   std::function<absl::Time()> clock;  // sessions' clock (tests); absl::Now when empty
   int max_step_items = 4096;   // items in one Step
   int max_world_size = 64;     // ranks in one replica group
+  // The longest a step polls its ready signal (StepRequest.ready_signal; a request's own
+  // timeout may be shorter), and the wait of a request that gives none. 1 ms - 60 s.
+  absl::Duration step_ready_timeout = absl::Seconds(5);
   // CPU backend: requests whose estimated multiply-adds pass this are RESOURCE_EXHAUSTED up
   // front (0: no limit).
   uint64_t cpu_max_request_flops = uint64_t{200000000000};
@@ -246,9 +249,12 @@ class Engine {
                            StepPartSync* sync);
   // Routes a step to the device(s) holding its weights and answers its ranks (engine_step.cc).
   void StartStep(std::shared_ptr<StepJob> job);
-  // Each rank's StepRequest.done_signal checked and pinned (nothing written yet), or the error
-  // naming it; `devices`: how many devices the step's weights are on.
-  absl::Status PinDoneSignals(StepJob& job, size_t devices);
+  // Each rank's StepRequest.done_signal and ready_signal checked and pinned (nothing read or
+  // written yet), or the error naming it; `devices`: how many devices the step's weights are on.
+  absl::Status PinSignals(StepJob& job, size_t devices);
+  // Polls each rank's ready signal until it holds its value (ops_step.cc); DEADLINE_EXCEEDED
+  // naming it when its timeout or the request's deadline passes first.
+  absl::Status WaitReadySignals(OpEnv& env, const StepJob& job);
   // Writes them on env's stream after the step's device work (whatever its outcome).
   void WriteDoneSignals(OpEnv& env, StepJob& job);
   // Replica groups (engine_groups.cc).

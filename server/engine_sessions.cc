@@ -143,6 +143,7 @@ ServerInfoResult Engine::ServerInfo() const {
   if (options_.allow_cuda_ipc && devices_->kind() == "cuda") {
     r.supported_modes.push_back("cuda_ipc");
     r.supported_modes.push_back("step_done_signal");
+    r.supported_modes.push_back("step_ready_signal");
   }
   r.state_budget_bytes = options_.state_budget_bytes;
   r.max_queue_depth = static_cast<uint32_t>(options_.max_queue_depth);

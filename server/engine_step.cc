@@ -91,35 +91,55 @@ void Engine::Step(const RequestContext& ctx, StepRequest req, Done<StepResult> d
   StartStep(std::move(job));
 }
 
-absl::Status Engine::PinDoneSignals(StepJob& job, size_t devices) {
+absl::Status Engine::PinSignals(StepJob& job, size_t devices) {
   for (StepJob::Rank& r : job.ranks) {
-    if (!r.req->has_done_signal) continue;
     const std::string prefix =
         job.ranks.size() > 1 ? absl::StrCat("rank ", r.rank, "'s ") : std::string();
-    if (devices != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          prefix, "done_signal: the step's weights are on ", devices,
-          " devices; a done signal is written after one device's work (send one step per "
-          "device, or no done_signal)"));
+    // The 4 bytes of `slice` in a region of the rank's session on the step's one device.
+    auto pin_slice = [&](const RegionSlice& slice, absl::string_view name,
+                         absl::string_view when) -> absl::StatusOr<uint8_t*> {
+      if (devices != 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            prefix, name, ": the step's weights are on ", devices, " devices; a ", when,
+            " (send one step per device, or no ", name, ")"));
+      }
+      const std::string field = absl::StrCat(prefix, name, ".region");
+      auto pin = job.scope.pins.find(slice.region_id);
+      if (pin == job.scope.pins.end()) {
+        absl::StatusOr<RegionPin> p = regions_->Acquire(r.ctx.session_id, slice.region_id, field);
+        if (!p.ok()) return p.status();
+        pin = job.scope.pins.emplace(slice.region_id, std::move(*p)).first;
+      }
+      Device* d = job.entries[0]->device;
+      if (pin->second.device() != d) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": on device ", pin->second.device()->label,
+            ", but the step's weights are on device ", d->label));
+      }
+      return pin->second.Slice(slice.offset, sizeof(uint32_t), field);
+    };
+    if (r.req->has_done_signal) {
+      absl::StatusOr<uint8_t*> at =
+          pin_slice(r.req->done_signal, "done_signal", "done signal is written after one "
+                    "device's work");
+      if (!at.ok()) return at.status();
+      job.signals.push_back(StepJob::Signal{*at, r.req->done_value});
     }
-    const std::string& id = r.req->done_signal.region_id;
-    auto pin = job.scope.pins.find(id);
-    if (pin == job.scope.pins.end()) {
-      absl::StatusOr<RegionPin> p =
-          regions_->Acquire(r.ctx.session_id, id, absl::StrCat(prefix, "done_signal.region"));
-      if (!p.ok()) return p.status();
-      pin = job.scope.pins.emplace(id, std::move(*p)).first;
+    if (r.req->has_ready_signal) {
+      const absl::Duration most = options_.step_ready_timeout;
+      const uint32_t ms = r.req->ready_timeout_ms;
+      if (absl::Milliseconds(ms) > most) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            prefix, "ready_signal.timeout_ms: ", ms, " is over this server's most, ",
+            absl::ToInt64Milliseconds(most), " (--step_ready_timeout_ms)"));
+      }
+      absl::StatusOr<uint8_t*> at =
+          pin_slice(r.req->ready_signal, "ready_signal", "ready signal is polled on one device");
+      if (!at.ok()) return at.status();
+      job.ready.push_back(StepJob::Ready{*at, r.req->ready_value,
+                                         ms == 0 ? most : absl::Milliseconds(ms),
+                                         absl::StrCat(prefix, "ready_signal")});
     }
-    Device* d = job.entries[0]->device;
-    if (pin->second.device() != d) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          prefix, "done_signal.region: on device ", pin->second.device()->label,
-          ", but the step's weights are on device ", d->label));
-    }
-    absl::StatusOr<uint8_t*> at = pin->second.Slice(
-        r.req->done_signal.offset, sizeof(uint32_t), absl::StrCat(prefix, "done_signal.region"));
-    if (!at.ok()) return at.status();
-    job.signals.push_back(StepJob::Signal{*at, r.req->done_value});
   }
   return absl::OkStatus();
 }
@@ -233,7 +253,7 @@ void Engine::StartStep(std::shared_ptr<StepJob> job) {
   for (size_t i = 0; i < job->entries.size(); ++i) {
     by_device[job->entries[i]->device->index].push_back(i);
   }
-  if (absl::Status s = PinDoneSignals(*job, by_device.size()); !s.ok()) return refuse(s);
+  if (absl::Status s = PinSignals(*job, by_device.size()); !s.ok()) return refuse(s);
   job->results.resize(job->ranks.size());
   for (size_t r = 0; r < job->ranks.size(); ++r) {
     job->results[r].items.resize(first.items.size());

@@ -81,6 +81,10 @@ ABSL_FLAG(int32_t, worker_spin_us, 0,
           "an idle device worker busy-polls this long for new work before sleeping (one per "
           "device at a time): saves a thread wake-up per request for a CPU core while requests "
           "keep coming; 0-1000000");
+ABSL_FLAG(int32_t, step_ready_timeout_ms, 5000,
+          "the longest a Step polls its ready signal (the worker's gradients complete) before "
+          "refusing with DEADLINE_EXCEEDED, and the wait of a request that names none; the "
+          "device's other work waits meanwhile; 1-60000");
 ABSL_FLAG(int64_t, scratch_cache_mb, 256,
           "request scratch buffers kept cached per device (MiB; 0 = allocate and free per "
           "request)");
@@ -175,6 +179,7 @@ ServerOptions OptionsFromFlags() {
   e.cpu_workers = absl::GetFlag(FLAGS_workers);
   e.streams_per_gpu = absl::GetFlag(FLAGS_streams_per_gpu);
   e.worker_spin = absl::Microseconds(absl::GetFlag(FLAGS_worker_spin_us));
+  e.step_ready_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_ready_timeout_ms));
   const int64_t scratch_mb = absl::GetFlag(FLAGS_scratch_cache_mb);
   e.scratch_cache_bytes = scratch_mb < 0 || scratch_mb > (int64_t{1} << 20)
                               ? ~uint64_t{0}  // refused by ValidateServerOptions

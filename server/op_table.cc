@@ -310,7 +310,8 @@ std::vector<Op> MakeTable() {
         if (!env.engine->CudaIpcAllowedFor(ctx.peer)) {  // listed only for callers who may
           auto* modes = rep->mutable_supported_modes();
           for (int i = modes->size() - 1; i >= 0; --i) {
-            if (modes->Get(i) == "cuda_ipc" || modes->Get(i) == "step_done_signal") {
+            const std::string& m = modes->Get(i);
+            if (m == "cuda_ipc" || m == "step_done_signal" || m == "step_ready_signal") {
               modes->DeleteSubrange(i, 1);
             }
           }

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "fp4q/common/status_macros.h"
 #include "fp4q/kernels/validate.h"
 #include "server/engine.h"
@@ -308,6 +309,7 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
   kernels::StepReport report;
   kernels::Backend& b = env.backend();
   const kernels::Stream st = env.stream();
+  FP4Q_RETURN_IF_ERROR(WaitReadySignals(env, job));
   if (barrier == nullptr) {
     // One device: check, apply (gated on the device by the check) and one small copy back.
     FP4Q_RETURN_IF_ERROR(env.Kernel("step", [&] {
@@ -366,6 +368,38 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
       out.applied = apply[k];
       out.last_step = e.last_step.load();
       out.global_amax = amax;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::WaitReadySignals(OpEnv& env, const StepJob& job) {
+  for (const StepJob::Ready& r : job.ready) {
+    const absl::Time start = absl::Now();
+    const absl::Time until = start + r.timeout;
+    uint32_t v = 0;
+    for (int polls = 0;; ++polls) {
+      if (env.device().host_memory) {
+        v = __atomic_load_n(reinterpret_cast<const uint32_t*>(r.at), __ATOMIC_ACQUIRE);
+      } else {
+        FP4Q_RETURN_IF_ERROR(env.ToHost(&v, r.at, sizeof(v)));
+      }
+      // `value` or a later one, modulo 2^32 (the worker counts steps with wrap-around).
+      if (static_cast<int32_t>(v - r.value) >= 0) break;
+      const absl::Time now = absl::Now();
+      if (now >= until) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            r.field, ": the worker's stream did not write ", r.value, " within ",
+            absl::ToInt64Milliseconds(r.timeout), " ms (it holds ", v,
+            "); the step changed nothing"));
+      }
+      if (absl::Status s = env.StillWanted(); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(r.field, ": still waiting for ", r.value,
+                                                   " (it holds ", v, "): ", s.message()));
+      }
+      // A read is a few microseconds; after the first 200 us a short sleep between reads keeps
+      // the wait from holding a core through a long backward pass.
+      if (now - start > absl::Microseconds(200)) absl::SleepFor(absl::Microseconds(20));
     }
   }
   return absl::OkStatus();

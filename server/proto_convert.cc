@@ -313,6 +313,12 @@ absl::StatusOr<StepRequest> FromProto(const v1::StepRequest& m) {
     r.done_signal = FromProto(m.done_signal().region());
     r.done_value = m.done_signal().value();
   }
+  if (m.has_ready_signal()) {
+    r.has_ready_signal = true;
+    r.ready_signal = FromProto(m.ready_signal().region());
+    r.ready_value = m.ready_signal().value();
+    r.ready_timeout_ms = m.ready_signal().timeout_ms();
+  }
   return r;
 }
 

@@ -349,6 +349,10 @@ struct StepRequest {
   bool has_done_signal = false;  // fp4q.v1.DoneSignal: `done_value` written at `done_signal`
   RegionSlice done_signal;
   uint32_t done_value = 0;
+  bool has_ready_signal = false;  // fp4q.v1.ReadySignal: polled until it holds `ready_value`
+  RegionSlice ready_signal;
+  uint32_t ready_value = 0;
+  uint32_t ready_timeout_ms = 0;  // 0: the server's
 };
 
 struct StepItemResult {

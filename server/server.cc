@@ -271,6 +271,10 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   if (s.ok()) {
     s = InRange(absl::ToInt64Microseconds(e.worker_spin), 0, 1000000, "worker_spin_us");
   }
+  if (s.ok()) {
+    s = InRange(absl::ToInt64Milliseconds(e.step_ready_timeout), 1, 60000,
+                "step_ready_timeout_ms");
+  }
   if (s.ok()) s = InRange(o.fast_socket_spin_us, 0, 1000000, "fast_socket_spin_us");
   if (s.ok()) s = InRange(o.fast_socket_max_connections, 1, 65536, "fast_socket_max_connections");
   if (s.ok()) {

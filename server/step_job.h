@@ -41,6 +41,14 @@ struct StepJob {
     uint32_t value = 0;
   };
   std::vector<Signal> signals;
+  // Each rank's ready signal (StepRequest.ready_signal), polled before the step reads an update.
+  struct Ready {
+    const uint8_t* at = nullptr;  // in a pinned region of `scope`
+    uint32_t value = 0;
+    absl::Duration timeout;
+    std::string field;  // "ready_signal" or "rank R's ready_signal"
+  };
+  std::vector<Ready> ready;
   // Ranks in the group (1 for a single worker). `ranks` holds all of them for a step, or one
   // when a rank retries an applied step alone.
   uint32_t world_size = 1;

@@ -319,7 +319,10 @@ def check_optim_overlap(ipc):
     step() returns) are bit-identical to overlap=False's; a NaN gradient (refused on the device)
     and a deleted weight (refused before any device work: the client releases the stream) are
     raised by the next synchronize() naming the step, the stream never stays blocked, and the
-    refused step number is sent again."""
+    refused step number is sent again. fp4qd polls ready signals, so the host never waits for
+    the gradients: each is made behind ~1.5 ms of GPU sleep, so a server reading it before its
+    ready signal would read the last step's; a ready word never written is refused after
+    fp4qd's timeout (DEADLINE_EXCEEDED) with nothing changed and the stream released."""
     import threading
     import fp4q.optim
     g = torch.Generator(device="cuda").manual_seed(6)
@@ -334,6 +337,7 @@ def check_optim_overlap(ipc):
         history = []
         for step in range(8):
             gg = torch.Generator(device="cuda").manual_seed(200 + step)
+            torch.cuda._sleep(3000000)  # the gradients come late on the stream
             for p in params:
                 p.grad = torch.randn(p.shape, device="cuda", generator=gg).to(torch.bfloat16)
                 p.data.fill_(float("nan"))  # queued before the step: the server must write it
@@ -349,7 +353,7 @@ def check_optim_overlap(ipc):
     o = opt._overlapped
     out = {"steps_bit_identical": steps_equal, "all_finite": finite,
            "server_step": opt.server_step, "sent_overlapped": o.sent,
-           "completed_in_step": o.completed}
+           "completed_in_step": o.completed, "sent_with_ready_signal": o.ready_sent}
 
     def stream_released():
         done = threading.Event()
@@ -374,9 +378,24 @@ def check_optim_overlap(ipc):
     opt.step()  # step 9 again
     opt.synchronize()
     out["server_step_after_resend"] = opt.server_step
+    order = o._order
+    o._order = lambda value: (lambda transfer: transfer.before_send())  # never writes it
+    grads()
+    opt.step()  # step 10: its ready word is never written
+    out["released_after_ready_timeout"] = stream_released()
+    try:
+        opt.synchronize()
+        out["ready_error"] = None
+    except fp4q.Fp4qError as e:
+        out["ready_error"] = "%s: %s" % (e.code.name, e.message)
+    o._order = order
+    grads()
+    opt.step()  # step 10 again
+    opt.synchronize()
+    out["server_step_after_ready_resend"] = opt.server_step
     ipc.delete_weight(opt.stored_names[0])
     grads()
-    opt.step()  # step 10, refused before any device work: the signal is the client's to write
+    opt.step()  # step 11, refused before any device work: the signal is the client's to write
     out["released_after_host_refusal"] = stream_released()
     try:
         opt.step()
@@ -392,10 +411,15 @@ def check_optim_overlap(ipc):
     nan_ok = bool(out["nan_error"]) and out["nan_error"].startswith(
         "step 9 (overlap=True") and "is NaN" in out["nan_error"]
     del_ok = bool(out["deleted_error"]) and out["deleted_error"].startswith(
-        "step 10 (overlap=True") and "no weight" in out["deleted_error"]
-    out["ok"] = (all(steps_equal) and finite and opt.server_step == 9 and o.sent >= 10 and
-                 out["released_after_device_refusal"] and out["released_after_host_refusal"]
-                 and out["server_step_after_resend"] == 9 and nan_ok and del_ok)
+        "step 11 (overlap=True") and "no weight" in out["deleted_error"]
+    ready_ok = bool(out["ready_error"]) and out["ready_error"].startswith(
+        "DEADLINE_EXCEEDED: step 10 (overlap=True") and (
+        "ready_signal: the worker's stream did not write" in out["ready_error"])
+    out["ok"] = (all(steps_equal) and finite and opt.server_step == 10 and o.sent >= 12 and
+                 o.ready_sent >= 8 and out["released_after_device_refusal"] and
+                 out["released_after_host_refusal"] and out["released_after_ready_timeout"]
+                 and out["server_step_after_resend"] == 9 and
+                 out["server_step_after_ready_resend"] == 10 and nan_ok and del_ok and ready_ok)
     return out
 
 

@@ -361,7 +361,7 @@ class StepPlanTest(unittest.TestCase):
 
     def test_overlapped_steps_wait_on_the_stream_and_release_it_on_any_error(self):
         requests = self.begun()
-        signal = FakeCudaTensor(SIGNAL, shape=(4,), dtype=torch.int32)
+        signal = FakeCudaTensor(SIGNAL, shape=(8,), dtype=torch.int32)
         side = mock.Mock()
         waits = []
         patches = [
@@ -405,6 +405,47 @@ class StepPlanTest(unittest.TestCase):
         self.assertEqual(waits[-2:], [(SIGNAL, 0xFFFFFFFF), (SIGNAL, 0)])
         self.assertEqual(o.finish()[0], 3)
         self.assertEqual((o.sent, o.completed), (4, 0))
+
+
+    def test_with_ready_signals_the_gradients_stream_writes_the_value_instead_of_a_host_wait(self):
+        requests = self.begun()
+        signal = FakeCudaTensor(SIGNAL, shape=(8,), dtype=torch.int32)
+        waits = []
+        patches = [
+            mock.patch.object(_overlap, "_new_signal", lambda device: (signal, mock.Mock())),
+            mock.patch.object(_cuda_driver, "stream_wait_value32",
+                              lambda stream, ptr, value: waits.append((ptr, value))),
+            mock.patch.object(torch.cuda, "device", lambda d: contextlib.nullcontext())]
+        for p in patches:
+            p.start()
+            self.addCleanup(p.stop)
+        synchronized = torch.cuda.current_stream.return_value.synchronize
+        client = mock.Mock(_ipc=self.regions, _requests=requests)
+        o = _overlap.OverlappedSteps(client, torch.device("cuda", 0), ready=True)
+        groups = [fp4q.SgdHyperparameters(lr=0.1)]
+        synchronized.reset_mock()
+        self.assertIsNone(o.send(1, None, self.items, groups, None))
+        synchronized.assert_not_called()  # the host did not wait for the gradients
+        sent = self.sent[-1]
+        r, d = sent.ready_signal, sent.done_signal
+        self.assertEqual((r.region.region_id, r.region.offset, r.value, r.timeout_ms),
+                         (d.region.region_id, d.region.offset + 16, 1, 0))
+        self.assertEqual([int(v) for v in signal], [0, 0, 0, 0, 1, 0, 0, 0])
+        self.assertEqual(waits, [(SIGNAL, 1)])
+        self.assertEqual((o.finish()[0], o.ready_sent), (1, 1))
+        # Gradients on another device too: that device's stream is still waited for.
+        other = [FakeCudaTensor(GRADS + 0x1000 * i, index=1) for i in range(3)]
+        self.assertIsNone(o.send(2, None, lambda: self.items(grads=other), groups, None))
+        self.assertEqual(synchronized.call_count, 1)
+        self.assertEqual(int(signal[4]), 2)
+        o.finish()
+        # A step that completes in step() (an output copied after the reply) still carries and
+        # gets its ready value: the server would wait for it otherwise.
+        cpu = [torch.zeros(32, 16, dtype=torch.bfloat16) for _ in range(3)]
+        result = o.send(3, None, lambda: self.items(params=cpu), groups, None)
+        self.assertEqual([x.last_step for x in result.items], [3, 3, 3])
+        self.assertEqual((self.sent[-1].ready_signal.value, int(signal[4])), (3, 3))
+        self.assertEqual((o.sent, o.completed, o.ready_sent), (2, 1, 3))
 
 
 class OptimizerStepKeyTest(unittest.TestCase):

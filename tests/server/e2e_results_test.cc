@@ -270,10 +270,10 @@ int64_t RssKib(pid_t pid) {
   return kib;
 }
 
-// StepRequest.done_signal crosses both transports: on the CPU backend no region exists, so it
-// is refused naming the field, and the step changes nothing; the server does not list
-// step_done_signal there.
-TEST_F(E2eResultsTest, ADoneSignalIsParsedOnBothTransportsAndChecked) {
+// StepRequest.done_signal and ready_signal cross both transports: on the CPU backend no region
+// exists, so each is refused naming the field, and the step changes nothing; the server lists
+// neither step_done_signal nor step_ready_signal there.
+TEST_F(E2eResultsTest, DoneAndReadySignalsAreParsedOnBothTransportsAndChecked) {
   Create(Weight("signalled", RandomF32(16 * 32, 21, 0.05f), 16, 32, true));
   v1::StepRequest step;
   step.set_step(1);
@@ -296,7 +296,26 @@ TEST_F(E2eResultsTest, ADoneSignalIsParsedOnBothTransportsAndChecked) {
   auto ictx = Context();
   ASSERT_TRUE(stub_->ServerInfo(ictx.get(), v1::ServerInfoRequest(), &info).ok());
   EXPECT_THAT(info.supported_modes(), ::testing::Not(::testing::Contains("step_done_signal")));
+  EXPECT_THAT(info.supported_modes(), ::testing::Not(::testing::Contains("step_ready_signal")));
   step.clear_done_signal();
+  // The ready signal likewise, its timeout checked against the server's most first.
+  step.mutable_ready_signal()->mutable_region()->set_region_id("y");
+  step.mutable_ready_signal()->set_value(4);
+  for (uint32_t timeout_ms : {0u, 5001u}) {
+    step.mutable_ready_signal()->set_timeout_ms(timeout_ms);
+    const std::string want = timeout_ms == 0
+        ? "ready_signal.region.region_id: no region 'y'"
+        : "ready_signal.timeout_ms: 5001 is over this server's most, 5000 "
+          "(--step_ready_timeout_ms)";
+    fast = fast_->Invoke("Step", step, &rep);
+    EXPECT_EQ(fast.code(), timeout_ms == 0 ? absl::StatusCode::kNotFound
+                                           : absl::StatusCode::kInvalidArgument) << fast;
+    EXPECT_THAT(std::string(fast.message()), HasSubstr(want));
+    auto rctx = Context();
+    g = stub_->Step(rctx.get(), step, &rep);
+    EXPECT_THAT(g.error_message(), HasSubstr(want));
+  }
+  step.clear_ready_signal();
   ASSERT_TRUE(fast_->Invoke("Step", step, &rep).ok());
   ASSERT_EQ(rep.items_size(), 1);
   EXPECT_TRUE(rep.items(0).applied()) << "a refused step changed the weight";

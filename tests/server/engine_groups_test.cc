@@ -172,6 +172,13 @@ TEST_F(EngineStepTest, AGroupsWeightsSpreadOverTheDevicesAndStepWhereTheyLive) {
     EXPECT_THAT(Step(req).status(),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          HasSubstr("done_signal: the step's weights are on 2 devices")));
+    req.has_done_signal = false;
+    req.has_ready_signal = true;
+    req.ready_signal = RegionSlice{"r", 0};
+    EXPECT_THAT(Step(req).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         "ready_signal: the step's weights are on 2 devices; a ready signal is "
+                         "polled on one device (send one step per device, or no ready_signal)"));
   }
   std::map<std::string, Snapshot> spread;
   for (const Shape& w : shapes) spread[w.name] = Take(w.name);

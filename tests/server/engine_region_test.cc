@@ -2,6 +2,7 @@
 #include <atomic>
 #include <cstring>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include "engine_test_util.h"
@@ -293,6 +294,92 @@ TEST_F(EngineRegionTest, StepDoneSignalIsWrittenAfterTheDeviceWorkWhateverItsOut
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_TRUE(next->items[0].applied) << "the refused step 2 changed the weight's last step";
   EXPECT_EQ(signal(), 10u);
+}
+
+// StepRequest.ready_signal: the step reads no update before the worker's stream has written the
+// value (or a later one, modulo 2^32); a signal that does not come in time refuses the step with
+// nothing changed, and its done signal is still written.
+TEST_F(EngineRegionTest, StepReadySignalHoldsTheStepUntilTheWorkerWritesIt) {
+  const std::string w0 = RandomF32(2 * 32, 51);
+  for (const char* name : {"w", "ref"}) {
+    CreateWeightRequest c;
+    c.name = name;
+    c.initial = InlineF32(w0, 2, 32);
+    ASSERT_TRUE(Await<CreateWeightResult>([&](auto d) { engine_->CreateWeight(ctx_, c, d); }).ok());
+  }
+  const std::string g = RandomF32(2 * 32, 52);
+  constexpr uint64_t kReady = 8192, kDone = 4096, kOut = 1024, kRefOut = 2048;
+  uint32_t* ready = reinterpret_cast<uint32_t*>(memory_.data() + kReady);
+  auto done_value = [&] {
+    uint32_t v;
+    std::memcpy(&v, memory_.data() + kDone, 4);
+    return v;
+  };
+  auto step = [&](const std::string& name, int64_t n, uint64_t out, bool with_ready,
+                  uint64_t at, uint32_t value, uint32_t timeout_ms, const RequestContext& ctx) {
+    StepRequest r;
+    r.step = n;
+    HyperIn h;
+    h.lr = 0.01f;
+    r.groups = {h};
+    StepItemIn it;
+    it.name = name;
+    it.update = RegionF32(region_, 0, 2, 32);
+    it.dequantized_out = RegionTarget(region_, out);
+    r.items.push_back(it);
+    r.has_done_signal = true;
+    r.done_signal = RegionSlice{region_, kDone};
+    r.done_value = value;
+    r.has_ready_signal = with_ready;
+    r.ready_signal = RegionSlice{region_, at};
+    r.ready_value = value;
+    r.ready_timeout_ms = timeout_ms;
+    return Await<StepResult>([&](auto d) { engine_->Step(ctx, r, d); });
+  };
+  EXPECT_THAT(engine_->ServerInfo().supported_modes, ::testing::Contains("step_ready_signal"));
+  // The reference: the same step with the gradient in place up front.
+  std::memcpy(memory_.data(), g.data(), g.size());
+  ASSERT_TRUE(step("ref", 1, kRefOut, false, 0, 1, 0, ctx_).ok());
+  // Poisoned gradient (0xEE bytes: -3.7e28, finite) and signal: a step that read early differs.
+  std::memset(memory_.data(), 0xEE, g.size());
+  std::memset(memory_.data() + kDone, 0xEE, 4);
+  EXPECT_THAT(step("w", 1, kOut, true, kReady + 8, 5, 0, ctx_),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "ready_signal.region.offset: 8200 is not a multiple of 16"));
+  EXPECT_THAT(step("w", 1, kOut, true, kReady, 5, 60000, ctx_),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "ready_signal.timeout_ms: 60000 is over this server's most, 5000 "
+                       "(--step_ready_timeout_ms)"));
+  EXPECT_EQ(done_value(), 0xEEEEEEEEu) << "refused before the device work: unwritten";
+  EXPECT_THAT(step("w", 1, kOut, true, kReady, 5, 30, ctx_),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       "ready_signal: the worker's stream did not write 5 within 30 ms (it "
+                       "holds 4008636142); the step changed nothing"));
+  EXPECT_EQ(done_value(), 5u) << "a step refused on its ready signal still signals done";
+  RequestContext soon = ctx_;
+  soon.deadline = absl::Now() + absl::Milliseconds(30);
+  EXPECT_THAT(step("w", 1, kOut, true, kReady, 6, 0, soon),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("ready_signal: still waiting for 6 (it holds 4008636142): ")));
+  EXPECT_EQ(memory_[kOut], 0xEE) << "a refused step wrote its DQ(W)";
+  // The worker writes the gradient, then the signal, 50 ms after the step arrived.
+  std::thread worker([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::memcpy(memory_.data(), g.data(), g.size());
+    __atomic_store_n(ready, 7u, __ATOMIC_RELEASE);
+  });
+  auto ok = step("w", 1, kOut, true, kReady, 7, 0, ctx_);
+  worker.join();
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(ok->items[0].applied) << "the refused tries changed the weight's last step";
+  EXPECT_EQ(done_value(), 7u);
+  EXPECT_EQ(0, std::memcmp(memory_.data() + kOut, memory_.data() + kRefOut, 2 * 32 * 4))
+      << "the step read the gradient before its ready signal";
+  // Modulo 2^32: a later value (wrapped) is ready too; the retry answers "already applied".
+  __atomic_store_n(ready, 3u, __ATOMIC_RELEASE);
+  auto wrapped = step("w", 1, kOut, true, kReady, 0xFFFFFFFEu, 30, ctx_);
+  ASSERT_TRUE(wrapped.ok()) << wrapped.status();
+  EXPECT_FALSE(wrapped->items[0].applied);
 }
 
 TEST_F(EngineRegionTest, RegionLargerThanItsAllocationIsRefused) {

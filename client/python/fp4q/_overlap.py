@@ -15,6 +15,15 @@ whose kernels run once the new weights are in place. The reply is read later:
 - the next step() (or synchronize(), state_dict(), load_state_dict()) takes the outcome: the
   step count advances, or the error is raised there, before anything else is sent.
 
+Where the server also polls ready signals ("step_ready_signal"), the host does not wait for
+the gradients either: a second word of the tensor, 16 bytes on, gets the same value from the
+worker's current stream once the backward pass queued before step() is done (a one-element fill
+queued behind it), and the step is sent at once with that ready signal (fp4q.v1.ReadySignal).
+fp4qd reads no gradient before the word holds the value, so step() costs the worker's host only
+building and sending the request, and the GPU goes from the backward pass to the step's kernels
+to the next forward pass with no host round trip between them. Other devices' streams, if a
+step's tensors are on any, are still waited for on the host.
+
 The step is sent only when every tensor of it travels in place by IPC (no output copied after
 the reply); otherwise it completes in step() as without overlap.
 """
@@ -56,25 +65,31 @@ def _watch(jobs, signal, side):
             job.error = e
             try:
                 with torch.cuda.device(signal.device), torch.cuda.stream(side):
-                    signal[0].fill_(_as_int32(job.value))
+                    signal[DONE_WORD].fill_(_as_int32(job.value))
                 side.synchronize()
             except BaseException as e2:  # noqa: BLE001
                 job.error.__context__ = e2
         job.done.set()
 
 
+# The words of the signal tensor (int32 elements; region slices are 16-byte aligned).
+DONE_WORD, READY_WORD = 0, 4
+
+
 def _new_signal(device):
-    """The signal word's tensor (16 bytes: a region slice is 16-byte aligned) and the side
-    stream the watcher writes it from."""
-    return torch.zeros(4, dtype=torch.int32, device=device), torch.cuda.Stream(device)
+    """The signal tensor (the done word, then 16 bytes on the ready word) and the side stream
+    the watcher writes the done word from."""
+    return torch.zeros(8, dtype=torch.int32, device=device), torch.cuda.Stream(device)
 
 
 class OverlappedSteps:
-    """The in-flight step of one optimizer whose stored parameters are on `device`."""
+    """The in-flight step of one optimizer whose stored parameters are on `device`; `ready`:
+    the server polls ready signals."""
 
-    def __init__(self, client, device):
+    def __init__(self, client, device, ready=False):
         self._client = client
         self._device = torch.device(device)
+        self._ready = bool(ready)
         self._signal, self._side = _new_signal(self._device)
         self._ptr = self._signal.data_ptr()
         self._value = 0
@@ -82,6 +97,7 @@ class OverlappedSteps:
         self._jobs = None
         self.sent = 0       # steps sent with overlap
         self.completed = 0  # steps that had to complete in step()
+        self.ready_sent = 0  # steps sent with a ready signal (no host wait for the gradients)
 
     def send(self, step, key, make_items, groups, replica):
         """Sends step `step` (fp4q._requests.step_begin). Returns its StepResult when it
@@ -89,8 +105,11 @@ class OverlappedSteps:
         assert self._inflight is None, "finish() the step in flight first"
         slot = self._client._ipc.register_tensor(self._signal)
         value = (self._value + 1) & 0xFFFFFFFF
+        ready = None
+        if self._ready:
+            ready = ((slot[0], slot[1] + 4 * READY_WORD), value, self._order(value))
         pending, result = self._client._requests.step_begin(step, key, make_items, groups,
-                                                            replica, (slot, value))
+                                                            replica, (slot, value), ready)
         self._value = value
         if pending is None:
             self.completed += 1
@@ -118,6 +137,16 @@ class OverlappedSteps:
         if job.error is not None:
             raise job.error
         return job.step, job.result
+
+    def _order(self, value):
+        """The host's wait for the gradients, replaced: the ready word gets `value` from the
+        current stream, behind the work queued on it (the backward pass)."""
+        def order(transfer):
+            transfer.before_send(skip=self._device)
+            with torch.cuda.device(self._device):
+                self._signal[READY_WORD].fill_(_as_int32(value))
+            self.ready_sent += 1
+        return order
 
     @property
     def in_flight(self):

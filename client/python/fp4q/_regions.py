@@ -358,9 +358,12 @@ class Transfer:
 
     # ------------------------------------------------------------------ ordering
 
-    def before_send(self):
+    def before_send(self, skip=None):
+        """Waits for the current stream of each device the request's tensors are on, except
+        `skip` (a device whose order the caller keeps otherwise)."""
         for dev in self._devices:
-            torch.cuda.current_stream(dev).synchronize()
+            if dev != skip:
+                torch.cuda.current_stream(dev).synchronize()
 
     def writes_in_place(self):
         """True when no output of this request is copied into its tensor after the reply."""

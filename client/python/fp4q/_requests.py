@@ -68,13 +68,17 @@ class Requests:
         self._tls = threading.local()
         self._step_plans = StepPlans()
 
-    def call(self, rpc, build, resend=True):
-        """Builds (request, planned) with a Transfer, sends it, returns (reply, planned)."""
+    def call(self, rpc, build, resend=True, order=None):
+        """Builds (request, planned) with a Transfer, sends it, returns (reply, planned).
+        `order`: as _begin_call's."""
         for attempt in (0, 1):
             transfer = self._regions.transfer()
             try:
                 request, planned = build(transfer)
-                transfer.before_send()
+                if order is None:
+                    transfer.before_send()
+                else:
+                    order(transfer)
                 try:
                     reply = self._send(rpc, request, resend=resend and not transfer.uses_regions)
                 except Fp4qError as e:
@@ -194,17 +198,20 @@ class Requests:
         when no output travels inline."""
         return self._step(step, key, make_items, groups, None, replica, False, True)
 
-    def step_begin(self, step, key, make_items, groups, replica, signal):
+    def step_begin(self, step, key, make_items, groups, replica, signal, ready=None):
         """step_keyed() with a done signal (`signal`: ((region_id, offset), value), see
         fp4q.v1.DoneSignal), sent without waiting for the reply when every tensor of the step
         goes in place by IPC. Returns (pending, result): a PendingStep to wait() for later and
         None, or None and the StepResult when the call had to complete now (an output that is
-        copied after the reply, or no begin())."""
+        copied after the reply, or no begin()). `ready`: None, or ((region_id, offset), value,
+        order) for a step sent with a ready signal (fp4q.v1.ReadySignal): order(transfer) then
+        stands for the host's wait for the updates' streams, and must see to it that the
+        signal gets the value once they are complete."""
         return self._step(step, key, make_items, groups, None, replica, False, True,
-                          signal=signal)
+                          signal=signal, ready=ready)
 
     def _step(self, step, key, make_items, groups, kind, replica, resend, brief_reply,
-              signal=None):
+              signal=None, ready=None):
         """The Step call of step(), step_keyed() and step_begin(). `key`: (layout, pointers) or
         None. A plan of the key is reused as it is; else, when the pointers all fall in the
         allocations of the layout's last plan (gradients made anew each step land at new
@@ -230,6 +237,10 @@ class Requests:
                 (region_id, offset), value = signal
                 d = req.done_signal
                 d.region.region_id, d.region.offset, d.value = region_id, int(offset), int(value)
+            if ready is not None:
+                (region_id, offset), value, _order = ready
+                r = req.ready_signal
+                r.region.region_id, r.region.offset, r.value = region_id, int(offset), int(value)
             return req.SerializeToString()
 
         def build(tr):
@@ -278,7 +289,8 @@ class Requests:
                     (items, planned, brief))
 
         if signal is not None:
-            pending, done = self._begin_call("Step", build, lambda planned: planned[2])
+            pending, done = self._begin_call("Step", build, lambda planned: planned[2],
+                                             None if ready is None else ready[2])
             if pending is not None:
                 return PendingStep(pending, self._step_result), None
             reply, (items, planned, brief) = done
@@ -286,20 +298,25 @@ class Requests:
         reply, (items, planned, brief) = self.call("Step", build, resend=resend)
         return self._step_result(reply, items, planned, brief)
 
-    def _begin_call(self, rpc, build, in_place):
+    def _begin_call(self, rpc, build, in_place, order=None):
         """call() for a request whose reply may be waited for later: (Pending, None) when it
         was sent by begin() and the server writes every output in place (in_place(planned),
         and nothing is copied after the reply), else (None, (reply, planned)) after a call()
-        that completed now. Sent once, in the session it was built for."""
+        that completed now. Sent once, in the session it was built for. `order(transfer)`, when
+        given, replaces the host's wait for the tensors' streams before the send (the request
+        carries a ready signal)."""
         if self._begin is None:
-            return None, self.call(rpc, build, resend=False)
+            return None, self.call(rpc, build, resend=False, order=order)
         transfer = self._regions.transfer()
         try:
             request, planned = build(transfer)
             if not (in_place(planned) and transfer.writes_in_place()):
                 transfer.release()
-                return None, self.call(rpc, build, resend=False)
-            transfer.before_send()
+                return None, self.call(rpc, build, resend=False, order=order)
+            if order is None:
+                transfer.before_send()
+            else:
+                order(transfer)
             sent = self._begin(rpc, request)
         except BaseException:
             transfer.release()

@@ -105,7 +105,8 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
             self._register_group(gi)
         self._check_torch_side()
         if device is not None:
-            self._overlapped = _overlap.OverlappedSteps(self.client, device)
+            self._overlapped = _overlap.OverlappedSteps(
+                self.client, device, "step_ready_signal" in info.supported_modes)
         self._ready = True
 
     # ------------------------------------------------------------------ construction
