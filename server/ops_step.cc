@@ -397,9 +397,12 @@ absl::Status Engine::WaitReadySignals(OpEnv& env, const StepJob& job) {
         return absl::Status(s.code(), absl::StrCat(r.field, ": still waiting for ", r.value,
                                                    " (it holds ", v, "): ", s.message()));
       }
-      // A read is a few microseconds; after the first 200 us a short sleep between reads keeps
-      // the wait from holding a core through a long backward pass.
-      if (now - start > absl::Microseconds(200)) absl::SleepFor(absl::Microseconds(20));
+      // A read is a few microseconds. After the first 200 us (or --worker_spin_us, where the
+      // operator gave fp4qd cores to busy-poll) a short sleep between reads keeps the wait from
+      // holding a core through a long backward pass.
+      if (now - start > std::max(absl::Microseconds(200), options_.worker_spin)) {
+        absl::SleepFor(absl::Microseconds(20));
+      }
     }
   }
   return absl::OkStatus();
