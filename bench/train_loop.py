@@ -53,7 +53,8 @@ def run_variant(variant, server, cfg, device, args, rounds):
     if variant == "torch":
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     else:
-        c = server.client(True, "train-loop-%s-%d" % (re.sub(r"[^A-Za-z0-9]+", "-", variant), os.getpid()),
+        label = re.sub(r"[^A-Za-z0-9]+", "-", variant)  # a namespace's bytes
+        c = server.client(True, "train-loop-%s-%d" % (label, os.getpid()),
                           "require" if device.type == "cuda" else "auto")
         store = set(M.block_linear_names(model))
         named = [(n, p) for n, p in model.named_parameters()]
@@ -62,6 +63,14 @@ def run_variant(variant, server, cfg, device, args, rounds):
                              existing="replace", overlap=variant.startswith("fp4q overlap"))
         if variant == "fp4q overlap, host sync":
             opt._overlapped._ready = False
+        check_epoch = opt._check_reply_epoch
+
+        def record(header, rpc):  # every Step reply's header passes here
+            if rpc == "Step" and header is not None:
+                headers.append((header.kernel_micros, header.server_micros, header.queue_micros))
+            return check_epoch(header, rpc)
+        opt._check_reply_epoch = record
+    headers = []
     g = torch.Generator(device=device).manual_seed(2)
     batches = [torch.randint(0, 256, (args.batch, cfg.block_size + 1), device=device,
                              generator=g) for _ in range(8)]
@@ -83,6 +92,9 @@ def run_variant(variant, server, cfg, device, args, rounds):
     try:
         for i in range(args.warmup):
             iteration(i)
+        if hasattr(opt, "synchronize"):
+            opt.synchronize()
+        del headers[:]
         out = []
         for _ in range(rounds):
             if device.type == "cuda":
@@ -100,7 +112,14 @@ def run_variant(variant, server, cfg, device, args, rounds):
             o = opt._overlapped
             extra = {"overlapped_steps": o.sent if o else 0,
                      "completed_in_step": o.completed if o else 0,
-                     "sent_with_ready_signal": o.ready_sent if o else 0}
+                     "sent_with_ready_signal": o.ready_sent if o else 0,
+                     "steps_timed_by_fp4qd": len(headers)}
+            if headers:
+                # fp4qd's reply header, medians: the step's device work (check, apply, report;
+                # launches included), the request's whole time in fp4qd (with overlap: the
+                # wait for the ready signal too) and its wait in the device's queue.
+                for k, name in enumerate(("kernel_us", "server_us", "queue_us")):
+                    extra["fp4qd_" + name] = statistics.median(h[k] for h in headers)
         return out, losses, extra
     finally:
         if c is not None:
@@ -163,6 +182,10 @@ def main(argv=None):
             100 * row["fp4q_cost"], 100 * row["fp4q_cost_best_rounds"])
         print("%-24s %.3f ms/iteration, best round %.3f (rounds %s)%s" % (
             v, ms, best, " ".join("%.3f" % x for x in row["rounds_ms"]), cost), flush=True)
+        if "fp4qd_kernel_us" in row:
+            print("%-24s fp4qd a step (medians): kernels %.1f us, in fp4qd %.1f us, queued %.1f us"
+                  % ("", row["fp4qd_kernel_us"], row["fp4qd_server_us"], row["fp4qd_queue_us"]),
+                  flush=True)
     report = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv),
               "fp4qd_command": server.command, "commit": commit(), "torch": torch.__version__,
               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",

@@ -361,6 +361,14 @@ def check_optim_overlap(ipc):
                                          done.set()), daemon=True).start()
         return done.wait(30)
 
+    def error_of(call):
+        """'CODE: message' of the Fp4qError call() raises, or None."""
+        try:
+            call()
+            return None
+        except fp4q.Fp4qError as e:
+            return "%s: %s" % (e.code.name, e.message)
+
     def grads(nan=False):
         for p in params:
             p.grad = torch.full(p.shape, 0.01, device="cuda", dtype=torch.bfloat16)
@@ -369,11 +377,7 @@ def check_optim_overlap(ipc):
     grads(nan=True)
     opt.step()  # step 9, refused on the device
     out["released_after_device_refusal"] = stream_released()
-    try:
-        opt.synchronize()
-        out["nan_error"] = None
-    except fp4q.Fp4qError as e:
-        out["nan_error"] = e.message
+    out["nan_error"] = error_of(opt.synchronize)
     grads()
     opt.step()  # step 9 again
     opt.synchronize()
@@ -383,11 +387,7 @@ def check_optim_overlap(ipc):
     grads()
     opt.step()  # step 10: its ready word is never written
     out["released_after_ready_timeout"] = stream_released()
-    try:
-        opt.synchronize()
-        out["ready_error"] = None
-    except fp4q.Fp4qError as e:
-        out["ready_error"] = "%s: %s" % (e.code.name, e.message)
+    out["ready_error"] = error_of(opt.synchronize)
     o._order = order
     grads()
     opt.step()  # step 10 again
@@ -397,11 +397,7 @@ def check_optim_overlap(ipc):
     grads()
     opt.step()  # step 11, refused before any device work: the signal is the client's to write
     out["released_after_host_refusal"] = stream_released()
-    try:
-        opt.step()
-        out["deleted_error"] = None
-    except fp4q.Fp4qError as e:
-        out["deleted_error"] = e.message
+    out["deleted_error"] = error_of(opt.step)
     for run in runs.values():
         for n in run[1].stored_names.values():
             try:
@@ -409,9 +405,9 @@ def check_optim_overlap(ipc):
             except fp4q.Fp4qError:
                 pass
     nan_ok = bool(out["nan_error"]) and out["nan_error"].startswith(
-        "step 9 (overlap=True") and "is NaN" in out["nan_error"]
+        "INVALID_ARGUMENT: step 9 (overlap=True") and "is NaN" in out["nan_error"]
     del_ok = bool(out["deleted_error"]) and out["deleted_error"].startswith(
-        "step 11 (overlap=True") and "no weight" in out["deleted_error"]
+        "NOT_FOUND: step 11 (overlap=True") and "no weight" in out["deleted_error"]
     ready_ok = bool(out["ready_error"]) and out["ready_error"].startswith(
         "DEADLINE_EXCEEDED: step 10 (overlap=True") and (
         "ready_signal: the worker's stream did not write" in out["ready_error"])

@@ -56,6 +56,27 @@ class EngineRegionTest : public ::testing::Test {
     return Await<QuantizeResult>([&](auto done) { engine_->Quantize(ctx ? *ctx : ctx_, r, done); });
   }
 
+  // A one-item step (lr 0.01) of weight `name`: its update the 2 x 32 f32 at offset 0 of the
+  // region, DQ(W) to offset `out`, the done signal `done_value` at `done_at` of `done_region`
+  // (empty: the region).
+  StepRequest OneItemStep(int64_t n, const std::string& name, uint64_t out, uint64_t done_at,
+                          uint32_t done_value, const std::string& done_region = "") {
+    StepRequest r;
+    r.step = n;
+    HyperIn h;
+    h.lr = 0.01f;
+    r.groups = {h};
+    StepItemIn it;
+    it.name = name;
+    it.update = RegionF32(region_, 0, 2, 32);
+    it.dequantized_out = RegionTarget(region_, out);
+    r.items.push_back(it);
+    r.has_done_signal = true;
+    r.done_signal = RegionSlice{done_region.empty() ? region_ : done_region, done_at};
+    r.done_value = done_value;
+    return r;
+  }
+
   FakeIpcBackend* fake_ = nullptr;
   std::unique_ptr<Engine> engine_;
   std::vector<uint8_t> memory_;
@@ -236,19 +257,7 @@ TEST_F(EngineRegionTest, StepDoneSignalIsWrittenAfterTheDeviceWorkWhateverItsOut
   };
   auto step = [&](int64_t n, uint64_t at, uint32_t value, const std::string& name = "w",
                   const std::string& region = "") {
-    StepRequest r;
-    r.step = n;
-    HyperIn h;
-    h.lr = 0.01f;
-    r.groups = {h};
-    StepItemIn it;
-    it.name = name;
-    it.update = RegionF32(region_, 0, 2, 32);
-    it.dequantized_out = RegionTarget(region_, 1024);
-    r.items.push_back(it);
-    r.has_done_signal = true;
-    r.done_signal = RegionSlice{region.empty() ? region_ : region, at};
-    r.done_value = value;
+    StepRequest r = OneItemStep(n, name, 1024, at, value, region);
     return Await<StepResult>([&](auto done) { engine_->Step(ctx_, r, done); });
   };
   EXPECT_THAT(engine_->ServerInfo().supported_modes, ::testing::Contains("step_done_signal"));
@@ -317,19 +326,7 @@ TEST_F(EngineRegionTest, StepReadySignalHoldsTheStepUntilTheWorkerWritesIt) {
   };
   auto step = [&](const std::string& name, int64_t n, uint64_t out, bool with_ready,
                   uint64_t at, uint32_t value, uint32_t timeout_ms, const RequestContext& ctx) {
-    StepRequest r;
-    r.step = n;
-    HyperIn h;
-    h.lr = 0.01f;
-    r.groups = {h};
-    StepItemIn it;
-    it.name = name;
-    it.update = RegionF32(region_, 0, 2, 32);
-    it.dequantized_out = RegionTarget(region_, out);
-    r.items.push_back(it);
-    r.has_done_signal = true;
-    r.done_signal = RegionSlice{region_, kDone};
-    r.done_value = value;
+    StepRequest r = OneItemStep(n, name, out, kDone, value);
     r.has_ready_signal = with_ready;
     r.ready_signal = RegionSlice{region_, at};
     r.ready_value = value;

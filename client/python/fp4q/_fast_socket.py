@@ -236,15 +236,23 @@ class FastSocket:
                 payload = self._payload(reply, op, rpc) if reply.code == 0 else None
                 done = True  # a whole, well-formed exchange: error or not, the connection is fine
             finally:
-                if done:
-                    self._release(conn)
-                else:
-                    conn.close()
-            self._count("fast_socket_calls")
-            if reply.code != 0:
-                raise Fp4qError(status_code(reply.code), reply.message, rpc)
-            return payload
+                self._settle(conn, done)
+            return self._outcome(reply, payload, rpc)
         raise AssertionError("unreachable")
+
+    def _settle(self, conn, whole):
+        """Back to the pool after a `whole` exchange, else closed (out of step)."""
+        if whole:
+            self._release(conn)
+        else:
+            conn.close()
+
+    def _outcome(self, reply, payload, rpc):
+        """The call's payload, or its error raised."""
+        self._count("fast_socket_calls")
+        if reply.code != 0:
+            raise Fp4qError(status_code(reply.code), reply.message, rpc)
+        return payload
 
     def _payload(self, reply, op, rpc):
         if reply.carried != op:
@@ -330,14 +338,8 @@ class FastSocket:
                 payload = self._payload(reply, self.framing.carried(rpc), rpc)
             done = True
         finally:
-            if done:
-                self._release(conn)
-            else:
-                conn.close()
-        self._count("fast_socket_calls")
-        if reply.code != 0:
-            raise Fp4qError(status_code(reply.code), reply.message, rpc)
-        return payload
+            self._settle(conn, done)
+        return self._outcome(reply, payload, rpc)
 
     def _exchange(self, conn, rpc, msg, deadline, reused):
         """One frame (`msg`, a Frame) out, one frame in: the decoded reply (a _fast_frames.Reply)

@@ -59,11 +59,11 @@ synchronize() (state_dict() and load_state_dict() call it). Where fp4qd polls re
 (fp4q.v1.ReadySignal, "step_ready_signal") step() does not wait on the host for the backward
 pass either: the current stream writes the step's value into a ready word behind it, and fp4qd
 reads no gradient before the word holds it. An error of the step in flight is raised by the
-next step() or synchronize(), prefixed "step N (overlap=True: ...)", before anything else is sent, and the next
-step() sends number N again, as after a failed step without overlap. Work on other CUDA streams
-that reads the parameters must wait for the current stream (torch.cuda.Stream.wait_stream). A
-step whose tensors cannot all travel in place by IPC completes in step() as without overlap
-(fp4q._overlap).
+next step() or synchronize(), prefixed "step N (overlap=True: ...)", before anything else is
+sent, and the next step() sends number N again, as after a failed step without overlap. Work on
+other CUDA streams that reads the parameters must wait for the current stream
+(torch.cuda.Stream.wait_stream). A step whose tensors cannot all travel in place by IPC
+completes in step() as without overlap (fp4q._overlap).
 
 state_dict() / load_state_dict(): see fp4q._optim_state (what is saved, and what a load
 restores exactly).
