@@ -123,6 +123,7 @@ def run_variant(variant, server, cfg, device, args, rounds):
         return out, losses, extra
     finally:
         if c is not None:
+            del opt._check_reply_epoch  # the class's again: no cycle keeps the optimizer
             try:
                 c.delete_namespace()
             except fp4q.Fp4qError:
