@@ -130,6 +130,7 @@ struct Launch {
   bool full = false;  // check: current scaling (else updates only)
   bool sr = false;    // apply
   bool tile = false;  // apply
+  bool one_rank = true;  // every item has one update
   int32_t first_entry = 0;
   int32_t n_entries = 0;
   int64_t total_units = 0;
@@ -230,6 +231,7 @@ void AddLaunches(const std::map<Key, std::vector<int>>& groups, bool apply,
       const StepItem& it = items[i];
       ListEntry& e = lists[(*next_entry)++];
       e = ListEntry{i, 0, units};
+      l.one_rank = l.one_rank && it.updates.size() == 1;
       units += Units(it.weight.rows, it.weight.cols, apply && l.tile);
     }
     lists[(*next_entry)++] = ListEntry{-1, 0, units};  // the sentinel: the launch's total
@@ -347,7 +349,7 @@ absl::Status CudaBackend::StepCheckImpl(const std::vector<StepItem>& items, void
     if (launch.full) {
       FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchStepCheckFull(a, launch.opt, launch.st, s)));
     } else {
-      FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchStepCheckUpdates(a, s)));
+      FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchStepCheckUpdates(a, launch.one_rank, s)));
     }
   }
   StepDecideArgs d;

@@ -524,6 +524,26 @@ TEST_F(CudaTest, StepRefusalsMatchCpu) {
     bad.push_back(
         {"delayed update bound", c, [=](StepState*, Updates* u) { set(u, c, 0, 9, 2e38f); }});
   }
+  {
+    // One rank under delayed scaling (the one-rank check kernel): the first of several, in
+    // different warps, of an item whose last warp-unit is partial.
+    StepCase c;
+    c.rows = 301;
+    c.cols = 272;
+    c.scaling = Scaling::kDelayed;
+    c.residual = true;
+    const float inf = std::numeric_limits<float>::infinity();
+    for (DType d : {DType::kBF16, DType::kF32}) {
+      c.update_dtypes = {d};
+      bad.push_back({d == DType::kF32 ? "one f32 rank, delayed" : "one bf16 rank, delayed", c,
+                     [=](StepState*, Updates* u) {
+                       set(u, c, 0, 70001, nan);
+                       set(u, c, 0, 33339, -nan);
+                       set(u, c, 0, 33333, -inf);
+                       set(u, c, 0, 81871, inf);
+                     }});
+    }
+  }
   int id = 0;
   for (const Bad& b : bad) {
     SCOPED_TRACE(b.what);
