@@ -472,7 +472,7 @@ class OptimizerStepKeyTest(unittest.TestCase):
         self.assertEqual(layout[1:], ((torch.float32, True, torch.Size([32, 16]), True),) * 3)
         self.assertEqual(pointers, tuple(v for p in self.params
                                          for v in (p.grad.data_ptr(), p.data_ptr())))
-        self.assertEqual((layout, pointers), self.opt._step_key()[0])
+        self.assertEqual((layout, pointers), tuple(self.opt._step_key()[0]))
         self.params[1].grad = torch.ones(32, 16)  # a new gradient tensor elsewhere
         (layout2, moved), _ = self.opt._step_key()
         self.assertEqual(layout2, layout)
@@ -486,6 +486,35 @@ class OptimizerStepKeyTest(unittest.TestCase):
         self.assertEqual(groups, {1: 0})
         self.params[2].data = self.params[2].data.t().contiguous().t()  # same shape, strided
         self.assertEqual(self.opt._step_key()[0][0][3][3], False)
+
+    def test_the_last_key_is_kept_while_nothing_moved(self):
+        key, groups = self.opt._step_key()
+        again, groups2 = self.opt._step_key()
+        self.assertIs(again, key)  # the same object: its hash is not computed again
+        self.assertEqual(groups2, groups)
+        # A gradient resized in place keeps its address: it is still seen, and refused.
+        self.params[0].grad.resize_(16, 16)
+        with self.assertRaisesRegex(
+                fp4q.ClientArgumentError,
+                r"^INVALID_ARGUMENT: parameter 0 \('w0'\): gradient of shape \[16, 16\] for a "
+                r"parameter of shape \[32, 16\]"):
+            self.opt._step_key()
+        self.params[0].grad = torch.ones(32, 16)
+        key, _ = self.opt._step_key()
+        # A parameter added to the optimizer (add_param_group) joins the key.
+        from fp4q import _stored_optimizer
+        p = torch.nn.Parameter(torch.zeros(48, 16))
+        p.grad = torch.ones(48, 16)
+        self.opt._stored.append(_stored_optimizer._Stored(
+            name="w3", param=p, group=2, index=3, dtype=p.dtype, spec=fp4q.OptimizerSpec()))
+        (layout, pointers), groups = self.opt._step_key()
+        self.assertEqual(len(layout), 5)
+        self.assertEqual(pointers[-2:], (p.grad.data_ptr(), p.data_ptr()))
+        self.assertEqual(groups, {0: 0, 1: 1, 2: 2})
+        # A gradient set to None leaves the key.
+        p.grad = None
+        (layout, pointers), groups = self.opt._step_key()
+        self.assertEqual((layout[4], len(pointers), groups), (None, 6, {0: 0, 1: 1}))
 
     def test_a_bad_gradient_is_refused_as_the_items_refuse_it(self):
         self.opt._stored[1].dtype = torch.bfloat16  # as if the model was converted since

@@ -16,8 +16,35 @@ _SESSION_GONE = ("hello.session_id: unknown or expired session",
                  "metadata fp4q-session: unknown or expired session")
 
 
+class _PlanKey:
+    """A step-plan key, (layout, pointers) as fp4q._requests.step_keyed takes it, whose hash is
+    computed once: a step that reuses the last step's key finds its plan without hashing and
+    comparing every parameter's entry again."""
+
+    __slots__ = ("layout", "pointers", "_hash")
+
+    def __init__(self, layout, pointers):
+        self.layout, self.pointers = layout, pointers
+        self._hash = hash((layout, pointers))
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        return self is other or (type(other) is _PlanKey and self._hash == other._hash and
+                                 self.layout == other.layout and self.pointers == other.pointers)
+
+    def __iter__(self):
+        return iter((self.layout, self.pointers))
+
+    def __getitem__(self, i):
+        return (self.layout, self.pointers)[i]
+
+
 class StepMixin:
     """StoredOptimizer's step machinery (see fp4q.optim); it uses the optimizer's fields."""
+
+    _last_key = None  # _step_key's (gradients, their shapes, key, group index) of the last step
 
     def _check_epoch(self):
         now = self.client.server_epoch
@@ -59,30 +86,59 @@ class StepMixin:
 
     def _step_key(self):
         """This step's items as a key of the client's step plans (fp4q._requests.step_keyed:
-        (layout, pointers)), with {param group: its index in the Step's groups} of the groups
-        with gradients; the gradients checked as _items checks them. The layout, per stored
-        parameter: None without a gradient, else the gradient's dtype and contiguity and the
-        parameter's shape and contiguity (names and groups are the optimizer's own:
+        (layout, pointers), a _PlanKey), with {param group: its index in the Step's groups} of
+        the groups with gradients; the gradients checked as _items checks them. The layout, per
+        stored parameter: None without a gradient, else the gradient's dtype and contiguity and
+        the parameter's shape and contiguity (names and groups are the optimizer's own:
         `_plan_token` stands for them); the pointers: the gradient's and the parameter's
-        addresses of each parameter with a gradient."""
+        addresses of each parameter with a gradient.
+
+        When every gradient is the tensor object of the last step, at the same address, with the
+        parameter's shape, and every parameter is at its address, the last key is the answer
+        (its layout cannot have changed: a tensor's dtype is fixed, and its shape and strides
+        change only with its storage or its shape); else it is computed afresh."""
+        last = self._last_key
+        if last is not None and len(last[0]) == len(self._stored):
+            grads, shapes, key, group_index = last
+            pointers = key.pointers
+            k = 0
+            for s, g0, shape in zip(self._stored, grads, shapes):
+                p = s.param
+                g = p.grad
+                if g is not g0:
+                    break
+                if g is None:
+                    continue
+                if (g.data_ptr() != pointers[k] or p.data_ptr() != pointers[k + 1] or
+                        g.shape != shape):
+                    break
+                k += 2
+            else:
+                return key, group_index
         layout = [self._plan_token]
         pointers = []
         append, point = layout.append, pointers.append
         group_index = {}
+        grads, shapes = [], []
         for s in self._stored:
             p = s.param
             g = p.grad
+            grads.append(g)
             if g is None:
                 append(None)
+                shapes.append(None)
                 continue
             if g.is_sparse or g.shape != p.shape or p.dtype != s.dtype:
                 self._refuse_gradient(s, g)
             if s.group not in group_index:
                 group_index[s.group] = len(group_index)
+            shapes.append(g.shape)
             append((g.dtype, g.is_contiguous(), p.shape, p.is_contiguous()))
             point(g.data_ptr())
             point(p.data_ptr())
-        return (tuple(layout), tuple(pointers)), group_index
+        key = _PlanKey(tuple(layout), tuple(pointers))
+        self._last_key = (grads, shapes, key, group_index)
+        return key, group_index
 
     def _items(self):
         items, group_index = [], {}
