@@ -267,6 +267,8 @@ absl::StatusOr<StepRequest> FromProto(const v1::StepRequest& m) {
   StepRequest r;
   r.step = m.step();
   FP4Q_ASSIGN_OR_RETURN(r.kind, UpdateKindFrom(m.kind(), "kind"));
+  r.groups.reserve(static_cast<size_t>(m.groups_size()));
+  r.items.reserve(static_cast<size_t>(m.items_size()));
   for (const v1::Hyperparameters& g : m.groups()) {
     HyperIn h;
     h.lr = g.lr();
