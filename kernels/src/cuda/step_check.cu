@@ -270,12 +270,9 @@ __global__ void __launch_bounds__(kThreads, (CheckMinCtas<kCurrent, kOpt>())) St
   extern __shared__ uint4 step_smem[];
   const auto ring = R::Ring::Of(reinterpret_cast<unsigned char*>(step_smem));
   const int lane = threadIdx.x & 31;
-  const int64_t gw = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) >> 5;
-  const int64_t nw = (static_cast<int64_t>(gridDim.x) * kThreads) >> 5;
-  const int64_t slots = 2 * a.total_units;
-  const int64_t per = (slots + nw - 1) / nw;
-  int64_t s = gw * per;
-  const int64_t s_end = s + per < slots ? s + per : slots;
+  const WarpSlots run = WarpSlotsOf(a.total_units);
+  int64_t s = run.begin;
+  const int64_t s_end = run.end;
   int e = 0;
   int item = -1;
   CheckItem c;
@@ -438,12 +435,9 @@ FP4Q_D void LeanFlush(const StepKernelArgs& a, int item, const LeanItem& c, cons
 // Warps own contiguous runs of slots (two a warp-unit), as StepCheckKernel does.
 __global__ void __launch_bounds__(kThreads, 3) StepCheckLeanKernel(const StepKernelArgs a) {
   const int lane = threadIdx.x & 31;
-  const int64_t gw = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) >> 5;
-  const int64_t nw = (static_cast<int64_t>(gridDim.x) * kThreads) >> 5;
-  const int64_t slots = 2 * a.total_units;
-  const int64_t per = (slots + nw - 1) / nw;
-  int64_t s = gw * per;
-  const int64_t s_end = s + per < slots ? s + per : slots;
+  const WarpSlots run = WarpSlotsOf(a.total_units);
+  int64_t s = run.begin;
+  const int64_t s_end = run.end;
   int e = 0;
   int item = -1;
   LeanItem c{};

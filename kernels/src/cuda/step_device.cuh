@@ -617,6 +617,20 @@ FP4Q_D int Advance(const ListEntry* list, int n_entries, int e, int64_t u) {
   return e;
 }
 
+// The slots [begin, end) of the calling warp in a launch of `total_units` warp-units (two
+// slots each): every warp owns one contiguous run, so that it changes item rarely.
+struct WarpSlots {
+  int64_t begin, end;
+};
+FP4Q_D WarpSlots WarpSlotsOf(int64_t total_units) {
+  const int64_t gw = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) >> 5;
+  const int64_t nw = (static_cast<int64_t>(gridDim.x) * kThreads) >> 5;
+  const int64_t slots = 2 * total_units;
+  const int64_t per = (slots + nw - 1) / nw;
+  const int64_t begin = gw * per;
+  return WarpSlots{begin, begin + per < slots ? begin + per : slots};
+}
+
 FP4Q_D int Copy() {
   return static_cast<int>(((blockIdx.x * kThreads + threadIdx.x) >> 5) % step_ws::kAccCopies);
 }
