@@ -343,6 +343,16 @@ class StepValuesTest(Assertions):
         opt.param_groups[0]["momentum"] = 0.0
         opt.step()
         self.assertEqual(c.get_weight("param0", dequantized=False).info.last_step, 3)
+        # The last step's hyperparameters are reused only while the values are those checked.
+        opt.param_groups[0]["lr"] = -0.5
+        self.assertClientRefused(r"^param_groups\[0\]\['lr'\]: -0.5 must be >= 0 "
+                                 r"\(Invalid learning rate\)$", opt.step)
+        opt.param_groups[0]["lr"] = torch.tensor(0.05)  # not a plain number: checked every step
+        opt.step()
+        opt.step()
+        self.assertEqual(c.get_weight("param0", dequantized=False).info.last_step, 5)
+        opt.param_groups[0]["lr"] = torch.tensor(float("nan"))
+        self.assertClientRefused(r"^param_groups\[0\]\['lr'\]: nan is not finite$", opt.step)
         c.close()
 
     def test_fixed_state_cannot_change_and_closures_work(self):

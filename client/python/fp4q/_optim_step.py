@@ -41,6 +41,24 @@ class _PlanKey:
         return (self.layout, self.pointers)[i]
 
 
+def _plain_values(group, keys):
+    """The group's values of `keys` as a tuple when every one is a plain float, int or bool (or
+    a tuple of them), else None (a tensor or other object is validated at every step)."""
+    values = []
+    for k in keys:
+        v = group.get(k)
+        if type(v) is tuple:
+            if not all(type(x) in _PLAIN for x in v):
+                return None
+        elif type(v) not in _PLAIN:
+            return None
+        values.append(v)
+    return tuple(values)
+
+
+_PLAIN = (float, int, bool)
+
+
 class StepMixin:
     """StoredOptimizer's step machinery (see fp4q.optim); it uses the optimizer's fields."""
 
@@ -57,10 +75,17 @@ class StepMixin:
 
     def _hyper_for_step(self):
         """Every group's hyperparameters, validated (torch's rules and what the group's weights
-        were created for), before anything is sent."""
+        were created for), before anything is sent. A group whose values (HYPER_KEYS) are plain
+        numbers equal to those of its last step reuses that step's, checked then."""
         hypers = []
         checked = self._specs_checked
+        last = self._hyper_last
         for gi, group in enumerate(self.param_groups):
+            sig = _plain_values(group, self.HYPER_KEYS)
+            kept = last.get(gi)
+            if sig is not None and kept is not None and kept[0] == sig:
+                hypers.append(kept[1])
+                continue
             field = "param_groups[%d]" % gi
             self.check_group(group, field)
             spec = self.spec_for(group)
@@ -72,7 +97,12 @@ class StepMixin:
                             "construction: %s)" % (field, self._describe(spec),
                                                    self._describe(s.spec), ", ".join(self.FIXED)))
                 checked[gi] = spec
-            hypers.append(self.hyperparameters(group))
+            h = self.hyperparameters(group)
+            hypers.append(h)
+            if sig is not None:
+                last[gi] = (sig, h)
+            else:
+                last.pop(gi, None)
         return hypers
 
     @staticmethod

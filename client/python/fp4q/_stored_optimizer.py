@@ -59,6 +59,8 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
     TORCH = None
     # The hyperparameters a weight's state is created for: changing them later is refused.
     FIXED = ()
+    # The param-group keys hyperparameters(group) and spec_for(group) read.
+    HYPER_KEYS = ()
 
     def __init__(self, params, defaults, *, client, name_prefix, group, world_size, rank,
                  deadline_ms, rounding, error_feedback, block, scaling, state_dtype, seed,
@@ -91,6 +93,7 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
         self.client = client if client is not None else functional.default_client()
         self._stored = []       # _Stored, in parameter order
         self._specs_checked = {}  # group index -> the spec its stored weights were found to match
+        self._hyper_last = {}  # group index -> (its plain values, its hyperparameters), last step
         self._plan_token = object()  # this optimizer's items (names, groups) in step-plan keys
         self._torch_side = []   # (param, group index, index, reason)
         self._inner = None      # torch's optimizer over the parameters kept in torch

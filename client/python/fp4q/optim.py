@@ -151,6 +151,7 @@ class SGD(StoredOptimizer):
     KIND = "sgd"
     TORCH = torch.optim.SGD
     FIXED = ("whether momentum is > 0",)
+    HYPER_KEYS = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
 
     def __init__(self, params, lr=_torch_default(torch.optim.SGD, "lr"), momentum=0,
                  dampening=0, weight_decay=0, nesterov=False, *, rounding="nearest",
@@ -218,6 +219,7 @@ class AdamW(StoredOptimizer):
     KIND = "adamw"
     TORCH = torch.optim.AdamW
     FIXED = ("amsgrad",)
+    HYPER_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, rounding="nearest", error_feedback=True, block="1x16",
