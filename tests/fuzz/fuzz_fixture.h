@@ -50,6 +50,7 @@ inline std::unique_ptr<Fixture> MakeFixture() {
   o.cpu_workers = 1;
   o.allow_cuda_ipc = true;
   o.quality_sample_every = 1;
+  o.step_ready_timeout = absl::Milliseconds(2);  // a ready word never written ends the step soon
   auto e = Engine::Create(DeviceSet::FromBackends(std::move(b), true), o, nullptr, nullptr);
   Check(e.ok(), "engine");
   f->engine = std::move(*e);

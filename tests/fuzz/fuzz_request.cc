@@ -426,6 +426,22 @@ void WriteSeeds(const char* dir) {
     st.mutable_items(1)->mutable_update()->mutable_region()->set_offset(32768);
     st.mutable_items(1)->mutable_update()->clear_inline_data();
     Seed(dir, "step-regions", kStep, st);
+    {
+      // The step's signals in the caller's region: a done word, and a ready word that holds the
+      // value already (0) or never will (1, then DEADLINE_EXCEEDED after 1 ms).
+      v1::StepRequest signals = st;
+      v1::DoneSignal* done = signals.mutable_done_signal();
+      done->mutable_region()->set_region_id("R");
+      done->mutable_region()->set_offset(40960);
+      done->set_value(7);
+      v1::ReadySignal* ready = signals.mutable_ready_signal();
+      ready->mutable_region()->set_region_id("R");
+      ready->mutable_region()->set_offset(40976);
+      Seed(dir, "step-done-ready", kStep, signals);
+      ready->set_value(1);
+      ready->set_timeout_ms(1);
+      Seed(dir, "step-ready-unwritten", kStep, signals);
+    }
     st.set_kind(v1::UPDATE_KIND_DELTA);
     st.mutable_groups(0)->clear_sgd();
     Seed(dir, "step-delta", kStep, st);
