@@ -349,7 +349,8 @@ absl::Status CudaBackend::StepCheckImpl(const std::vector<StepItem>& items, void
     if (launch.full) {
       FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchStepCheckFull(a, launch.opt, launch.st, s)));
     } else {
-      FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchStepCheckUpdates(a, launch.one_rank, s)));
+      FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(launch.one_rank ? LaunchStepCheckOneRank(a, s)
+                                                             : LaunchStepCheckUpdates(a, s)));
     }
   }
   StepDecideArgs d;

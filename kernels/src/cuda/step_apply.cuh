@@ -339,16 +339,9 @@ __global__ void __launch_bounds__(kThreads, 2) StepApplyKernel(const StepKernelA
 
 template <int kOpt, int kSt, bool kSr, bool kTile>
 cudaError_t LaunchApply(const StepKernelArgs& a, cudaStream_t s) {
-  constexpr int kSmem = StepRing<kOpt, kSt>::Ring::kBytes;
   static std::atomic<int> resident[kMaxStepDevices];
-  const int per_sm = StepResidentCtas(StepApplyKernel<kOpt, kSt, kSr, kTile>, kSmem, resident);
-  if (per_sm == 0) return cudaErrorInvalidConfiguration;  // the ring does not fit the device
-  int64_t ctas = (a.total_units + kWarps - 1) / kWarps;
-  const int64_t cap = static_cast<int64_t>(SmCount()) * per_sm;
-  if (ctas > cap) ctas = cap;
-  if (ctas == 0) return cudaSuccess;
-  StepApplyKernel<kOpt, kSt, kSr, kTile><<<static_cast<unsigned>(ctas), kThreads, kSmem, s>>>(a);
-  return cudaGetLastError();
+  return LaunchStepGrid(StepApplyKernel<kOpt, kSt, kSr, kTile>, StepRing<kOpt, kSt>::Ring::kBytes,
+                        resident, a, s);
 }
 
 template <int kOpt, int kSt>

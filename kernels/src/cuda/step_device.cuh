@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "device_numerics.cuh"
+#include "launch.h"
 #include "quantize_unit.cuh"
 #include "step_launch.h"
 
@@ -517,6 +518,22 @@ int StepResidentCtas(Kernel k, int smem, std::atomic<int>* cache) {
   }
   cache[dev].store(n, std::memory_order_relaxed);
   return n;
+}
+
+// A launch of step kernel `kernel` with `smem` bytes of dynamic shared memory over a launch of
+// a.total_units warp-units: a warp per warp-unit, at most as many CTAs as the device holds at
+// once (the warps walk the rest, WarpSlotsOf). `resident`: the kernel's StepResidentCtas cache.
+template <typename Kernel>
+cudaError_t LaunchStepGrid(Kernel kernel, int smem, std::atomic<int>* resident,
+                           const StepKernelArgs& a, cudaStream_t s) {
+  const int per_sm = StepResidentCtas(kernel, smem, resident);
+  if (per_sm == 0) return cudaErrorInvalidConfiguration;  // the ring does not fit the device
+  int64_t ctas = (a.total_units + kWarps - 1) / kWarps;
+  const int64_t cap = static_cast<int64_t>(SmCount()) * per_sm;
+  if (ctas > cap) ctas = cap;
+  if (ctas == 0) return cudaSuccess;
+  kernel<<<static_cast<unsigned>(ctas), kThreads, smem, s>>>(a);
+  return cudaGetLastError();
 }
 
 // Copies the raw words of a dense f32 / bf16 array's eight elements at `at` (lane h of its pair)

@@ -63,9 +63,11 @@ struct StepFinishArgs {
 };
 
 // Updates only (delayed scaling and check-only items): finiteness of every rank and of the
-// rank sum / mean, max |g|, fingerprints. `one_rank`: every item of the launch has one update
-// (a kernel that reads the raw words without the rank loop).
-cudaError_t LaunchStepCheckUpdates(const StepKernelArgs& a, bool one_rank, cudaStream_t s);
+// rank sum / mean, max |g|, fingerprints.
+cudaError_t LaunchStepCheckUpdates(const StepKernelArgs& a, cudaStream_t s);
+// The same results when every item of the launch has one update (step_check_lean.cu: the raw
+// words, no rank loop).
+cudaError_t LaunchStepCheckOneRank(const StepKernelArgs& a, cudaStream_t s);
 // Current scaling: the whole computation of NUMERICS 10.2 D..V without writes, for items of
 // one optimizer variant (step_ws::kOpt*) and state dtype (step_ws::kSt*).
 cudaError_t LaunchStepCheckFull(const StepKernelArgs& a, int opt, int state_dtype, cudaStream_t s);
