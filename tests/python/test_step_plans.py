@@ -501,6 +501,17 @@ class OptimizerStepKeyTest(unittest.TestCase):
             self.opt._step_key()
         self.params[0].grad = torch.ones(32, 16)
         key, _ = self.opt._step_key()
+        # A square gradient transposed in place keeps its address and shape, not its strides.
+        sq = torch.nn.Parameter(torch.zeros(16, 16))
+        sq.grad = torch.arange(256.0).view(16, 16)
+        self.opt._stored[1].param = sq
+        (layout, _), _ = self.opt._step_key()
+        self.assertEqual(layout[2], (torch.float32, True, torch.Size([16, 16]), True))
+        sq.grad.t_()
+        (layout, _), _ = self.opt._step_key()
+        self.assertEqual(layout[2], (torch.float32, False, torch.Size([16, 16]), True))
+        self.opt._stored[1].param = self.params[1]
+        key, _ = self.opt._step_key()
         # A parameter added to the optimizer (add_param_group) joins the key.
         from fp4q import _stored_optimizer
         p = torch.nn.Parameter(torch.zeros(48, 16))

@@ -123,24 +123,26 @@ class StepMixin:
         `_plan_token` stands for them); the pointers: the gradient's and the parameter's
         addresses of each parameter with a gradient.
 
-        When every gradient is the tensor object of the last step, at the same address, with the
-        parameter's shape, and every parameter is at its address, the last key is the answer
-        (its layout cannot have changed: a tensor's dtype is fixed, and its shape and strides
-        change only with its storage or its shape); else it is computed afresh."""
+        When every gradient is the tensor object of the last step and every gradient and
+        parameter has the address, shape and contiguity it had, the last key is the answer (what
+        else the layout holds, a tensor's dtype and sparsity, cannot change in place); else it
+        is computed afresh."""
         last = self._last_key
         if last is not None and len(last[0]) == len(self._stored):
             grads, shapes, key, group_index = last
-            pointers = key.pointers
+            layout, pointers = key.layout, key.pointers
             k = 0
-            for s, g0, shape in zip(self._stored, grads, shapes):
+            for i, (s, g0, shape) in enumerate(zip(self._stored, grads, shapes)):
                 p = s.param
                 g = p.grad
                 if g is not g0:
                     break
                 if g is None:
                     continue
+                entry = layout[i + 1]
                 if (g.data_ptr() != pointers[k] or p.data_ptr() != pointers[k + 1] or
-                        g.shape != shape):
+                        g.shape != shape or p.shape != shape or
+                        g.is_contiguous() is not entry[1] or p.is_contiguous() is not entry[3]):
                     break
                 k += 2
             else:
