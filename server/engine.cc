@@ -107,8 +107,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<DeviceSet
   ro.now = e->options_.clock;
   e->regions_ = std::make_unique<RegionManager>(e->devices_.get(), ro, observer);
   Engine* engine = e.get();
-  e->regions_->SetSessionEndHandler(
-      [engine](const std::string& session) { engine->GroupSessionEnded(session); });
+  e->plans_ = std::make_unique<StepPlans>(e->options_.max_step_plans);
+  e->regions_->SetSessionEndHandler([engine](const std::string& session) {
+    engine->GroupSessionEnded(session);
+    engine->plans_->SessionEnded(session);
+  });
   for (int i = 0; i < e->devices_->size(); ++i) {
     const Device& d = e->devices_->device(i);
     Executor::Options xo;

@@ -48,6 +48,7 @@
 #include "server/requests.h"
 #include "server/scratch_pool.h"
 #include "server/state_store.h"
+#include "server/step_plans.h"
 #include "server/step_job.h"
 
 namespace fp4q::server {
@@ -83,6 +84,7 @@ struct EngineOptions {
   absl::Duration maintenance_period = absl::Seconds(1);
   std::function<absl::Time()> clock;  // sessions' clock (tests); absl::Now when empty
   int max_step_items = 4096;   // items in one Step
+  int max_step_plans = 16;     // step plans a session keeps (StepRequest.keep_plan)
   int max_world_size = 64;     // ranks in one replica group
   // The longest a step polls its ready signal (StepRequest.ready_signal; a request's own
   // timeout may be shorter), and the wait of a request that gives none. 1 ms - 60 s.
@@ -196,6 +198,7 @@ class Engine {
 
   // For tests.
   RegionManager& regions() { return *regions_; }
+  const StepPlans& step_plans() const { return *plans_; }
   StateStore& store() { return *store_; }
   DeviceSet& devices() { return *devices_; }
 
@@ -261,6 +264,10 @@ class Engine {
   void Contribute(const RequestContext& ctx, StepRequest req, Done<StepResult> done);
   void FailRanks(std::vector<std::unique_ptr<StepJob::Rank>> ranks, const absl::Status& s);
   void GroupSessionEnded(const std::string& session_id);
+  // StepRequest.keep_plan and plan_id: fills `req`'s items from its plan, or has `done` keep
+  // them as one when the step is answered OK (engine_step.cc).
+  absl::Status UseStepPlan(const RequestContext& ctx, StepRequest& req,
+                           Done<StepResult>& done);
   void GroupDeadlineLoop();
   void DropEmptyGroupsLocked();
   // Ends every group of namespace `ns` (their pending steps fail); returns how many.
@@ -285,6 +292,7 @@ class Engine {
   std::unique_ptr<DeviceSet> devices_;
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<RegionManager> regions_;
+  std::unique_ptr<StepPlans> plans_;  // step plans per session (engine_step.cc)
   std::vector<std::unique_ptr<Executor>> executors_;  // one per device, same order
   std::vector<std::vector<kernels::Stream>> streams_;  // the workers' streams, per device
   std::vector<std::unique_ptr<ScratchPool>> pools_;    // per device

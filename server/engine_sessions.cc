@@ -144,12 +144,14 @@ ServerInfoResult Engine::ServerInfo() const {
     r.supported_modes.push_back("cuda_ipc");
     r.supported_modes.push_back("step_done_signal");
     r.supported_modes.push_back("step_ready_signal");
+    if (options_.max_step_plans > 0) r.supported_modes.push_back("step_plans");
   }
   r.state_budget_bytes = options_.state_budget_bytes;
   r.max_queue_depth = static_cast<uint32_t>(options_.max_queue_depth);
   r.max_open_handles = static_cast<uint32_t>(options_.max_open_handles);
   r.session_lease_seconds = static_cast<uint32_t>(absl::ToInt64Seconds(options_.session_lease));
   r.max_step_items = static_cast<uint32_t>(options_.max_step_items);
+  r.max_step_plans = static_cast<uint32_t>(options_.max_step_plans);
   r.max_world_size = static_cast<uint32_t>(options_.max_world_size);
   r.cpu_max_request_flops = devices_->kind() == "cpu" ? options_.cpu_max_request_flops : 0;
   return r;

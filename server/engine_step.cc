@@ -78,7 +78,63 @@ absl::Status CheckBriefReply(const StepRequest& req, absl::string_view rank) {
 
 }  // namespace
 
+absl::Status Engine::UseStepPlan(const RequestContext& ctx, StepRequest& req,
+                                 Done<StepResult>& done) {
+  if (req.plan_id != 0) {
+    if (req.keep_plan) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "keep_plan: true with plan_id ", req.plan_id,
+          "; a plan is kept of items a step sends, and this step sends none"));
+    }
+    if (!req.items.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "items: ", req.items.size(), " items with plan_id ", req.plan_id,
+          "; send the items or a plan, not both"));
+    }
+    if (!req.brief_reply) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "brief_reply: false with plan_id ", req.plan_id,
+          "; a planned step's reply lists no items (send brief_reply true)"));
+    }
+    absl::StatusOr<StepPlans::Items> items = plans_->Find(ctx.session_id, req.plan_id);
+    if (!items.ok()) return items.status();
+    req.items = **items;
+    return absl::OkStatus();
+  }
+  if (!req.keep_plan) return absl::OkStatus();
+  if (options_.max_step_plans == 0) {
+    return absl::FailedPreconditionError(
+        "keep_plan: this server keeps no step plans (fp4qd --max_step_plans 0)");
+  }
+  if (ctx.session_id.empty()) {
+    return absl::FailedPreconditionError(
+        "keep_plan: a step plan belongs to a session; send the step in one (gRPC metadata "
+        "fp4q-session, or the fast socket's hello)");
+  }
+  for (size_t i = 0; i < req.items.size(); ++i) {
+    const StepItemIn& it = req.items[i];
+    if (it.update.data.source != Source::kRegion) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "items[", i, "].update: inline data; a step plan keeps region slices only (an inline "
+          "update's bytes change every step)"));
+    }
+    if (it.return_dequantized && !it.dequantized_out.has_region) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "items[", i, "].return_dequantized: true; a planned step's reply lists no items, so "
+          "a plan's DQ(W) goes to a region (dequantized_out) or nowhere"));
+    }
+  }
+  auto kept = std::make_shared<const std::vector<StepItemIn>>(req.items);
+  done = [this, session = ctx.session_id, kept,
+          inner = std::move(done)](absl::StatusOr<StepResult> r) {
+    if (r.ok()) r->plan_id = plans_->Keep(session, kept);
+    inner(std::move(r));
+  };
+  return absl::OkStatus();
+}
+
 void Engine::Step(const RequestContext& ctx, StepRequest req, Done<StepResult> done) {
+  if (absl::Status s = UseStepPlan(ctx, req, done); !s.ok()) return done(s);
   if (req.has_replica) return Contribute(ctx, std::move(req), std::move(done));
   auto job = std::make_shared<StepJob>();
   StepJob::Rank r;

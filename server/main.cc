@@ -110,6 +110,9 @@ ABSL_FLAG(std::string, namespace_tokens_file, "",
           "--auth_token_file's token travels) is bound to NAMESPACE and may open sessions of it "
           "only; empty = none");
 ABSL_FLAG(int32_t, max_step_items, 4096, "most items in one Step request");
+ABSL_FLAG(int32_t, max_step_plans, 16,
+          "step plans (StepRequest.keep_plan) each session keeps; one more drops the least "
+          "recently used; 0: none (keep_plan refused)");
 ABSL_FLAG(int32_t, max_world_size, 64, "most ranks in one replica group (JoinGroup)");
 ABSL_FLAG(uint64_t, cpu_max_request_flops, uint64_t{200000000000},
           "CPU backend: refuse a request whose work is estimated above this many "
@@ -192,6 +195,7 @@ ServerOptions OptionsFromFlags() {
   e.checkpoint_interval = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval_s));
   e.quality_sample_every = absl::GetFlag(FLAGS_quality_sample_every);
   e.max_step_items = absl::GetFlag(FLAGS_max_step_items);
+  e.max_step_plans = absl::GetFlag(FLAGS_max_step_plans);
   e.max_world_size = absl::GetFlag(FLAGS_max_world_size);
   e.cpu_max_request_flops = absl::GetFlag(FLAGS_cpu_max_request_flops);
   e.version = FP4Q_VERSION;

@@ -311,7 +311,8 @@ std::vector<Op> MakeTable() {
           auto* modes = rep->mutable_supported_modes();
           for (int i = modes->size() - 1; i >= 0; --i) {
             const std::string& m = modes->Get(i);
-            if (m == "cuda_ipc" || m == "step_done_signal" || m == "step_ready_signal") {
+            if (m == "cuda_ipc" || m == "step_done_signal" || m == "step_ready_signal" ||
+                m == "step_plans") {
               modes->DeleteSubrange(i, 1);
             }
           }

@@ -321,6 +321,8 @@ absl::StatusOr<StepRequest> FromProto(const v1::StepRequest& m) {
     r.ready_value = m.ready_signal().value();
     r.ready_timeout_ms = m.ready_signal().timeout_ms();
   }
+  r.keep_plan = m.keep_plan();
+  r.plan_id = m.plan_id();
   return r;
 }
 
@@ -417,6 +419,7 @@ void ToProto(StepResult&& r, v1::StepReply* m) {
   for (const StepItemResult& it : r.items) applied += it.applied ? 1 : 0;
   m->set_applied_items(applied);
   m->set_world_size(r.world_size);
+  m->set_plan_id(r.plan_id);
   if (r.brief) return;
   for (StepItemResult& it : r.items) {
     v1::StepItemResult* o = m->add_items();
@@ -472,6 +475,7 @@ void ToProto(ServerInfoResult&& r, uint64_t max_message_bytes, v1::ServerInfoRep
   l->set_max_open_handles(r.max_open_handles);
   l->set_session_lease_seconds(r.session_lease_seconds);
   l->set_max_step_items(r.max_step_items);
+  l->set_max_step_plans(r.max_step_plans);
   l->set_max_world_size(r.max_world_size);
   l->set_cpu_max_request_flops(r.cpu_max_request_flops);
 }

@@ -353,6 +353,8 @@ struct StepRequest {
   RegionSlice ready_signal;
   uint32_t ready_value = 0;
   uint32_t ready_timeout_ms = 0;  // 0: the server's
+  bool keep_plan = false;  // keep the items as a step plan of the session (StepReply.plan_id)
+  uint64_t plan_id = 0;    // nonzero: the items are this plan's (`items` empty)
 };
 
 struct StepItemResult {
@@ -368,6 +370,7 @@ struct StepResult {
   std::vector<StepItemResult> items;
   uint32_t world_size = 1;
   bool brief = false;  // the request's brief_reply: the reply carries applied_items only
+  uint64_t plan_id = 0;  // keep_plan: the plan kept of the step's items
 };
 
 // ---------------------------------------------------------------- replica groups, namespaces
@@ -440,6 +443,7 @@ struct ServerInfoResult {
   uint32_t max_open_handles = 0;
   uint32_t session_lease_seconds = 0;
   uint32_t max_step_items = 0;
+  uint32_t max_step_plans = 0;
   uint32_t max_world_size = 0;
   uint64_t cpu_max_request_flops = 0;
 };

@@ -292,6 +292,7 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   if (s.ok()) s = InRange(o.drain_timeout_s, 0, int64_t{1} << 31, "drain_timeout_s");
   if (s.ok()) s = InRange(e.quality_sample_every, 0, INT32_MAX, "quality_sample_every");
   if (s.ok()) s = InRange(e.max_step_items, 1, 1 << 20, "max_step_items");
+  if (s.ok()) s = InRange(e.max_step_plans, 0, 1024, "max_step_plans");
   if (s.ok()) s = InRange(e.max_world_size, 1, 1024, "max_world_size");
   if (!s.ok()) return s;
   if (o.cuda_row_kernels != "auto" && o.cuda_row_kernels != "rows") {

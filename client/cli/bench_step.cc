@@ -280,6 +280,7 @@ std::string ReportJson(const Report& r) {
   std::string out = absl::StrCat(
       "{\n  \"tool\": \"fp4q bench-step\",\n  \"server\": ", Quote(r.server),
       ",\n  \"transport\": ", Quote(r.transport), ",\n  \"spin_us\": ", r.spin_us,
+      ",\n  \"step_plan\": ", r.plan ? "true" : "false",
       ",\n  \"backend\": ", Quote(r.backend), ",\n  \"server_version\": ", Quote(r.server_version),
       ",\n  \"gpus\": [", gpus, "],\n  \"device_uuid\": ", Quote(r.device_uuid),
       ",\n  \"host\": ", Quote(r.host), ",\n  \"cuda_runtime\": ", Quote(r.cuda_runtime),

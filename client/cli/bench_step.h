@@ -133,6 +133,7 @@ struct Report {
   std::string init;  // "ipc" or "inline"
   uint64_t align = 16;
   uint64_t spin_us = 0;
+  bool plan = false;  // the steps named a server step plan (--plan)
   uint64_t iters = 0, warmup = 0;
   FloorBytes floor;
   uint64_t state_bytes = 0;  // sum of CreateWeight's WeightInfo.bytes

@@ -26,7 +26,7 @@ const char kUsage[] =
     "           [--rounding rtn|sr] [--scaling current|delayed] [--state-dtype f32|bf16|nvfp4]\n"
     "           [--lr X] [--iters N] [--warmup N] [--init ipc|inline] [--align BYTES]\n"
     "           [--prefix NAME] [--copy-bandwidth GBPS] [--cuda-runtime LIB] [--json FILE]\n"
-    "           [--fast-socket PATH [--spin-us N]]\n"
+    "           [--fast-socket PATH [--spin-us N]] [--plan]\n"
     "\n"
     "The trainer's step: one Step call updates every weight of a model stored in\n"
     "NVFP4 (1x16) on the server. On GPU 0 it allocates one bf16 gradient buffer and one bf16\n"
@@ -64,6 +64,8 @@ const char kUsage[] =
     "  --fast-socket P    step over fp4qd's --fast_socket P instead of gRPC (the session,\n"
     "                     regions and weights still come from gRPC)\n"
     "  --spin-us N        with --fast-socket: busy-poll each reply this long (default 0)\n"
+    "  --plan             send the items once, kept as a step plan of the session\n"
+    "                     (StepRequest.keep_plan), then each step as its plan_id alone\n"
     "\n"
     "Report (JSON on stdout): the parameter count; wall_us, and the reply header's kernel_us,\n"
     "queue_us and server_us, overhead_us (wall - kernel) and client_and_transport_us (wall -\n"
@@ -175,6 +177,7 @@ absl::Status ParseConfig(const ParsedArgs& args, Config* c) {
     return absl::InvalidArgumentError("option '--spin-us': 0-1000000, with --fast-socket");
   }
   c->spin_us = *spin;
+  c->plan = args.flags.count("plan") != 0;
   for (WeightShape& s : c->shapes) s.name = absl::StrCat(c->prefix, "/", s.name);
   return absl::OkStatus();
 }

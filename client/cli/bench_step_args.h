@@ -24,6 +24,7 @@ struct Config {
   uint64_t iters = 100, warmup = 10, align = 16, spin_us = 0;
   std::string init = "ipc", prefix, json, fast_socket, cuda_runtime;
   std::optional<double> copy_bandwidth;
+  bool plan = false;  // --plan: the items kept as a server step plan after the first step
 };
 
 // The options as a Config; INVALID_ARGUMENT naming the option on a mistake.

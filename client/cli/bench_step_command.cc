@@ -130,7 +130,7 @@ int RunBenchStep(const CommandContext& context) {
                  "scaling", "state-dtype", "lr",     "iters",          "warmup",
                  "init",    "align",       "prefix", "copy-bandwidth", "cuda-runtime",
                  "json",    "fast-socket", "spin-us"};
-  spec.boolean = {"ef", "no-ef"};
+  spec.boolean = {"ef", "no-ef", "plan"};
   absl::StatusOr<ParsedArgs> args = ParseArgs(context.args, 0, spec);
   if (!args.ok()) return UsageFailure(kName, std::string(args.status().message()));
   if (args->help) {
@@ -278,6 +278,8 @@ int RunBenchStep(const CommandContext& context) {
 
   v1::StepRequest req =
       bench_step::BuildStepRequest(c.shapes, layout, *grad_slice, *param_slice, c.options);
+  const int items = req.items_size();
+  req.set_keep_plan(c.plan);  // --plan: the first step keeps its items, the others name them
   std::vector<double> wall, kernel, queue, server, overhead, client_side;
   for (uint64_t i = 0; i < c.warmup + c.iters; ++i) {
     const int64_t step = static_cast<int64_t>(i) + 1;  // the weights were created at step 0
@@ -288,12 +290,21 @@ int RunBenchStep(const CommandContext& context) {
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     if (!rep.ok()) return Failure(kName, WithContext(rep.status(), absl::StrCat("step ", step)));
     // A brief reply (BuildStepRequest): the items are counted, not listed.
-    if (rep->items_size() != 0 ||
-        rep->applied_items() != static_cast<uint32_t>(req.items_size())) {
+    if (rep->items_size() != 0 || rep->applied_items() != static_cast<uint32_t>(items)) {
       return Failure(kName, absl::InternalError(absl::StrCat(
                                 "step ", step, ": the reply lists ", rep->items_size(),
                                 " items and counts ", rep->applied_items(), " applied of ",
-                                req.items_size(), " (a brief reply lists none and applies all)")));
+                                items, " (a brief reply lists none and applies all)")));
+    }
+    if (req.keep_plan()) {
+      if (rep->plan_id() == 0) {
+        return Failure(kName, absl::FailedPreconditionError(absl::StrCat(
+                                  "--plan: step ", step, " asked to keep a plan and the server "
+                                  "kept none (a server without \"step_plans\")")));
+      }
+      req.clear_items();
+      req.set_keep_plan(false);
+      req.set_plan_id(rep->plan_id());
     }
     if (i < c.warmup) continue;
     const v1::ReplyHeader& h = rep->header();
@@ -313,6 +324,7 @@ int RunBenchStep(const CommandContext& context) {
   r.server = context.client.address;
   r.transport = c.fast_socket.empty() ? "grpc" : "fast_socket";
   r.spin_us = c.spin_us;
+  r.plan = c.plan;
   r.backend = info->backend();
   r.server_version = info->version();
   for (const v1::GpuInfo& g : info->gpus()) r.gpus.emplace_back(g.uuid(), g.name());

@@ -140,6 +140,8 @@ class StepPlanTest(unittest.TestCase):
         self.assertEqual({it.update.region.region_id for it in b.items}, {"region-1"})
         self.assertEqual({it.dequantized_out.region.region_id for it in b.items}, {"region-2"})
         self.assertEqual(self.stats["ipc_tensors"], 12)  # counted on both paths
+        # A server that does not list "step_plans" is never asked to keep one.
+        self.assertFalse(any(r.keep_plan or r.plan_id for r in self.sent))
 
     def test_a_tensor_moved_within_the_plans_allocations_reslices_the_step(self):
         self.step(1)
@@ -281,6 +283,60 @@ class StepPlanTest(unittest.TestCase):
         self.keyed(4, self.grads, built, layout="other", replica=("g", 1))
         self.assertEqual(len(built), 2)
         self.assertEqual((self.sent[3].replica.group, self.sent[3].replica.rank), ("g", 1))
+
+    def test_a_server_that_keeps_plans_is_sent_the_items_once_then_their_plan_id(self):
+        self.info.supported_modes.append("step_plans")
+        plans, refuse = {}, []
+        plain = self.server
+
+        def server(rpc, request, resend=False):
+            if rpc != "Step":
+                return plain(rpc, request, resend)
+            req = pb.StepRequest.FromString(request.body)
+            if req.plan_id and (refuse or req.plan_id not in plans):
+                self.sent.append(req)
+                refuse.clear()
+                raise fp4q.Fp4qError(grpc.StatusCode.NOT_FOUND, "plan_id: this session holds "
+                                     "no step plan %d (...)" % req.plan_id, "Step")
+            reply = plain(rpc, request, resend)
+            if req.keep_plan:
+                reply.plan_id = 7 + len(plans)
+                plans[reply.plan_id] = list(req.items)
+            elif req.plan_id:
+                reply.applied_items = len(plans[req.plan_id])
+            return reply
+
+        self.requests = _requests.Requests(server, lambda: False, self.regions)
+        built = []
+        for n in (1, 2, 3):
+            result = self.keyed(n, self.grads, built)
+            self.assertEqual(result.applied_items, 3)
+        first, second, third = self.sent
+        self.assertEqual((first.keep_plan, first.plan_id, len(first.items)), (True, 0, 3))
+        for r in (second, third):
+            self.assertEqual((r.keep_plan, r.plan_id, len(r.items), r.brief_reply),
+                             (False, 7, 0, True))
+        self.assertEqual((second.step, third.step), (2, 3))
+        self.assertEqual(self.stats["step_plans_on_server"], 2)
+        # The server dropped the plan: the step is sent again with its items, kept anew.
+        refuse.append(1)
+        self.assertEqual(self.keyed(4, self.grads, built).applied_items, 3)
+        refused, resent = self.sent[3:]
+        self.assertEqual((refused.plan_id, refused.step), (7, 4))
+        self.assertEqual((resent.keep_plan, resent.plan_id, len(resent.items), resent.step),
+                         (True, 0, 3, 4))
+        self.keyed(5, self.grads, built)
+        self.assertEqual((self.sent[5].plan_id, len(self.sent[5].items)), (8, 0))
+        # Gradients moved within the allocations: new items, kept as a plan of their own.
+        grads = [FakeCudaTensor(GRADS + 0x8000 + 0x1000 * i) for i in range(3)]
+        self.keyed(6, grads, built)
+        self.keyed(7, grads, built)
+        moved, named = self.sent[6:]
+        self.assertEqual((moved.keep_plan, [it.update.region.offset for it in moved.items]),
+                         (True, [0x8000, 0x9000, 0xA000]))
+        self.assertEqual((named.plan_id, len(named.items)), (9, 0))
+        self.assertEqual(plans[9], list(moved.items))
+        self.assertEqual(len(built), 1)  # never built again: reused, then resliced
 
     def test_gradients_moved_within_known_allocations_reslice_the_layouts_items(self):
         built = []

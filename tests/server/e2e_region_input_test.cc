@@ -14,6 +14,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "e2e_bad_input.h"
+#include "fp4q/client/fast_socket.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "shm_region.h"
@@ -399,6 +400,118 @@ TEST_F(E2eRegionInputTest, UpdatesRacingADeleteAndOutOfOrderStepsStayConsistent)
   grpc::Status s = Call(*stub_, g);
   EXPECT_EQ(s.error_code(), Code::NOT_FOUND);
   EXPECT_TRUE(TakeSnapshot(*stub_) == baseline);
+}
+
+
+// Step plans end to end, over gRPC and the fast socket alike: one step keeps its items, later
+// steps name them by id; the DQ(W) they write is byte for byte what the same steps write when
+// they send their items; a dropped plan answers NOT_FOUND on both transports.
+TEST(E2eStepPlanTest, PlannedStepsWriteWhatSentStepsWriteOnBothTransports) {
+  TempDir dir;
+  ShmRegion memory(1 << 16);
+  ASSERT_TRUE(memory.ok());
+  const std::string fast = dir.File("fast.sock");
+  auto server = ServerProcess::Start({"--backend=cuda", "--cuda_module=" FAKE_SHM_MODULE,
+                                      "--allow_cuda_ipc", "--unix_socket=" + dir.File("sock"),
+                                      "--fast_socket=" + fast, "--max_step_plans=2"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::Fp4q::NewStub(MakeChannel("unix:" + dir.File("sock")));
+  const std::string session = OpenSession(*stub, "planner");
+  const std::string region = Register(*stub, session, memory.Handle(), 1 << 16);
+  ASSERT_FALSE(region.empty());
+  client::FastSocketOptions fo;
+  fo.path = fast;
+  absl::StatusOr<std::unique_ptr<client::FastSocket>> f = client::FastSocket::Connect(fo, session);
+  ASSERT_TRUE(f.ok()) << f.status();
+  v1::ServerInfoReply info;
+  auto ictx = Context(session);
+  ASSERT_TRUE(stub->ServerInfo(ictx.get(), v1::ServerInfoRequest(), &info).ok());
+  EXPECT_THAT(info.supported_modes(), ::testing::Contains("step_plans"));
+  EXPECT_EQ(info.limits().max_step_plans(), 2u);
+  // Three copies of two weights (16x32 and 32x16): "g" planned over gRPC, "f" planned over the
+  // fast socket, "s" sent with items. Gradients (f32) at 0 and 2048, DQ(W) (f32) of copy k at
+  // 8192 + 8192 k and 8192 + 8192 k + 2048.
+  const char* copies[] = {"g", "f", "s"};
+  for (int k = 0; k < 3; ++k) {
+    for (int w = 0; w < 2; ++w) {
+      const int64_t rows = w == 0 ? 16 : 32, cols = 512 / rows;
+      ASSERT_TRUE(Call(*stub, C(absl::StrCat(copies[k], w),
+                                InlineTensor(RandomF32(512, 30 + w), rows, cols)),
+                       session)
+                      .ok());
+    }
+  }
+  auto request = [&](int k, int64_t step) {
+    v1::StepRequest r;
+    r.set_step(step);
+    r.add_groups()->set_lr(0.5f);
+    r.set_brief_reply(true);
+    for (int w = 0; w < 2; ++w) {
+      const int64_t rows = w == 0 ? 16 : 32, cols = 512 / rows;
+      v1::StepItem* it = r.add_items();
+      it->set_name(absl::StrCat(copies[k], w));
+      *it->mutable_update() = RegionTensor(region, 2048 * w, rows, cols);
+      *it->mutable_dequantized_out() = At(region, 8192 + 8192 * k + 2048 * w);
+    }
+    return r;
+  };
+  auto by_grpc = [&](const v1::StepRequest& r) -> absl::StatusOr<v1::StepReply> {
+    v1::StepReply rep;
+    auto ctx = Context(session);
+    grpc::Status s = stub->Step(ctx.get(), r, &rep);
+    if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                                     s.error_message());
+    return rep;
+  };
+  auto by_fast = [&](const v1::StepRequest& r) { return (*f)->Step(r); };
+  uint64_t ids[2] = {0, 0};
+  for (int64_t step = 1; step <= 4; ++step) {
+    const std::string g = RandomF32(1024, 40 + static_cast<uint32_t>(step));
+    std::memcpy(memory.data(), g.data(), g.size());
+    std::memset(memory.data() + 8192, 0xEE, 3 * 8192);  // poison every output
+    for (int k = 0; k < 3; ++k) {
+      v1::StepRequest r = request(k, step);
+      if (k < 2 && step == 1) r.set_keep_plan(true);
+      if (k < 2 && step > 1) {
+        r.clear_items();
+        r.set_plan_id(ids[k]);
+      }
+      absl::StatusOr<v1::StepReply> rep = k == 1 ? by_fast(r) : by_grpc(r);
+      ASSERT_TRUE(rep.ok()) << copies[k] << " step " << step << ": " << rep.status();
+      EXPECT_EQ(rep->applied_items(), 2u);
+      if (step == 1 && k < 2) {
+        ids[k] = rep->plan_id();
+        EXPECT_NE(ids[k], 0u);
+      } else {
+        EXPECT_EQ(rep->plan_id(), 0u);
+      }
+    }
+    const std::string sent(reinterpret_cast<char*>(memory.data()) + 8192 + 2 * 8192, 4096);
+    EXPECT_EQ(sent.find(std::string(16, '\xEE')), std::string::npos) << "step " << step;
+    for (int k = 0; k < 2; ++k) {
+      EXPECT_EQ(std::string(reinterpret_cast<char*>(memory.data()) + 8192 + 8192 * k, 4096), sent)
+          << copies[k] << " step " << step;
+    }
+  }
+  EXPECT_NE(ids[0], ids[1]);
+  // A third plan drops the least recently used (--max_step_plans=2): the gRPC one, used before
+  // the fast socket's in each step. Both transports answer its id alike.
+  v1::StepRequest third = request(2, 5);
+  third.set_keep_plan(true);
+  ASSERT_TRUE(by_grpc(third).ok());
+  v1::StepRequest dropped = request(0, 5);
+  dropped.clear_items();
+  dropped.set_plan_id(ids[0]);
+  absl::StatusOr<v1::StepReply> a = by_grpc(dropped), b = by_fast(dropped);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(a.status(), b.status());
+  EXPECT_THAT(std::string(a.status().message()),
+              HasSubstr(absl::StrCat("plan_id: this session holds no step plan ", ids[0])));
+  v1::StepRequest kept = request(1, 5);
+  kept.clear_items();
+  kept.set_plan_id(ids[1]);
+  absl::StatusOr<v1::StepReply> k = by_grpc(kept);
+  EXPECT_TRUE(k.ok()) << k.status();
 }
 
 }  // namespace

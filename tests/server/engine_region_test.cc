@@ -239,6 +239,207 @@ TEST_F(EngineRegionTest, StepOutputsMayNotOverlapAnyItemsSlices) {
   EXPECT_TRUE(ok->items[0].applied);
 }
 
+// StepRequest.keep_plan / plan_id: a step names the items an earlier step of its session kept,
+// and gets the bytes that step would have written had it sent them; every check runs again; what
+// a plan cannot hold, or an id the session does not hold, is refused and changes nothing.
+TEST_F(EngineRegionTest, StepPlansStepTheKeptItemsAsIfSentAndCheckThemAgain) {
+  // Weights a, b, c stepped through a plan and their twins a2, b2, c2 stepped with items:
+  // gradients at 0, 64, 128 (f32 1x16), DQ(W) of the planned ones at 1024 + 64 i (f32), of the
+  // twins at 2048 + 64 i.
+  const std::vector<std::string> names = {"a", "b", "c"};
+  for (const std::string& twin : {"", "2"}) {
+    for (size_t i = 0; i < names.size(); ++i) {
+      CreateWeightRequest c;
+      c.name = names[i] + twin;
+      c.initial = InlineF32(RandomF32(16, 50 + static_cast<uint32_t>(i)), 1, 16);
+      ASSERT_TRUE(
+          Await<CreateWeightResult>([&](auto d) { engine_->CreateWeight(ctx_, c, d); }).ok());
+    }
+  }
+  auto request = [&](int64_t n, const std::string& twin, uint64_t out) {
+    StepRequest r;
+    r.step = n;
+    HyperIn h;
+    h.lr = 0.25f;
+    r.groups = {h};
+    r.brief_reply = true;
+    for (size_t i = 0; i < names.size(); ++i) {
+      StepItemIn it;
+      it.name = names[i] + twin;
+      it.update = RegionF32(region_, 64 * i, 1, 16);
+      it.dequantized_out = RegionTarget(region_, out + 64 * i);
+      r.items.push_back(it);
+    }
+    return r;
+  };
+  auto run = [&](const StepRequest& r, const RequestContext* ctx = nullptr) {
+    return Await<StepResult>([&](auto done) { engine_->Step(ctx ? *ctx : ctx_, r, done); });
+  };
+  auto planned = [&](int64_t n, uint64_t id) {
+    StepRequest r = request(n, "", 1024);
+    r.items.clear();
+    r.plan_id = id;
+    return r;
+  };
+  StepRequest keep = request(1, "", 1024);
+  keep.keep_plan = true;
+  absl::StatusOr<StepResult> kept = run(keep);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  const uint64_t id = kept->plan_id;
+  EXPECT_NE(id, 0u);
+  EXPECT_EQ(engine_->step_plans().size(), 1);
+  ASSERT_TRUE(run(request(1, "2", 2048)).ok());
+  for (int64_t n = 2; n <= 4; ++n) {
+    const std::string g = RandomF32(3 * 16, 60 + static_cast<uint32_t>(n));
+    std::memcpy(memory_.data(), g.data(), g.size());
+    std::memset(memory_.data() + 1024, 0xEE, 3 * 64);  // poison: the step must write them
+    absl::StatusOr<StepResult> p = run(planned(n, id));
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->plan_id, 0u);  // nothing new kept
+    ASSERT_EQ(p->items.size(), 3u);
+    EXPECT_TRUE(p->items[2].applied);
+    ASSERT_TRUE(run(request(n, "2", 2048)).ok());
+    EXPECT_EQ(std::memcmp(memory_.data() + 1024, memory_.data() + 2048, 3 * 64), 0)
+        << "step " << n;
+  }
+  // Every check runs again: the same step is a retry (nothing applied), an older one refused.
+  absl::StatusOr<StepResult> retry = run(planned(4, id));
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_FALSE(retry->items[0].applied);
+  EXPECT_THAT(run(planned(3, id)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "step: 3 is older than the last step 4 of weight 'a'"));
+  // What a planned step may not send with its id.
+  StepRequest both = planned(5, id);
+  both.items = request(5, "", 1024).items;
+  EXPECT_THAT(run(both), StatusIs(absl::StatusCode::kInvalidArgument,
+                                  absl::StrCat("items: 3 items with plan_id ", id,
+                                               "; send the items or a plan, not both")));
+  StepRequest listed = planned(5, id);
+  listed.brief_reply = false;
+  EXPECT_THAT(run(listed),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("brief_reply: false with plan_id ", id,
+                                    "; a planned step's reply lists no items (send brief_reply "
+                                    "true)")));
+  StepRequest again = planned(5, id);
+  again.keep_plan = true;
+  EXPECT_THAT(run(again), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("keep_plan: true with plan_id")));
+  // An id this session does not hold, and another session's, read alike.
+  const std::string unknown =
+      "plan_id: this session holds no step plan 999 (never kept, or dropped: a session keeps "
+      "its 16 last used, fp4qd --max_step_plans); send the items again with keep_plan; nothing "
+      "was applied";
+  EXPECT_THAT(run(planned(5, 999)), StatusIs(absl::StatusCode::kNotFound, unknown));
+  auto other = engine_->OpenSession("other");
+  ASSERT_TRUE(other.ok());
+  RequestContext other_ctx = ctx_;
+  other_ctx.session_id = other->session_id;
+  EXPECT_THAT(run(planned(5, id), &other_ctx),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr(absl::StrCat("holds no step plan ", id, " "))));
+  // What a plan cannot hold: an inline update, a DQ(W) returned inline; no session.
+  StepRequest inline_update = request(5, "", 1024);
+  inline_update.keep_plan = true;
+  inline_update.items[1].update = InlineF32(RandomF32(16, 70), 1, 16);
+  EXPECT_THAT(run(inline_update),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "items[1].update: inline data; a step plan keeps region slices only (an "
+                       "inline update's bytes change every step)"));
+  StepRequest returned = request(5, "", 1024);
+  returned.keep_plan = true;
+  returned.items[2].dequantized_out = OutputTarget{};
+  returned.items[2].return_dequantized = true;
+  EXPECT_THAT(run(returned), StatusIs(absl::StatusCode::kInvalidArgument,
+                                      HasSubstr("items[2].return_dequantized: true; a planned")));
+  RequestContext no_session = ctx_;
+  no_session.session_id.clear();
+  EXPECT_THAT(run(keep, &no_session),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("keep_plan: a step plan belongs to a session")));
+  // A step refused on the device keeps no plan.
+  const float inf = std::numeric_limits<float>::infinity();
+  std::memcpy(memory_.data() + 64 + 4 * 3, &inf, 4);
+  StepRequest bad = request(5, "", 1024);
+  bad.keep_plan = true;
+  EXPECT_THAT(run(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                 HasSubstr("items[1].update: element 3 is Inf")));
+  EXPECT_THAT(run(planned(5, id)), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            HasSubstr("items[1].update: element 3 is Inf")));
+  EXPECT_EQ(engine_->step_plans().size(), 1);
+  const std::string g = RandomF32(3 * 16, 80);
+  std::memcpy(memory_.data(), g.data(), g.size());
+  ASSERT_TRUE(run(planned(5, id)).ok());  // nothing of the refusals was applied
+  // A deleted weight: the plan's step is refused as the items would be.
+  NameRequest del;
+  del.name = "c";
+  ASSERT_TRUE(Await<EmptyResult>([&](auto d) { engine_->DeleteWeight(ctx_, del, d); }).ok());
+  EXPECT_THAT(run(planned(6, id)),
+              StatusIs(absl::StatusCode::kNotFound, "items[2].name: no weight 'c'"));
+  // A session keeps its 16 last used plans; the session's end drops them.
+  StepRequest two = request(6, "2", 2048);
+  two.keep_plan = true;
+  for (int k = 0; k < 16; ++k) {
+    two.step = 6 + k;
+    ASSERT_TRUE(run(two).ok());
+  }
+  EXPECT_EQ(engine_->step_plans().size(), 16);
+  EXPECT_THAT(run(planned(30, id)), StatusIs(absl::StatusCode::kNotFound, HasSubstr("plan_id:")));
+  ASSERT_TRUE(Await<uint32_t>([&](auto done) { engine_->CloseSession(ctx_, done); }).ok());
+  EXPECT_EQ(engine_->step_plans().size(), 0);
+}
+
+// fp4qd --max_step_plans 0: no "step_plans" in ServerInfo, and keep_plan is refused before
+// anything runs.
+TEST(EngineStepPlanOffTest, NoPlansAreOfferedOrKept) {
+  auto backend = std::make_unique<FakeIpcBackend>("GPU-fake-0");
+  FakeIpcBackend* fake = backend.get();
+  std::vector<std::unique_ptr<kernels::Backend>> b;
+  b.push_back(std::move(backend));
+  EngineOptions o;
+  o.allow_cuda_ipc = true;
+  o.cpu_workers = 1;
+  o.max_step_plans = 0;
+  auto e = Engine::Create(DeviceSet::FromBackends(std::move(b), true), o, nullptr, nullptr);
+  ASSERT_TRUE(e.ok()) << e.status();
+  Engine& engine = **e;
+  const ServerInfoResult info = engine.ServerInfo();
+  EXPECT_THAT(info.supported_modes, ::testing::Contains("step_ready_signal"));
+  EXPECT_THAT(info.supported_modes, ::testing::Not(::testing::Contains("step_plans")));
+  EXPECT_EQ(info.max_step_plans, 0u);
+  auto session = engine.OpenSession("test");
+  ASSERT_TRUE(session.ok());
+  RequestContext ctx;
+  ctx.session_id = session->session_id;
+  ctx.peer.transport = PeerInfo::Transport::kUnix;
+  std::vector<uint8_t> memory(4096, 0);
+  auto region = Await<std::string>([&](auto done) {
+    engine.RegisterRegion(ctx, {fake->Export(memory.data()), memory.size(), "GPU-fake-0"}, done);
+  });
+  ASSERT_TRUE(region.ok()) << region.status();
+  CreateWeightRequest c;
+  c.name = "w";
+  c.initial = InlineF32(RandomF32(16, 3), 1, 16);
+  ASSERT_TRUE(Await<CreateWeightResult>([&](auto d) { engine.CreateWeight(ctx, c, d); }).ok());
+  StepRequest r;
+  r.step = 1;
+  r.groups = {HyperIn{}};
+  r.brief_reply = true;
+  r.keep_plan = true;
+  StepItemIn it;
+  it.name = "w";
+  it.update = RegionF32(*region, 0, 1, 16);
+  r.items.push_back(it);
+  EXPECT_THAT(Await<StepResult>([&](auto done) { engine.Step(ctx, r, done); }),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "keep_plan: this server keeps no step plans (fp4qd --max_step_plans 0)"));
+  r.keep_plan = false;
+  absl::StatusOr<StepResult> sent = Await<StepResult>([&](auto done) { engine.Step(ctx, r, done); });
+  ASSERT_TRUE(sent.ok()) << sent.status();
+  EXPECT_TRUE(sent->items[0].applied);  // step 1 was still new: the refusal changed nothing
+}
+
 // StepRequest.done_signal: its value lands in the region after the step's device work, applied
 // or refused on the device; a request refused before that leaves it unwritten, names the field
 // and changes nothing.

@@ -226,9 +226,10 @@ class Requests:
                     "got %s" % (g, type(h).__name__))
         kind_value = opts.enum_value("kind", kind)
 
-        def head(brief):
+        def head(brief, keep=False, plan_id=0):
             # The fields before the items; a message's encodings concatenate (the items follow).
-            req = pb.StepRequest(step=int(step), kind=kind_value, brief_reply=brief)
+            req = pb.StepRequest(step=int(step), kind=kind_value, brief_reply=brief,
+                                 keep_plan=keep, plan_id=plan_id)
             for h in groups:
                 h.fill(req.groups.add())
             if replica is not None:
@@ -260,8 +261,15 @@ class Requests:
                 if not brief:
                     items = make_items()
                     planned = [it.dequantized_out for it in items]
-                return (Serialized(head(brief) + memo.body, 0 if brief else memo.reply_bound),
-                        (items, planned, brief))
+                elif memo.server_id:
+                    # The server holds these items: the step names them.
+                    self._regions.count("step_plans_on_server")
+                    return (Serialized(head(True, plan_id=memo.server_id), 0),
+                            (items, planned, brief, memo))
+                keep = brief and memo.server_ok
+                return (Serialized(head(brief, keep) + memo.body,
+                                   0 if brief else memo.reply_bound),
+                        (items, planned, brief, memo if keep else None))
             items = make_items()
             body = pb.StepRequest()
             planned = []
@@ -280,23 +288,41 @@ class Requests:
             memo = _StepPlan(tr.plan(), body.SerializeToString(),
                              _fast_frames.reply_bound("Step", body),
                              not any(m.return_dequantized for m in body.items))
+            memo.server_ok = _server_may_keep(memo, body)
             if key is not None:
                 plans.put(key, memo)
                 if layout is not None:
                     plans.put_template(layout, memo, body)
             brief = brief_reply and memo.brief_ok
-            return (Serialized(head(brief) + memo.body, 0 if brief else memo.reply_bound),
-                    (items, planned, brief))
+            keep = brief and memo.server_ok and key is not None
+            return (Serialized(head(brief, keep) + memo.body, 0 if brief else memo.reply_bound),
+                    (items, planned, brief, memo if keep else None))
+
+        def result(reply, built):
+            items, planned, brief, memo = built
+            if memo is not None and reply.plan_id:
+                memo.server_id = reply.plan_id  # kept (keep_plan), or named (plan_id) again
+            return self._step_result(reply, items, planned, brief)
 
         if signal is not None:
-            pending, done = self._begin_call("Step", build, lambda planned: planned[2],
+            pending, done = self._begin_call("Step", build, lambda built: built[2],
                                              None if ready is None else ready[2])
             if pending is not None:
-                return PendingStep(pending, self._step_result), None
-            reply, (items, planned, brief) = done
-            return None, self._step_result(reply, items, planned, brief)
-        reply, (items, planned, brief) = self.call("Step", build, resend=resend)
-        return self._step_result(reply, items, planned, brief)
+                return PendingStep(pending, result), None
+            return None, result(*done)
+        for attempt in (0, 1):
+            try:
+                return result(*self.call("Step", build, resend=resend))
+            except Fp4qError as e:
+                # The server dropped the plan this step named (nothing changed): forget it and
+                # send the items again, once.
+                if attempt or not _plan_unknown(e) or not self._forget_server_plans():
+                    raise
+        raise AssertionError("unreachable")
+
+    def _forget_server_plans(self):
+        """Forgets every plan id the server was said to hold; True when there was one."""
+        return self._step_plans.forget_server_ids() > 0
 
     def _begin_call(self, rpc, build, in_place, order=None):
         """call() for a request whose reply may be waited for later: (Pending, None) when it
@@ -485,10 +511,31 @@ class _StepPlan:
     slice of its own allocation, so nothing is kept), the items' encoding, their reply bound
     and whether a brief reply may answer them (no item wants its DQ(W) inline)."""
 
-    __slots__ = ("plan", "body", "reply_bound", "brief_ok")
+    __slots__ = ("plan", "body", "reply_bound", "brief_ok", "server_ok", "server_id")
 
-    def __init__(self, plan, body, reply_bound, brief_ok):
+    def __init__(self, plan, body, reply_bound, brief_ok, server_ok=False):
         self.plan, self.body, self.reply_bound, self.brief_ok = plan, body, reply_bound, brief_ok
+        # server_ok: the server may keep these items as a step plan (StepRequest.keep_plan);
+        # server_id: the plan id it answered (0: none held).
+        self.server_ok, self.server_id = server_ok, 0
+
+
+def _server_may_keep(memo, body):
+    """Whether the server can keep a step's items (`body`) as a plan: it offers step plans and
+    every update and DQ(W) target is a region slice."""
+    if memo.plan is None or not memo.brief_ok:
+        return False
+    info = memo.plan.info
+    if info is None or "step_plans" not in info.supported_modes:
+        return False
+    return all(m.update.HasField("region") and
+               (not m.HasField("dequantized_out") or m.dequantized_out.HasField("region"))
+               for m in body.items)
+
+
+def _plan_unknown(e):
+    """Whether `e` is the server's answer to a plan_id it does not hold."""
+    return e.code == grpc.StatusCode.NOT_FOUND and e.message.startswith("plan_id:")
 
 
 class _PendingCall:
@@ -518,8 +565,8 @@ class PendingStep:
         self._decode = decode
 
     def wait(self):
-        reply, (items, planned, brief) = self._call.wait()
-        return self._decode(reply, items, planned, brief)
+        reply, built = self._call.wait()
+        return self._decode(reply, built)
 
 
 class StepPlans:
@@ -572,7 +619,7 @@ class StepPlans:
             m.update.region.region_id, m.update.region.offset = u
             m.dequantized_out.region.region_id, m.dequantized_out.region.offset = o
         moved = _StepPlan(memo.plan, items.SerializeToString(), memo.reply_bound,
-                          memo.brief_ok)
+                          memo.brief_ok, memo.server_ok)
         self.put(key, moved)
         return moved
 
@@ -582,6 +629,14 @@ class StepPlans:
             if memo is not None:
                 self._plans.move_to_end(key)
             return memo
+
+    def forget_server_ids(self):
+        """Forgets the server-side plan id of every kept step; returns how many it held."""
+        with self._lock:
+            held = [m for m in self._plans.values() if m.server_id]
+            for m in held:
+                m.server_id = 0
+            return len(held)
 
     def put(self, key, memo):
         with self._lock:
