@@ -6,6 +6,7 @@ the server and the CUDA tensors are fakes: no GPU, no server."""
 import collections
 import contextlib
 import unittest
+import weakref
 from unittest import mock
 
 import grpc
@@ -554,6 +555,32 @@ class OptimizerStepKeyTest(unittest.TestCase):
                 fp4q.ClientArgumentError,
                 r"^INVALID_ARGUMENT: parameter 0 \('w0'\): gradient of shape \[16, 16\] for a "
                 r"parameter of shape \[32, 16\]"):
+            self.opt._step_key()
+        self.params[0].grad = torch.ones(32, 16)
+        key, _ = self.opt._step_key()
+        # The kept key holds no gradient: one set to None is freed (the allocator reuses it).
+        ref = weakref.ref(self.params[0].grad)
+        self.params[0].grad = None
+        self.assertIsNone(ref())
+        self.assertIsNone(self.opt._step_key()[0][0][1])
+        # A parameter viewed as another dtype in place (same address and shape) is refused as
+        # _items refuses it, and so is a sparse gradient.
+        self.params[0].grad = torch.ones(32, 16)
+        self.opt._step_key()
+        grad, data = self.params[0].grad, self.params[0].data
+        self.params[0].grad = None
+        self.params[0].data = data.view(torch.bfloat16)[:, :16]  # its address, shape [32, 16]
+        self.params[0].grad = grad.view(torch.bfloat16)[:, :16]
+        self.assertEqual(self.params[0].data_ptr(), data.data_ptr())
+        with self.assertRaisesRegex(fp4q.ClientArgumentError,
+                                    r"parameter 0 \('w0'\): the parameter is torch.bfloat16 "):
+            self.opt._step_key()
+        self.params[0].grad = None
+        self.params[0].data = data
+        self.params[0].grad = grad
+        self.params[0].grad = torch.ones(32, 16).to_sparse()
+        with self.assertRaisesRegex(fp4q.ClientArgumentError,
+                                    r"parameter 0 \('w0'\): sparse gradients are not supported"):
             self.opt._step_key()
         self.params[0].grad = torch.ones(32, 16)
         key, _ = self.opt._step_key()

@@ -62,7 +62,7 @@ _PLAIN = (float, int, bool)
 class StepMixin:
     """StoredOptimizer's step machinery (see fp4q.optim); it uses the optimizer's fields."""
 
-    _last_key = None  # _step_key's (gradients, their shapes, key, group index) of the last step
+    _last_key = None  # _step_key's (which have gradients, their shapes, key, group index)
 
     def _check_epoch(self):
         now = self.client.server_epoch
@@ -123,39 +123,45 @@ class StepMixin:
         `_plan_token` stands for them); the pointers: the gradient's and the parameter's
         addresses of each parameter with a gradient.
 
-        When every gradient is the tensor object of the last step and every gradient and
-        parameter has the address, shape and contiguity it had, the last key is the answer (what
-        else the layout holds, a tensor's dtype and sparsity, cannot change in place); else it
-        is computed afresh."""
+        When every parameter has a gradient where it had one, and every gradient and parameter
+        has the address, dtype, shape and contiguity it had, the last key is the answer (the
+        layout holds nothing else); else it is computed afresh. The last key holds no tensor:
+        a gradient freed by zero_grad(set_to_none=True) goes back to torch's allocator, and
+        the next backward pass reuses its memory."""
         last = self._last_key
         if last is not None and len(last[0]) == len(self._stored):
-            grads, shapes, key, group_index = last
+            present, shapes, key, group_index = last
             layout, pointers = key.layout, key.pointers
             k = 0
-            for i, (s, g0, shape) in enumerate(zip(self._stored, grads, shapes)):
-                p = s.param
-                g = p.grad
-                if g is not g0:
-                    break
-                if g is None:
-                    continue
-                entry = layout[i + 1]
-                if (g.data_ptr() != pointers[k] or p.data_ptr() != pointers[k + 1] or
-                        g.shape != shape or p.shape != shape or
-                        g.is_contiguous() is not entry[1] or p.is_contiguous() is not entry[3]):
-                    break
-                k += 2
-            else:
-                return key, group_index
+            try:
+                for i, (s, had, shape) in enumerate(zip(self._stored, present, shapes)):
+                    p = s.param
+                    g = p.grad
+                    if g is None:
+                        if had:
+                            break
+                        continue
+                    entry = layout[i + 1]
+                    if (not had or g.data_ptr() != pointers[k] or
+                            p.data_ptr() != pointers[k + 1] or g.dtype is not entry[0] or
+                            p.dtype is not s.dtype or g.shape != shape or p.shape != shape or
+                            g.is_contiguous() is not entry[1] or
+                            p.is_contiguous() is not entry[3]):
+                        break
+                    k += 2
+                else:
+                    return key, group_index
+            except RuntimeError:
+                pass  # a tensor without storage (a sparse gradient): refused below
         layout = [self._plan_token]
         pointers = []
         append, point = layout.append, pointers.append
         group_index = {}
-        grads, shapes = [], []
+        present, shapes = [], []
         for s in self._stored:
             p = s.param
             g = p.grad
-            grads.append(g)
+            present.append(g is not None)
             if g is None:
                 append(None)
                 shapes.append(None)
@@ -169,7 +175,7 @@ class StepMixin:
             point(g.data_ptr())
             point(p.data_ptr())
         key = _PlanKey(tuple(layout), tuple(pointers))
-        self._last_key = (grads, shapes, key, group_index)
+        self._last_key = (present, shapes, key, group_index)
         return key, group_index
 
     def _items(self):
