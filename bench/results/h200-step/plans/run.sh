@@ -1,24 +1,20 @@
-# One device call (from the repository root, .bundle carried): the step tests on the GPU, then
-# the trainer's step with and without server-side step plans, from C++ and from Python.
+# One device call (from the repository root, .bundle carried): the GPU tests, then the trainer's
+# step with and without server-side step plans, from C++ and from Python, alternated in one run.
 set -x
 source bench/results/h200-step/overlap/env.sh
 export B=$b
 nvidia-smi -L > $o/gpu.txt
-# The step kernels and the IPC paths on the GPU, the client's plan path included.
-timeout 150 $b/bin/fp4q_cuda_test --gtest_filter='*Step*' > $o/cuda-step-tests.txt 2>&1
-echo "rc=$?" >> $o/cuda-step-tests.txt
-timeout 60 $b/bin/fp4q_ipc_gpu_test > $o/ipc-gpu-test.txt 2>&1; echo "rc=$?" >> $o/ipc-gpu-test.txt
-timeout 100 python3 tests/python/gpu_ipc_check.py --fp4qd $b/bin/fp4qd --steps 100 \
-  --out $o/gpu_ipc_check > $o/gpu_ipc_check.log 2>&1; echo "rc=$?" >> $o/gpu_ipc_check.log
-timeout 60 $b/bin/fp4q_bench --only step --out $o/bench_step.json > $o/bench_step.log 2>&1
-bw=$(python3 -c "import json;print(json.load(open('$o/bench_step.json'))['copy_gbps'])")
+OUT=$o/gpu-tests timeout 240 bash .bundle/run.sh gpu-tests > $o/gpu-tests.txt 2>&1
+echo "rc=$?" >> $o/gpu-tests.txt
+timeout 120 $b/bin/fp4q_bench --only step --out $o/bench_step.json > $o/bench_step.log 2>&1
+bw=$(python3 -c "import json;print(json.load(open('$o/bench_step.json'))['copy_gbps'])" || echo 4200)
 d=/tmp/fq; mkdir -p $d
 $b/bin/fp4qd --listen 127.0.0.1:0 --metrics_listen "" --unix_socket $d/g.sock \
   --fast_socket $d/f.sock --allow_cuda_ipc --backend cuda --log_format text \
   --state_budget_bytes 130000000000 > $d/out 2> $o/fp4qd.log &
 pid=$!; sleep 4
 S="$b/bin/fp4q --server unix://$d/g.sock bench-step --fast-socket $d/f.sock --copy-bandwidth $bw"
-# Items every step, then the plan, alternating twice (same process, same weights' shapes).
+# Items every step, then the plan, alternating twice (the same fp4qd).
 for round in 1 2; do
   for p in items plan; do
     flag=""; [[ $p == plan ]] && flag="--plan"
@@ -33,16 +29,15 @@ for round in 1 2; do
   done
 done
 kill $pid; wait $pid
-# Python: the GPT-2 step's phases, and the train suite's model in its loop (fp4q.optim uses the
-# server's plans where fp4qd offers them).
-# Python with the plans and without (fp4qd --max_step_plans=0), alternating.
+# Python: the GPT-2 step's phases and the train suite's model in its loop, with the server's
+# plans and without (fp4qd --max_step_plans=0), alternating.
 for round in 1 2; do
-  MODES=gpt2,none N=400 timeout 80 python3 bench/results/h200-step/python-client/trainloop.py \
+  MODES=gpt2,none N=400 timeout 70 python3 bench/results/h200-step/python-client/trainloop.py \
     > $o/phases-plan-$round.txt 2>&1; echo "rc=$?" >> $o/phases-plan-$round.txt
-  FP4QD_ARGS=--max_step_plans=0 MODES=gpt2,none N=400 timeout 80 \
+  FP4QD_ARGS=--max_step_plans=0 MODES=gpt2,none N=400 timeout 70 \
     python3 bench/results/h200-step/python-client/trainloop.py \
     > $o/phases-items-$round.txt 2>&1; echo "rc=$?" >> $o/phases-items-$round.txt
 done
-timeout 200 python3 bench/trainer_step.py --fp4qd $b/bin/fp4qd --models gpt2-small \
+timeout 160 python3 bench/trainer_step.py --fp4qd $b/bin/fp4qd --models gpt2-small \
   --json $o/trainer_step.json > $o/trainer-step.log 2>&1; echo "rc=$?" >> $o/trainer-step.log
 cd $OUT && tar czf r.tgz r && rm -rf r
