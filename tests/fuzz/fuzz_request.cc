@@ -442,6 +442,22 @@ void WriteSeeds(const char* dir) {
       ready->set_timeout_ms(1);
       Seed(dir, "step-ready-unwritten", kStep, signals);
     }
+    {
+      // A step plan kept of the region items (brief), and a step naming plan 1 alone.
+      v1::StepRequest keep = st;
+      keep.mutable_items(0)->set_return_dequantized(false);
+      *keep.mutable_items(0)->mutable_update() = *keep.mutable_items(1)->mutable_update();
+      keep.mutable_items(0)->mutable_update()->mutable_region()->set_offset(0);
+      keep.set_brief_reply(true);
+      keep.set_keep_plan(true);
+      Seed(dir, "step-keep-plan", kStep, keep);
+      v1::StepRequest planned;
+      planned.set_step(8);
+      *planned.add_groups() = st.groups(0);
+      planned.set_brief_reply(true);
+      planned.set_plan_id(1);
+      Seed(dir, "step-plan-id", kStep, planned);
+    }
     st.set_kind(v1::UPDATE_KIND_DELTA);
     st.mutable_groups(0)->clear_sgd();
     Seed(dir, "step-delta", kStep, st);
