@@ -569,6 +569,78 @@ class PendingStep:
         return self._decode(reply, built)
 
 
+def _field_key(message, field, wire_type):
+    """The varint key of `message`'s field `field` with wire type `wire_type`."""
+    return _fast_frames.varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | wire_type)
+
+
+_LEN, _VARINT = 2, 0
+_ONE_BYTE = [bytes((n,)) for n in range(0x80)]
+
+
+def _varint(n):
+    """_fast_frames.varint, with one- and two-byte values taken without a loop."""
+    if n < 0x80:
+        return _ONE_BYTE[n]
+    if n < 0x4000:
+        return bytes((n & 0x7F | 0x80, n >> 7))
+    return _fast_frames.varint(n)
+_ITEMS_KEY = _field_key(pb.StepRequest, "items", _LEN)
+_UPDATE_KEY = _field_key(pb.StepItem, "update", _LEN)
+_OUT_KEY = _field_key(pb.StepItem, "dequantized_out", _LEN)
+_TENSOR_REGION_KEY = _field_key(pb.Tensor, "region", _LEN)
+_OUT_REGION_KEY = _field_key(pb.OutputTarget, "region", _LEN)
+_REGION_ID_KEY = _field_key(pb.RegionSlice, "region_id", _LEN)
+_OFFSET_KEY = _field_key(pb.RegionSlice, "offset", _VARINT)
+
+
+class _SlicedItems:
+    """The encoding of a Step's items (every update and DQ(W) target a region slice) with other
+    slices: byte for byte what the protobuf library writes for the template with its slices
+    replaced (fields in number order, a zero offset left out), spliced from each item's fixed
+    parts without building a message. The fixed parts: the name, the update's dtype and shape,
+    return_dequantized and group (fp4q.optim's re-sliced steps: the gradients of a new backward
+    pass at other offsets of the same allocations)."""
+
+    __slots__ = ("count", "_parts")
+
+    def __init__(self, items):
+        self._parts = []
+        for m in items.items:
+            tensor = pb.Tensor()
+            tensor.CopyFrom(m.update)
+            tensor.ClearField("region")
+            self._parts.append((pb.StepItem(name=m.name).SerializeToString(),
+                                tensor.SerializeToString(),
+                                pb.StepItem(return_dequantized=m.return_dequantized,
+                                            group=m.group).SerializeToString()))
+        self.count = len(self._parts)
+
+    def encode(self, slices):
+        """The items' bytes with item k's update at slices[2k] and its DQ(W) target at
+        slices[2k + 1], each (region_id, offset)."""
+        varint = _varint
+        ids = {}
+
+        def region(key, slice_):
+            region_id, offset = slice_
+            rid = ids.get(region_id)
+            if rid is None:
+                raw = region_id.encode()
+                rid = ids[region_id] = _REGION_ID_KEY + varint(len(raw)) + raw
+            body = rid + _OFFSET_KEY + varint(offset) if offset else rid
+            return key + varint(len(body)) + body
+
+        out = []
+        for k, (name, tensor, tail) in enumerate(self._parts):
+            update = tensor + region(_TENSOR_REGION_KEY, slices[2 * k])
+            target = region(_OUT_REGION_KEY, slices[2 * k + 1])
+            item = b"".join((name, _UPDATE_KEY, varint(len(update)), update, _OUT_KEY,
+                             varint(len(target)), target, tail))
+            out.append(_ITEMS_KEY + varint(len(item)) + item)
+        return b"".join(out)
+
+
 class StepPlans:
     """The items of the last few Step requests whose every tensor went by IPC as a slice of its
     own allocation, keyed by their key (_step_plan_key, or fp4q.optim's own): a trainer sends
@@ -582,18 +654,20 @@ class StepPlans:
     def __init__(self):
         self._lock = threading.Lock()
         self._plans = collections.OrderedDict()  # key -> _StepPlan
-        self._templates = collections.OrderedDict()  # layout -> (_StepPlan, items message)
+        self._templates = collections.OrderedDict()  # layout -> (_StepPlan, _SlicedItems)
 
     def put_template(self, layout, memo, items):
         """Keeps a keyed step's items (a StepRequest holding only them) as its layout's
         template, when every item's update and DQ(W) target are region slices of the plan."""
-        with self._lock:
-            if memo.plan is None or not all(
-                    m.update.HasField("region") and m.dequantized_out.HasField("region")
-                    for m in items.items):
+        if memo.plan is None or not all(
+                m.update.HasField("region") and m.dequantized_out.HasField("region")
+                for m in items.items):
+            with self._lock:
                 self._templates.pop(layout, None)
-                return
-            self._templates[layout] = (memo, items)
+            return
+        encoder = _SlicedItems(items)
+        with self._lock:
+            self._templates[layout] = (memo, encoder)
             self._templates.move_to_end(layout)
             while len(self._templates) > self.SIZE:
                 self._templates.popitem(last=False)
@@ -606,19 +680,13 @@ class StepPlans:
             found = self._templates.get(layout)
         if found is None:
             return None
-        memo, template = found
-        if len(pointers) != 2 * len(template.items) or not plan_valid(memo.plan):
+        memo, encoder = found
+        if len(pointers) != 2 * encoder.count or not plan_valid(memo.plan):
             return None
-        items = pb.StepRequest()
-        items.CopyFrom(template)
-        locate = memo.plan.locate
-        for k, m in enumerate(items.items):
-            u, o = locate(pointers[2 * k]), locate(pointers[2 * k + 1])
-            if u is None or o is None:
-                return None
-            m.update.region.region_id, m.update.region.offset = u
-            m.dequantized_out.region.region_id, m.dequantized_out.region.offset = o
-        moved = _StepPlan(memo.plan, items.SerializeToString(), memo.reply_bound,
+        slices = list(map(memo.plan.locate, pointers))
+        if None in slices:
+            return None
+        moved = _StepPlan(memo.plan, encoder.encode(slices), memo.reply_bound,
                           memo.brief_ok, memo.server_ok)
         self.put(key, moved)
         return moved
