@@ -54,6 +54,7 @@ if os.environ.get("PHASES", "1") == "1":
     timed(_rq, "_step_plan_key", "key")
     timed(_rg.Transfer, "before_send", "before_send")
     timed(_rg.Regions, "plan_valid", "plan_valid")
+    timed(_rq.StepPlans, "resliced", "resliced")
     timed(_rg.Transfer, "input", "input")
     timed(_fs.FastSocket, "frame", "frame")
 
@@ -118,6 +119,20 @@ def run(mode, prefix):
                 logits = model(x)
             loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, 256), y.reshape(-1))
             loss.backward()
+        if mode == "reslice":
+            if i == 0:
+                grads = [p.grad for _, p in stored]
+                total = sum(g.numel() for g in grads)
+                halves = torch.empty(7 * total, dtype=grads[0].dtype, device="cuda")
+                views, off = [[] for _ in range(7)], 0
+                for g in grads:
+                    for h in range(7):
+                        v = halves[h * total + off:h * total + off + g.numel()].view(g.shape)
+                        v.copy_(g)
+                        views[h].append(v)
+                    off += g.numel()
+            for (_, p), v in zip(stored, views[i % 7]):
+                p.grad = v
         torch.cuda.synchronize(); t1 = time.perf_counter()
         if globals().get("PROF") is not None and i >= 20:
             PROF.enable()
