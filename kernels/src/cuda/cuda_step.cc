@@ -131,6 +131,7 @@ struct Launch {
   bool sr = false;    // apply
   bool tile = false;  // apply
   bool one_rank = true;  // every item has one update
+  bool lean = true;      // apply: every item is LeanSgdItem
   int32_t first_entry = 0;
   int32_t n_entries = 0;
   int64_t total_units = 0;
@@ -212,8 +213,8 @@ ItemDesc Describe(const StepItem& item, int32_t first_update, int32_t first_out,
 // Groups item indices by variant key, in a fixed order, into launches over the list table.
 template <typename Key>
 void AddLaunches(const std::map<Key, std::vector<int>>& groups, bool apply,
-                 const std::vector<StepItem>& items, ListEntry* lists, int32_t* next_entry,
-                 std::vector<Launch>* out) {
+                 const std::vector<StepItem>& items, const std::vector<bool>& lean,
+                 ListEntry* lists, int32_t* next_entry, std::vector<Launch>* out) {
   for (const auto& [key, members] : groups) {
     Launch l;
     l.opt = std::get<0>(key);
@@ -232,6 +233,7 @@ void AddLaunches(const std::map<Key, std::vector<int>>& groups, bool apply,
       ListEntry& e = lists[(*next_entry)++];
       e = ListEntry{i, 0, units};
       l.one_rank = l.one_rank && it.updates.size() == 1;
+      l.lean = l.lean && lean[i];
       units += Units(it.weight.rows, it.weight.cols, apply && l.tile);
     }
     lists[(*next_entry)++] = ListEntry{-1, 0, units};  // the sentinel: the launch's total
@@ -252,6 +254,7 @@ HostPlan BuildPlan(const std::vector<StepItem>& items) {
   // (opt, state dtype, full) and (opt, state dtype, sr, tile).
   std::map<std::tuple<int, int, bool>, std::vector<int>> checks;
   std::map<std::tuple<int, int, bool, bool>, std::vector<int>> applies;
+  std::vector<bool> lean(items.size(), false);
   int32_t nu = 0, no = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const StepItem& it = items[i];
@@ -268,6 +271,8 @@ HostPlan BuildPlan(const std::vector<StepItem>& items) {
       outs[no++] = step_ws::OutDesc{o.data, DtypeCode(o.dtype), 0};
     }
     descs[i] = Describe(it, first_update, first_out, no - first_out);
+    lean[i] = LeanSgdItem(descs[i], it.updates.empty() ? 0 : updates[first_update].dtype,
+                          no > first_out ? outs[first_out].dtype : 0);
     const int opt = descs[i].opt;
     const int st = opt == step_ws::kOptSgdPlain ? step_ws::kStF32 : descs[i].state_dtype;
     const bool full = !it.check_only && it.scaling == Scaling::kCurrent;
@@ -278,8 +283,8 @@ HostPlan BuildPlan(const std::vector<StepItem>& items) {
     }
   }
   int32_t next = 0;
-  AddLaunches(checks, false, items, lists, &next, &h.checks);
-  AddLaunches(applies, true, items, lists, &next, &h.applies);
+  AddLaunches(checks, false, items, lean, lists, &next, &h.checks);
+  AddLaunches(applies, true, items, lean, lists, &next, &h.applies);
   return h;
 }
 
@@ -379,9 +384,15 @@ absl::Status CudaBackend::StepApplyImpl(const std::vector<StepItem>& items, void
   for (const Launch& launch : h.applies) {
     const StepKernelArgs a = ArgsFor(l, ws, launch, tuning_.step_prefetch_slots);
     const bool sgd = launch.opt == step_ws::kOptSgdPlain || launch.opt == step_ws::kOptSgdMomentum;
-    FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(
-        sgd ? LaunchStepApplySgd(a, launch.opt, launch.st, launch.sr, launch.tile, s)
-            : LaunchStepApplyAdamW(a, launch.opt, launch.st, launch.sr, launch.tile, s)));
+    cudaError_t e;
+    if (launch.opt == step_ws::kOptSgdPlain && launch.lean) {
+      e = LaunchStepApplySgdLean(a, launch.sr, s);
+    } else if (sgd) {
+      e = LaunchStepApplySgd(a, launch.opt, launch.st, launch.sr, launch.tile, s);
+    } else {
+      e = LaunchStepApplyAdamW(a, launch.opt, launch.st, launch.sr, launch.tile, s);
+    }
+    FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(e));
   }
   StepFinishArgs f;
   f.header = reinterpret_cast<const step_ws::Header*>(ws);

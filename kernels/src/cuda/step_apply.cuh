@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <type_traits>
 
 #include "launch.h"
 #include "step_device.cuh"
@@ -42,6 +43,7 @@ struct ApplyItem {
   void* m_dense[3];
   uint8_t* m_codes[3];
   uint8_t* m_scales[3];
+  bool lean;  // a plain SGD item of the common shape (LeanSgdRun)
 };
 
 FP4Q_D void LoadApplyItem(const StepKernelArgs& a, int it, ApplyItem* c) {
@@ -79,6 +81,7 @@ FP4Q_D void LoadApplyItem(const StepKernelArgs& a, int it, ApplyItem* c) {
     c->o0 = nullptr;
     c->o0_dtype = 0;
   }
+  c->lean = LeanSgdItem(d, c->g0_dtype, c->o0_dtype);
 }
 
 struct ApplyAcc {
@@ -219,12 +222,10 @@ FP4Q_D void ApplyHalf(const StepKernelArgs& a, const ApplyItem& c, const LaneHal
                                     static_cast<uint64_t>(b.at) >> 3);
   *reinterpret_cast<uint32_t*>(c.p.codes + (b.at >> 1)) = word;
   if (b.h == 0) c.p.scales[b.scale_at] = static_cast<uint8_t>(sf);
-  // R and O: DQ(W'), the residual, the outputs.
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    dq[i] = __fmul_rn(__fmul_rn(E2M1Value((word >> (4 * i)) & 0xFu), sfv), c.q.g.s_dec);
-    acc->v = fmaxf(acc->v, fabsf(v[i]));
-  }
+  // R and O: DQ(W'), the residual, the outputs. The block amax is the largest |v| of the
+  // lane's elements (and its partners'), so the item's max |v| is kept per block.
+  acc->v = fmaxf(acc->v, bamax);
+  DqWord8(word, sfv, c.q.g.s_dec, dq);
   if (c.s.has_r) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -256,24 +257,188 @@ FP4Q_D void ApplyHalf(const StepKernelArgs& a, const ApplyItem& c, const LaneHal
   }
 }
 
-// Warps own contiguous runs of slots (a slot: half a warp-unit, 256 elements; 16x16: one tile of
-// the unit's pair) so that a warp changes item rarely. Within a run in one item each lane keeps
-// the slot ring's kDepth - 1 slots ahead in flight, and SGD's also asks L2 for the slot
-// prefetch_slots past the ring's newest.
-template <int kOpt, int kSt, bool kSr, bool kTile>
-__global__ void __launch_bounds__(kThreads, 2) StepApplyKernel(const StepKernelArgs a) {
-  if (a.header->checked != step_ws::kCheckedMagic || a.header->ok != 1) return;
-  using R = StepRing<kOpt, kSt>;
-  constexpr int kD = R::kDepth;
-  // SGD's apply asks L2 for the slot past the ring (measured faster on the H200); AdamW's runs
-  // faster without it.
-  constexpr bool kL2Prefetch = !IsAdamW<kOpt>();
-  extern __shared__ uint4 step_smem[];
-  const auto ring = R::Ring::Of(reinterpret_cast<unsigned char*>(step_smem));
-  const int lane = threadIdx.x & 31;
-  const WarpSlots run = WarpSlotsOf(a.total_units);
-  int64_t s = run.begin;
-  const int64_t s_end = run.end;
+// ---------------------------------------------------------------- the lean SGD run
+//
+// Plain SGD items of the common shape (ApplyItem::lean: one update that is a gradient, no weight
+// decay, 1x16 blocks with row-major scales, the update and the output both of dtype kDt) take
+// this path: ApplyHalf's arithmetic operation for operation, with every per-item choice fixed at
+// compile time (kR: error feedback, kOut: a dequantized output) and the lane's addresses moved
+// by one slot's stride instead of located afresh. Slot t of an item whose first warp-unit is u0
+// holds elements 256 (t - 2 u0) + 8 lane .. + 7 (LocateHalf's 1x16 mapping); a lane is valid
+// while its first element is in the item (pairs are valid together).
+
+// One 16-byte store, as one instruction: written so, because the compiler split the lean
+// slot's stores (PairStoreF32's selects turned into branches) into four each.
+FP4Q_D void StoreV4(void* p, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+  asm volatile("st.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(x), "r"(y), "r"(z), "r"(w));
+}
+FP4Q_D void StoreV4(void* p, float x, float y, float z, float w) {
+  StoreV4(p, __float_as_uint(x), __float_as_uint(y), __float_as_uint(z), __float_as_uint(w));
+}
+
+// PairStoreF32's stores (the same words to the same places) for the lean slot.
+FP4Q_D void LeanPairStoreF32(unsigned mask, float* p, int64_t at, int h, const float* v) {
+  float send[4], recv[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    send[i] = h ? v[i] : v[4 + i];
+    recv[i] = __shfl_xor_sync(mask, send[i], 1);
+  }
+  float lo[4], hi[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    lo[i] = h ? recv[i] : v[i];
+    hi[i] = h ? v[4 + i] : recv[i];
+  }
+  float* blk = p + (at - 8 * h);
+  StoreV4(blk + 4 * h, lo[0], lo[1], lo[2], lo[3]);
+  StoreV4(blk + 8 + 4 * h, hi[0], hi[1], hi[2], hi[3]);
+}
+
+// One slot of the lean run at element offset `at` (n: the item's elements).
+template <int kDt, bool kSr, bool kR, bool kOut, typename Ring>
+FP4Q_D void LeanSgdSlot(const ApplyItem& c, const Ring& ring, int stage, int64_t at, int h,
+                        int64_t n, uint32_t scale, ApplyAcc* acc) {
+  const bool valid = at < n;
+  const unsigned mask = __ballot_sync(kFull, valid);
+  if (!valid) return;
+  float v[8], dq[8], r[8];
+  RingValues8(ring, stage, 0, mask, kDt, h, v);
+  DqWord8(*ring.W4(stage, 0), E4M3Value(scale), c.s_dec_old, dq);
+  if constexpr (kR) {
+    RingValues8(ring, stage, 2, mask, kF32, h, r);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r[i] = 0.0f;
+  }
+  float bamax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    v[i] = StepElementF<step_ws::kOptSgdPlain, kR ? kFR : 0u>(c.s, v[i], dq[i], r[i], 0.0f, 0.0f,
+                                                              0.0f).v;
+    bamax = fmaxf(bamax, fabsf(v[i]));
+  }
+  bamax = BlockMax<false>(mask, bamax);
+  acc->v = fmaxf(acc->v, bamax);
+  const uint32_t sf = E4M3Rn(__fmul_rn(bamax, c.q.g.t));
+  const float sfv = E4M3Value(sf);
+  const uint32_t word = Codes8<kSr>(v, InvScale(sfv, c.q.g.s_dec), c.q, SeedKeys{c.q.seed},
+                                    static_cast<uint64_t>(at) >> 3);
+  *reinterpret_cast<uint32_t*>(c.p.codes + (at >> 1)) = word;
+  if (h == 0) c.p.scales[at >> 4] = static_cast<uint8_t>(sf);
+  DqWord8(word, sfv, c.q.g.s_dec, dq);
+  if constexpr (kR) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      r[i] = __fsub_rn(v[i], dq[i]);
+      acc->r = fmaxf(acc->r, fabsf(r[i]));
+    }
+    LeanPairStoreF32(mask, c.p.residual, at, h, r);
+  }
+  if constexpr (kOut) {
+    if constexpr (kDt == kF32) {
+      LeanPairStoreF32(mask, static_cast<float*>(c.o0), at, h, dq);
+    } else {
+      StoreV4(static_cast<uint16_t*>(c.o0) + at, PackBf16x2(dq[0], dq[1]),
+              PackBf16x2(dq[2], dq[3]), PackBf16x2(dq[4], dq[5]), PackBf16x2(dq[6], dq[7]));
+    }
+  }
+}
+
+// Slots [s, run_end) of one lean item (StepApplyKernel's slot loop with LeanSgdSlot): the ring
+// keeps kD - 1 slots ahead in flight, and `prefetch_slots` past them are asked of L2.
+template <int kDt, bool kSr, bool kR, bool kOut, int kD, typename Ring>
+FP4Q_D void LeanSgdRun(const ApplyItem& c, const Ring& ring, int64_t s, int64_t run_end,
+                       int64_t u0, int lane, int prefetch_slots, ApplyAcc* acc) {
+  constexpr int kEl = kDt == kF32 ? 4 : 2;  // bytes of an update or output element
+  const int h = lane & 1;
+  const int64_t n = c.p.blocks * 16;
+  const char* g = static_cast<const char*>(c.g0);
+  const auto issue = [&](int stage, int64_t at) {
+    if (at < n) {
+      RingCopy8(ring, stage, 0, g, kDt, at, h);
+      CpAsync4(ring.W4(stage, 0), c.p.codes + (at >> 1));
+      if constexpr (kR) RingCopy8(ring, stage, 2, c.p.residual, kF32, at, h);
+    }
+    CpAsyncCommit();
+  };
+  // The element offset of slot t for this lane, recomputed from t so that the compiler sees
+  // its alignment (a multiple of 8) and keeps every access one 16-byte vector.
+  const int lane8 = 8 * lane;
+  const auto at_of = [&](int64_t t) { return (t - 2 * u0) * 256 + lane8; };
+#pragma unroll
+  for (int j = 0; j + 1 < kD; ++j) {
+    if (s + j < run_end) {
+      issue(j, at_of(s + j));
+    } else {
+      CpAsyncCommit();
+    }
+  }
+  uint32_t scale = at_of(s) < n ? c.p.scales[at_of(s) >> 4] : 0u;
+  int stage = 0;
+  for (; s < run_end; ++s) {
+    const int64_t at = at_of(s);
+    const int64_t ahead = at_of(s + kD - 1);
+    const int st_t = stage == 0 ? kD - 1 : stage - 1;
+    if (s + kD - 1 < run_end) {
+      issue(st_t, ahead);
+    } else {
+      CpAsyncCommit();
+    }
+    const int64_t next = at_of(s + 1);
+    const uint32_t scale_n = s + 1 < run_end && next < n ? c.p.scales[next >> 4] : 0u;
+    CpAsyncWait<kD - 1>();
+    LeanSgdSlot<kDt, kSr, kR, kOut>(c, ring, stage, at, h, n, scale, acc);
+    // As the generic loop: the slot prefetch_slots past the ring's newest, within the run.
+    const int64_t tp = at_of(s + kD - 1 + prefetch_slots);
+    if (prefetch_slots > 0 && s + kD - 1 + prefetch_slots < run_end && tp < n) {
+      PrefetchL2(g + tp * kEl);
+      PrefetchL2(c.p.codes + (tp >> 1));
+      if constexpr (kR) PrefetchL2(c.p.residual + tp);
+    }
+    scale = scale_n;
+    stage = stage + 1 == kD ? 0 : stage + 1;
+  }
+}
+
+// LeanSgdRun with the item's dtype, error feedback and output as template arguments.
+template <bool kSr, int kD, typename Ring>
+FP4Q_D void LeanSgdDispatch(const ApplyItem& c, const Ring& ring, int64_t s, int64_t run_end,
+                            int64_t u0, int lane, int prefetch_slots, ApplyAcc* acc) {
+  const auto run = [&](auto dt, auto r, auto out) {
+    LeanSgdRun<decltype(dt)::value, kSr, decltype(r)::value, decltype(out)::value, kD>(
+        c, ring, s, run_end, u0, lane, prefetch_slots, acc);
+  };
+  using T = std::true_type;
+  using F = std::false_type;
+  using Bf = std::integral_constant<int, kBF16>;
+  using Fl = std::integral_constant<int, kF32>;
+  const bool out = c.o0 != nullptr;
+  if (c.g0_dtype == kBF16) {
+    if (c.s.has_r) {
+      out ? run(Bf{}, T{}, T{}) : run(Bf{}, T{}, F{});
+    } else {
+      out ? run(Bf{}, F{}, T{}) : run(Bf{}, F{}, F{});
+    }
+  } else {
+    if (c.s.has_r) {
+      out ? run(Fl{}, T{}, T{}) : run(Fl{}, T{}, F{});
+    } else {
+      out ? run(Fl{}, F{}, T{}) : run(Fl{}, F{}, F{});
+    }
+  }
+}
+
+// The calling warp's contiguous run of slots (WarpSlotsOf: a slot is half a warp-unit, 256
+// elements; 16x16: one tile of the unit's pair), item by item, so that a warp changes item
+// rarely: `run(c, s, run_end, u0)` does the slots [s, run_end) of the item whose registers `c`
+// holds (u0: its first warp-unit in the launch); the item's maxima are flushed when the warp
+// leaves it.
+template <int kOpt, typename Run>
+FP4Q_D void WalkApplyRuns(const StepKernelArgs& a, Run&& run) {
+  const WarpSlots slots = WarpSlotsOf(a.total_units);
+  int64_t s = slots.begin;
+  const int64_t s_end = slots.end;
   int e = 0;
   int item = -1;
   ApplyItem c;
@@ -290,6 +455,34 @@ __global__ void __launch_bounds__(kThreads, 2) StepApplyKernel(const StepKernelA
     const int64_t u0 = a.list[e].unit_begin;
     const int64_t item_end = 2 * a.list[e + 1].unit_begin;  // the next entry, or the sentinel
     const int64_t run_end = item_end < s_end ? item_end : s_end;
+    run(c, s, run_end, u0, &acc);
+    s = run_end;
+  }
+  if (item >= 0) FlushApply<kOpt>(a, item, acc);
+}
+
+// Within a run in one item each lane keeps the slot ring's kDepth - 1 slots ahead in flight, and
+// SGD's also asks L2 for the slot prefetch_slots past the ring's newest. Plain SGD items of the
+// common shape take the lean run.
+template <int kOpt, int kSt, bool kSr, bool kTile>
+__global__ void __launch_bounds__(kThreads, 2) StepApplyKernel(const StepKernelArgs a) {
+  if (a.header->checked != step_ws::kCheckedMagic || a.header->ok != 1) return;
+  using R = StepRing<kOpt, kSt>;
+  constexpr int kD = R::kDepth;
+  // SGD's apply asks L2 for the slot past the ring (measured faster on the H200); AdamW's runs
+  // faster without it.
+  constexpr bool kL2Prefetch = !IsAdamW<kOpt>();
+  extern __shared__ uint4 step_smem[];
+  const auto ring = R::Ring::Of(reinterpret_cast<unsigned char*>(step_smem));
+  const int lane = threadIdx.x & 31;
+  WalkApplyRuns<kOpt>(a, [&](const ApplyItem& c, int64_t s, int64_t run_end, int64_t u0,
+                             ApplyAcc* acc) {
+    if constexpr (kOpt == step_ws::kOptSgdPlain && !kTile) {
+      if (c.lean) {
+        LeanSgdDispatch<kSr, kD>(c, ring, s, run_end, u0, lane, a.prefetch_slots, acc);
+        return;
+      }
+    }
     const auto at_slot = [&](int64_t t) {
       return LocateHalf<kTile>(c.p, (t >> 1) - u0, static_cast<int>(t & 1), lane);
     };
@@ -319,7 +512,7 @@ __global__ void __launch_bounds__(kThreads, 2) StepApplyKernel(const StepKernelA
         if (bn.valid) scale_n = c.p.scales[bn.scale_at];
       }
       CpAsyncWait<kD - 1>();
-      ApplyHalf<kOpt, kSt, kSr, kTile>(a, c, b, ring, stage, scale, &acc);
+      ApplyHalf<kOpt, kSt, kSr, kTile>(a, c, b, ring, stage, scale, acc);
       // The slot prefetch_slots past the ring's newest, when it is in the item and the run
       // (issued after the slot's work, so that none of its values is live across it).
       const int64_t tp = t + a.prefetch_slots;
@@ -333,8 +526,24 @@ __global__ void __launch_bounds__(kThreads, 2) StepApplyKernel(const StepKernelA
       scale = scale_n;
       stage = stage + 1 == kD ? 0 : stage + 1;
     }
-  }
-  if (item >= 0) FlushApply<kOpt>(a, item, acc);
+  });
+}
+
+// A launch whose every item is LeanSgdItem (the host decides it by the same function): the lean
+// run alone. Without the generic loop's registers, RTN fits three CTAs an SM (80 registers);
+// SR keeps two (its Philox state would spill).
+template <bool kSr>
+__global__ void __launch_bounds__(kThreads, kSr ? 2 : 3)
+    StepApplyLeanKernel(const StepKernelArgs a) {
+  if (a.header->checked != step_ws::kCheckedMagic || a.header->ok != 1) return;
+  using R = StepRing<step_ws::kOptSgdPlain, step_ws::kStF32>;
+  extern __shared__ uint4 step_smem[];
+  const auto ring = R::Ring::Of(reinterpret_cast<unsigned char*>(step_smem));
+  const int lane = threadIdx.x & 31;
+  WalkApplyRuns<step_ws::kOptSgdPlain>(
+      a, [&](const ApplyItem& c, int64_t s, int64_t run_end, int64_t u0, ApplyAcc* acc) {
+        LeanSgdDispatch<kSr, R::kDepth>(c, ring, s, run_end, u0, lane, a.prefetch_slots, acc);
+      });
 }
 
 template <int kOpt, int kSt, bool kSr, bool kTile>
@@ -342,6 +551,13 @@ cudaError_t LaunchApply(const StepKernelArgs& a, cudaStream_t s) {
   static std::atomic<int> resident[kMaxStepDevices];
   return LaunchStepGrid(StepApplyKernel<kOpt, kSt, kSr, kTile>, StepRing<kOpt, kSt>::Ring::kBytes,
                         resident, a, s);
+}
+
+template <bool kSr>
+cudaError_t LaunchApplyLean(const StepKernelArgs& a, cudaStream_t s) {
+  static std::atomic<int> resident[kMaxStepDevices];
+  using R = StepRing<step_ws::kOptSgdPlain, step_ws::kStF32>;
+  return LaunchStepGrid(StepApplyLeanKernel<kSr>, R::Ring::kBytes, resident, a, s);
 }
 
 template <int kOpt, int kSt>

@@ -18,4 +18,9 @@ cudaError_t LaunchStepApplySgd(const StepKernelArgs& a, int opt, int state_dtype
   return cudaErrorInvalidValue;
 }
 
+cudaError_t LaunchStepApplySgdLean(const StepKernelArgs& a, bool sr, cudaStream_t s) {
+  using namespace step_dev;  // NOLINT
+  return sr ? LaunchApplyLean<true>(a, s) : LaunchApplyLean<false>(a, s);
+}
+
 }  // namespace fp4q::kernels::cuda

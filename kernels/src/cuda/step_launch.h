@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "cuda/kernel_codes.h"
 #include "step_layout.h"
 
 namespace fp4q::kernels::cuda {
@@ -78,6 +79,22 @@ cudaError_t LaunchStepApplySgd(const StepKernelArgs& a, int opt, int state_dtype
                                bool tile16, cudaStream_t s);
 cudaError_t LaunchStepApplyAdamW(const StepKernelArgs& a, int opt, int state_dtype, bool sr,
                                  bool tile16, cudaStream_t s);
+// The apply of a launch whose every item is LeanSgdItem (step_apply.cuh's lean SGD run alone,
+// with more CTAs an SM under RTN).
+cudaError_t LaunchStepApplySgdLean(const StepKernelArgs& a, bool sr, cudaStream_t s);
+
+// Plain SGD items of the common shape, which the apply's lean run takes (step_apply.cuh
+// LeanSgdRun): one update that is a gradient, no weight decay, 1x16 blocks with row-major
+// scales, the update bf16 or f32 and the dequantized output (if any) of the same dtype. The host
+// (which launches a launch of such items only on the lean kernel) and the generic apply kernel
+// (which takes the lean run for such an item) decide it by this one function.
+inline __host__ __device__ bool LeanSgdItem(const step_ws::ItemDesc& d, int32_t update_dtype,
+                                            int32_t out_dtype) {
+  return d.opt == step_ws::kOptSgdPlain && d.tile16 == 0 && d.swizzled == 0 && d.delta == 0 &&
+         d.wd == 0.0f && d.n_updates == 1 && d.n_outs <= 1 &&
+         (update_dtype == kBF16 || update_dtype == kF32) &&
+         (d.n_outs == 0 || out_dtype == update_dtype);
+}
 cudaError_t LaunchStepFinish(const StepFinishArgs& a, cudaStream_t s);
 
 }  // namespace fp4q::kernels::cuda

@@ -446,6 +446,102 @@ TEST_F(CudaTest, LongWarpRunsMatchCpu) {
   }
 }
 
+// The lean SGD run (step_apply.cuh LeanSgdRun) against the CPU, in long warp runs: plain SGD
+// items with one update that is a gradient, no weight decay and row-major scales, in every
+// combination it is compiled for (bf16 / f32, error feedback or not, an output of the update's
+// dtype or none, RTN / SR), batched with items the generic loop takes (weight decay, two ranks,
+// swizzled scales, a bf16 update with an f32 output) so that warps cross from one loop to the
+// other mid-run. Sizes leave a partial last warp-unit (n % 512 != 0). Two steps; RTN under
+// delayed scaling, SR under current scaling.
+TEST_F(CudaTest, LeanSgdRunsMatchCpu) {
+  struct Lean {
+    DType dt;
+    bool ef;
+    bool out;
+  };
+  std::vector<Lean> leans;
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    for (bool ef : {true, false}) {
+      for (bool out : {true, false}) leans.push_back({dt, ef, out});
+    }
+  }
+  int id = 0;
+  for (Rounding rounding : {Rounding::kNearest, Rounding::kStochastic}) {
+    std::vector<StepCase> cases;
+    const auto add = [&](DType dt, bool ef, std::vector<DType> outs, std::vector<DType> updates,
+                         float wd, ScaleLayout layout) {
+      ++id;
+      StepCase c;
+      c.opt = OptimizerKind::kSgd;
+      c.dtype = StateDType::kF32;
+      c.scaling = rounding == Rounding::kNearest ? Scaling::kDelayed : Scaling::kCurrent;
+      c.block = BlockShape::k1x16;
+      c.rounding = rounding;
+      c.residual = ef;
+      c.kind = UpdateKind::kGradient;
+      c.rows = 389 + 2 * id;  // n % 512 != 0
+      c.cols = 2064;
+      c.layout = layout;
+      c.update_dtypes = updates.empty() ? std::vector<DType>{dt} : updates;
+      c.out_dtypes = std::move(outs);
+      c.hyper = SweepHyper(kSweepOptimizers[0], 3);  // weight decay 0
+      c.hyper.weight_decay = wd;
+      c.seed = 0xA24BAED4963EE407ull * static_cast<uint64_t>(id);
+      cases.push_back(c);
+    };
+    for (const Lean& l : leans) {
+      add(l.dt, l.ef, l.out ? std::vector<DType>{l.dt} : std::vector<DType>{}, {}, 0.0f,
+          ScaleLayout::kPlain);
+      // A generic item after each lean one, differing in one choice.
+      switch (id % 4) {
+        case 0: add(l.dt, l.ef, {l.dt}, {}, 0.01f, ScaleLayout::kPlain); break;
+        case 1: add(l.dt, l.ef, {}, {DType::kBF16, DType::kF32}, 0.0f, ScaleLayout::kPlain); break;
+        case 2: add(l.dt, l.ef, {l.dt}, {}, 0.0f, ScaleLayout::kSwizzled); break;
+        default: add(DType::kBF16, l.ef, {DType::kF32}, {}, 0.0f, ScaleLayout::kPlain); break;
+      }
+    }
+    std::vector<StepState> host, shape;
+    std::vector<std::unique_ptr<DeviceState>> dev;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      host.push_back(MakeState(cpu(), cases[i], 1300 + static_cast<uint32_t>(id + i)));
+      dev.push_back(std::make_unique<DeviceState>(gpu(), host.back(), Updates{}));
+    }
+    shape = host;
+    auto rng = Rng(9300 + id);
+    for (int t = 1; t <= 2; ++t) {
+      SCOPED_TRACE(absl::StrCat(cases[0].Name(), " step ", t));
+      std::vector<std::unique_ptr<DeviceState>> du;
+      std::vector<Updates> u;
+      std::vector<StepItem> want_items, got_items;
+      for (size_t i = 0; i < cases.size(); ++i) {
+        cases[i].hyper.t = t;
+        cases[i].step = static_cast<uint64_t>(t);
+        u.push_back(RandomUpdates(cases[i], t == 1 ? Dist::kNormal : Dist::kOutliers, 0.5f, rng));
+      }
+      for (size_t i = 0; i < cases.size(); ++i) {
+        auto d = std::make_unique<DeviceState>(gpu(), host[i], u[i]);
+        d->weight = std::move(dev[i]->weight);
+        d->residual = std::move(dev[i]->residual);
+        d->stats = std::move(dev[i]->stats);
+        step_testing::PoisonOutputs(&host[i]);
+        want_items.push_back(MakeItem(cases[i], &host[i], u[i]));
+        got_items.push_back(d->Item(cases[i], &shape[i], u[i]));
+        du.push_back(std::move(d));
+      }
+      StepReport want, got;
+      ASSERT_TRUE(RunBatch(cpu(), want_items, &want).ok());
+      const absl::Status s = RunBatch(gpu(), got_items, &got);
+      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_TRUE(want.ok);
+      EXPECT_TRUE(SameReport(got, want));
+      for (size_t i = 0; i < cases.size(); ++i) {
+        EXPECT_TRUE(SameState(du[i]->Download(host[i]), host[i])) << cases[i].Name();
+      }
+      dev = std::move(du);
+    }
+  }
+}
+
 // Refusals of every kind are reported as the CPU reports them and write nothing.
 TEST_F(CudaTest, StepRefusalsMatchCpu) {
   struct Bad {
