@@ -343,11 +343,46 @@ FP4Q_D uint64_t FingerprintPart8(const float* u, int dtype, int64_t base) {
   return sum;
 }
 
+// PTX prmt in its default mode: byte n of the result is byte (c >> 4n) & 7 of {b, a} (a's bytes
+// 0-3, b's 4-7), or, when bit 3 of that nibble is set, that byte's top bit copied into all 8.
+FP4Q_D uint32_t Prmt(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// The f32 values of the eight E2M1 codes of a word (code e in bits 4e .. 4e + 3; exact, code 8
+// is -0.0), by byte permutes: the magnitudes' top and second bytes looked up by the codes' low
+// three bits (the values 0, 0.5, 1, 1.5, 2, 3, 4, 6 are bf16 values: 0000, 3F00, 3F80, 3FC0,
+// 4000, 4040, 4080, 40C0), the sign bits (the top bits of bytes of w and of w << 4) replicated
+// and merged into the top bytes, then pairs laid out as bf16 and widened. 22 integer operations
+// for 8 values, where placing each code's bits and scaling by 2^126 took 4 and a multiply each.
+FP4Q_D void E2M1Values8(uint32_t w, float* v) {
+  constexpr uint32_t kTopLo = 0x3F3F3F00u, kTopHi = 0x40404040u;  // magnitudes 0-3, 4-7
+  constexpr uint32_t kSecLo = 0xC0800000u, kSecHi = 0xC0804000u;
+  const uint32_t m = w & 0x77777777u;
+  const uint32_t w4 = w << 4;
+  const uint32_t top[2] = {Prmt(kTopLo, kTopHi, m) | (Prmt(w, w4, 0x9D8Cu) & 0x80808080u),
+                           Prmt(kTopLo, kTopHi, m >> 16) | (Prmt(w, w4, 0xBFAEu) & 0x80808080u)};
+  const uint32_t sec[2] = {Prmt(kSecLo, kSecHi, m), Prmt(kSecLo, kSecHi, m >> 16)};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t p01 = Prmt(sec[h], top[h], 0x5140u);  // bf16 of elements 4h, 4h + 1
+    const uint32_t p23 = Prmt(sec[h], top[h], 0x7362u);  // and 4h + 2, 4h + 3
+    v[4 * h] = Bf16Lo(p01);
+    v[4 * h + 1] = Bf16Hi(p01);
+    v[4 * h + 2] = Bf16Lo(p23);
+    v[4 * h + 3] = Bf16Hi(p23);
+  }
+}
+
 // DQ of eight NVFP4 elements at element offset `at` (a multiple of 8): their codes are the
 // 32-bit word at byte at / 2; scale value sfv, decode scale s_dec.
 FP4Q_D void DqWord8(uint32_t w, float sfv, float s_dec, float* v) {
+  float e[8];
+  E2M1Values8(w, e);
 #pragma unroll
-  for (int e = 0; e < 8; ++e) v[e] = __fmul_rn(__fmul_rn(E2M1Value((w >> (4 * e)) & 0xFu), sfv), s_dec);
+  for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(__fmul_rn(e[i], sfv), s_dec);
 }
 FP4Q_D void Dq8(const uint8_t* codes, int64_t at, float sfv, float s_dec, float* v) {
   DqWord8(*reinterpret_cast<const uint32_t*>(codes + (at >> 1)), sfv, s_dec, v);
