@@ -345,6 +345,52 @@ TEST_F(CudaTest, BatchesMatchCpuAndRefuseWhole) {
   }
 }
 
+// Steps the batch `cases` `steps` times on both backends: fresh updates (normal at step 1,
+// outliers after) and poisoned outputs each step, the weights and their state carried over from
+// step to step (`host` on the CPU, `dev` on the device, `shape` the device items' host layout).
+// Every step must be applied alike, bit for bit.
+void StepCarriedOver(Backend& cpu, Backend& gpu, std::vector<StepCase>& cases,
+                     std::vector<StepState>& host, std::vector<StepState>& shape,
+                     std::vector<std::unique_ptr<DeviceState>>& dev, std::mt19937& rng,
+                     int steps) {
+  for (int t = 1; t <= steps; ++t) {
+    SCOPED_TRACE(absl::StrCat(cases[0].Name(), " step ", t));
+    std::vector<Updates> u;
+    std::vector<std::unique_ptr<DeviceState>> du;
+    std::vector<StepItem> want_items, got_items;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      cases[i].hyper.t = t;
+      cases[i].step = static_cast<uint64_t>(t);
+      u.push_back(RandomUpdates(cases[i], t == 1 ? Dist::kNormal : Dist::kOutliers, 0.5f, rng));
+    }
+    for (size_t i = 0; i < cases.size(); ++i) {
+      // Fresh updates and (poisoned) outputs on the device; the state carried over.
+      auto d = std::make_unique<DeviceState>(gpu, host[i], u[i]);
+      d->weight = std::move(dev[i]->weight);
+      d->residual = std::move(dev[i]->residual);
+      d->stats = std::move(dev[i]->stats);
+      for (int j = 0; j < 3; ++j) {
+        d->m_dense[j] = std::move(dev[i]->m_dense[j]);
+        d->m_q[j] = std::move(dev[i]->m_q[j]);
+      }
+      step_testing::PoisonOutputs(&host[i]);
+      want_items.push_back(MakeItem(cases[i], &host[i], u[i]));
+      got_items.push_back(d->Item(cases[i], &shape[i], u[i]));
+      du.push_back(std::move(d));
+    }
+    StepReport want, got;
+    ASSERT_TRUE(RunBatch(cpu, want_items, &want).ok());
+    const absl::Status s = RunBatch(gpu, got_items, &got);
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_TRUE(want.ok);
+    EXPECT_TRUE(SameReport(got, want));
+    for (size_t i = 0; i < cases.size(); ++i) {
+      EXPECT_TRUE(SameState(du[i]->Download(host[i]), host[i])) << cases[i].Name();
+    }
+    dev = std::move(du);
+  }
+}
+
 // Batches large enough that every warp of a grouped launch walks a long run of slots (the grid is
 // capped at the resident CTAs, so a warp's run spans ~16+ slots here, where the sweeps above give
 // it two), crossing item boundaries mid-run: the step kernels' slot ring and L2 prefetch in their
@@ -407,42 +453,7 @@ TEST_F(CudaTest, LongWarpRunsMatchCpu) {
     }
     shape = host;
     auto rng = Rng(9100 + id);
-    for (int t = 1; t <= 2; ++t) {
-      SCOPED_TRACE(absl::StrCat(cases[0].Name(), " step ", t));
-      std::vector<Updates> u;
-      std::vector<std::unique_ptr<DeviceState>> du;
-      std::vector<StepItem> want_items, got_items;
-      for (size_t i = 0; i < cases.size(); ++i) {
-        cases[i].hyper.t = t;
-        cases[i].step = static_cast<uint64_t>(t);
-        u.push_back(RandomUpdates(cases[i], t == 1 ? Dist::kNormal : Dist::kOutliers, 0.5f, rng));
-      }
-      for (size_t i = 0; i < cases.size(); ++i) {
-        // Fresh updates and (poisoned) outputs on the device; the state carried over.
-        auto d = std::make_unique<DeviceState>(gpu(), host[i], u[i]);
-        d->weight = std::move(dev[i]->weight);
-        d->residual = std::move(dev[i]->residual);
-        d->stats = std::move(dev[i]->stats);
-        for (int j = 0; j < 3; ++j) {
-          d->m_dense[j] = std::move(dev[i]->m_dense[j]);
-          d->m_q[j] = std::move(dev[i]->m_q[j]);
-        }
-        step_testing::PoisonOutputs(&host[i]);
-        want_items.push_back(MakeItem(cases[i], &host[i], u[i]));
-        got_items.push_back(d->Item(cases[i], &shape[i], u[i]));
-        du.push_back(std::move(d));
-      }
-      StepReport want, got;
-      ASSERT_TRUE(RunBatch(cpu(), want_items, &want).ok());
-      const absl::Status s = RunBatch(gpu(), got_items, &got);
-      ASSERT_TRUE(s.ok()) << s;
-      ASSERT_TRUE(want.ok);
-      EXPECT_TRUE(SameReport(got, want));
-      for (size_t i = 0; i < cases.size(); ++i) {
-        EXPECT_TRUE(SameState(du[i]->Download(host[i]), host[i])) << cases[i].Name();
-      }
-      dev = std::move(du);
-    }
+    StepCarriedOver(cpu(), gpu(), cases, host, shape, dev, rng, 2);
   }
 }
 
@@ -508,37 +519,7 @@ TEST_F(CudaTest, LeanSgdRunsMatchCpu) {
     }
     shape = host;
     auto rng = Rng(9300 + id);
-    for (int t = 1; t <= 2; ++t) {
-      SCOPED_TRACE(absl::StrCat(cases[0].Name(), " step ", t));
-      std::vector<std::unique_ptr<DeviceState>> du;
-      std::vector<Updates> u;
-      std::vector<StepItem> want_items, got_items;
-      for (size_t i = 0; i < cases.size(); ++i) {
-        cases[i].hyper.t = t;
-        cases[i].step = static_cast<uint64_t>(t);
-        u.push_back(RandomUpdates(cases[i], t == 1 ? Dist::kNormal : Dist::kOutliers, 0.5f, rng));
-      }
-      for (size_t i = 0; i < cases.size(); ++i) {
-        auto d = std::make_unique<DeviceState>(gpu(), host[i], u[i]);
-        d->weight = std::move(dev[i]->weight);
-        d->residual = std::move(dev[i]->residual);
-        d->stats = std::move(dev[i]->stats);
-        step_testing::PoisonOutputs(&host[i]);
-        want_items.push_back(MakeItem(cases[i], &host[i], u[i]));
-        got_items.push_back(d->Item(cases[i], &shape[i], u[i]));
-        du.push_back(std::move(d));
-      }
-      StepReport want, got;
-      ASSERT_TRUE(RunBatch(cpu(), want_items, &want).ok());
-      const absl::Status s = RunBatch(gpu(), got_items, &got);
-      ASSERT_TRUE(s.ok()) << s;
-      ASSERT_TRUE(want.ok);
-      EXPECT_TRUE(SameReport(got, want));
-      for (size_t i = 0; i < cases.size(); ++i) {
-        EXPECT_TRUE(SameState(du[i]->Download(host[i]), host[i])) << cases[i].Name();
-      }
-      dev = std::move(du);
-    }
+    StepCarriedOver(cpu(), gpu(), cases, host, shape, dev, rng, 2);
   }
 }
 
