@@ -431,9 +431,9 @@ FP4Q_D void LeanSgdDispatch(const ApplyItem& c, const Ring& ring, int64_t s, int
 
 // The calling warp's contiguous run of slots (WarpSlotsOf: a slot is half a warp-unit, 256
 // elements; 16x16: one tile of the unit's pair), item by item, so that a warp changes item
-// rarely: `run(c, s, run_end, u0)` does the slots [s, run_end) of the item whose registers `c`
-// holds (u0: its first warp-unit in the launch); the item's maxima are flushed when the warp
-// leaves it.
+// rarely: `run(c, s, run_end, u0, acc)` does the slots [s, run_end) of the item whose registers
+// `c` holds (u0: its first warp-unit in the launch) into its maxima `acc`, which are flushed
+// when the warp leaves the item.
 template <int kOpt, typename Run>
 FP4Q_D void WalkApplyRuns(const StepKernelArgs& a, Run&& run) {
   const WarpSlots slots = WarpSlotsOf(a.total_units);
