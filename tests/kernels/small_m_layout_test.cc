@@ -112,7 +112,12 @@ TEST(SmallMLayoutTest, E8m0MultipliersTimesE2m1AreExact) {
 // C = A * B^T through the kernel's maps: B rows in 16-row warp tiles, lanes (g, t) holding 32 k
 // of rows g and g + 8 per chunk, the pairs of DecodeWord as A-fragment registers, A's prepared
 // values at ActSlotK as B-fragment registers, and mma.sync's documented fragment layouts.
-void EmulateAndCompare(int64_t M, int64_t N, int64_t K, std::mt19937& rng) {
+// With `core`, A's side is instead read as wgmma reads its shared-memory operand from the
+// workspace of LaunchPrepareGemmActCore: token n, logical k 8 half + cc of step i at the
+// descriptor's address start + (n / 8) * 256 (stride byte offset) + half * 128 (leading byte
+// offset) + (n % 8) * 16 + cc * 2, where the workspace holds the value of k = CoreSlotK(i, half,
+// cc) at CoreRowByte(i, n / 8, half, n % 8) + cc * 2.
+void EmulateAndCompare(int64_t M, int64_t N, int64_t K, std::mt19937& rng, bool core = false) {
   std::vector<uint8_t> a((M * K + 1) / 2), b((N * K + 1) / 2), sa(M * K / 16), sb(N * K / 16);
   for (auto& v : a) v = rng() & 0xFF;
   for (auto& v : b) v = rng() & 0xFF;
@@ -175,6 +180,29 @@ void EmulateAndCompare(int64_t M, int64_t N, int64_t K, std::mt19937& rng) {
           }
         }
       }
+      if (core) {
+        constexpr int kTile = 16;  // tokens a tile: two token groups
+        std::vector<double> ws(8 * kTile * 16, 0.0);  // one chunk, indexed in bf16 units
+        for (int i = 0; i < 8; ++i) {
+          for (int n = 0; n < kTile; ++n) {
+            for (int half = 0; half < 2; ++half) {
+              for (int cc = 0; cc < 8; ++cc) {
+                const int at = sm::CoreRowByte(i, n / 8, half, n % 8, kTile) / 2 + cc;
+                ws[at] = n < M ? a_val(n, c * 128 + sm::CoreSlotK(i, half, cc)) : 0.0;
+              }
+            }
+          }
+        }
+        for (int i = 0; i < 8; ++i) {
+          const int start = i * kTile * 32;  // the descriptor of step i, in bytes
+          for (int n = 0; n < kTile; ++n) {
+            for (int kk = 0; kk < 16; ++kk) {
+              const int byte = start + (n / 8) * 256 + (kk / 8) * 128 + (n % 8) * 16 + (kk % 8) * 2;
+              tile_b[n / 8][i][kk][n % 8] = ws[byte / 2];
+            }
+          }
+        }
+      }
       for (int tl = 0; tl < 2; ++tl) {
         for (int i = 0; i < 8; ++i) {
           for (int row = 0; row < 16; ++row) {
@@ -206,6 +234,17 @@ TEST(SmallMLayoutTest, FragmentMapsReproduceThePlainProduct) {
   for (int64_t m : {1, 3, 8, 9, 16}) {
     for (int64_t n : {16, 23}) {
       for (int64_t k : {16, 48, 128, 272, 384}) EmulateAndCompare(m, n, k, rng);
+    }
+  }
+}
+
+// The wgmma kernel's A side (CoreSlotK in CoreRowByte's layout, read through its descriptors)
+// against the same weight fragments.
+TEST(SmallMLayoutTest, CoreMatrixMapsReproduceThePlainProduct) {
+  std::mt19937 rng(11);
+  for (int64_t m : {1, 7, 9, 16}) {
+    for (int64_t n : {16, 23}) {
+      for (int64_t k : {16, 48, 128, 272, 384}) EmulateAndCompare(m, n, k, rng, true);
     }
   }
 }

@@ -6,8 +6,10 @@
 //     call falls through to the emulation below.
 //   M <= kSmallMMax = 16 (decode): matmul_small_m.cu reads B's 4-bit codes and dequantizes them
 //     in registers (bf16 tensor-core MMAs, f32 accumulation, K slices summed in a fixed order).
-//   M <= kMidMMax = 64: matmul_mid_m.cu, the same decode feeding more MMAs per weight, A
-//     streamed through shared memory.
+//   M <= kWgmmaMax = 512 on Hopper (cc 9.0): matmul_wgmma.cu, the same decode feeding the
+//     register operand of warpgroup MMAs, A streamed through shared memory as their other one.
+//   M <= kMidMMax = 64 elsewhere: matmul_mid_m.cu, the same decode feeding more mma.sync MMAs
+//     per weight, A streamed through shared memory.
 //   otherwise: A and B dequantized exactly to bf16 (e2m1 * sf fits in bf16), cuBLASLt bf16 GEMM
 //     with f32 accumulation and S_dec_a * S_dec_b in alpha.
 //
@@ -115,7 +117,9 @@ absl::Status CudaBackend::MatmulImpl(const ConstQuantizedTensor& a, const ConstQ
     if (!absl::IsUnimplemented(native)) return native;
   }
 
-  if (m <= kMidMMax && k <= (int64_t{1} << 26)) {
+  const bool hopper = info_.cc_major == 9 && info_.cc_minor == 0;
+  const bool wgmma = hopper && m > kSmallMMax && m <= kWgmmaMax;
+  if ((m <= kMidMMax || wgmma) && k <= (int64_t{1} << 26)) {
     const bool small = m <= kSmallMMax;
     SmallMParams p;
     p.mx = mx;
@@ -124,12 +128,15 @@ absl::Status CudaBackend::MatmulImpl(const ConstQuantizedTensor& a, const ConstQ
     p.c = cp;
     p.c_dtype = DtypeCode(c.dtype);
     p.pdl = info_.cc_major >= 9;
-    const size_t ws = small ? SmallMWorkspaceBytes(m, n, k) : MidMWorkspaceBytes(m, n, k);
+    const size_t ws = small   ? SmallMWorkspaceBytes(m, n, k)
+                      : wgmma ? WgmmaWorkspaceBytes(m, n, k)
+                              : MidMWorkspaceBytes(m, n, k);
     if (ws > 0) {
       FP4Q_ASSIGN_OR_RETURN(p.workspace, st.Scratch(ws));
     }
-    FP4Q_RETURN_IF_ERROR(
-        FP4Q_CUDA_STATUS(small ? LaunchSmallMMatmul(p, s) : LaunchMidMMatmul(p, s)));
+    FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(small   ? LaunchSmallMMatmul(p, s)
+                                          : wgmma ? LaunchWgmmaMatmul(p, s)
+                                                  : LaunchMidMMatmul(p, s)));
     return st.Finish();
   }
 

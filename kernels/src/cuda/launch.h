@@ -259,6 +259,13 @@ inline constexpr int64_t kMidMMax = 64;
 size_t MidMWorkspaceBytes(int64_t m, int64_t n, int64_t k);
 cudaError_t LaunchMidMMatmul(const SmallMParams& p, cudaStream_t s);
 
+// The wgmma kernel (matmul_wgmma.cu, sm_90a only: the backend launches it on compute
+// capability 9.0) takes 1 <= M <= kWgmmaMax, the same K and alignment rules; the backend uses it
+// for kSmallMMax < M <= kWgmmaMax there.
+inline constexpr int64_t kWgmmaMax = 512;
+size_t WgmmaWorkspaceBytes(int64_t m, int64_t n, int64_t k);
+cudaError_t LaunchWgmmaMatmul(const SmallMParams& p, cudaStream_t s);
+
 // Multiprocessors of the current device (cached per device).
 int SmCount();
 

@@ -186,6 +186,11 @@ cudaError_t LaunchAfterPrepare(void (*kernel)(Params...), dim3 grid, dim3 block,
 // dependent launch.
 cudaError_t LaunchPrepareGemmAct(const SmallMParams& p, int64_t total, int64_t m_rows, uint2* act,
                                  int* tickets, int64_t n_tickets, cudaStream_t s);
+// The same values for the wgmma kernel: [m_rows / tile_rows][total][8 k16 steps] blocks of
+// tile_rows x 16 bf16 in core-matrix order (small_m::CoreRowByte, small_m::CoreSlotK).
+cudaError_t LaunchPrepareGemmActCore(const SmallMParams& p, int64_t total, int tile_rows,
+                                     int64_t m_rows, uint4* act, int* tickets, int64_t n_tickets,
+                                     cudaStream_t s);
 
 }  // namespace fp4q::kernels::cuda::direct_gemm
 

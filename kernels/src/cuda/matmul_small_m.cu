@@ -45,6 +45,19 @@ FP4Q_D float OperandScale(const GemmOperand& o, bool mx, int64_t r, int64_t kb) 
   return mx ? E8M0Value(b) : E4M3Value(b);
 }
 
+// A's value (m, k) as prepared bf16 bits: e2m1 * sf (times 2^62 for NVFP4); 0 past M or K.
+FP4Q_D uint32_t ActBits(const SmallMParams& p, int64_t m, int64_t k) {
+  const int64_t K = p.a.cols;
+  float v = 0.0f;
+  if (k < K && m < p.a.rows) {
+    const uint32_t code = (p.a.codes[(m * K + k) >> 1] >> ((k & 1) * 4)) & 0xFu;
+    v = __fmul_rn(E2M1Value(code), OperandScale(p.a, p.mx, m, p.mx ? (k >> 5) : (k >> 4)));
+    if (!p.mx) v = __fmul_rn(v, 0x1p62f);
+  }
+  const __nv_bfloat16 b = __float2bfloat16_rn(v);
+  return *reinterpret_cast<const uint16_t*>(&b);
+}
+
 // One thread per 4-value fragment of LaunchPrepareGemmAct's workspace.
 __global__ void __launch_bounds__(256)
     PrepareActKernel(const SmallMParams p, int64_t chunks, int64_t m_rows, uint2* act,
@@ -59,24 +72,56 @@ __global__ void __launch_bounds__(256)
   const int64_t c = rem >> 5;
   const int i = static_cast<int>(rem >> 2) & 7;
   const int t = static_cast<int>(rem) & 3;
-  const int64_t K = p.a.cols;
   uint32_t h[4];
 #pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    const int64_t k = c * kChunk + small_m::ActSlotK(i, t, s);
-    float v = 0.0f;
-    if (k < K && m < p.a.rows) {
-      const uint32_t code = (p.a.codes[(m * K + k) >> 1] >> ((k & 1) * 4)) & 0xFu;
-      v = __fmul_rn(E2M1Value(code), OperandScale(p.a, p.mx, m, p.mx ? (k >> 5) : (k >> 4)));
-      if (!p.mx) v = __fmul_rn(v, 0x1p62f);
-    }
-    const __nv_bfloat16 b = __float2bfloat16_rn(v);
-    h[s] = *reinterpret_cast<const uint16_t*>(&b);
-  }
+  for (int s = 0; s < 4; ++s) h[s] = ActBits(p, m, c * kChunk + small_m::ActSlotK(i, t, s));
   act[idx] = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
 }
 
+// One thread per 16-byte row of a core matrix of LaunchPrepareGemmActCore's workspace:
+// [tile][chunk][i][group][half][row][8 bf16], token m = tile * tile_rows + 8 group + row.
+__global__ void __launch_bounds__(256)
+    PrepareActCoreKernel(const SmallMParams p, int64_t chunks, int tile_rows, int64_t m_rows,
+                         uint4* act, int* tickets, int64_t n_tickets) {
+  GridDependentsLaunch();
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  if (idx < n_tickets) tickets[idx] = 0;
+  if (idx >= m_rows * chunks * 16) return;
+  const int per_chunk = tile_rows * 16;  // core-matrix rows of one tile's chunk
+  const int64_t tc = idx / per_chunk;    // tile * chunks + chunk
+  const int q = static_cast<int>(idx - tc * per_chunk);
+  const int64_t tile = tc / chunks;
+  const int64_t c = tc - tile * chunks;
+  // q = CoreRowByte(i, group, half, row, tile_rows) / 16.
+  const int row = q & 7;
+  const int half = (q >> 3) & 1;
+  const int group = (q >> 4) % (tile_rows >> 3);
+  const int i = (q >> 4) / (tile_rows >> 3);
+  const int64_t m = tile * tile_rows + 8 * group + row;
+  uint32_t h[8];
+#pragma unroll
+  for (int cc = 0; cc < 8; ++cc) {
+    h[cc] = ActBits(p, m, c * kChunk + small_m::CoreSlotK(i, half, cc));
+  }
+  act[idx] = make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16),
+                        h[6] | (h[7] << 16));
+}
+
 }  // namespace
+
+cudaError_t LaunchPrepareGemmActCore(const SmallMParams& p, int64_t total, int tile_rows,
+                                     int64_t m_rows, uint4* act, int* tickets, int64_t n_tickets,
+                                     cudaStream_t s) {
+  const int64_t rows = m_rows * total * 16;
+  const int64_t threads = rows > n_tickets ? rows : n_tickets;
+  if ((threads + 255) / 256 > 0x7FFFFFFF || tile_rows < 8 || tile_rows % 8 != 0 ||
+      m_rows % tile_rows != 0) {
+    return cudaErrorInvalidConfiguration;
+  }
+  PrepareActCoreKernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, s>>>(
+      p, total, tile_rows, m_rows, act, tickets, n_tickets);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchPrepareGemmAct(const SmallMParams& p, int64_t total, int64_t m_rows, uint2* act,
                                  int* tickets, int64_t n_tickets, cudaStream_t s) {

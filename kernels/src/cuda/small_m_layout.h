@@ -85,6 +85,22 @@ FP4Q_SMALL_M_HD int ActSlotK(int i, int t, int s) {
   return 32 * t + 8 * (i >> 1) + j + 4 * (s & 1);
 }
 
+// The same k order for wgmma (matmul_wgmma.cu), whose activation operand sits in shared memory
+// as 8 x 8 core matrices of bf16: step i's 16 k of a token are two core-matrix rows, k column
+// c = 8 half + cc holding the k that lane t = cc / 2 pairs with in its weight registers (the
+// m16n8k16 B fragment's slot 2 half + cc % 2).
+FP4Q_SMALL_M_HD int CoreSlotK(int i, int half, int cc) {
+  return ActSlotK(i, cc >> 1, 2 * half + (cc & 1));
+}
+
+// Byte offset, within one token tile's 128-k chunk of that workspace, of the core-matrix row
+// holding token 8 group + row's k columns 8 half .. 8 half + 7 of step i: the layout the wgmma
+// descriptors describe (128 bytes from one half to the other, 256 from one group of 8 tokens
+// to the next, tile_rows * 32 bytes a step).
+FP4Q_SMALL_M_HD int CoreRowByte(int i, int group, int half, int row, int tile_rows) {
+  return i * tile_rows * 32 + group * 256 + half * 128 + row * 16;
+}
+
 // Two NVFP4 scale bytes (low byte: block 2t, next byte: block 2t + 1) as bf16x2 bits of
 // sf * 2^-120 (exact, subnormal for E4M3 subnormals); the kernel multiplies by 2^127 and 2^57.
 // Sign bits are ignored (stored scales have none).

@@ -1,7 +1,8 @@
 // The CUDA backend's FP4 GEMM against the CPU reference (exact products summed in f64): relative
 // Frobenius error below 1e-5 for f32 output and 3e-3 for bf16 output (one bf16 rounding), for
 // NVFP4 and MXFP4, both block shapes and scale layouts, and M on every path (small-M kernel up
-// to 16, mid-M kernel up to 64, dequantize + cuBLASLt above), including the decode shapes
+// to 16; on Hopper the wgmma kernel up to 512, elsewhere the mid-M kernel up to 64; dequantize +
+// cuBLASLt above), including the decode shapes
 // M = 1 and 16 at K = 8192, and each direct kernel's edges: for small M, M = 1, 3, 8, 9, 16,
 // N not a multiple of 16 or 128; for mid M, M on both sides of its 32- and 64-row A tiles, N
 // not a multiple of 256; for both, K not a multiple of 128 (NVFP4 also K = 16 mod 32), single
@@ -127,10 +128,35 @@ TEST_F(MatmulTest, MidMKOddMultipleOf16) {
             {Format::kNvfp4});
 }
 
+// The wgmma kernel's edges (Hopper, 16 < M <= 512; K a multiple of 32: both formats): token
+// tiles of 32, 64 and 128 with M not a multiple of them, several tiles (M = 300, 512), N not a
+// multiple of 128 (a warpgroup with no rows, warps with some), one chunk of K and K not a
+// multiple of 128, single and split K slices; M = 513, the first M past it. Elsewhere these run
+// the mid-M kernel or cuBLASLt.
+TEST_F(MatmulTest, WgmmaRaggedShapes) {
+  RunShapes({{17, 300, 4128},
+             {33, 200, 2080},
+             {65, 129, 1056},
+             {100, 1000, 2048},
+             {128, 513, 4096},
+             {200, 64, 128},
+             {300, 130, 3072},
+             {512, 257, 2080},
+             {97, 40, 96},
+             {513, 136, 256}},
+            12000);
+}
+
+// NVFP4 only: the wgmma kernel with K = 16 mod 32.
+TEST_F(MatmulTest, WgmmaKOddMultipleOf16) {
+  RunShapes({{70, 130, 1040}, {128, 70, 4112}, {257, 17, 16}, {400, 300, 144}}, 13000,
+            {Format::kNvfp4});
+}
+
 // The benchmark's decode shapes and a mid-M one at K = 8192 (large: kept apart so memcheck runs
 // can leave them out).
 TEST_F(MatmulTest, DecodeShapesAtK8192) {
-  RunShapes({{16, 1024, 8192}, {1, 8192, 8192}, {64, 1024, 8192}}, 7000);
+  RunShapes({{16, 1024, 8192}, {1, 8192, 8192}, {64, 1024, 8192}, {128, 1024, 8192}}, 7000);
 }
 
 void MatmulTest::RunShapes(const std::vector<Shape>& shapes, int salt,

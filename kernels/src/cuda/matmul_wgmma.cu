@@ -1,0 +1,500 @@
+// C = A * B^T for 16 < M <= kWgmmaMax on Hopper (sm_90a) from NVFP4/MXFP4 operands: B's 4-bit
+// codes decoded in registers straight into the register operand of warpgroup MMAs (wgmma), A
+// streamed through shared memory as their other operand. No dequantized copy of B is written or
+// read, and the tensor cores run while the warps decode the next chunk.
+//
+// The operand swap, k order, decode and exactness argument are matmul_small_m.cu's (B's weight
+// rows are the MMA's M dimension, A's tokens its N; every product exact, f32 sums). wgmma's
+// register operand for m64nNk16 gives each warp 16 rows with mma.sync m16n8k16's A fragment
+// layout, so a lane's decoded pairs are the registers mid-M's MMAs take; A's side is
+// small_m::CoreSlotK's order, prepared once into a workspace laid out as the core matrices the
+// shared-memory descriptors describe (small_m::CoreRowByte: no swizzle, 128 bytes from one
+// k half to the other, 256 from one group of 8 tokens to the next).
+//
+// Work split: a CTA = 2 warpgroups x 64 weight rows (128 rows of C^T) x one tile of kN tokens x
+// one K slice; grid (ceil(N / 128), ceil(M / kN), splits), the slices chosen to fill about one
+// wave of one CTA an SM. Per 128-k chunk c:
+//  - the CTA synchronizes (both warpgroups are done with chunk c - 1), thread 0 starts the bulk
+//    copy of A's chunk c + 3 into the stage chunk c - 1 used, and every thread waits on the
+//    mbarrier of chunk c's stage;
+//  - the warpgroup issues chunk c's 8 wgmmas (one a k16 step: m64 x kN x 16 into kN / 2 f32 a
+//    thread) from the registers decoded in the previous step, and while they run each lane
+//    decodes its two rows' 32 k of chunk c + 1 into the other of two 32-register sets and
+//    reloads that buffer with chunk c + 1 + kBufs (kBufs chunks of B loads in flight: 4, or 2
+//    at kN = 128 for registers); then the warpgroup waits for its wgmmas.
+// With splits > 1 every CTA writes f32 partial sums and the last CTA of each output tile adds
+// them in slice order (matmul_direct.cuh).
+//
+// Only sm_90a has wgmma: the kernel's body is compiled for it alone and the backend launches it
+// only on compute capability 9.0 (other architectures keep the mid-M kernel and cuBLASLt).
+#include <atomic>
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "device_numerics.cuh"
+#include "launch.h"
+#include "matmul_direct.cuh"
+#include "small_m_layout.h"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FP4Q_WGMMA 1
+#else
+#define FP4Q_WGMMA 0
+#endif
+
+namespace fp4q::kernels::cuda {
+namespace {
+
+using direct_gemm::GridDependencyWait;
+using direct_gemm::kChunk;
+using direct_gemm::LoadRow;
+using direct_gemm::MulBf16x2;
+using direct_gemm::ScaleSplats;
+using small_m::DecodeWord;
+
+constexpr int kWarpgroups = 2;
+constexpr int kThreads = kWarpgroups * 128;
+constexpr int kRowsPerCta = kWarpgroups * 64;
+constexpr int kStages = 4;  // A chunks: c (being read), c + 1 .. c + 3 (in flight)
+constexpr int StageBytes(int n) { return n * kChunk * 2; }
+
+// ---- wgmma (PTX 8.0, sm_90a): D[64 x n] += A[64 x 16] (registers) * B[16 x n] (shared memory,
+// K-major), f32 accumulators, bf16 operands.
+
+FP4Q_D void WgmmaFence() {
+#if FP4Q_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+FP4Q_D void WgmmaCommit() {
+#if FP4Q_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int kPending>
+FP4Q_D void WgmmaWait() {
+#if FP4Q_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+// mbarrier and bulk-copy pieces: A's chunks reach shared memory through the async proxy
+// (cp.async.bulk, completing on an mbarrier), the proxy wgmma reads them through, so no proxy
+// fence is needed (fence.proxy.async compiles to MEMBAR.ALL.CTA, which would also wait for the
+// B loads in flight).
+FP4Q_D void BarInit(uint32_t bar, uint32_t count) {
+#if FP4Q_WGMMA
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+// Expects `bytes` on `bar` and starts their copy from global `src` to shared `dst`.
+FP4Q_D void BulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+#if FP4Q_WGMMA
+  asm volatile(
+      "{\n.reg .b64 st;\n"
+      "mbarrier.arrive.expect_tx.shared::cta.b64 st, [%2], %1;\n"
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%3], %1, [%2];\n"
+      "}\n" ::"r"(dst),
+      "r"(bytes), "r"(bar), "l"(src)
+      : "memory");
+#endif
+}
+// Waits until `bar` completes the phase of the given parity.
+FP4Q_D void BarWait(uint32_t bar, uint32_t parity) {
+#if FP4Q_WGMMA
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
+#endif
+}
+
+// Descriptor of a K-major, unswizzled operand at shared address `addr`: leading (k) byte offset
+// 128, stride (8-token group) byte offset 256.
+FP4Q_D uint64_t CoreDescriptor(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (uint64_t{128 >> 4} << 16) |
+         (uint64_t{256 >> 4} << 32);
+}
+
+#if FP4Q_WGMMA
+FP4Q_D void WgmmaN16(float* d, const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7"
+      "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+FP4Q_D void WgmmaN32(float* d, const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+FP4Q_D void WgmmaN64(float* d, const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+FP4Q_D void WgmmaN128(float* d, const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+template <int kN>
+FP4Q_D void Wgmma(float* d, const uint32_t* a, uint64_t desc) {
+  if constexpr (kN == 16) {
+    WgmmaN16(d, a, desc);
+  } else if constexpr (kN == 32) {
+    WgmmaN32(d, a, desc);
+  } else if constexpr (kN == 64) {
+    WgmmaN64(d, a, desc);
+  } else {
+    static_assert(kN == 128, "token tiles of 16, 32, 64 or 128");
+    WgmmaN128(d, a, desc);
+  }
+}
+#endif  // FP4Q_WGMMA
+
+// One lane's B data for one chunk: 32 codes and their scale byte(s) for rows g and g + 8.
+struct Chunk2 {
+  uint4 w[2];
+  uint32_t x[2];
+};
+
+// grid = (ceil(N / 128), m_rows / kN, splits); dynamic shared memory kStages x StageBytes(kN).
+// kK32: K % 32 == 0. `act` holds m_rows >= M tokens (LaunchPrepareGemmActCore, tiles of kN).
+template <bool kMx, bool kK32, int kN>
+__global__ void __launch_bounds__(kThreads, 1)
+    WgmmaKernel(const SmallMParams p, int chunks, int64_t total_chunks, const uint4* act,
+                float* partial, int* tickets, const small_m::SignShifts sh) {
+#if FP4Q_WGMMA
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int last_cta;
+  constexpr int kStage = StageBytes(kN);
+  const int64_t N = p.b.rows;
+  const int64_t K = p.b.cols;
+  const int64_t M = p.a.rows;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.z) * chunks;
+  const int nch = static_cast<int>(total_chunks - c0 < chunks ? total_chunks - c0 : chunks);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kN;
+
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  // Warp w of the CTA holds rows 16 w .. 16 w + 15 (warpgroup w / 4's rows 16 (w % 4) ..).
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + warp * 16;
+  const int64_t kl = c0 * kChunk + 32 * t;  // this lane's first k
+  const int64_t sc = kMx ? (K >> 5) : (K >> 4);
+  const int64_t kb = kMx ? (kl >> 5) : (kl >> 4);
+  // Rows g and g + 8 (n0 is a multiple of 16: both in one 32-row group of the swizzled layout).
+  const int64_t r0 = n0 + g;
+  const uint8_t* code0 = p.b.codes + ((r0 * K + kl) >> 1);
+  const uint8_t* scale0 = p.b.scales + ScaleOffset(r0, kb, sc, p.b.swizzled);
+  const int64_t code_step = 4 * K;
+  const int64_t scale_step = p.b.swizzled ? 128 : 8 * sc;
+  const int sstep = p.b.swizzled ? (kMx ? 512 : 1024) : (kMx ? 4 : 8);
+  const bool valid[2] = {r0 < N, r0 + 8 < N};
+
+  const int lane_chunks = kl >= K ? 0
+                          : static_cast<int>((K - kl + kChunk - 1) / kChunk < nch
+                                                 ? (K - kl + kChunk - 1) / kChunk
+                                                 : nch);
+  const uint8_t* ld_c = code0;
+  const uint8_t* ld_s = scale0;
+  int64_t ld_k = kl;
+  int ld_left = lane_chunks;
+  auto load_next = [&](Chunk2& d) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      d.w[j] = make_uint4(0u, 0u, 0u, 0u);
+      d.x[j] = 0u;
+      if (ld_left > 0 && valid[j]) {
+        LoadRow<kMx, kK32>(ld_c + j * code_step, ld_s + j * scale_step, ld_k, K, d.w[j], d.x[j]);
+      }
+    }
+    --ld_left;
+    ld_c += 64;
+    ld_s += sstep;
+    ld_k += kChunk;
+  };
+
+  // A's chunk c of this slice into ring stage c % kStages: one contiguous kStage-byte block,
+  // copied by thread 0, completing on the stage's mbarrier (its (c / kStages)-th phase).
+  __shared__ __align__(8) uint64_t bars[kStages];
+  const uint32_t s_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t bar0 = static_cast<uint32_t>(__cvta_generic_to_shared(bars));
+  const uint4* act_tile = act + (static_cast<int64_t>(blockIdx.y) * total_chunks + c0) * (kStage / 16);
+  auto copy_chunk = [&](int c) {
+    if (threadIdx.x == 0 && c < nch) {
+      BulkCopy(s_base + (c % kStages) * kStage, act_tile + static_cast<int64_t>(c) * (kStage / 16),
+               kStage, bar0 + (c % kStages) * 8);
+    }
+  };
+  if (threadIdx.x < kStages) BarInit(bar0 + threadIdx.x * 8, 1);
+  __syncthreads();
+
+  // Step i's registers f[4 i .. 4 i + 3]: rows g, g + 8 at logical k 2t, 2t + 1 (pair
+  // 2 (i & 1) of word i / 2), then at 2t + 8, 2t + 9 (the next pair).
+  auto decode = [&](const Chunk2& d, uint32_t (&f)[32]) {
+    uint32_t s[2][2];
+    // NaN scale bytes (0x7F, 0xFF) of either row, tested once (the quantizers never write them).
+    const bool nan = !kMx && small_m::E4m3PairHasNan(d.x[0] | (d.x[1] << 16));
+    ScaleSplats<kMx>(d.x[0], nan, s[0]);
+    ScaleSplats<kMx>(d.x[1], nan, s[1]);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      uint32_t pw[2][4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t w = u == 0 ? d.w[j].x : u == 1 ? d.w[j].y : u == 2 ? d.w[j].z : d.w[j].w;
+        DecodeWord(w, pw[j], sh);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          if (kMx) pw[j][q] = MulBf16x2(pw[j][q], 0x7E807E80u);  // * 2^126: e2m1
+          pw[j][q] = MulBf16x2(pw[j][q], s[j][u >> 1]);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = 2 * u + h;
+        f[4 * i + 0] = pw[0][2 * h];
+        f[4 * i + 1] = pw[1][2 * h];
+        f[4 * i + 2] = pw[0][2 * h + 1];
+        f[4 * i + 3] = pw[1][2 * h + 1];
+      }
+    }
+  };
+
+  float acc[kN / 2];
+#pragma unroll
+  for (int e = 0; e < kN / 2; ++e) acc[e] = 0.0f;
+
+  // Issues chunk c's 8 wgmmas from registers f and stage c % kStages.
+  auto mma_chunk = [&](const uint32_t (&f)[32], int c) {
+    const uint32_t stage = s_base + (c % kStages) * kStage;
+    WgmmaFence();  // this thread's writes of f (and of acc, before the first chunk) come first
+#pragma unroll
+    for (int i = 0; i < 8; ++i) Wgmma<kN>(acc, f + 4 * i, CoreDescriptor(stage + i * kN * 32));
+    WgmmaCommit();
+  };
+
+  // ---- B's first kBufs chunks into the load buffers (chunk x always lands in buffer
+  // x % kBufs, reloaded with chunk x + kBufs right after x is decoded: no register copies, so
+  // kBufs chunks of loads stay in flight), then the ring's first stages of A (written by the
+  // prepare kernel this launch may overlap).
+  constexpr int kBufs = kN == 128 ? 2 : 4;
+  Chunk2 buf[kBufs];
+#pragma unroll
+  for (int u = 0; u < kBufs; ++u) load_next(buf[u]);
+  GridDependencyWait();
+#pragma unroll
+  for (int c = 0; c < kStages - 1; ++c) copy_chunk(c);
+
+  // Chunk c: its A stage ready, its wgmmas issued from the registers decoded in the previous
+  // step (f[c & 1]); chunk c + 1 decoded into the other set while they run; then wait for them.
+  uint32_t f[2][32];
+  auto step = [&](int c, Chunk2& next, uint32_t (&f_cur)[32], uint32_t (&f_next)[32]) {
+    __syncthreads();  // chunk c - 1's wgmmas are done in both warpgroups: its stage is free
+    copy_chunk(c + kStages - 1);
+    BarWait(bar0 + (c % kStages) * 8, (c / kStages) & 1);  // chunk c has landed
+    mma_chunk(f_cur, c);
+    if (c + 1 < nch) {
+      decode(next, f_next);
+      load_next(next);
+    }
+    WgmmaWait<0>();
+  };
+  if (nch > 0) {
+    decode(buf[0], f[0]);
+    load_next(buf[0]);
+  }
+  for (int c = 0; c < nch; c += kBufs) {
+#pragma unroll
+    for (int u = 0; u < kBufs; ++u) {
+      if (c + u < nch) step(c + u, buf[(u + 1) % kBufs], f[u & 1], f[(u + 1) & 1]);
+    }
+  }
+  WgmmaWait<0>();
+
+  // ---- results: acc[4 j + e] is C[m = m0 + 8 j + 2t + (e & 1)][n = n0 + g + 8 (e >> 1)].
+  const float alpha = direct_gemm::OutputAlpha(p);
+  const bool split = gridDim.z > 1;
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t m = m0 + 8 * j + 2 * t + (e & 1);
+      const int64_t n = n0 + g + 8 * (e >> 1);
+      if (m >= M || n >= N) continue;
+      if (split) {
+        partial[(static_cast<int64_t>(blockIdx.z) * M + m) * N + n] = acc[4 * j + e];
+      } else {
+        direct_gemm::StoreC(p, alpha, m, n, acc[4 * j + e]);
+      }
+    }
+  }
+  if (!split) return;
+  const int m_rows = static_cast<int>(M - m0 < kN ? M - m0 : kN);
+  direct_gemm::SumSlicesInOrder<kRowsPerCta, kThreads>(
+      p, partial, &tickets[blockIdx.y * gridDim.x + blockIdx.x], gridDim.z, m0, m_rows,
+      static_cast<int64_t>(blockIdx.x) * kRowsPerCta, &last_cta);
+#else
+  __trap();  // never launched: the backend takes this path on compute capability 9.0 only
+#endif
+}
+
+struct Plan {
+  int n_tile;         // tokens per CTA (the wgmma's N)
+  int chunks;         // 128-k chunks per CTA
+  int splits;         // K slices
+  int64_t total;      // 128-k chunks of K
+  int64_t groups;     // weight row groups of 128
+  int64_t tiles;      // token tiles
+  int64_t m_rows;     // tokens in the workspace: tiles * n_tile
+};
+
+Plan MakePlan(int64_t m, int64_t n, int64_t k) {
+  Plan pl;
+  pl.n_tile = m <= 16 ? 16 : m <= 32 ? 32 : m <= 64 ? 64 : 128;
+  pl.total = (k + kChunk - 1) / kChunk;
+  pl.groups = (n + kRowsPerCta - 1) / kRowsPerCta;
+  pl.tiles = (m + pl.n_tile - 1) / pl.n_tile;
+  pl.m_rows = pl.tiles * pl.n_tile;
+  const int64_t work = pl.groups * pl.tiles;
+  const int64_t slots = SmCount();
+  int64_t splits = work >= slots ? 1 : slots / work;
+  splits = splits < 1 ? 1 : (splits > pl.total ? pl.total : splits);
+  const int64_t chunks = (pl.total + splits - 1) / splits;
+  pl.chunks = static_cast<int>(chunks);
+  pl.splits = static_cast<int>((pl.total + chunks - 1) / chunks);
+  return pl;
+}
+
+// Workspace: [act: m_rows * total * 256 bytes][tickets: groups * tiles ints]
+// [partials: splits * M * N f32].
+size_t ActBytes(const Plan& pl) {
+  return direct_gemm::Align256(static_cast<size_t>(pl.m_rows * pl.total) * 256);
+}
+size_t TicketBytes(const Plan& pl) {
+  return pl.splits > 1
+             ? direct_gemm::Align256(static_cast<size_t>(pl.groups * pl.tiles) * sizeof(int))
+             : 0;
+}
+
+template <bool kMx, bool kK32, int kN>
+cudaError_t LaunchMain(const SmallMParams& p, const Plan& pl, const uint4* act, float* partial,
+                       int* tickets, cudaStream_t s) {
+  auto* kernel = WgmmaKernel<kMx, kK32, kN>;
+  const size_t smem = static_cast<size_t>(kStages) * StageBytes(kN);
+  // The shared-memory opt-in once per device (a bit each; devices past 63 set it every call).
+  static std::atomic<uint64_t> opted{0};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit == 0 || (opted.load(std::memory_order_acquire) & bit) == 0) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    opted.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  return direct_gemm::LaunchAfterPrepare(
+      kernel,
+      dim3(static_cast<unsigned>(pl.groups), static_cast<unsigned>(pl.tiles),
+           static_cast<unsigned>(pl.splits)),
+      dim3(kThreads), smem, p.pdl, s, p, pl.chunks, pl.total, act, partial, tickets,
+      small_m::SignShifts());
+}
+
+template <bool kMx, bool kK32>
+cudaError_t LaunchTile(const SmallMParams& p, const Plan& pl, const uint4* act, float* partial,
+                       int* tickets, cudaStream_t s) {
+  switch (pl.n_tile) {
+    case 16: return LaunchMain<kMx, kK32, 16>(p, pl, act, partial, tickets, s);
+    case 32: return LaunchMain<kMx, kK32, 32>(p, pl, act, partial, tickets, s);
+    case 64: return LaunchMain<kMx, kK32, 64>(p, pl, act, partial, tickets, s);
+    default: return LaunchMain<kMx, kK32, 128>(p, pl, act, partial, tickets, s);
+  }
+}
+
+}  // namespace
+
+size_t WgmmaWorkspaceBytes(int64_t m, int64_t n, int64_t k) {
+  const Plan pl = MakePlan(m, n, k);
+  return ActBytes(pl) + TicketBytes(pl) +
+         (pl.splits > 1 ? static_cast<size_t>(pl.splits) * m * n * sizeof(float) : 0);
+}
+
+cudaError_t LaunchWgmmaMatmul(const SmallMParams& p, cudaStream_t s) {
+  const int64_t m = p.a.rows;
+  if (m < 1 || m > kWgmmaMax || p.workspace == nullptr || (p.a.cols & 15) != 0 ||
+      (p.mx && (p.a.cols & 31) != 0)) {
+    return cudaErrorInvalidValue;
+  }
+  const Plan pl = MakePlan(m, p.b.rows, p.b.cols);
+  if (pl.splits > 65535 || pl.tiles > 65535 || pl.groups > 0x7FFFFFFF) {
+    return cudaErrorInvalidConfiguration;
+  }
+  char* ws = static_cast<char*>(p.workspace);
+  uint4* act = reinterpret_cast<uint4*>(ws);
+  int* tickets = pl.splits > 1 ? reinterpret_cast<int*>(ws + ActBytes(pl)) : nullptr;
+  float* partial =
+      pl.splits > 1 ? reinterpret_cast<float*>(ws + ActBytes(pl) + TicketBytes(pl)) : nullptr;
+  const int64_t n_tickets = pl.splits > 1 ? pl.groups * pl.tiles : 0;
+  const cudaError_t e = direct_gemm::LaunchPrepareGemmActCore(p, pl.total, pl.n_tile, pl.m_rows,
+                                                              act, tickets, n_tickets, s);
+  if (e != cudaSuccess) return e;
+  const bool k32 = (p.b.cols & 31) == 0;
+  if (p.mx) return LaunchTile<true, true>(p, pl, act, partial, tickets, s);  // K % 32 == 0
+  return k32 ? LaunchTile<false, true>(p, pl, act, partial, tickets, s)
+             : LaunchTile<false, false>(p, pl, act, partial, tickets, s);
+}
+
+}  // namespace fp4q::kernels::cuda
