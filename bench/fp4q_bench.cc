@@ -610,10 +610,14 @@ int Run(int argc, char** argv) {
       dq_us = dq.median_us;
     }
     Row r;
-    r.name = m <= 16   ? "GEMM nvfp4, B pre-quantized (small-M kernel)"
-             : m <= 64 ? "GEMM nvfp4, B pre-quantized (mid-M kernel)"
-             : m == 8192 ? "GEMM nvfp4, dequantization included"
-                         : "GEMM nvfp4, B pre-quantized (dequantize + cuBLAS bf16)";
+    // The backend's path (cuda_matmul.cc): Hopper takes the wgmma kernel up to M = 256, other
+    // GPUs the mid-M kernel up to 64.
+    const bool hopper = info.cc_major == 9 && info.cc_minor == 0;
+    r.name = m <= 16                 ? "GEMM nvfp4, B pre-quantized (small-M kernel)"
+             : hopper && m <= 256    ? "GEMM nvfp4, B pre-quantized (wgmma kernel)"
+             : !hopper && m <= 64    ? "GEMM nvfp4, B pre-quantized (mid-M kernel)"
+             : m == 8192             ? "GEMM nvfp4, dequantization included"
+                                     : "GEMM nvfp4, B pre-quantized (dequantize + cuBLAS bf16)";
     r.shape = absl::StrCat("M=", m, " N=8192 K=8192 -> bf16");
     r.us = ours.median_us;
     r.flops = 2.0 * m * nn * k;

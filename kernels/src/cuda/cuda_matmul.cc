@@ -6,7 +6,7 @@
 //     call falls through to the emulation below.
 //   M <= kSmallMMax = 16 (decode): matmul_small_m.cu reads B's 4-bit codes and dequantizes them
 //     in registers (bf16 tensor-core MMAs, f32 accumulation, K slices summed in a fixed order).
-//   M <= kWgmmaMax = 512 on Hopper (cc 9.0): matmul_wgmma.cu, the same decode feeding the
+//   M <= kWgmmaPathMax = 256 on Hopper (cc 9.0): matmul_wgmma.cu, the same decode feeding the
 //     register operand of warpgroup MMAs, A streamed through shared memory as their other one.
 //   M <= kMidMMax = 64 elsewhere: matmul_mid_m.cu, the same decode feeding more mma.sync MMAs
 //     per weight, A streamed through shared memory.
@@ -118,7 +118,7 @@ absl::Status CudaBackend::MatmulImpl(const ConstQuantizedTensor& a, const ConstQ
   }
 
   const bool hopper = info_.cc_major == 9 && info_.cc_minor == 0;
-  const bool wgmma = hopper && m > kSmallMMax && m <= kWgmmaMax;
+  const bool wgmma = hopper && m > kSmallMMax && m <= kWgmmaPathMax;
   if ((m <= kMidMMax || wgmma) && k <= (int64_t{1} << 26)) {
     const bool small = m <= kSmallMMax;
     SmallMParams p;

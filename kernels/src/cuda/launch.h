@@ -158,7 +158,7 @@ struct RhtParams {
   bool inverse = false;
 };
 
-// An NVFP4/MXFP4 GEMM operand for the direct (small- and mid-M) kernels.
+// An NVFP4/MXFP4 GEMM operand for the direct (small-M, mid-M and wgmma) kernels.
 struct GemmOperand {
   int64_t rows = 0;
   int64_t cols = 0;  // K
@@ -170,12 +170,12 @@ struct GemmOperand {
 
 struct SmallMParams {
   bool mx = false;
-  GemmOperand a;  // [M, K], M <= kSmallMMax (small-M kernel) or <= kMidMMax (mid-M kernel)
+  GemmOperand a;  // [M, K]: M <= kSmallMMax (small-M), kMidMMax (mid-M) or kWgmmaMax (wgmma)
   GemmOperand b;  // [N, K]
   void* c = nullptr;
   int c_dtype = kF32;
-  // SmallMWorkspaceBytes / MidMWorkspaceBytes(M, N, K) bytes: A in fragment order, split
-  // tickets, partial sums.
+  // SmallMWorkspaceBytes / MidMWorkspaceBytes / WgmmaWorkspaceBytes(M, N, K) bytes: A in
+  // fragment (or core-matrix) order, split tickets, partial sums.
   void* workspace = nullptr;
   // Launch the main kernel with programmatic dependent launch (compute capability >= 9.0).
   bool pdl = false;
@@ -252,7 +252,8 @@ size_t SmallMWorkspaceBytes(int64_t m, int64_t n, int64_t k);
 cudaError_t LaunchSmallMMatmul(const SmallMParams& p, cudaStream_t s);
 
 // The mid-M kernel (matmul_mid_m.cu) takes kSmallMMax < M <= kMidMMax, the same K and alignment
-// rules; above kMidMMax the backend dequantizes both operands and calls cuBLASLt's bf16 GEMM.
+// rules, on GPUs other than Hopper; above kMidMMax (there) and above kWgmmaPathMax (on Hopper) the
+// backend dequantizes both operands and calls cuBLASLt's bf16 GEMM.
 // The bound is where the H200 measured the kernel faster than that path (N = K = 8192: 2.1x at
 // M = 32, 1.4x at 64, 0.97x at 128; bench/results/h200-gemm/).
 inline constexpr int64_t kMidMMax = 64;
@@ -260,9 +261,12 @@ size_t MidMWorkspaceBytes(int64_t m, int64_t n, int64_t k);
 cudaError_t LaunchMidMMatmul(const SmallMParams& p, cudaStream_t s);
 
 // The wgmma kernel (matmul_wgmma.cu, sm_90a only: the backend launches it on compute
-// capability 9.0) takes 1 <= M <= kWgmmaMax, the same K and alignment rules; the backend uses it
-// for kSmallMMax < M <= kWgmmaMax there.
+// capability 9.0) takes 1 <= M <= kWgmmaMax, the same K and alignment rules. The backend uses it
+// for kSmallMMax < M <= kWgmmaPathMax there: the H200 measured it faster than dequantize +
+// cuBLASLt up to M = 256 (N = K = 8192: 1.37x at 256) and 2% slower at 512
+// (bench/results/h200-gemm/wgmma/).
 inline constexpr int64_t kWgmmaMax = 512;
+inline constexpr int64_t kWgmmaPathMax = 256;
 size_t WgmmaWorkspaceBytes(int64_t m, int64_t n, int64_t k);
 cudaError_t LaunchWgmmaMatmul(const SmallMParams& p, cudaStream_t s);
 

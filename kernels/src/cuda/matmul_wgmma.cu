@@ -1,7 +1,8 @@
-// C = A * B^T for 16 < M <= kWgmmaMax on Hopper (sm_90a) from NVFP4/MXFP4 operands: B's 4-bit
-// codes decoded in registers straight into the register operand of warpgroup MMAs (wgmma), A
-// streamed through shared memory as their other operand. No dequantized copy of B is written or
-// read, and the tensor cores run while the warps decode the next chunk.
+// C = A * B^T from NVFP4/MXFP4 operands on Hopper (sm_90a) for M <= kWgmmaMax (the backend
+// takes it for 16 < M <= kWgmmaPathMax): B's 4-bit codes decoded in registers straight into the
+// register operand of warpgroup MMAs (wgmma), A streamed through shared memory as their other
+// operand. No dequantized copy of B is written or read, and the tensor cores run while the
+// warps decode the next chunk.
 //
 // The operand swap, k order, decode and exactness argument are matmul_small_m.cu's (B's weight
 // rows are the MMA's M dimension, A's tokens its N; every product exact, f32 sums). wgmma's
@@ -271,7 +272,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ __align__(8) uint64_t bars[kStages];
   const uint32_t s_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t bar0 = static_cast<uint32_t>(__cvta_generic_to_shared(bars));
-  const uint4* act_tile = act + (static_cast<int64_t>(blockIdx.y) * total_chunks + c0) * (kStage / 16);
+  const uint4* act_tile =
+      act + (static_cast<int64_t>(blockIdx.y) * total_chunks + c0) * (kStage / 16);
   auto copy_chunk = [&](int c) {
     if (threadIdx.x == 0 && c < nch) {
       BulkCopy(s_base + (c % kStages) * kStage, act_tile + static_cast<int64_t>(c) * (kStage / 16),
