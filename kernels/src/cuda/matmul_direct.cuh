@@ -6,6 +6,9 @@
 #ifndef FP4Q_KERNELS_SRC_CUDA_MATMUL_DIRECT_CUH_
 #define FP4Q_KERNELS_SRC_CUDA_MATMUL_DIRECT_CUH_
 
+#include <atomic>
+#include <cstdint>
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -18,6 +21,68 @@ namespace fp4q::kernels::cuda::direct_gemm {
 inline constexpr int kChunk = 128;  // k per lane step: 4 lanes x 32
 
 inline size_t Align256(size_t b) { return (b + 255) / 256 * 256; }
+
+// ---- Host side, shared by the three launchers.
+
+// K slices for `work` output tiles of `total` 128-k chunks: about one wave of `slots` CTAs,
+// at most `max_chunks` chunks a slice. Sets *chunks (a slice) and *splits (slices).
+inline void SplitK(int64_t work, int64_t total, int64_t slots, int64_t max_chunks, int* chunks,
+                   int* splits) {
+  int64_t n = work >= slots ? 1 : slots / work;
+  n = n < 1 ? 1 : (n > total ? total : n);
+  int64_t c = (total + n - 1) / n;
+  if (c > max_chunks) c = max_chunks;
+  *chunks = static_cast<int>(c);
+  *splits = static_cast<int>((total + c - 1) / c);
+}
+
+// A direct kernel's workspace: [A prepared: act_rows * total * 256 bytes][split tickets: one
+// int an output tile][partial sums: splits * M * N f32], the last two only when K is split.
+struct Workspace {
+  void* act = nullptr;
+  int* tickets = nullptr;
+  float* partial = nullptr;
+  int64_t n_tickets = 0;
+};
+inline size_t ActBytes(int64_t act_rows, int64_t total) {
+  return Align256(static_cast<size_t>(act_rows * total) * 256);
+}
+inline size_t WorkspaceBytes(int64_t act_rows, int64_t total, int64_t tiles, int splits,
+                             int64_t m, int64_t n) {
+  if (splits <= 1) return ActBytes(act_rows, total);
+  return ActBytes(act_rows, total) + Align256(static_cast<size_t>(tiles) * sizeof(int)) +
+         static_cast<size_t>(splits) * m * n * sizeof(float);
+}
+inline Workspace CarveWorkspace(void* ws, int64_t act_rows, int64_t total, int64_t tiles,
+                                int splits) {
+  Workspace w;
+  char* base = static_cast<char*>(ws);
+  w.act = base;
+  if (splits > 1) {
+    const size_t act = ActBytes(act_rows, total);
+    w.tickets = reinterpret_cast<int*>(base + act);
+    w.partial = reinterpret_cast<float*>(base + act +
+                                         Align256(static_cast<size_t>(tiles) * sizeof(int)));
+    w.n_tickets = tiles;
+  }
+  return w;
+}
+
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` once per device (a bit each in
+// `opted`, the caller's static for that kernel; devices past 63 set it every call).
+template <typename Kernel>
+cudaError_t OptInSharedMemory(Kernel kernel, size_t bytes, std::atomic<uint64_t>& opted) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit != 0 && (opted.load(std::memory_order_acquire) & bit) != 0) return cudaSuccess;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(bytes));
+  if (e != cudaSuccess) return e;
+  opted.fetch_or(bit, std::memory_order_acq_rel);
+  return cudaSuccess;
+}
 
 FP4Q_D uint32_t MulBf16x2(uint32_t a, uint32_t b) {
   __nv_bfloat162 x = *reinterpret_cast<__nv_bfloat162*>(&a);

@@ -266,25 +266,10 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   pl.groups = (n + kRowsPerCta - 1) / kRowsPerCta;
   pl.act_tiles = (m + 8 * pl.tiles - 1) / (8 * pl.tiles);
   pl.m_rows = pl.act_tiles * 8 * pl.tiles;
-  const int64_t tiles = pl.groups * pl.act_tiles;
-  const int64_t slots = static_cast<int64_t>(SmCount()) * kCtasPerSm;
-  int64_t splits = tiles >= slots ? 1 : slots / tiles;
-  splits = splits < 1 ? 1 : (splits > pl.total ? pl.total : splits);
-  const int64_t chunks = (pl.total + splits - 1) / splits;
-  pl.chunks = static_cast<int>(chunks);
-  pl.splits = static_cast<int>((pl.total + chunks - 1) / chunks);
+  direct_gemm::SplitK(pl.groups * pl.act_tiles, pl.total,
+                      static_cast<int64_t>(SmCount()) * kCtasPerSm, pl.total, &pl.chunks,
+                      &pl.splits);
   return pl;
-}
-
-// Workspace: [act: m_rows * total * 256 bytes][tickets: groups * act_tiles ints]
-// [partials: splits * M * N f32].
-size_t ActBytes(const Plan& pl) {
-  return direct_gemm::Align256(static_cast<size_t>(pl.m_rows * pl.total) * 256);
-}
-size_t TicketBytes(const Plan& pl) {
-  return pl.splits > 1
-             ? direct_gemm::Align256(static_cast<size_t>(pl.groups * pl.act_tiles) * sizeof(int))
-             : 0;
 }
 
 template <bool kMx, bool kK32, int kTiles>
@@ -292,17 +277,9 @@ cudaError_t LaunchMain(const SmallMParams& p, const Plan& pl, const uint2* act, 
                        int* tickets, cudaStream_t s) {
   auto* kernel = MidMKernel<kMx, kK32, kTiles>;
   const size_t smem = static_cast<size_t>(kStages) * StageBytes(kTiles);
-  // The shared-memory opt-in once per device (a bit each; devices past 63 set it every call).
   static std::atomic<uint64_t> opted{0};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
+  const cudaError_t e = direct_gemm::OptInSharedMemory(kernel, smem, opted);
   if (e != cudaSuccess) return e;
-  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
-  if (bit == 0 || (opted.load(std::memory_order_acquire) & bit) == 0) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return e;
-    opted.fetch_or(bit, std::memory_order_acq_rel);
-  }
   // The sign shifts as kernel arguments: ptxas cannot fold them (small_m_layout.h).
   return direct_gemm::LaunchAfterPrepare(
       kernel,
@@ -314,10 +291,11 @@ cudaError_t LaunchMain(const SmallMParams& p, const Plan& pl, const uint2* act, 
 
 }  // namespace
 
+// The workspace (matmul_direct.cuh): A's m_rows rows, a split ticket an output tile.
 size_t MidMWorkspaceBytes(int64_t m, int64_t n, int64_t k) {
   const Plan pl = MakePlan(m, n, k);
-  return ActBytes(pl) + TicketBytes(pl) +
-         (pl.splits > 1 ? static_cast<size_t>(pl.splits) * m * n * sizeof(float) : 0);
+  return direct_gemm::WorkspaceBytes(pl.m_rows, pl.total, pl.groups * pl.act_tiles, pl.splits,
+                                     m, n);
 }
 
 cudaError_t LaunchMidMMatmul(const SmallMParams& p, cudaStream_t s) {
@@ -330,14 +308,13 @@ cudaError_t LaunchMidMMatmul(const SmallMParams& p, cudaStream_t s) {
   if (pl.splits > 65535 || pl.act_tiles > 65535 || pl.groups > 0x7FFFFFFF) {
     return cudaErrorInvalidConfiguration;
   }
-  char* ws = static_cast<char*>(p.workspace);
-  uint2* act = reinterpret_cast<uint2*>(ws);
-  int* tickets = pl.splits > 1 ? reinterpret_cast<int*>(ws + ActBytes(pl)) : nullptr;
-  float* partial =
-      pl.splits > 1 ? reinterpret_cast<float*>(ws + ActBytes(pl) + TicketBytes(pl)) : nullptr;
-  const int64_t n_tickets = pl.splits > 1 ? pl.groups * pl.act_tiles : 0;
+  const direct_gemm::Workspace ws = direct_gemm::CarveWorkspace(
+      p.workspace, pl.m_rows, pl.total, pl.groups * pl.act_tiles, pl.splits);
+  uint2* act = static_cast<uint2*>(ws.act);
+  int* tickets = ws.tickets;
+  float* partial = ws.partial;
   const cudaError_t e =
-      direct_gemm::LaunchPrepareGemmAct(p, pl.total, pl.m_rows, act, tickets, n_tickets, s);
+      direct_gemm::LaunchPrepareGemmAct(p, pl.total, pl.m_rows, act, tickets, ws.n_tickets, s);
   if (e != cudaSuccess) return e;
   const bool k32 = (p.b.cols & 31) == 0;
   if (p.mx) {  // K % 32 == 0

@@ -344,22 +344,9 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   pl.total = (k + kChunk - 1) / kChunk;
   pl.groups = (n + kRowsPerCta - 1) / kRowsPerCta;
   const int64_t max_chunks = (kSmemBudget / (16 * pl.tiles) - kPad) / kChunk;  // 23 or 11
-  const int64_t slots = static_cast<int64_t>(SmCount()) * kCtasPerSm;
-  int64_t splits = pl.groups >= slots ? 1 : slots / pl.groups;
-  splits = splits < 1 ? 1 : (splits > pl.total ? pl.total : splits);
-  int64_t chunks = (pl.total + splits - 1) / splits;
-  if (chunks > max_chunks) chunks = max_chunks;
-  pl.chunks = static_cast<int>(chunks);
-  pl.splits = static_cast<int>((pl.total + chunks - 1) / chunks);
+  direct_gemm::SplitK(pl.groups, pl.total, static_cast<int64_t>(SmCount()) * kCtasPerSm,
+                      max_chunks, &pl.chunks, &pl.splits);
   return pl;
-}
-
-// Workspace: [act: M * total * 256 bytes][tickets: groups ints][partials: splits * M * N f32].
-size_t ActBytes(const Plan& pl, int64_t m) {
-  return direct_gemm::Align256(static_cast<size_t>(m * pl.total) * 256);
-}
-size_t TicketBytes(const Plan& pl) {
-  return pl.splits > 1 ? direct_gemm::Align256(static_cast<size_t>(pl.groups) * sizeof(int)) : 0;
 }
 
 template <bool kMx, bool kK32, int kTiles>
@@ -375,10 +362,10 @@ cudaError_t LaunchMain(const SmallMParams& p, const Plan& pl, const uint2* act, 
 
 }  // namespace
 
+// The workspace (matmul_direct.cuh): A's M rows, a split ticket a row group.
 size_t SmallMWorkspaceBytes(int64_t m, int64_t n, int64_t k) {
   const Plan pl = MakePlan(m, n, k);
-  return ActBytes(pl, m) + TicketBytes(pl) +
-         (pl.splits > 1 ? static_cast<size_t>(pl.splits) * m * n * sizeof(float) : 0);
+  return direct_gemm::WorkspaceBytes(m, pl.total, pl.groups, pl.splits, m, n);
 }
 
 cudaError_t LaunchSmallMMatmul(const SmallMParams& p, cudaStream_t s) {
@@ -389,14 +376,13 @@ cudaError_t LaunchSmallMMatmul(const SmallMParams& p, cudaStream_t s) {
   }
   const Plan pl = MakePlan(m, p.b.rows, p.b.cols);
   if (pl.splits > 65535 || pl.groups > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
-  char* ws = static_cast<char*>(p.workspace);
-  uint2* act = reinterpret_cast<uint2*>(ws);
-  int* tickets = pl.splits > 1 ? reinterpret_cast<int*>(ws + ActBytes(pl, m)) : nullptr;
-  float* partial =
-      pl.splits > 1 ? reinterpret_cast<float*>(ws + ActBytes(pl, m) + TicketBytes(pl)) : nullptr;
-  const int64_t n_tickets = pl.splits > 1 ? pl.groups : 0;
-  const cudaError_t e =
-      direct_gemm::LaunchPrepareGemmAct(p, pl.total, m, act, tickets, n_tickets, s);
+  const direct_gemm::Workspace ws =
+      direct_gemm::CarveWorkspace(p.workspace, m, pl.total, pl.groups, pl.splits);
+  const uint2* act = static_cast<const uint2*>(ws.act);
+  int* tickets = ws.tickets;
+  float* partial = ws.partial;
+  const cudaError_t e = direct_gemm::LaunchPrepareGemmAct(
+      p, pl.total, m, static_cast<uint2*>(ws.act), tickets, ws.n_tickets, s);
   if (e != cudaSuccess) return e;
   const bool k32 = (p.b.cols & 31) == 0;
   if (p.mx) {  // K % 32 == 0

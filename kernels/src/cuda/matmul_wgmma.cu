@@ -61,37 +61,29 @@ constexpr int kRowsPerCta = kWarpgroups * 64;
 constexpr int kStages = 4;  // A chunks: c (being read), c + 1 .. c + 3 (in flight)
 constexpr int StageBytes(int n) { return n * kChunk * 2; }
 
+#if FP4Q_WGMMA
 // ---- wgmma (PTX 8.0, sm_90a): D[64 x n] += A[64 x 16] (registers) * B[16 x n] (shared memory,
 // K-major), f32 accumulators, bf16 operands.
 
 FP4Q_D void WgmmaFence() {
-#if FP4Q_WGMMA
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
 }
 FP4Q_D void WgmmaCommit() {
-#if FP4Q_WGMMA
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
 }
 template <int kPending>
 FP4Q_D void WgmmaWait() {
-#if FP4Q_WGMMA
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-#endif
 }
 // mbarrier and bulk-copy pieces: A's chunks reach shared memory through the async proxy
 // (cp.async.bulk, completing on an mbarrier), the proxy wgmma reads them through, so no proxy
 // fence is needed (fence.proxy.async compiles to MEMBAR.ALL.CTA, which would also wait for the
 // B loads in flight).
 FP4Q_D void BarInit(uint32_t bar, uint32_t count) {
-#if FP4Q_WGMMA
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-#endif
 }
 // Expects `bytes` on `bar` and starts their copy from global `src` to shared `dst`.
 FP4Q_D void BulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-#if FP4Q_WGMMA
   asm volatile(
       "{\n.reg .b64 st;\n"
       "mbarrier.arrive.expect_tx.shared::cta.b64 st, [%2], %1;\n"
@@ -99,11 +91,9 @@ FP4Q_D void BulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar
       "}\n" ::"r"(dst),
       "r"(bytes), "r"(bar), "l"(src)
       : "memory");
-#endif
 }
 // Waits until `bar` completes the phase of the given parity.
 FP4Q_D void BarWait(uint32_t bar, uint32_t parity) {
-#if FP4Q_WGMMA
   uint32_t done = 0;
   while (!done) {
     asm volatile(
@@ -115,7 +105,6 @@ FP4Q_D void BarWait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   }
-#endif
 }
 
 // Descriptor of a K-major, unswizzled operand at shared address `addr`: leading (k) byte offset
@@ -125,7 +114,6 @@ FP4Q_D uint64_t CoreDescriptor(uint32_t addr) {
          (uint64_t{256 >> 4} << 32);
 }
 
-#if FP4Q_WGMMA
 FP4Q_D void WgmmaN16(float* d, const uint32_t* a, uint64_t desc) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
@@ -410,25 +398,9 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   pl.groups = (n + kRowsPerCta - 1) / kRowsPerCta;
   pl.tiles = (m + pl.n_tile - 1) / pl.n_tile;
   pl.m_rows = pl.tiles * pl.n_tile;
-  const int64_t work = pl.groups * pl.tiles;
-  const int64_t slots = SmCount();
-  int64_t splits = work >= slots ? 1 : slots / work;
-  splits = splits < 1 ? 1 : (splits > pl.total ? pl.total : splits);
-  const int64_t chunks = (pl.total + splits - 1) / splits;
-  pl.chunks = static_cast<int>(chunks);
-  pl.splits = static_cast<int>((pl.total + chunks - 1) / chunks);
+  direct_gemm::SplitK(pl.groups * pl.tiles, pl.total, SmCount(), pl.total, &pl.chunks,
+                      &pl.splits);  // one CTA an SM
   return pl;
-}
-
-// Workspace: [act: m_rows * total * 256 bytes][tickets: groups * tiles ints]
-// [partials: splits * M * N f32].
-size_t ActBytes(const Plan& pl) {
-  return direct_gemm::Align256(static_cast<size_t>(pl.m_rows * pl.total) * 256);
-}
-size_t TicketBytes(const Plan& pl) {
-  return pl.splits > 1
-             ? direct_gemm::Align256(static_cast<size_t>(pl.groups * pl.tiles) * sizeof(int))
-             : 0;
 }
 
 template <bool kMx, bool kK32, int kN>
@@ -436,17 +408,9 @@ cudaError_t LaunchMain(const SmallMParams& p, const Plan& pl, const uint4* act, 
                        int* tickets, cudaStream_t s) {
   auto* kernel = WgmmaKernel<kMx, kK32, kN>;
   const size_t smem = static_cast<size_t>(kStages) * StageBytes(kN);
-  // The shared-memory opt-in once per device (a bit each; devices past 63 set it every call).
   static std::atomic<uint64_t> opted{0};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
+  const cudaError_t e = direct_gemm::OptInSharedMemory(kernel, smem, opted);
   if (e != cudaSuccess) return e;
-  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
-  if (bit == 0 || (opted.load(std::memory_order_acquire) & bit) == 0) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return e;
-    opted.fetch_or(bit, std::memory_order_acq_rel);
-  }
   return direct_gemm::LaunchAfterPrepare(
       kernel,
       dim3(static_cast<unsigned>(pl.groups), static_cast<unsigned>(pl.tiles),
@@ -468,10 +432,11 @@ cudaError_t LaunchTile(const SmallMParams& p, const Plan& pl, const uint4* act, 
 
 }  // namespace
 
+// The workspace (matmul_direct.cuh): A's m_rows tokens in core-matrix order, a split ticket an
+// output tile.
 size_t WgmmaWorkspaceBytes(int64_t m, int64_t n, int64_t k) {
   const Plan pl = MakePlan(m, n, k);
-  return ActBytes(pl) + TicketBytes(pl) +
-         (pl.splits > 1 ? static_cast<size_t>(pl.splits) * m * n * sizeof(float) : 0);
+  return direct_gemm::WorkspaceBytes(pl.m_rows, pl.total, pl.groups * pl.tiles, pl.splits, m, n);
 }
 
 cudaError_t LaunchWgmmaMatmul(const SmallMParams& p, cudaStream_t s) {
@@ -484,14 +449,13 @@ cudaError_t LaunchWgmmaMatmul(const SmallMParams& p, cudaStream_t s) {
   if (pl.splits > 65535 || pl.tiles > 65535 || pl.groups > 0x7FFFFFFF) {
     return cudaErrorInvalidConfiguration;
   }
-  char* ws = static_cast<char*>(p.workspace);
-  uint4* act = reinterpret_cast<uint4*>(ws);
-  int* tickets = pl.splits > 1 ? reinterpret_cast<int*>(ws + ActBytes(pl)) : nullptr;
-  float* partial =
-      pl.splits > 1 ? reinterpret_cast<float*>(ws + ActBytes(pl) + TicketBytes(pl)) : nullptr;
-  const int64_t n_tickets = pl.splits > 1 ? pl.groups * pl.tiles : 0;
+  const direct_gemm::Workspace ws = direct_gemm::CarveWorkspace(
+      p.workspace, pl.m_rows, pl.total, pl.groups * pl.tiles, pl.splits);
+  uint4* act = static_cast<uint4*>(ws.act);
+  int* tickets = ws.tickets;
+  float* partial = ws.partial;
   const cudaError_t e = direct_gemm::LaunchPrepareGemmActCore(p, pl.total, pl.n_tile, pl.m_rows,
-                                                              act, tickets, n_tickets, s);
+                                                              act, tickets, ws.n_tickets, s);
   if (e != cudaSuccess) return e;
   const bool k32 = (p.b.cols & 31) == 0;
   if (p.mx) return LaunchTile<true, true>(p, pl, act, partial, tickets, s);  // K % 32 == 0
