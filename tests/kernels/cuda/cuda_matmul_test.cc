@@ -107,7 +107,7 @@ TEST_F(MatmulTest, SmallMKOddMultipleOf16) {
 // Mid-M kernel edges (16 < M <= 64; K a multiple of 32: both formats): 4 and 8 n8 tiles of A
 // rows, M not a multiple of either tile, N not a multiple of 256 (warps with no rows, partial
 // warps), K not a multiple of 128, one chunk of K, single and split slices; M = 65, the first
-// M past the kernel.
+// M past the kernel. On Hopper these shapes run the wgmma kernel instead.
 TEST_F(MatmulTest, MidMRaggedShapes) {
   RunShapes({{17, 300, 4128},
              {32, 1000, 2080},
