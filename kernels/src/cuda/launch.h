@@ -261,7 +261,7 @@ size_t MidMWorkspaceBytes(int64_t m, int64_t n, int64_t k);
 cudaError_t LaunchMidMMatmul(const SmallMParams& p, cudaStream_t s);
 
 // The wgmma kernel (matmul_wgmma.cu, sm_90a only: the backend launches it on compute
-// capability 9.0) takes 1 <= M <= kWgmmaMax, the same K and alignment rules. The backend uses it
+// capability 9.0) takes kSmallMMax < M <= kWgmmaMax, the same K and alignment rules. The backend uses it
 // for kSmallMMax < M <= kWgmmaPathMax there: the H200 measured it faster than dequantize +
 // cuBLASLt up to M = 256 (N = K = 8192: 1.37x at 256) and 2% slower at 512
 // (bench/results/h200-gemm/wgmma/).

@@ -1,5 +1,5 @@
-// C = A * B^T from NVFP4/MXFP4 operands on Hopper (sm_90a) for M <= kWgmmaMax (the backend
-// takes it for 16 < M <= kWgmmaPathMax): B's 4-bit codes decoded in registers straight into the
+// C = A * B^T from NVFP4/MXFP4 operands on Hopper (sm_90a) for 16 < M <= kWgmmaMax (the
+// backend takes it up to kWgmmaPathMax): B's 4-bit codes decoded in registers straight into the
 // register operand of warpgroup MMAs (wgmma), A streamed through shared memory as their other
 // operand. No dequantized copy of B is written or read, and the tensor cores run while the
 // warps decode the next chunk.
@@ -114,17 +114,6 @@ FP4Q_D uint64_t CoreDescriptor(uint32_t addr) {
          (uint64_t{256 >> 4} << 32);
 }
 
-FP4Q_D void WgmmaN16(float* d, const uint32_t* a, uint64_t desc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7"
-      "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
-
 FP4Q_D void WgmmaN32(float* d, const uint32_t* a, uint64_t desc) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
@@ -178,14 +167,12 @@ FP4Q_D void WgmmaN128(float* d, const uint32_t* a, uint64_t desc) {
 
 template <int kN>
 FP4Q_D void Wgmma(float* d, const uint32_t* a, uint64_t desc) {
-  if constexpr (kN == 16) {
-    WgmmaN16(d, a, desc);
-  } else if constexpr (kN == 32) {
+  if constexpr (kN == 32) {
     WgmmaN32(d, a, desc);
   } else if constexpr (kN == 64) {
     WgmmaN64(d, a, desc);
   } else {
-    static_assert(kN == 128, "token tiles of 16, 32, 64 or 128");
+    static_assert(kN == 128, "token tiles of 32, 64 or 128");
     WgmmaN128(d, a, desc);
   }
 }
@@ -393,7 +380,7 @@ struct Plan {
 
 Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   Plan pl;
-  pl.n_tile = m <= 16 ? 16 : m <= 32 ? 32 : m <= 64 ? 64 : 128;
+  pl.n_tile = m <= 32 ? 32 : m <= 64 ? 64 : 128;
   pl.total = (k + kChunk - 1) / kChunk;
   pl.groups = (n + kRowsPerCta - 1) / kRowsPerCta;
   pl.tiles = (m + pl.n_tile - 1) / pl.n_tile;
@@ -423,7 +410,6 @@ template <bool kMx, bool kK32>
 cudaError_t LaunchTile(const SmallMParams& p, const Plan& pl, const uint4* act, float* partial,
                        int* tickets, cudaStream_t s) {
   switch (pl.n_tile) {
-    case 16: return LaunchMain<kMx, kK32, 16>(p, pl, act, partial, tickets, s);
     case 32: return LaunchMain<kMx, kK32, 32>(p, pl, act, partial, tickets, s);
     case 64: return LaunchMain<kMx, kK32, 64>(p, pl, act, partial, tickets, s);
     default: return LaunchMain<kMx, kK32, 128>(p, pl, act, partial, tickets, s);
@@ -441,7 +427,7 @@ size_t WgmmaWorkspaceBytes(int64_t m, int64_t n, int64_t k) {
 
 cudaError_t LaunchWgmmaMatmul(const SmallMParams& p, cudaStream_t s) {
   const int64_t m = p.a.rows;
-  if (m < 1 || m > kWgmmaMax || p.workspace == nullptr || (p.a.cols & 15) != 0 ||
+  if (m <= kSmallMMax || m > kWgmmaMax || p.workspace == nullptr || (p.a.cols & 15) != 0 ||
       (p.mx && (p.a.cols & 31) != 0)) {
     return cudaErrorInvalidValue;
   }
