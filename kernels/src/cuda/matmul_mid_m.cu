@@ -311,22 +311,20 @@ cudaError_t LaunchMidMMatmul(const SmallMParams& p, cudaStream_t s) {
   const direct_gemm::Workspace ws = direct_gemm::CarveWorkspace(
       p.workspace, pl.m_rows, pl.total, pl.groups * pl.act_tiles, pl.splits);
   uint2* act = static_cast<uint2*>(ws.act);
-  int* tickets = ws.tickets;
-  float* partial = ws.partial;
-  const cudaError_t e =
-      direct_gemm::LaunchPrepareGemmAct(p, pl.total, pl.m_rows, act, tickets, ws.n_tickets, s);
+  const cudaError_t e = direct_gemm::LaunchPrepareGemmAct(p, pl.total, pl.m_rows, act,
+                                                          ws.tickets, ws.n_tickets, s);
   if (e != cudaSuccess) return e;
   const bool k32 = (p.b.cols & 31) == 0;
   if (p.mx) {  // K % 32 == 0
-    return pl.tiles == 4 ? LaunchMain<true, true, 4>(p, pl, act, partial, tickets, s)
-                         : LaunchMain<true, true, 8>(p, pl, act, partial, tickets, s);
+    return pl.tiles == 4 ? LaunchMain<true, true, 4>(p, pl, act, ws.partial, ws.tickets, s)
+                         : LaunchMain<true, true, 8>(p, pl, act, ws.partial, ws.tickets, s);
   }
   if (pl.tiles == 4) {
-    return k32 ? LaunchMain<false, true, 4>(p, pl, act, partial, tickets, s)
-               : LaunchMain<false, false, 4>(p, pl, act, partial, tickets, s);
+    return k32 ? LaunchMain<false, true, 4>(p, pl, act, ws.partial, ws.tickets, s)
+               : LaunchMain<false, false, 4>(p, pl, act, ws.partial, ws.tickets, s);
   }
-  return k32 ? LaunchMain<false, true, 8>(p, pl, act, partial, tickets, s)
-             : LaunchMain<false, false, 8>(p, pl, act, partial, tickets, s);
+  return k32 ? LaunchMain<false, true, 8>(p, pl, act, ws.partial, ws.tickets, s)
+             : LaunchMain<false, false, 8>(p, pl, act, ws.partial, ws.tickets, s);
 }
 
 }  // namespace fp4q::kernels::cuda

@@ -378,23 +378,21 @@ cudaError_t LaunchSmallMMatmul(const SmallMParams& p, cudaStream_t s) {
   if (pl.splits > 65535 || pl.groups > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
   const direct_gemm::Workspace ws =
       direct_gemm::CarveWorkspace(p.workspace, m, pl.total, pl.groups, pl.splits);
-  const uint2* act = static_cast<const uint2*>(ws.act);
-  int* tickets = ws.tickets;
-  float* partial = ws.partial;
+  uint2* act = static_cast<uint2*>(ws.act);
   const cudaError_t e = direct_gemm::LaunchPrepareGemmAct(
-      p, pl.total, m, static_cast<uint2*>(ws.act), tickets, ws.n_tickets, s);
+      p, pl.total, m, act, ws.tickets, ws.n_tickets, s);
   if (e != cudaSuccess) return e;
   const bool k32 = (p.b.cols & 31) == 0;
   if (p.mx) {  // K % 32 == 0
-    return pl.tiles == 1 ? LaunchMain<true, true, 1>(p, pl, act, partial, tickets, s)
-                         : LaunchMain<true, true, 2>(p, pl, act, partial, tickets, s);
+    return pl.tiles == 1 ? LaunchMain<true, true, 1>(p, pl, act, ws.partial, ws.tickets, s)
+                         : LaunchMain<true, true, 2>(p, pl, act, ws.partial, ws.tickets, s);
   }
   if (pl.tiles == 1) {
-    return k32 ? LaunchMain<false, true, 1>(p, pl, act, partial, tickets, s)
-               : LaunchMain<false, false, 1>(p, pl, act, partial, tickets, s);
+    return k32 ? LaunchMain<false, true, 1>(p, pl, act, ws.partial, ws.tickets, s)
+               : LaunchMain<false, false, 1>(p, pl, act, ws.partial, ws.tickets, s);
   }
-  return k32 ? LaunchMain<false, true, 2>(p, pl, act, partial, tickets, s)
-             : LaunchMain<false, false, 2>(p, pl, act, partial, tickets, s);
+  return k32 ? LaunchMain<false, true, 2>(p, pl, act, ws.partial, ws.tickets, s)
+             : LaunchMain<false, false, 2>(p, pl, act, ws.partial, ws.tickets, s);
 }
 
 }  // namespace fp4q::kernels::cuda

@@ -438,15 +438,13 @@ cudaError_t LaunchWgmmaMatmul(const SmallMParams& p, cudaStream_t s) {
   const direct_gemm::Workspace ws = direct_gemm::CarveWorkspace(
       p.workspace, pl.m_rows, pl.total, pl.groups * pl.tiles, pl.splits);
   uint4* act = static_cast<uint4*>(ws.act);
-  int* tickets = ws.tickets;
-  float* partial = ws.partial;
   const cudaError_t e = direct_gemm::LaunchPrepareGemmActCore(p, pl.total, pl.n_tile, pl.m_rows,
-                                                              act, tickets, ws.n_tickets, s);
+                                                              act, ws.tickets, ws.n_tickets, s);
   if (e != cudaSuccess) return e;
   const bool k32 = (p.b.cols & 31) == 0;
-  if (p.mx) return LaunchTile<true, true>(p, pl, act, partial, tickets, s);  // K % 32 == 0
-  return k32 ? LaunchTile<false, true>(p, pl, act, partial, tickets, s)
-             : LaunchTile<false, false>(p, pl, act, partial, tickets, s);
+  if (p.mx) return LaunchTile<true, true>(p, pl, act, ws.partial, ws.tickets, s);  // K % 32 == 0
+  return k32 ? LaunchTile<false, true>(p, pl, act, ws.partial, ws.tickets, s)
+             : LaunchTile<false, false>(p, pl, act, ws.partial, ws.tickets, s);
 }
 
 }  // namespace fp4q::kernels::cuda
