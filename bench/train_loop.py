@@ -20,7 +20,10 @@ Variants (the same model, seed and data):
 
 "fp4q cost" is (variant - torch) / variant: the share of the iteration the stored-weight step
 adds, of the medians over the rounds and of the best rounds (the VM's noise only slows a
-round down). Usage: python3 bench/train_loop.py --fp4qd build/bin/fp4qd [--out FILE.json]
+round down). "The step on the worker's stream" (CUDA) is the median GPU time between an event
+recorded before opt.step() and one after it: torch's optimizer kernels, or what the worker's
+stream waits for fp4qd's step (with overlap: ready signal seen, the step's kernels, done
+signal). Usage: python3 bench/train_loop.py --fp4qd build/bin/fp4qd [--out FILE.json]
 (--dry-run: a tiny model on the CPU backend, for CI).
 """
 
@@ -76,6 +79,11 @@ def run_variant(variant, server, cfg, device, args, rounds):
                              generator=g) for _ in range(8)]
     use_autocast = device.type == "cuda"
     losses = []
+    # The step on the GPU's timeline: an event before opt.step() (the backward pass queued
+    # ahead of it) and one after it, on the worker's stream. Their distance is what the step
+    # holds the stream: torch's optimizer kernels, or with overlap the wait for fp4qd's step
+    # (ready signal seen, the step's kernels, done signal).
+    marks = []
 
     def iteration(i):
         b = batches[i % len(batches)]
@@ -84,7 +92,14 @@ def run_variant(variant, server, cfg, device, args, rounds):
         loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, 256),
                                                  b[:, 1:].reshape(-1))
         loss.backward()
-        opt.step()
+        if device.type == "cuda":
+            a, b = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            a.record()
+            opt.step()
+            b.record()
+            marks.append((a, b))
+        else:
+            opt.step()
         opt.zero_grad(set_to_none=True)
         if args.log_every and i % args.log_every == 0:
             losses.append(loss.item())
@@ -95,6 +110,7 @@ def run_variant(variant, server, cfg, device, args, rounds):
         if hasattr(opt, "synchronize"):
             opt.synchronize()
         del headers[:]
+        del marks[:]
         out = []
         for _ in range(rounds):
             if device.type == "cuda":
@@ -108,12 +124,15 @@ def run_variant(variant, server, cfg, device, args, rounds):
                 opt.synchronize()
             out.append((time.perf_counter() - t0) / args.iters)
         extra = {}
+        if marks:
+            extra["step_on_stream_us"] = statistics.median(a.elapsed_time(b) * 1e3
+                                                           for a, b in marks)
         if c is not None:
             o = opt._overlapped
-            extra = {"overlapped_steps": o.sent if o else 0,
-                     "completed_in_step": o.completed if o else 0,
-                     "sent_with_ready_signal": o.ready_sent if o else 0,
-                     "steps_timed_by_fp4qd": len(headers)}
+            extra.update({"overlapped_steps": o.sent if o else 0,
+                          "completed_in_step": o.completed if o else 0,
+                          "sent_with_ready_signal": o.ready_sent if o else 0,
+                          "steps_timed_by_fp4qd": len(headers)})
             if headers:
                 # fp4qd's reply header, medians: the step's device work (check, apply, report;
                 # launches included), the request's whole time in fp4qd (with overlap: the
@@ -183,6 +202,9 @@ def main(argv=None):
             100 * row["fp4q_cost"], 100 * row["fp4q_cost_best_rounds"])
         print("%-24s %.3f ms/iteration, best round %.3f (rounds %s)%s" % (
             v, ms, best, " ".join("%.3f" % x for x in row["rounds_ms"]), cost), flush=True)
+        if "step_on_stream_us" in row:
+            print("%-24s the step on the worker's stream (median): %.1f us"
+                  % ("", row["step_on_stream_us"]), flush=True)
         if "fp4qd_kernel_us" in row:
             print("%-24s fp4qd a step (medians): kernels %.1f us, in fp4qd %.1f us, queued %.1f us"
                   % ("", row["fp4qd_kernel_us"], row["fp4qd_server_us"], row["fp4qd_queue_us"]),
