@@ -256,8 +256,17 @@ class Engine {
   // written yet), or the error naming it; `devices`: how many devices the step's weights are on.
   absl::Status PinSignals(StepJob& job, size_t devices);
   // Polls each rank's ready signal until it holds its value (ops_step.cc); DEADLINE_EXCEEDED
-  // naming it when its timeout or the request's deadline passes first.
-  absl::Status WaitReadySignals(OpEnv& env, const StepJob& job);
+  // naming it when its timeout or the request's deadline passes first. `side`: read each word
+  // on the backend's side stream (env's stream is held by a device-side wait for it).
+  absl::Status WaitReadySignals(OpEnv& env, const StepJob& job, bool side = false);
+  // The step of one device whose backend has device-side signals (ops_step.cc): its kernels
+  // queued behind device-side waits for the ready signals, the done signals written behind
+  // them (`done_after_apply`), then the host watches the ready words, cancels and releases the
+  // step past their timeout, and reads the report.
+  absl::Status RunStepOnDeviceSignals(OpEnv& env, StepJob& job,
+                                      const std::vector<kernels::StepItem>& kitems, void* ws,
+                                      size_t ws_bytes, bool done_after_apply,
+                                      kernels::StepReport* report);
   // Writes them on env's stream after the step's device work (whatever its outcome).
   void WriteDoneSignals(OpEnv& env, StepJob& job);
   // Replica groups (engine_groups.cc).
@@ -308,6 +317,11 @@ class Engine {
   std::function<void(const absl::Status&)> poison_handler_;
 
   std::atomic<uint64_t> quantize_count_{0};
+  // StepCancel tokens of steps queued behind device-side ready waits (RunStepOnDeviceSignals).
+  std::atomic<uint64_t> next_cancel_token_{1};
+  // Bytes after a step's workspace for its cancellation word (one 16-byte slot).
+  static constexpr size_t kCancelWordBytes = 16;
+  static constexpr size_t CancelWordOffset(size_t ws_bytes) { return (ws_bytes + 15) / 16 * 16; }
   std::atomic<bool> quality_running_{false};  // a quality sample is being computed
   std::mutex checkpoint_mu_;  // one checkpoint at a time
 

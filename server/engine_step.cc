@@ -201,7 +201,7 @@ absl::Status Engine::PinSignals(StepJob& job, size_t devices) {
 }
 
 void Engine::WriteDoneSignals(OpEnv& env, StepJob& job) {
-  if (job.signals.empty()) return;
+  if (job.signals.empty() || job.done_queued) return;
   // After the step's report was read: the weights, residuals and every DQ(W) are written.
   absl::Status s;
   for (const StepJob::Signal& sig : job.signals) {

@@ -305,12 +305,25 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
     if (!s.ok()) return absl::InternalError(absl::StrCat("step: ", s.message()));
   }
   const size_t ws_bytes = kernels::StepWorkspaceBytes(kitems);
-  FP4Q_ASSIGN_OR_RETURN(void* ws, env.Scratch(ws_bytes));
   kernels::StepReport report;
   kernels::Backend& b = env.backend();
   const kernels::Stream st = env.stream();
-  FP4Q_RETURN_IF_ERROR(WaitReadySignals(env, job));
-  if (barrier == nullptr) {
+  // One device whose backend waits and writes on the device: no host round trip between the
+  // worker's backward pass, the step's kernels and the worker's next forward pass.
+  const bool on_device = barrier == nullptr && b.DeviceSignals() &&
+                         (!job.ready.empty() || !job.signals.empty());
+  // The cancellation word after the workspace (RunStepOnDeviceSignals).
+  FP4Q_ASSIGN_OR_RETURN(
+      void* ws, env.Scratch(on_device ? CancelWordOffset(ws_bytes) + kCancelWordBytes : ws_bytes));
+  if (on_device) {
+    // A retried item's outputs are written after the report (below), so its done signals are
+    // the host's to write.
+    const bool all_apply = std::all_of(apply.begin(), apply.end(), [](bool a) { return a; });
+    FP4Q_RETURN_IF_ERROR(
+        RunStepOnDeviceSignals(env, job, kitems, ws, ws_bytes, all_apply, &report));
+    if (!report.ok) return Refusal(job, items, report);
+  } else if (barrier == nullptr) {
+    FP4Q_RETURN_IF_ERROR(WaitReadySignals(env, job));
     // One device: check, apply (gated on the device by the check) and one small copy back.
     FP4Q_RETURN_IF_ERROR(env.Kernel("step", [&] {
       FP4Q_RETURN_IF_ERROR(b.StepCheck(kitems, ws, ws_bytes, st));
@@ -319,6 +332,7 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
     }));
     if (!report.ok) return Refusal(job, items, report);
   } else {
+    FP4Q_RETURN_IF_ERROR(WaitReadySignals(env, job));
     // Several devices: every part checks and reads its report; all apply or none do.
     FP4Q_RETURN_IF_ERROR(env.Kernel("step", [&] {
       FP4Q_RETURN_IF_ERROR(b.StepCheck(kitems, ws, ws_bytes, st));
@@ -373,13 +387,80 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
   return absl::OkStatus();
 }
 
-absl::Status Engine::WaitReadySignals(OpEnv& env, const StepJob& job) {
+absl::Status Engine::RunStepOnDeviceSignals(OpEnv& env, StepJob& job,
+                                            const std::vector<kernels::StepItem>& kitems,
+                                            void* ws, size_t ws_bytes, bool done_after_apply,
+                                            kernels::StepReport* report) {
+  kernels::Backend& b = env.backend();
+  const kernels::Stream st = env.stream();
+  // The cancellation word: zeroed (and done) before anything is queued, so the only write
+  // the check can see is this step's own cancellation.
+  kernels::StepCancel cancel;
+  uint32_t* word = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(ws) + CancelWordOffset(ws_bytes));
+  if (!job.ready.empty()) {
+    FP4Q_RETURN_IF_ERROR(b.WriteValue32Now(word, 0));
+    cancel.word = word;
+    cancel.token = static_cast<uint32_t>(next_cancel_token_.fetch_add(1)) | 1u;  // never 0
+  }
+  // Releases a stream held by the waits: the cancellation first, then each ready word its
+  // value (the worker's own write of it later changes nothing). A check that decided before
+  // the cancellation landed (the worker wrote its word in the meantime) applies the step.
+  auto release = [&]() -> absl::Status {
+    if (cancel.word == nullptr) return absl::OkStatus();
+    FP4Q_RETURN_IF_ERROR(b.WriteValue32Now(word, cancel.token));
+    for (const StepJob::Ready& r : job.ready) {
+      FP4Q_RETURN_IF_ERROR(b.WriteValue32Now(const_cast<uint8_t*>(r.at), r.value));
+    }
+    return absl::OkStatus();
+  };
+  auto released = [&](const absl::Status& s) {
+    if (absl::Status r = release(); !r.ok() && logger_ != nullptr) {
+      logger_->Error("step stream not released",
+                     {{"step", absl::StrCat(job.step)}, {"error", r.ToString()}});
+    }
+    return s;
+  };
+  absl::Status queued = [&]() -> absl::Status {
+    for (const StepJob::Ready& r : job.ready) {
+      FP4Q_RETURN_IF_ERROR(b.WaitValue32(r.at, r.value, st));
+    }
+    FP4Q_RETURN_IF_ERROR(b.StepCheck(kitems, ws, ws_bytes, st, cancel));
+    FP4Q_RETURN_IF_ERROR(b.StepApply(kitems, ws, st));
+    if (done_after_apply) {
+      for (const StepJob::Signal& sig : job.signals) {
+        FP4Q_RETURN_IF_ERROR(b.WriteValue32(sig.at, sig.value, st));
+      }
+      job.done_queued = true;
+    }
+    return absl::OkStatus();
+  }();
+  if (!queued.ok()) {
+    // Part of the step may be queued behind the waits: release it (cancelled: it applies
+    // nothing) and let it drain before the error goes back.
+    job.done_queued = false;
+    released(queued).IgnoreError();
+    b.Synchronize(st).IgnoreError();
+    return queued;
+  }
+  // The host only watches: the device starts the step when the words are written.
+  absl::Status ready = WaitReadySignals(env, job, /*side=*/true);
+  if (!ready.ok()) ready = released(ready);
+  const absl::Status read =
+      env.Kernel("step", [&] { return b.StepReadReport(kitems, ws, report, st); });
+  if (!read.ok()) return read;
+  if (!ready.ok() && !report->ok) return ready;  // cancelled (or refused): nothing changed
+  return absl::OkStatus();
+}
+
+absl::Status Engine::WaitReadySignals(OpEnv& env, const StepJob& job, bool side) {
   for (const StepJob::Ready& r : job.ready) {
     const absl::Time start = absl::Now();
     const absl::Time until = start + r.timeout;
     uint32_t v = 0;
     for (int polls = 0;; ++polls) {
-      if (env.device().host_memory) {
+      if (side) {
+        FP4Q_ASSIGN_OR_RETURN(v, env.backend().ReadValue32Now(r.at));
+      } else if (env.device().host_memory) {
         v = __atomic_load_n(reinterpret_cast<const uint32_t*>(r.at), __ATOMIC_ACQUIRE);
       } else {
         FP4Q_RETURN_IF_ERROR(env.ToHost(&v, r.at, sizeof(v)));

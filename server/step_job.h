@@ -41,6 +41,9 @@ struct StepJob {
     uint32_t value = 0;
   };
   std::vector<Signal> signals;
+  // The device writes every done signal behind the step's kernels (queued by
+  // Engine::QueueStepOnDevice): the host writes none after them.
+  bool done_queued = false;
   // Each rank's ready signal (StepRequest.ready_signal), polled before the step reads an update.
   struct Ready {
     const uint8_t* at = nullptr;  // in a pinned region of `scope`

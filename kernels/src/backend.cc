@@ -138,6 +138,22 @@ absl::Status UpdateRefused(const StepItemReport& r) {
 
 }  // namespace
 
+absl::Status Backend::WaitValue32(const void*, uint32_t, Stream) {
+  return absl::UnimplementedError("WaitValue32: no device-side signals on this backend");
+}
+
+absl::Status Backend::WriteValue32(void*, uint32_t, Stream) {
+  return absl::UnimplementedError("WriteValue32: no device-side signals on this backend");
+}
+
+absl::StatusOr<uint32_t> Backend::ReadValue32Now(const void*) {
+  return absl::UnimplementedError("ReadValue32Now: no device-side signals on this backend");
+}
+
+absl::Status Backend::WriteValue32Now(void*, uint32_t) {
+  return absl::UnimplementedError("WriteValue32Now: no device-side signals on this backend");
+}
+
 absl::Status Backend::Amax(const ConstTensor& x, float* amax, Stream stream,
                            int64_t* first_nonfinite) {
   FP4Q_RETURN_IF_ERROR(ValidateConstTensor(x, "x"));
@@ -215,7 +231,7 @@ absl::Status Backend::UpdateWeight(const QuantizedTensor& weight, float* residua
   FP4Q_RETURN_IF_ERROR(ws.Allocate(StepWorkspaceBytes(items)));
   // ValidateUpdateWeightArgs covered what the step needs (its lr may be negative, which
   // ValidateStepItem refuses): call the implementation directly.
-  FP4Q_RETURN_IF_ERROR(DoStepCheck(items, ws.get(), stream));
+  FP4Q_RETURN_IF_ERROR(DoStepCheck(items, ws.get(), stream, StepCancel{}));
   FP4Q_RETURN_IF_ERROR(DoStepApply(items, ws.get(), stream));
   StepReport report;
   FP4Q_RETURN_IF_ERROR(DoStepReadReport(items, ws.get(), &report, stream));
@@ -225,7 +241,7 @@ absl::Status Backend::UpdateWeight(const QuantizedTensor& weight, float* residua
 }
 
 absl::Status Backend::StepCheck(const std::vector<StepItem>& items, void* workspace,
-                                size_t workspace_bytes, Stream stream) {
+                                size_t workspace_bytes, Stream stream, const StepCancel& cancel) {
   FP4Q_RETURN_IF_ERROR(ValidateStepItems(items));
   FP4Q_RETURN_IF_ERROR(CheckWorkspace(workspace));
   const size_t need = StepWorkspaceBytes(items);
@@ -233,7 +249,7 @@ absl::Status Backend::StepCheck(const std::vector<StepItem>& items, void* worksp
     return absl::InvalidArgumentError(absl::StrCat("workspace_bytes: ", workspace_bytes,
                                                    " is smaller than the ", need, " needed"));
   }
-  return DoStepCheck(items, workspace, stream);
+  return DoStepCheck(items, workspace, stream, cancel);
 }
 
 absl::Status Backend::StepApply(const std::vector<StepItem>& items, void* workspace,

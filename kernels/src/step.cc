@@ -39,6 +39,7 @@ void DecodeStepReport(const std::vector<StepItem>& items, const step_ws::Layout&
   step_ws::Header header;
   std::memcpy(&header, prefix, sizeof(header));
   report->ok = header.checked == step_ws::kCheckedMagic && header.ok == 1;
+  report->cancelled = header.checked == step_ws::kCheckedMagic && header.cancelled == 1;
   report->items.assign(items.size(), StepItemReport());
   std::memcpy(report->items.data(), prefix + layout.reports, items.size() * sizeof(StepItemReport));
   report->fingerprints.assign(items.size(), {});

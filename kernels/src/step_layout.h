@@ -57,7 +57,8 @@ struct Header {
   int32_t checked;  // kCheckedMagic once StepCheck has queued its work
   int32_t n_items;
   int32_t n_updates;
-  int32_t pad[12];
+  int32_t cancelled;  // 1: the StepCancel word held its token (ok is 0)
+  int32_t pad[11];
 };
 static_assert(sizeof(Header) == 64, "Header layout");
 

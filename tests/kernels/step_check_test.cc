@@ -24,6 +24,7 @@ using step_testing::MakeItem;
 using step_testing::MakeState;
 using step_testing::MakeUpdates;
 using step_testing::ReferenceFingerprint;
+using step_testing::ReferenceStep;
 using step_testing::RunStep;
 using step_testing::SameState;
 using step_testing::StepCase;
@@ -248,6 +249,48 @@ TEST_F(StepCheckTest, CheckOnlyItemsCompareFingerprintsAndAreNeverWritten) {
   EXPECT_TRUE(report.ok);
   EXPECT_EQ(report.items[0].outcome, StepOutcome::kOk);
   EXPECT_TRUE(SameState(st, before));
+}
+
+TEST_F(StepCheckTest, CancelWordHoldingItsTokenRefusesTheWholeBatch) {
+  StepCase c;
+  c.momentum = true;
+  c.residual = true;
+  c.hyper.momentum = 0.9f;
+  c.update_dtypes = {DType::kBF16};
+  c.out_dtypes = {DType::kBF16};
+  StepState a = MakeState(*cpu_, c, 30), b = MakeState(*cpu_, c, 31);
+  const Updates ua = MakeUpdates(c, 32), ub = MakeUpdates(c, 33);
+  const StepState a0 = a, b0 = b;
+  const std::vector<StepItem> items = {MakeItem(c, &a, ua), MakeItem(c, &b, ub)};
+  const size_t bytes = StepWorkspaceBytes(items);
+  std::vector<uint64_t> ws(bytes / 8 + 1);
+  uint32_t word = 41;  // another step's token: no effect
+  StepReport report;
+  auto run = [&](uint32_t token) {
+    FP4Q_ASSERT_OK(cpu_->StepCheck(items, ws.data(), bytes, nullptr, StepCancel{&word, token}));
+    FP4Q_ASSERT_OK(cpu_->StepApply(items, ws.data(), nullptr));
+    FP4Q_ASSERT_OK(cpu_->StepReadReport(items, ws.data(), &report, nullptr));
+  };
+  word = 41;
+  run(7);
+  EXPECT_TRUE(report.ok);
+  EXPECT_FALSE(report.cancelled);
+  StepState want_a = a0, want_b = b0;
+  ReferenceStep(*cpu_, c, ua, &want_a);
+  ReferenceStep(*cpu_, c, ub, &want_b);
+  EXPECT_TRUE(SameState(a, want_a));
+  EXPECT_TRUE(SameState(b, want_b));
+
+  // The word holds this step's token: every item refused, nothing written, outputs untouched.
+  a = a0;
+  b = b0;
+  word = 7;
+  run(7);
+  EXPECT_FALSE(report.ok);
+  EXPECT_TRUE(report.cancelled);
+  for (const StepItemReport& r : report.items) EXPECT_EQ(r.outcome, StepOutcome::kOk);
+  EXPECT_TRUE(SameState(a, a0));
+  EXPECT_TRUE(SameState(b, b0));
 }
 
 TEST_F(StepCheckTest, FingerprintKnownAnswers) {

@@ -118,8 +118,8 @@ class FakeIpcBackend final : public kernels::Backend {
     return cpu_->Matmul(a, b, c, s);
   }
   absl::Status DoStepCheck(const std::vector<kernels::StepItem>& items, void* ws,
-                           kernels::Stream s) override {
-    return cpu_->StepCheck(items, ws, kernels::StepWorkspaceBytes(items), s);
+                           kernels::Stream s, const kernels::StepCancel& cancel) override {
+    return cpu_->StepCheck(items, ws, kernels::StepWorkspaceBytes(items), s, cancel);
   }
   absl::Status DoStepApply(const std::vector<kernels::StepItem>& items, void* ws,
                            kernels::Stream s) override {

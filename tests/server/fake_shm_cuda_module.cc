@@ -129,8 +129,9 @@ class ShmIpcBackend final : public fp4q::kernels::Backend {
   absl::Status DoMatmul(const CQT& a, const CQT& b, const MT& c, S s) override {
     return cpu_->Matmul(a, b, c, s);
   }
-  absl::Status DoStepCheck(const Items& items, void* ws, S s) override {
-    return cpu_->StepCheck(items, ws, fp4q::kernels::StepWorkspaceBytes(items), s);
+  absl::Status DoStepCheck(const Items& items, void* ws, S s,
+                           const fp4q::kernels::StepCancel& cancel) override {
+    return cpu_->StepCheck(items, ws, fp4q::kernels::StepWorkspaceBytes(items), s, cancel);
   }
   absl::Status DoStepApply(const Items& items, void* ws, S s) override {
     return cpu_->StepApply(items, ws, s);

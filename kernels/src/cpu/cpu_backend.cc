@@ -168,9 +168,9 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status DoStepCheck(const std::vector<StepItem>& items, void* workspace,
-                           Stream) override {
-    cpu::StepCheckHost(items, static_cast<uint8_t*>(workspace));
+  absl::Status DoStepCheck(const std::vector<StepItem>& items, void* workspace, Stream,
+                           const StepCancel& cancel) override {
+    cpu::StepCheckHost(items, static_cast<uint8_t*>(workspace), cancel);
     return absl::OkStatus();
   }
 

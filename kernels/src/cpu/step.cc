@@ -534,7 +534,8 @@ uint64_t UpdateFingerprint(const ConstTensor& u) {
   return Mix64(sum ^ Mix64(shape));
 }
 
-void StepCheckHost(const std::vector<StepItem>& items, uint8_t* workspace) {
+void StepCheckHost(const std::vector<StepItem>& items, uint8_t* workspace,
+                   const StepCancel& cancel) {
   const step_ws::Layout layout = StepLayoutOf(items);
   auto* reports = reinterpret_cast<ReportPod*>(workspace + layout.reports);
   auto* fingerprints = reinterpret_cast<uint64_t*>(workspace + layout.fingerprints);
@@ -547,6 +548,11 @@ void StepCheckHost(const std::vector<StepItem>& items, uint8_t* workspace) {
     ok = ok && reports[i].outcome == step_ws::kOk;
   }
   step_ws::Header header{};
+  if (cancel.word != nullptr &&
+      __atomic_load_n(cancel.word, __ATOMIC_ACQUIRE) == cancel.token) {
+    header.cancelled = 1;
+    ok = false;
+  }
   header.ok = ok ? 1 : 0;
   header.checked = step_ws::kCheckedMagic;
   header.n_items = static_cast<int32_t>(items.size());

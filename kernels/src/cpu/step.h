@@ -16,7 +16,8 @@ namespace fp4q::kernels::cpu {
 // 10.4: checks every item in order and writes the batch flag, every item's report, every
 // update's fingerprint and every item's plan into the workspace. Reads the items, writes
 // nothing else.
-void StepCheckHost(const std::vector<StepItem>& items, uint8_t* workspace);
+void StepCheckHost(const std::vector<StepItem>& items, uint8_t* workspace,
+                   const StepCancel& cancel = {});
 
 // 10.2: when the workspace's check passed for the whole batch, rewrites every item's weight,
 // residual, optimizer state and statistics and writes its dequantized outputs; otherwise

@@ -71,8 +71,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int ordinal,
   FP4Q_ASSIGN_OR_RETURN(std::unique_ptr<BlasLt> blas, BlasLt::Create());
   cudaStream_t stream = nullptr;
   FP4Q_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  return std::unique_ptr<CudaBackend>(
+  std::unique_ptr<CudaBackend> backend(
       new CudaBackend(ordinal, stream, std::move(info), std::move(blas), tuning));
+  backend->ProbeSignals();
+  return backend;
 }
 
 CudaBackend::~CudaBackend() {
@@ -84,6 +86,12 @@ CudaBackend::~CudaBackend() {
   }
   cudaStreamSynchronize(stream_);
   cudaStreamDestroy(stream_);
+  absl::MutexLock lock(&side_mu_);
+  if (side_stream_ != nullptr) {
+    cudaStreamSynchronize(side_stream_);
+    cudaStreamDestroy(side_stream_);
+  }
+  if (side_word_ != nullptr) cudaFreeHost(side_word_);
 }
 
 absl::Status CudaBackend::Enter() const {
@@ -362,10 +370,10 @@ absl::Status CudaBackend::DoQdq(const ConstTensor& x, const QuantizeOptions& opt
 }
 
 absl::Status CudaBackend::DoStepCheck(const std::vector<StepItem>& items, void* workspace,
-                                      Stream stream) {
+                                      Stream stream, const StepCancel& cancel) {
   FP4Q_RETURN_IF_ERROR(Enter());
   const cudaStream_t s = Resolve(stream);
-  FP4Q_RETURN_IF_ERROR(Track(StepCheckImpl(items, workspace, s)));
+  FP4Q_RETURN_IF_ERROR(Track(StepCheckImpl(items, workspace, s, cancel)));
   return AfterLaunches(s);
 }
 

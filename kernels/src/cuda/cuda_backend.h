@@ -51,6 +51,15 @@ class CudaBackend final : public Backend {
   void DestroyStream(Stream stream) override;
   absl::Status Healthy() const override;
 
+  // Device-side signals (stream_signals.cc): cuStreamWaitValue32 / cuStreamWriteValue32 through
+  // the runtime's driver entry points (this module does not link libcuda), probed once at
+  // creation on the backend's side stream.
+  bool DeviceSignals() const override { return signals_.wait != nullptr; }
+  absl::Status WaitValue32(const void* at, uint32_t value, Stream stream) override;
+  absl::Status WriteValue32(void* at, uint32_t value, Stream stream) override;
+  absl::StatusOr<uint32_t> ReadValue32Now(const void* at) override;
+  absl::Status WriteValue32Now(void* at, uint32_t value) override;
+
   absl::StatusOr<void*> OpenIpcHandle(const std::string& ipc_handle) override;
   absl::Status CloseIpcHandle(void* base) override;
   absl::StatusOr<size_t> IpcMappingSize(void* base) const override;
@@ -68,7 +77,7 @@ class CudaBackend final : public Backend {
   absl::Status DoMatmul(const ConstQuantizedTensor& a, const ConstQuantizedTensor& b,
                         const MutTensor& c, Stream stream) override;
   absl::Status DoStepCheck(const std::vector<StepItem>& items, void* workspace,
-                           Stream stream) override;
+                           Stream stream, const StepCancel& cancel) override;
   absl::Status DoStepApply(const std::vector<StepItem>& items, void* workspace,
                            Stream stream) override;
   absl::Status DoStepReadReport(const std::vector<StepItem>& items, const void* workspace,
@@ -106,7 +115,10 @@ class CudaBackend final : public Backend {
   absl::Status MatmulImpl(const ConstQuantizedTensor& a, const ConstQuantizedTensor& b,
                           const MutTensor& c, cudaStream_t stream);
   absl::Status StepCheckImpl(const std::vector<StepItem>& items, void* workspace,
-                             cudaStream_t stream);
+                             cudaStream_t stream, const StepCancel& cancel);
+  // Resolves the stream memory operations and checks that they run (stream_signals.cc); on
+  // any failure the backend has no device-side signals.
+  void ProbeSignals();
   absl::Status StepApplyImpl(const std::vector<StepItem>& items, void* workspace,
                              cudaStream_t stream);
   absl::Status StepReadReportImpl(const std::vector<StepItem>& items, const void* workspace,
@@ -117,6 +129,17 @@ class CudaBackend final : public Backend {
   const DeviceInfo info_;
   const std::unique_ptr<BlasLt> blas_;
   const KernelTuning tuning_;
+
+  // Stream memory operations (null: not available) and the side stream the *Now calls use,
+  // with its pinned word.
+  struct Signals {
+    void* wait = nullptr;   // PFN_cuStreamWaitValue32_v11070
+    void* write = nullptr;  // PFN_cuStreamWriteValue32_v11070
+  };
+  Signals signals_;
+  absl::Mutex side_mu_;
+  cudaStream_t side_stream_ ABSL_GUARDED_BY(side_mu_) = nullptr;
+  uint32_t* side_word_ ABSL_GUARDED_BY(side_mu_) = nullptr;  // pinned host memory
 
   mutable absl::Mutex mu_;
   mutable absl::Status poison_ ABSL_GUARDED_BY(mu_);

@@ -330,7 +330,7 @@ absl::Status CheckKernelLimits(const std::vector<StepItem>& items) {
 }  // namespace
 
 absl::Status CudaBackend::StepCheckImpl(const std::vector<StepItem>& items, void* workspace,
-                                        cudaStream_t s) {
+                                        cudaStream_t s, const StepCancel& cancel) {
   FP4Q_RETURN_IF_ERROR(CheckWorkspaceAligned(workspace));
   FP4Q_RETURN_IF_ERROR(CheckKernelLimits(items));
   const HostPlan h = BuildPlan(items);
@@ -371,6 +371,8 @@ absl::Status CudaBackend::StepCheckImpl(const std::vector<StepItem>& items, void
   d.upd_idx_acc = reinterpret_cast<const uint64_t*>(ws + l.upd_idx_acc);
   d.max_acc = reinterpret_cast<const uint32_t*>(ws + l.max_acc);
   d.fp_acc = reinterpret_cast<const uint64_t*>(ws + l.fp_acc);
+  d.cancel_word = cancel.word;
+  d.cancel_token = cancel.token;
   return FP4Q_CUDA_STATUS(LaunchStepDecide(d, s));
 }
 

@@ -591,9 +591,16 @@ __global__ void __launch_bounds__(kThreads) StepDecideKernel(const StepDecideArg
     a.plans[i] = plan;
     ok = ok && rep.outcome == step_ws::kOk;
   }
-  ok = __syncthreads_and(ok) != 0;
+  // Read once the items are decided, as late as the kernel can: a cancellation written while
+  // it ran (the host timed out a ready signal the queued waits then saw) still refuses the batch.
+  const bool cancelled =
+      __syncthreads_or(a.cancel_word != nullptr &&
+                       *static_cast<const volatile uint32_t*>(a.cancel_word) ==
+                           a.cancel_token) != 0;
+  ok = __syncthreads_and(ok && !cancelled) != 0;
   if (threadIdx.x == 0) {
     step_ws::Header h{};
+    h.cancelled = cancelled ? 1 : 0;
     h.ok = ok ? 1 : 0;
     h.checked = step_ws::kCheckedMagic;
     h.n_items = a.n_items;

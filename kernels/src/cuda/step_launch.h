@@ -51,6 +51,8 @@ struct StepDecideArgs {
   const uint64_t* upd_idx_acc = nullptr;
   const uint32_t* max_acc = nullptr;
   const uint64_t* fp_acc = nullptr;
+  const uint32_t* cancel_word = nullptr;  // StepCancel: refuse the batch when it holds the token
+  uint32_t cancel_token = 0;
 };
 
 // The apply's epilogue (one CTA, gated): global records of the weights and NVFP4 moments, and

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/step_test_util.h"
@@ -645,6 +646,77 @@ TEST_F(CudaTest, StepRefusalsMatchCpu) {
 }
 
 // ---------------------------------------------------------------- FiniteGuard and Amax
+
+// fp4qd's step behind device-side ready waits (RunStepOnDeviceSignals): queued behind a wait on
+// a ready word, the step does not run before the word holds its value (its done word stays 0, an
+// older value keeps it waiting), then matches the CPU bit for bit; cancelled (the token written,
+// then the ready word) it refuses every item and writes nothing, and the done word still comes.
+TEST_F(CudaTest, StepBehindDeviceWaitsRunsWhenReadyOrCancelled) {
+  if (!gpu().DeviceSignals()) GTEST_SKIP() << "no stream memory operations on this device";
+  StepCase c;
+  c.rows = 217;
+  c.cols = 256;
+  c.momentum = true;
+  c.hyper.momentum = 0.9f;
+  c.residual = true;
+  c.update_dtypes = {DType::kBF16};
+  c.out_dtypes = {DType::kBF16};
+  auto rng = Rng(8100);
+  for (const bool cancel : {false, true}) {
+    SCOPED_TRACE(cancel ? "cancelled" : "applied");
+    StepState host = MakeState(cpu(), c, 8101);
+    const StepState before = host;
+    const Updates u = RandomUpdates(c, Dist::kNormal, 0.5f, rng);
+    DeviceState dev(gpu(), host, u);
+    StepState shape = host;
+    const std::vector<StepItem> items = {dev.Item(c, &shape, u)};
+    DeviceBuffer words(gpu(), 64);  // the ready word at 0, done at 16, cancellation at 32
+    const std::vector<uint8_t> zero(64, 0);
+    words.Upload(zero.data(), zero.size());
+    auto* w = static_cast<uint8_t*>(words.get());
+    uint32_t* ready = reinterpret_cast<uint32_t*>(w);
+    uint32_t* done = reinterpret_cast<uint32_t*>(w + 16);
+    uint32_t* cancel_word = reinterpret_cast<uint32_t*>(w + 32);
+    const size_t bytes = StepWorkspaceBytes(items);
+    DeviceBuffer ws(gpu(), bytes);
+    absl::StatusOr<Stream> s = gpu().CreateStream();
+    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_TRUE(gpu().WaitValue32(ready, 5, *s).ok());
+    ASSERT_TRUE(gpu().StepCheck(items, ws.get(), bytes, *s, StepCancel{cancel_word, 77}).ok());
+    ASSERT_TRUE(gpu().StepApply(items, ws.get(), *s).ok());
+    ASSERT_TRUE(gpu().WriteValue32(done, 9, *s).ok());
+    auto done_now = [&] {
+      absl::StatusOr<uint32_t> v = gpu().ReadValue32Now(done);
+      EXPECT_TRUE(v.ok()) << v.status();
+      return v.ok() ? *v : 0xFFFFFFFFu;
+    };
+    absl::SleepFor(absl::Milliseconds(30));
+    EXPECT_EQ(done_now(), 0u);  // held by the wait
+    ASSERT_TRUE(gpu().WriteValue32Now(ready, 4).ok());  // an older value: still held
+    absl::SleepFor(absl::Milliseconds(30));
+    EXPECT_EQ(done_now(), 0u);
+    if (cancel) ASSERT_TRUE(gpu().WriteValue32Now(cancel_word, 77).ok());
+    ASSERT_TRUE(gpu().WriteValue32Now(ready, 5).ok());
+    StepReport report;
+    const absl::Status r = gpu().StepReadReport(items, ws.get(), &report, *s);
+    ASSERT_TRUE(r.ok()) << r;
+    gpu().DestroyStream(*s);
+    EXPECT_EQ(done_now(), 9u);
+    EXPECT_EQ(report.ok, !cancel);
+    EXPECT_EQ(report.cancelled, cancel);
+    StepState got = dev.Download(host);
+    StepState want = before;
+    if (cancel) {
+      for (auto& o : got.outs) {
+        EXPECT_EQ(o, std::vector<uint8_t>(o.size(), cuda_testing::kDevicePoison));
+      }
+      got.outs = want.outs;
+    } else {
+      step_testing::ReferenceStep(cpu(), c, u, &want);
+    }
+    EXPECT_TRUE(SameState(got, want));
+  }
+}
 
 TEST_F(CudaTest, FiniteGuardMatchesCpuAndRefusalsWriteNothing) {
   int id = 0;

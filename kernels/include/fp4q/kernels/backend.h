@@ -83,6 +83,22 @@ class Backend {
     return absl::UnimplementedError("IpcMappingSize: not available on this backend");
   }
 
+  // ---- Device-side signals (32-bit words in backend memory, e.g. a worker's IPC region). ----
+  // Whether the three queued/side-stream calls below run (CUDA stream memory operations, probed
+  // when the backend is created). False: each returns UNIMPLEMENTED, and a caller polls and
+  // writes such words from the host.
+  virtual bool DeviceSignals() const { return false; }
+  // Queues on `stream` a wait, on the device, until the word at `at` holds `value` or a later
+  // one modulo 2^32 ((int32_t)(word - value) >= 0); the stream's later work runs after it.
+  virtual absl::Status WaitValue32(const void* at, uint32_t value, Stream stream);
+  // Queues on `stream` a write of `value` to the word at `at`, after the stream's earlier work
+  // and with a memory fence before it (what that work wrote is visible first).
+  virtual absl::Status WriteValue32(void* at, uint32_t value, Stream stream);
+  // Reads / writes the word now, on a stream of the backend's own that nothing else waits for,
+  // and returns once done: for a host watching (or releasing) a wait queued on another stream.
+  virtual absl::StatusOr<uint32_t> ReadValue32Now(const void* at);
+  virtual absl::Status WriteValue32Now(void* at, uint32_t value);
+
   // ---- Numerics. ----
 
   // Global amax of `x` (NaN ignored), written to *amax (backend memory, one float). With
@@ -132,9 +148,9 @@ class Backend {
   // StepWorkspaceBytes(items) bytes, 16-byte aligned, kept by the caller from StepCheck to the
   // last StepReadReport of the batch. The same `items` are passed to all three.
   // Queues the check of the whole batch (validates every item first: INVALID_ARGUMENT names
-  // "items[i].<field>").
+  // "items[i].<field>"). `cancel` (step.h): refuse the batch when its word holds its token.
   absl::Status StepCheck(const std::vector<StepItem>& items, void* workspace,
-                         size_t workspace_bytes, Stream stream);
+                         size_t workspace_bytes, Stream stream, const StepCancel& cancel = {});
   // Queues the apply: every item's state is rewritten when the batch's check passed, nothing
   // is written otherwise (the flag is read on the device). Once per StepCheck: its plan (amaxes,
   // old scales) is of the state the check saw. FAILED_PRECONDITION on the CPU backend when no
@@ -164,7 +180,7 @@ class Backend {
   virtual absl::Status DoMatmul(const ConstQuantizedTensor& a, const ConstQuantizedTensor& b,
                                 const MutTensor& c, Stream stream) = 0;
   virtual absl::Status DoStepCheck(const std::vector<StepItem>& items, void* workspace,
-                                   Stream stream) = 0;
+                                   Stream stream, const StepCancel& cancel) = 0;
   virtual absl::Status DoStepApply(const std::vector<StepItem>& items, void* workspace,
                                    Stream stream) = 0;
   virtual absl::Status DoStepReadReport(const std::vector<StepItem>& items,

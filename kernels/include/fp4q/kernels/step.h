@@ -156,9 +156,20 @@ struct StepItemReport {
   double bound = 0.0;    // kOutOfRange: the bound that passed the limit
 };
 
+// A step's cancellation word: the check refuses the whole batch, as a failed item would, when
+// the 32-bit word at `word` (backend memory) holds `token` as the check decides. fp4qd queues a
+// step behind device-side waits for the worker's ready signals (Backend::WaitValue32); when a
+// signal does not come in time it writes the token here, then releases the waits, so the queued
+// step runs on and changes nothing. A null word: never cancelled.
+struct StepCancel {
+  const uint32_t* word = nullptr;
+  uint32_t token = 0;
+};
+
 // A whole batch's outcome.
 struct StepReport {
-  bool ok = false;  // every item passed the check
+  bool ok = false;         // every item passed the check (and the step was not cancelled)
+  bool cancelled = false;  // the StepCancel word held its token: nothing was applied
   std::vector<StepItemReport> items;
   // Fingerprint of every update, item by item and within an item in update order: a 64-bit
   // hash of the update's dtype, shape and bytes (NUMERICS 10.7), equal for equal updates.

@@ -1,0 +1,116 @@
+// Device-side signals of the CUDA backend: a stream waits for, or writes, a 32-bit word in device
+// memory (a worker's IPC region) without the host. These are the driver's stream memory
+// operations (cuStreamWaitValue32 / cuStreamWriteValue32), reached through the runtime's driver
+// entry points so that the module still links only the runtime. fp4qd uses them for a step's
+// ready signals (its kernels queued behind the waits) and done signals (written behind them).
+#include <cudaTypedefs.h>
+
+#include "absl/strings/str_cat.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_status.h"
+#include "fp4q/common/status_macros.h"
+
+namespace fp4q::kernels::cuda {
+namespace {
+
+// CU_STREAM_WAIT_VALUE_GEQ: (int32_t)(*addr - value) >= 0, the cyclic order of a step counter.
+constexpr unsigned int kWaitGeq = CU_STREAM_WAIT_VALUE_GEQ;
+// CU_STREAM_WRITE_VALUE_DEFAULT: a memory fence before the write.
+constexpr unsigned int kWriteFenced = CU_STREAM_WRITE_VALUE_DEFAULT;
+
+absl::Status DriverStatus(const char* what, int result) {
+  if (result == CUDA_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": CUresult ", result));
+}
+
+using WaitFn = PFN_cuStreamWaitValue32_v11070;
+using WriteFn = PFN_cuStreamWriteValue32_v11070;
+
+void* EntryPoint(const char* symbol) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t e =
+      cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &found);
+  if (e != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return fn;
+}
+
+}  // namespace
+
+void CudaBackend::ProbeSignals() {
+  Signals found;
+  found.wait = EntryPoint("cuStreamWaitValue32");
+  found.write = EntryPoint("cuStreamWriteValue32");
+  if (found.wait == nullptr || found.write == nullptr || !Enter().ok()) return;
+  absl::MutexLock lock(&side_mu_);
+  cudaStream_t side = nullptr;
+  uint32_t* pinned = nullptr;
+  void* word = nullptr;
+  bool ok = cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess &&
+            cudaHostAlloc(reinterpret_cast<void**>(&pinned), 16, cudaHostAllocPortable) ==
+                cudaSuccess &&
+            cudaMalloc(&word, 16) == cudaSuccess &&
+            cudaMemsetAsync(word, 0, 16, side) == cudaSuccess;
+  // The probe: a write then a wait for it on the side stream, then the word read back.
+  const auto at = reinterpret_cast<CUdeviceptr>(word);
+  ok = ok && reinterpret_cast<WriteFn>(found.write)(side, at, 7, kWriteFenced) == CUDA_SUCCESS &&
+       reinterpret_cast<WaitFn>(found.wait)(side, at, 7, kWaitGeq) == CUDA_SUCCESS &&
+       cudaMemcpyAsync(pinned, word, 4, cudaMemcpyDeviceToHost, side) == cudaSuccess &&
+       cudaStreamSynchronize(side) == cudaSuccess && *pinned == 7;
+  if (word != nullptr) cudaFree(word);
+  cudaGetLastError();  // a failed probe is not an error of anyone's later call
+  if (!ok) {
+    if (side != nullptr) cudaStreamDestroy(side);
+    if (pinned != nullptr) cudaFreeHost(pinned);
+    return;
+  }
+  side_stream_ = side;
+  side_word_ = pinned;
+  signals_ = found;
+}
+
+absl::Status CudaBackend::WaitValue32(const void* at, uint32_t value, Stream stream) {
+  if (signals_.wait == nullptr) return Backend::WaitValue32(at, value, stream);
+  if (at == nullptr) return absl::InvalidArgumentError("at: null");
+  FP4Q_RETURN_IF_ERROR(Enter());
+  return DriverStatus("cuStreamWaitValue32",
+                      reinterpret_cast<WaitFn>(signals_.wait)(
+                          Resolve(stream), reinterpret_cast<CUdeviceptr>(at), value, kWaitGeq));
+}
+
+absl::Status CudaBackend::WriteValue32(void* at, uint32_t value, Stream stream) {
+  if (signals_.write == nullptr) return Backend::WriteValue32(at, value, stream);
+  if (at == nullptr) return absl::InvalidArgumentError("at: null");
+  FP4Q_RETURN_IF_ERROR(Enter());
+  return DriverStatus("cuStreamWriteValue32",
+                      reinterpret_cast<WriteFn>(signals_.write)(
+                          Resolve(stream), reinterpret_cast<CUdeviceptr>(at), value, kWriteFenced));
+}
+
+absl::StatusOr<uint32_t> CudaBackend::ReadValue32Now(const void* at) {
+  if (signals_.wait == nullptr) return Backend::ReadValue32Now(at);
+  if (at == nullptr) return absl::InvalidArgumentError("at: null");
+  FP4Q_RETURN_IF_ERROR(Enter());
+  absl::MutexLock lock(&side_mu_);
+  FP4Q_RETURN_IF_ERROR(Track(FP4Q_CUDA_STATUS(
+      cudaMemcpyAsync(side_word_, at, 4, cudaMemcpyDeviceToHost, side_stream_))));
+  FP4Q_RETURN_IF_ERROR(Track(FP4Q_CUDA_STATUS(cudaStreamSynchronize(side_stream_))));
+  return *side_word_;
+}
+
+absl::Status CudaBackend::WriteValue32Now(void* at, uint32_t value) {
+  if (signals_.write == nullptr) return Backend::WriteValue32Now(at, value);
+  if (at == nullptr) return absl::InvalidArgumentError("at: null");
+  FP4Q_RETURN_IF_ERROR(Enter());
+  absl::MutexLock lock(&side_mu_);
+  FP4Q_RETURN_IF_ERROR(DriverStatus(
+      "cuStreamWriteValue32",
+      reinterpret_cast<WriteFn>(signals_.write)(side_stream_, reinterpret_cast<CUdeviceptr>(at),
+                                                value, kWriteFenced)));
+  return Track(FP4Q_CUDA_STATUS(cudaStreamSynchronize(side_stream_)));
+}
+
+}  // namespace fp4q::kernels::cuda
