@@ -10,10 +10,12 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "fp4q/common/status_macros.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/step_test_util.h"
@@ -681,26 +683,36 @@ TEST_F(CudaTest, StepBehindDeviceWaitsRunsWhenReadyOrCancelled) {
     DeviceBuffer ws(gpu(), bytes);
     absl::StatusOr<Stream> s = gpu().CreateStream();
     ASSERT_TRUE(s.ok()) << s.status();
-    ASSERT_TRUE(gpu().WaitValue32(ready, 5, *s).ok());
-    ASSERT_TRUE(gpu().StepCheck(items, ws.get(), bytes, *s, StepCancel{cancel_word, 77}).ok());
-    ASSERT_TRUE(gpu().StepApply(items, ws.get(), *s).ok());
-    ASSERT_TRUE(gpu().WriteValue32(done, 9, *s).ok());
     auto done_now = [&] {
       absl::StatusOr<uint32_t> v = gpu().ReadValue32Now(done);
       EXPECT_TRUE(v.ok()) << v.status();
       return v.ok() ? *v : 0xFFFFFFFFu;
     };
-    absl::SleepFor(absl::Milliseconds(30));
-    EXPECT_EQ(done_now(), 0u);  // held by the wait
-    ASSERT_TRUE(gpu().WriteValue32Now(ready, 4).ok());  // an older value: still held
-    absl::SleepFor(absl::Milliseconds(30));
-    EXPECT_EQ(done_now(), 0u);
-    if (cancel) ASSERT_TRUE(gpu().WriteValue32Now(cancel_word, 77).ok());
-    ASSERT_TRUE(gpu().WriteValue32Now(ready, 5).ok());
+    // The host side, as fp4qd's: another thread watches and writes the words while the step is
+    // queued (a tool that makes launches synchronous blocks the queuing thread until then).
+    uint32_t held = 0xFFFFFFFFu, held_older = 0xFFFFFFFFu;  // not read yet
+    std::thread watcher([&] {
+      absl::SleepFor(absl::Milliseconds(30));
+      held = done_now();  // still held by the wait
+      EXPECT_TRUE(gpu().WriteValue32Now(ready, 4).ok());  // an older value: still held
+      absl::SleepFor(absl::Milliseconds(30));
+      held_older = done_now();
+      if (cancel) EXPECT_TRUE(gpu().WriteValue32Now(cancel_word, 77).ok());
+      EXPECT_TRUE(gpu().WriteValue32Now(ready, 5).ok());
+    });
+    const absl::Status queued = [&]() -> absl::Status {
+      FP4Q_RETURN_IF_ERROR(gpu().WaitValue32(ready, 5, *s));
+      FP4Q_RETURN_IF_ERROR(gpu().StepCheck(items, ws.get(), bytes, *s, StepCancel{cancel_word, 77}));
+      FP4Q_RETURN_IF_ERROR(gpu().StepApply(items, ws.get(), *s));
+      return gpu().WriteValue32(done, 9, *s);
+    }();
     StepReport report;
-    const absl::Status r = gpu().StepReadReport(items, ws.get(), &report, *s);
-    ASSERT_TRUE(r.ok()) << r;
+    const absl::Status r = queued.ok() ? gpu().StepReadReport(items, ws.get(), &report, *s) : queued;
+    watcher.join();
     gpu().DestroyStream(*s);
+    ASSERT_TRUE(r.ok()) << r;
+    EXPECT_EQ(held, 0u);
+    EXPECT_EQ(held_older, 0u);
     EXPECT_EQ(done_now(), 9u);
     EXPECT_EQ(report.ok, !cancel);
     EXPECT_EQ(report.cancelled, cancel);
