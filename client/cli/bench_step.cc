@@ -137,18 +137,19 @@ FloorBytes FloorFor(const std::vector<WeightShape>& shapes, const StepOptions& o
     f.gradient += 2 * n;
     f.dequantized += 2 * n;
     if (options.error_feedback) f.residual += 8 * n;
-    if (options.optimizer == Optimizer::kAdamW) {
-      switch (options.state_dtype) {
-        case StateDType::kF32:
-          f.optimizer_state += 16 * n;  // m and v, 4 B each, read + written
-          break;
-        case StateDType::kBf16:
-          f.optimizer_state += 8 * n;
-          break;
-        case StateDType::kNvfp4:
-          f.optimizer_state += 2 * 2 * (n / 2 + n / 16);  // two moments, read + written
-          break;
-      }
+    const uint64_t moments = options.optimizer == Optimizer::kAdamW ? 2  // m and v
+                             : options.momentum > 0.0f                ? 1  // the momentum buffer
+                                                                      : 0;
+    switch (options.state_dtype) {  // each moment read + written
+      case StateDType::kF32:
+        f.optimizer_state += moments * 8 * n;
+        break;
+      case StateDType::kBf16:
+        f.optimizer_state += moments * 4 * n;
+        break;
+      case StateDType::kNvfp4:
+        f.optimizer_state += moments * 2 * (n / 2 + n / 16);
+        break;
     }
   }
   return f;
@@ -166,11 +167,12 @@ uint64_t EstimatedStateBytes(const std::vector<WeightShape>& shapes, const StepO
     const uint64_t n = s.elements();
     bytes += n / 2 + n / 16;
     if (options.error_feedback) bytes += 4 * n;
-    if (options.optimizer == Optimizer::kAdamW) {
-      bytes += options.state_dtype == StateDType::kF32    ? 8 * n
-               : options.state_dtype == StateDType::kBf16 ? 4 * n
-                                                          : 2 * (n / 2 + n / 16);
-    }
+    const uint64_t moments = options.optimizer == Optimizer::kAdamW ? 2
+                             : options.momentum > 0.0f                ? 1
+                                                                      : 0;
+    bytes += moments * (options.state_dtype == StateDType::kF32    ? 4 * n
+                        : options.state_dtype == StateDType::kBf16 ? 2 * n
+                                                                   : n / 2 + n / 16);
   }
   return bytes;
 }
@@ -209,6 +211,12 @@ v1::CreateWeightRequest CreateRequest(const WeightShape& shape, size_t index,
                                                                       : v1::STATE_DTYPE_F32);
   } else {
     spec->set_kind(v1::OPTIMIZER_KIND_SGD);
+    if (options.momentum > 0.0f) {
+      spec->set_momentum(true);
+      spec->set_state_dtype(options.state_dtype == StateDType::kBf16    ? v1::STATE_DTYPE_BF16
+                            : options.state_dtype == StateDType::kNvfp4 ? v1::STATE_DTYPE_NVFP4
+                                                                        : v1::STATE_DTYPE_F32);
+    }
   }
   req.set_device_uuid(device_uuid);
   return req;
@@ -227,7 +235,7 @@ v1::StepRequest BuildStepRequest(const std::vector<WeightShape>& shapes, const L
     a->set_eps(1e-8f);
     a->set_weight_decay(0.01f);
   } else {
-    g->mutable_sgd();  // plain SGD: no momentum, no weight decay
+    g->mutable_sgd()->set_momentum(options.momentum);  // no weight decay
   }
   req.set_kind(v1::UPDATE_KIND_GRADIENT);
   req.set_brief_reply(true);  // DQ(W) goes to regions: nothing to read per item (as fp4q.optim)
@@ -267,7 +275,8 @@ double GigabytesPerSecond(uint64_t bytes, double micros) {
 
 std::string ReportJson(const Report& r) {
   const uint64_t floor = r.floor.total();
-  const bool adamw = r.options.optimizer == Optimizer::kAdamW;
+  const bool stateful =
+      r.options.optimizer == Optimizer::kAdamW || r.options.momentum > 0.0f;
   const double per_param =
       r.parameters == 0 ? 0.0 : static_cast<double>(floor) / static_cast<double>(r.parameters);
   const double wall_gbps = GigabytesPerSecond(floor, r.wall.p50);
@@ -290,7 +299,8 @@ std::string ReportJson(const Report& r) {
       "\",\n  \"error_feedback\": ", r.options.error_feedback ? "true" : "false",
       ",\n  \"rounding\": \"", r.options.stochastic_rounding ? "sr" : "rtn",
       "\",\n  \"scaling\": \"", r.options.delayed_scaling ? "delayed" : "current",
-      "\",\n  \"state_dtype\": \"", adamw ? StateDTypeName(r.options.state_dtype) : "none",
+      "\",\n  \"momentum\": ", absl::StrFormat("%g", r.options.momentum),
+      ",\n  \"state_dtype\": \"", stateful ? StateDTypeName(r.options.state_dtype) : "none",
       "\",\n  \"lr\": ", absl::StrFormat("%g", r.options.lr), ",\n  \"init\": ", Quote(r.init),
       ",\n  \"align\": ", r.align, ",\n  \"iters\": ", r.iters, ",\n  \"warmup\": ", r.warmup,
       ",\n  \"setup_s\": ", absl::StrFormat("%.2f", r.setup_s),

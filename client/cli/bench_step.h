@@ -58,7 +58,8 @@ struct StepOptions {
   bool error_feedback = true;
   bool stochastic_rounding = false;           // false: round to nearest
   bool delayed_scaling = false;               // false: current scaling
-  StateDType state_dtype = StateDType::kF32;  // AdamW's m and v
+  StateDType state_dtype = StateDType::kF32;  // AdamW's m and v, or SGD's momentum buffer
+  float momentum = 0.0f;  // SGD: torch's momentum; > 0 keeps a momentum buffer (state_dtype)
   float lr = 1e-3f;
   uint64_t seed = 1;  // weight i gets seed + i (stochastic rounding)
 };
@@ -73,7 +74,8 @@ struct FloorBytes {
   uint64_t gradient = 0;         // bf16 gradient read: 2 B
   uint64_t dequantized = 0;      // bf16 DQ(W) written: 2 B
   uint64_t residual = 0;         // f32 residual read + written: 8 B (error feedback only)
-  uint64_t optimizer_state = 0;  // AdamW m and v read + written: f32 16 B, bf16 8 B,
+  uint64_t optimizer_state = 0;  // SGD's momentum buffer read + written (f32 8 B, bf16 4 B,
+                                 // nvfp4 2 x 0.5625 B); AdamW m and v: f32 16 B, bf16 8 B,
                                  // nvfp4 2.25 B (codes + scales of each, both directions)
   uint64_t total() const {
     return codes + scales + gradient + dequantized + residual + optimizer_state;

@@ -22,9 +22,10 @@ bool ValidNameChars(const std::string& s) {
 
 const char kUsage[] =
     "Usage: fp4q [--server ADDR] bench-step [--model gpt2-small|llama3-8b|square8192]\n"
-    "           [--layers N] [--shapes RxC,...] [--optimizer sgd|adamw] [--ef|--no-ef]\n"
-    "           [--rounding rtn|sr] [--scaling current|delayed] [--state-dtype f32|bf16|nvfp4]\n"
-    "           [--lr X] [--iters N] [--warmup N] [--init ipc|inline] [--align BYTES]\n"
+    "           [--layers N] [--shapes RxC,...] [--optimizer sgd|adamw] [--momentum X]\n"
+    "           [--ef|--no-ef] [--rounding rtn|sr] [--scaling current|delayed]\n"
+    "           [--state-dtype f32|bf16|nvfp4] [--lr X] [--iters N] [--warmup N]\n"
+    "           [--init ipc|inline] [--align BYTES]\n"
     "           [--prefix NAME] [--copy-bandwidth GBPS] [--cuda-runtime LIB] [--json FILE]\n"
     "           [--fast-socket PATH [--spin-us N]] [--plan]\n"
     "\n"
@@ -50,7 +51,10 @@ const char kUsage[] =
     "  --ef, --no-ef      error feedback (an f32 residual per weight; default --ef)\n"
     "  --rounding R       rtn (default) or sr (stochastic)\n"
     "  --scaling S        current (default) or delayed global scale\n"
-    "  --state-dtype D    AdamW's m and v: f32 (default), bf16 or nvfp4 (with --optimizer adamw)\n"
+    "  --momentum X       SGD's momentum, in [0, 1) (default 0: plain SGD); > 0 keeps a momentum\n"
+    "                     buffer per weight, as torch.optim.SGD(momentum=X)\n"
+    "  --state-dtype D    AdamW's m and v or SGD's momentum buffer: f32 (default), bf16 or nvfp4\n"
+    "                     (with --optimizer adamw or --momentum)\n"
     "  --lr X             learning rate (default 0.001)\n"
     "  --iters N          measured steps (default 100)\n"
     "  --warmup N         unmeasured steps first (default 10)\n"
@@ -117,14 +121,29 @@ absl::Status ParseConfig(const ParsedArgs& args, Config* c) {
   if (args.flags.count("ef") != 0 && args.flags.count("no-ef") != 0) {
     return absl::InvalidArgumentError("options '--ef' and '--no-ef' exclude each other");
   }
-  if (args.values.count("state-dtype") != 0 && *optimizer != "adamw") {
-    return absl::InvalidArgumentError("option '--state-dtype' needs --optimizer adamw");
+  double momentum = 0.0;
+  if (args.values.count("momentum") != 0) {
+    if (*optimizer != "sgd") {
+      return absl::InvalidArgumentError("option '--momentum' needs --optimizer sgd");
+    }
+    absl::StatusOr<double> m = GetDouble(args, "momentum", 0.0);
+    if (!m.ok()) return m.status();
+    if (!std::isfinite(*m) || *m < 0.0 || *m >= 1.0) {
+      return absl::InvalidArgumentError(absl::StrCat("option '--momentum' must be in [0, 1), got ",
+                                                     GetString(args, "momentum", "")));
+    }
+    momentum = *m;
+  }
+  if (args.values.count("state-dtype") != 0 && *optimizer != "adamw" && momentum <= 0.0) {
+    return absl::InvalidArgumentError(
+        "option '--state-dtype' needs --optimizer adamw or --momentum > 0");
   }
   StepOptions& o = c->options;
   o.optimizer = *optimizer == "adamw" ? bench_step::Optimizer::kAdamW : bench_step::Optimizer::kSgd;
   o.error_feedback = args.flags.count("no-ef") == 0;
   o.stochastic_rounding = *rounding == "sr";
   o.delayed_scaling = *scaling == "delayed";
+  o.momentum = static_cast<float>(momentum);
   o.state_dtype = *state == "bf16"    ? bench_step::StateDType::kBf16
                   : *state == "nvfp4" ? bench_step::StateDType::kNvfp4
                                       : bench_step::StateDType::kF32;

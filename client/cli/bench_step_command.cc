@@ -129,7 +129,7 @@ int RunBenchStep(const CommandContext& context) {
   spec.valued = {"model",   "layers",      "shapes", "optimizer",      "rounding",
                  "scaling", "state-dtype", "lr",     "iters",          "warmup",
                  "init",    "align",       "prefix", "copy-bandwidth", "cuda-runtime",
-                 "json",    "fast-socket", "spin-us"};
+                 "json",    "fast-socket", "spin-us",        "momentum"};
   spec.boolean = {"ef", "no-ef", "plan"};
   absl::StatusOr<ParsedArgs> args = ParseArgs(context.args, 0, spec);
   if (!args.ok()) return UsageFailure(kName, std::string(args.status().message()));

@@ -135,9 +135,17 @@ TEST(BenchStepFloor, BytesPerParameterForEachOptionSet) {
         << OptimizerName(c.options.optimizer) << " ef=" << c.options.error_feedback << " "
         << StateDTypeName(c.options.state_dtype);
   }
-  // State dtype means nothing without AdamW.
+  // State dtype means nothing without AdamW or SGD's momentum buffer.
   EXPECT_DOUBLE_EQ(FloorBytesPerParameter(m, Options(Optimizer::kSgd, true, StateDType::kBf16)),
                    13.125);
+  // SGD with momentum: its buffer read + written.
+  StepOptions mom = Options(Optimizer::kSgd, true);
+  mom.momentum = 0.9f;
+  EXPECT_DOUBLE_EQ(FloorBytesPerParameter(m, mom), 21.125);
+  mom.state_dtype = StateDType::kBf16;
+  EXPECT_DOUBLE_EQ(FloorBytesPerParameter(m, mom), 17.125);
+  mom.state_dtype = StateDType::kNvfp4;
+  EXPECT_DOUBLE_EQ(FloorBytesPerParameter(m, mom), 14.25);
 }
 
 TEST(BenchStepFloor, ExactBytesByPart) {
@@ -163,6 +171,9 @@ TEST(BenchStepFloor, EstimatedServerState) {
             256u + 32 + 2048 + 4096);
   EXPECT_EQ(EstimatedStateBytes(one, Options(Optimizer::kAdamW, false, StateDType::kNvfp4)),
             256u + 32 + 576);
+  StepOptions mom = Options(Optimizer::kSgd, true);
+  mom.momentum = 0.5f;
+  EXPECT_EQ(EstimatedStateBytes(one, mom), 256u + 32 + 2048 + 2048);
 }
 
 TEST(BenchStepLayout, BackToBackAlignedSlices) {
@@ -209,6 +220,15 @@ TEST(BenchStepRequests, CreateWeightCarriesTheOptions) {
   EXPECT_TRUE(s.options().error_feedback());
   EXPECT_EQ(s.options().scaling(), v1::SCALING_CURRENT);
   EXPECT_EQ(s.options().optimizer().kind(), v1::OPTIMIZER_KIND_SGD);
+  EXPECT_FALSE(s.options().optimizer().momentum());
+
+  StepOptions m;
+  m.momentum = 0.9f;
+  m.state_dtype = StateDType::kBf16;
+  const v1::CreateWeightRequest b = CreateRequest({"w", 16, 16}, 0, m, "");
+  EXPECT_EQ(b.options().optimizer().kind(), v1::OPTIMIZER_KIND_SGD);
+  EXPECT_TRUE(b.options().optimizer().momentum());
+  EXPECT_EQ(b.options().optimizer().state_dtype(), v1::STATE_DTYPE_BF16);
 }
 
 TEST(BenchStepRequests, StepNamesEveryGradientAndParameterSlice) {
@@ -241,6 +261,8 @@ TEST(BenchStepRequests, StepNamesEveryGradientAndParameterSlice) {
     EXPECT_EQ(it.dequantized_out().region().offset(), l.offsets[i]);
     EXPECT_FALSE(it.return_dequantized());
   }
+  o.momentum = 0.9f;
+  EXPECT_FLOAT_EQ(BuildStepRequest(shapes, l, grads, params, o).groups(0).sgd().momentum(), 0.9f);
   const v1::StepRequest a = BuildStepRequest(shapes, l, grads, params,
                                              Options(Optimizer::kAdamW, true, StateDType::kBf16));
   ASSERT_TRUE(a.groups(0).has_adamw());

@@ -61,7 +61,11 @@ TEST(CliBenchStep, UsageMistakesExitTwoWithAMessage) {
       {{"--scaling", "late"}, "option '--scaling' must be one of current, delayed; got 'late'"},
       {{"--state-dtype", "f16", "--optimizer", "adamw"},
        "option '--state-dtype' must be one of f32, bf16, nvfp4; got 'f16'"},
-      {{"--state-dtype", "bf16"}, "option '--state-dtype' needs --optimizer adamw"},
+      {{"--state-dtype", "bf16"}, "option '--state-dtype' needs --optimizer adamw or --momentum > 0"},
+      {{"--momentum", "1"}, "option '--momentum' must be in [0, 1), got 1"},
+      {{"--momentum", "-0.1"}, "option '--momentum' must be in [0, 1), got -0.1"},
+      {{"--momentum", "nan"}, "option '--momentum' must be in [0, 1), got nan"},
+      {{"--momentum", "0.9", "--optimizer", "adamw"}, "option '--momentum' needs --optimizer sgd"},
       {{"--lr", "-1"}, "option '--lr' must be finite and >= 0, got -1"},
       {{"--lr", "x"}, "option '--lr' wants a number, got 'x'"},
       {{"--iters", "0"}, "options '--iters' (1-1000000) and '--warmup' (0-1000000)"},
@@ -95,9 +99,9 @@ TEST(CliBenchStep, HelpListsTheCommandAndItsOptions) {
   EXPECT_THAT(r.out, HasSubstr("Usage: fp4q [--server ADDR] bench-step [--model "
                                "gpt2-small|llama3-8b|square8192]"));
   for (const char* option :
-       {"--optimizer sgd|adamw", "[--ef|--no-ef]", "--rounding rtn|sr", "--scaling current|delayed",
-        "--state-dtype f32|bf16|nvfp4", "--copy-bandwidth GBPS", "--fast-socket PATH",
-        "--json FILE", "13.125 B per parameter"}) {
+       {"--optimizer sgd|adamw", "[--momentum X]", "[--ef|--no-ef]", "--rounding rtn|sr",
+        "--scaling current|delayed", "--state-dtype f32|bf16|nvfp4", "--copy-bandwidth GBPS",
+        "--fast-socket PATH", "--json FILE", "13.125 B per parameter"}) {
     EXPECT_THAT(r.out, HasSubstr(option));
   }
 }
