@@ -12,7 +12,7 @@ Variants (the same model, seed and data):
 - fp4q: fp4q.optim.SGD (momentum 0.9, RTN + error feedback) storing the 16 block matrices in
   fp4qd (the rest in torch), step() waiting for the reply;
 - fp4q overlap: the same with overlap=True (step() returns once the step is sent; the stream
-  waits on the device for the new weights). Where fp4qd polls ready signals the host does not
+  waits on the device for the new weights). Where fp4qd takes ready signals the host does not
   wait for the gradients either (the stream writes the ready word behind the backward pass);
 - fp4q overlap, host sync: overlap=True with the ready signal left off, so step() waits on the
   host for the backward pass before sending (what overlap does with a server without ready

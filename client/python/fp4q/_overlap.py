@@ -15,7 +15,7 @@ whose kernels run once the new weights are in place. The reply is read later:
 - the next step() (or synchronize(), state_dict(), load_state_dict()) takes the outcome: the
   step count advances, or the error is raised there, before anything else is sent.
 
-Where the server also polls ready signals ("step_ready_signal"), the host does not wait for
+Where the server also takes ready signals ("step_ready_signal"), the host does not wait for
 the gradients either: a second word of the tensor, 16 bytes on, gets the same value from the
 worker's current stream once the backward pass queued before step() is done (a one-element fill
 queued behind it), and the step is sent at once with that ready signal (fp4q.v1.ReadySignal).
@@ -84,7 +84,7 @@ def _new_signal(device):
 
 class OverlappedSteps:
     """The in-flight step of one optimizer whose stored parameters are on `device`; `ready`:
-    the server polls ready signals."""
+    the server takes ready signals."""
 
     def __init__(self, client, device, ready=False):
         self._client = client

@@ -55,7 +55,7 @@ parameter on one CUDA device): step() sends the Step with a done signal (fp4q.v1
 makes the current CUDA stream wait on the device for it (cuStreamWaitValue32) and returns. The
 host goes on with the next forward pass while fp4qd applies the step; kernels queued on that
 stream after step() run once DQ(W) is in param.data. The reply is taken by the next step(), or by
-synchronize() (state_dict() and load_state_dict() call it). Where fp4qd polls ready signals
+synchronize() (state_dict() and load_state_dict() call it). Where fp4qd takes ready signals
 (fp4q.v1.ReadySignal, "step_ready_signal") step() does not wait on the host for the backward
 pass either: the current stream writes the step's value into a ready word behind it, and fp4qd
 reads no gradient before the word holds it. An error of the step in flight is raised by the
