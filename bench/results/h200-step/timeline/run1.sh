@@ -19,7 +19,7 @@ timeout 100 python3 bench/train_loop.py --fp4qd "$b/bin/fp4qd" --rounds 3 --batc
   --fp4qd-arg=--worker_spin_us=20000 --fp4qd-arg=--fast_socket_spin_us=20000 \
   --out $o/train-loop-b256-spin.json > $o/train-loop-b256-spin.txt 2>&1; echo "spin rc=$?"
 tail -12 $o/train-loop-b256-spin.txt
-B=$b MODES=gpt2 SCALING=delayed N=200 timeout 100 python3 bench/results/h200-step/timeline/trainloop.py \
+B=$b MODES=gpt2 SCALING=delayed N=200 timeout 100 python3 bench/results/h200-step/python-client/trainloop.py \
   > $o/trainloop-gpt2-delayed.txt 2>&1; echo "trainloop rc=$?"; cat $o/trainloop-gpt2-delayed.txt
 # (4) each kernel's device time in a step of the train suite's 16 block matrices (fp4qd under
 # Nsight Compute, gpu__time_duration only), current and delayed scaling, beside the host-timed
