@@ -77,6 +77,8 @@ class EngineRegionTest : public ::testing::Test {
     return r;
   }
 
+  void ReadySignalHoldsTheStep(bool device_signals);
+
   FakeIpcBackend* fake_ = nullptr;
   std::unique_ptr<Engine> engine_;
   std::vector<uint8_t> memory_;
@@ -509,7 +511,11 @@ TEST_F(EngineRegionTest, StepDoneSignalIsWrittenAfterTheDeviceWorkWhateverItsOut
 // StepRequest.ready_signal: the step reads no update before the worker's stream has written the
 // value (or a later one, modulo 2^32); a signal that does not come in time refuses the step with
 // nothing changed, and its done signal is still written.
-TEST_F(EngineRegionTest, StepReadySignalHoldsTheStepUntilTheWorkerWritesIt) {
+// The ready signal's contract, on a backend without device-side signals (fp4qd polls the word,
+// then runs the step) and on one with them (the step is queued behind a device-side wait, the
+// host watches the word and past the timeout cancels the step and releases the wait).
+void EngineRegionTest::ReadySignalHoldsTheStep(bool device_signals) {
+  if (device_signals) fake_->EmulateDeviceSignals();
   const std::string w0 = RandomF32(2 * 32, 51);
   for (const char* name : {"w", "ref"}) {
     CreateWeightRequest c;
@@ -554,11 +560,14 @@ TEST_F(EngineRegionTest, StepReadySignalHoldsTheStepUntilTheWorkerWritesIt) {
                        "ready_signal: the worker's stream did not write 5 within 30 ms (it "
                        "holds 4008636142); the step changed nothing"));
   EXPECT_EQ(done_value(), 5u) << "a step refused on its ready signal still signals done";
+  // Device-side, the cancelled step's wait was released by writing its value into the word.
+  EXPECT_EQ(__atomic_load_n(ready, __ATOMIC_ACQUIRE), device_signals ? 5u : 0xEEEEEEEEu);
   RequestContext soon = ctx_;
   soon.deadline = absl::Now() + absl::Milliseconds(30);
   EXPECT_THAT(step("w", 1, kOut, true, kReady, 6, 0, soon),
               StatusIs(absl::StatusCode::kDeadlineExceeded,
-                       HasSubstr("ready_signal: still waiting for 6 (it holds 4008636142): ")));
+                       HasSubstr(absl::StrCat("ready_signal: still waiting for 6 (it holds ",
+                                              device_signals ? 5u : 4008636142u, "): "))));
   EXPECT_EQ(memory_[kOut], 0xEE) << "a refused step wrote its DQ(W)";
   // The worker writes the gradient, then the signal, 50 ms after the step arrived.
   std::thread worker([&] {
@@ -578,6 +587,18 @@ TEST_F(EngineRegionTest, StepReadySignalHoldsTheStepUntilTheWorkerWritesIt) {
   auto wrapped = step("w", 1, kOut, true, kReady, 0xFFFFFFFEu, 30, ctx_);
   ASSERT_TRUE(wrapped.ok()) << wrapped.status();
   EXPECT_FALSE(wrapped->items[0].applied);
+  EXPECT_EQ(done_value(), 0xFFFFFFFEu) << "a retry signals done too (from the host)";
+  // Device-side: every step with a ready signal that got past validation queued its wait (the
+  // 30 ms timeout, the 30 ms deadline, the worker's, the wrapped retry).
+  EXPECT_EQ(fake_->device_waits(), device_signals ? 4 : 0);
+}
+
+TEST_F(EngineRegionTest, StepReadySignalHoldsTheStepUntilTheWorkerWritesIt) {
+  ReadySignalHoldsTheStep(false);
+}
+
+TEST_F(EngineRegionTest, StepReadySignalHoldsADeviceQueuedStepUntilTheWorkerWritesIt) {
+  ReadySignalHoldsTheStep(true);
 }
 
 TEST_F(EngineRegionTest, RegionLargerThanItsAllocationIsRefused) {

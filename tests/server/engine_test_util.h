@@ -4,18 +4,23 @@
 #define FP4Q_TESTS_SERVER_ENGINE_TEST_UTIL_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "fp4q/common/status_macros.h"
 #include "fp4q/kernels/backend.h"
 #include "gtest/gtest.h"
 #include "server/engine.h"
@@ -58,18 +63,58 @@ class FakeIpcBackend final : public kernels::Backend {
   absl::StatusOr<void*> Allocate(size_t bytes) override { return cpu_->Allocate(bytes); }
   void Free(void* p) override { cpu_->Free(p); }
   absl::Status CopyFromHost(void* d, const void* s, size_t n, kernels::Stream st) override {
-    return cpu_->CopyFromHost(d, s, n, st);
+    return Run(st, [=] { return cpu_->CopyFromHost(d, s, n, st); });
   }
   absl::Status CopyToHost(void* d, const void* s, size_t n, kernels::Stream st) override {
-    return cpu_->CopyToHost(d, s, n, st);
+    return Run(st, [=] { return cpu_->CopyToHost(d, s, n, st); });
   }
   absl::Status CopyDeviceToDevice(void* d, const void* s, size_t n, kernels::Stream st) override {
-    return cpu_->CopyDeviceToDevice(d, s, n, st);
+    return Run(st, [=] { return cpu_->CopyDeviceToDevice(d, s, n, st); });
   }
   absl::Status Memset(void* d, int v, size_t n, kernels::Stream st) override {
-    return cpu_->Memset(d, v, n, st);
+    return Run(st, [=] { return cpu_->Memset(d, v, n, st); });
   }
-  absl::Status Synchronize(kernels::Stream st) override { return cpu_->Synchronize(st); }
+  absl::Status Synchronize(kernels::Stream st) override {
+    FP4Q_RETURN_IF_ERROR(Drain(st, /*block=*/true));
+    return cpu_->Synchronize(st);
+  }
+
+  // Device-side signals, emulated: work queued on a stream behind a WaitValue32 whose word does
+  // not hold its value yet is deferred, and runs in order once it does (when the stream is
+  // synchronized or its report read, polling, or when WriteValue32Now writes a word). Off until
+  // called; counts the waits queued.
+  void EmulateDeviceSignals() { signals_.store(true); }
+  int device_waits() const { return waits_.load(); }
+  bool DeviceSignals() const override { return signals_.load(); }
+  absl::Status WaitValue32(const void* at, uint32_t value, kernels::Stream st) override {
+    if (!signals_.load()) return kernels::Backend::WaitValue32(at, value, st);
+    ++waits_;
+    std::lock_guard<std::mutex> lock(q_mu_);
+    queues_[st].push_back(Op{static_cast<const uint32_t*>(at), value, nullptr});
+    return absl::OkStatus();
+  }
+  absl::Status WriteValue32(void* at, uint32_t value, kernels::Stream st) override {
+    if (!signals_.load()) return kernels::Backend::WriteValue32(at, value, st);
+    return Run(st, [at, value] {
+      __atomic_store_n(static_cast<uint32_t*>(at), value, __ATOMIC_RELEASE);
+      return absl::OkStatus();
+    });
+  }
+  absl::StatusOr<uint32_t> ReadValue32Now(const void* at) override {
+    if (!signals_.load()) return kernels::Backend::ReadValue32Now(at);
+    return __atomic_load_n(static_cast<const uint32_t*>(at), __ATOMIC_ACQUIRE);
+  }
+  absl::Status WriteValue32Now(void* at, uint32_t value) override {
+    if (!signals_.load()) return kernels::Backend::WriteValue32Now(at, value);
+    __atomic_store_n(static_cast<uint32_t*>(at), value, __ATOMIC_RELEASE);
+    std::vector<kernels::Stream> streams;
+    {
+      std::lock_guard<std::mutex> lock(q_mu_);
+      for (const auto& [st, q] : queues_) streams.push_back(st);
+    }
+    for (kernels::Stream st : streams) FP4Q_RETURN_IF_ERROR(Drain(st, /*block=*/false));
+    return absl::OkStatus();
+  }
   absl::Status Healthy() const override {
     if (poisoned_.load()) return absl::InternalError("an illegal memory access was encountered");
     return cpu_->Healthy();
@@ -95,43 +140,46 @@ class FakeIpcBackend final : public kernels::Backend {
  protected:
   absl::Status DoAmax(const kernels::ConstTensor& x, float* amax, int64_t* first_nonfinite,
                       kernels::Stream s) override {
-    return cpu_->Amax(x, amax, s, first_nonfinite);
+    return Run(s, [=] { return cpu_->Amax(x, amax, s, first_nonfinite); });
   }
   absl::Status DoQuantize(const kernels::ConstTensor& x, const kernels::QuantizeOptions& o,
                           float* r, const kernels::QuantizedTensor* rw,
                           const kernels::QuantizedTensor* cw, kernels::FiniteGuard* guard,
                           kernels::Stream s) override {
-    return cpu_->Quantize(x, o, r, rw, cw, s, guard);
+    return Run(s, [=] { return cpu_->Quantize(x, o, r, rw, cw, s, guard); });
   }
   absl::Status DoDequantize(const kernels::ConstQuantizedTensor& q, const kernels::MutTensor& out,
                             kernels::Stream s) override {
-    return cpu_->Dequantize(q, out, s);
+    return Run(s, [=] { return cpu_->Dequantize(q, out, s); });
   }
   absl::Status DoQdq(const kernels::ConstTensor& x, const kernels::QuantizeOptions& o, float* r,
                      const kernels::MutTensor& out, kernels::FiniteGuard* guard,
                      kernels::Stream s) override {
-    return cpu_->Qdq(x, o, r, out, s, guard);
+    return Run(s, [=] { return cpu_->Qdq(x, o, r, out, s, guard); });
   }
   absl::Status DoMatmul(const kernels::ConstQuantizedTensor& a,
                         const kernels::ConstQuantizedTensor& b, const kernels::MutTensor& c,
                         kernels::Stream s) override {
-    return cpu_->Matmul(a, b, c, s);
+    return Run(s, [=] { return cpu_->Matmul(a, b, c, s); });
   }
   absl::Status DoStepCheck(const std::vector<kernels::StepItem>& items, void* ws,
                            kernels::Stream s, const kernels::StepCancel& cancel) override {
-    return cpu_->StepCheck(items, ws, kernels::StepWorkspaceBytes(items), s, cancel);
+    return Run(s, [=] {
+      return cpu_->StepCheck(items, ws, kernels::StepWorkspaceBytes(items), s, cancel);
+    });
   }
   absl::Status DoStepApply(const std::vector<kernels::StepItem>& items, void* ws,
                            kernels::Stream s) override {
-    return cpu_->StepApply(items, ws, s);
+    return Run(s, [=] { return cpu_->StepApply(items, ws, s); });
   }
   absl::Status DoStepReadReport(const std::vector<kernels::StepItem>& items, const void* ws,
                                 kernels::StepReport* report, kernels::Stream s) override {
+    FP4Q_RETURN_IF_ERROR(Drain(s, /*block=*/true));
     return cpu_->StepReadReport(items, ws, report, s);
   }
   absl::Status DoRht(const kernels::ConstTensor& in, kernels::RhtMode m, uint64_t seed, bool inv,
                      const kernels::MutTensor& out, kernels::Stream s) override {
-    return cpu_->Rht(in, m, seed, inv, out, s);
+    return Run(s, [=] { return cpu_->Rht(in, m, seed, inv, out, s); });
   }
 
  private:
@@ -144,6 +192,72 @@ class FakeIpcBackend final : public kernels::Backend {
   std::atomic<int> opens_{0};
   std::atomic<int> closes_{0};
   std::atomic<bool> poisoned_{false};
+
+  // A stream's deferred work: a wait (`at` non-null) or a call.
+  struct Op {
+    const uint32_t* at = nullptr;
+    uint32_t value = 0;
+    std::function<absl::Status()> call;
+  };
+  // Runs `call` now, or after the stream's deferred work when it has any.
+  absl::Status Run(kernels::Stream st, std::function<absl::Status()> call) {
+    {
+      std::lock_guard<std::mutex> lock(q_mu_);
+      auto it = queues_.find(st);
+      if (it != queues_.end() && !it->second.empty()) {
+        it->second.push_back(Op{nullptr, 0, std::move(call)});
+        return absl::OkStatus();
+      }
+    }
+    return call();
+  }
+  // Runs the stream's deferred work up to a wait whose word does not hold its value yet; with
+  // `block`, polls until none is left (at most 20 s) and returns the first error of the deferred
+  // calls.
+  absl::Status Drain(kernels::Stream st, bool block) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (;;) {
+      Op op;
+      {
+        std::lock_guard<std::mutex> lock(q_mu_);
+        std::deque<Op>& q = queues_[st];
+        if (q.empty()) {
+          if (!block) return absl::OkStatus();
+          absl::Status e = std::move(errors_[st]);
+          errors_.erase(st);
+          return e;
+        }
+        if (q.front().at != nullptr) {
+          const uint32_t v = __atomic_load_n(q.front().at, __ATOMIC_ACQUIRE);
+          if (static_cast<int32_t>(v - q.front().value) >= 0) {
+            q.pop_front();
+            continue;
+          }
+          if (!block) return absl::OkStatus();
+          if (std::chrono::steady_clock::now() > until) {
+            return absl::DeadlineExceededError("fake stream: still waiting on a word");
+          }
+        } else {
+          op = std::move(q.front());
+          q.pop_front();
+        }
+      }
+      if (op.call == nullptr) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        continue;
+      }
+      absl::Status r = op.call();
+      if (!r.ok()) {
+        std::lock_guard<std::mutex> lock(q_mu_);
+        if (errors_[st].ok()) errors_[st] = r;
+      }
+    }
+  }
+  std::atomic<bool> signals_{false};
+  std::atomic<int> waits_{0};
+  std::mutex q_mu_;
+  std::map<kernels::Stream, std::deque<Op>> queues_;
+  std::map<kernels::Stream, absl::Status> errors_;
 };
 
 // An engine on one CPU backend with options `o`.
