@@ -319,7 +319,7 @@ def check_optim_overlap(ipc):
     step() returns) are bit-identical to overlap=False's; a NaN gradient (refused on the device)
     and a deleted weight (refused before any device work: the client releases the stream) are
     raised by the next synchronize() naming the step, the stream never stays blocked, and the
-    refused step number is sent again. fp4qd polls ready signals, so the host never waits for
+    refused step number is sent again. fp4qd takes ready signals, so the host never waits for
     the gradients: each is made behind ~1.5 ms of GPU sleep, so a server reading it before its
     ready signal would read the last step's; a ready word never written is refused after
     fp4qd's timeout (DEADLINE_EXCEEDED) with nothing changed and the stream released."""
