@@ -89,6 +89,10 @@ struct EngineOptions {
   // The longest a step polls its ready signal (StepRequest.ready_signal; a request's own
   // timeout may be shorter), and the wait of a request that gives none. 1 ms - 60 s.
   absl::Duration step_ready_timeout = absl::Seconds(5);
+  // A step on one device whose backend has device-side signals (Backend::DeviceSignals) is
+  // queued behind device-side waits for its ready signals and writes its done signals from the
+  // device (RunStepOnDeviceSignals). Off: the host polls and writes them.
+  bool step_device_signals = true;
   // CPU backend: requests whose estimated multiply-adds pass this are RESOURCE_EXHAUSTED up
   // front (0: no limit).
   uint64_t cpu_max_request_flops = uint64_t{200000000000};

@@ -85,6 +85,11 @@ ABSL_FLAG(int32_t, step_ready_timeout_ms, 5000,
           "the longest a Step polls its ready signal (the worker's gradients complete) before "
           "refusing with DEADLINE_EXCEEDED, and the wait of a request that names none; the "
           "device's other work waits meanwhile; 1-60000");
+ABSL_FLAG(bool, step_device_signals, true,
+          "CUDA backend: queue a Step behind device-side waits for its ready signals and write "
+          "its done signals from the device (cuStreamWaitValue32 / cuStreamWriteValue32), so "
+          "the GPU goes from the worker's backward pass to the step without the host; false: "
+          "fp4qd polls and writes them from the host");
 ABSL_FLAG(int64_t, scratch_cache_mb, 256,
           "request scratch buffers kept cached per device (MiB; 0 = allocate and free per "
           "request)");
@@ -183,6 +188,7 @@ ServerOptions OptionsFromFlags() {
   e.streams_per_gpu = absl::GetFlag(FLAGS_streams_per_gpu);
   e.worker_spin = absl::Microseconds(absl::GetFlag(FLAGS_worker_spin_us));
   e.step_ready_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_ready_timeout_ms));
+  e.step_device_signals = absl::GetFlag(FLAGS_step_device_signals);
   const int64_t scratch_mb = absl::GetFlag(FLAGS_scratch_cache_mb);
   e.scratch_cache_bytes = scratch_mb < 0 || scratch_mb > (int64_t{1} << 20)
                               ? ~uint64_t{0}  // refused by ValidateServerOptions

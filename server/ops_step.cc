@@ -310,8 +310,8 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
   const kernels::Stream st = env.stream();
   // One device whose backend waits and writes on the device: no host round trip between the
   // worker's backward pass, the step's kernels and the worker's next forward pass.
-  const bool on_device = barrier == nullptr && b.DeviceSignals() &&
-                         (!job.ready.empty() || !job.signals.empty());
+  const bool on_device = barrier == nullptr && options_.step_device_signals &&
+                         b.DeviceSignals() && (!job.ready.empty() || !job.signals.empty());
   // The cancellation word after the workspace (RunStepOnDeviceSignals).
   FP4Q_ASSIGN_OR_RETURN(
       void* ws, env.Scratch(on_device ? CancelWordOffset(ws_bytes) + kCancelWordBytes : ws_bytes));

@@ -362,7 +362,12 @@ int RunServer(const ServerOptions& o, Logger& log) {
   }
   for (int i = 0; i < (*devices)->size(); ++i) {
     const Device& d = (*devices)->device(i);
-    log.Info("device", {{"backend", d.info.backend}, {"uuid", d.label}, {"name", d.info.name}});
+    log.Info("device", {{"backend", d.info.backend},
+                        {"uuid", d.label},
+                        {"name", d.info.name},
+                        {"step_signals", d.backend->DeviceSignals() && o.engine.step_device_signals
+                                             ? "device"
+                                             : "host"}});
   }
   const std::string backend_kind = (*devices)->kind();
 

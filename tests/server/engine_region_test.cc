@@ -36,6 +36,7 @@ class EngineRegionTest : public ::testing::Test {
     EngineOptions o;
     o.allow_cuda_ipc = true;
     o.cpu_workers = 1;
+    Tune(&o);
     auto e = Engine::Create(DeviceSet::FromBackends(std::move(b), true), o, nullptr, nullptr);
     ASSERT_TRUE(e.ok()) << e.status();
     engine_ = std::move(*e);
@@ -77,7 +78,10 @@ class EngineRegionTest : public ::testing::Test {
     return r;
   }
 
-  void ReadySignalHoldsTheStep(bool device_signals);
+  // A fixture's changes to the engine's options.
+  virtual void Tune(EngineOptions*) {}
+  // `emulate`: the backend has device-side signals; `device_signals`: the step takes them.
+  void ReadySignalHoldsTheStep(bool emulate, bool device_signals);
 
   FakeIpcBackend* fake_ = nullptr;
   std::unique_ptr<Engine> engine_;
@@ -514,8 +518,8 @@ TEST_F(EngineRegionTest, StepDoneSignalIsWrittenAfterTheDeviceWorkWhateverItsOut
 // The ready signal's contract, on a backend without device-side signals (fp4qd polls the word,
 // then runs the step) and on one with them (the step is queued behind a device-side wait, the
 // host watches the word and past the timeout cancels the step and releases the wait).
-void EngineRegionTest::ReadySignalHoldsTheStep(bool device_signals) {
-  if (device_signals) fake_->EmulateDeviceSignals();
+void EngineRegionTest::ReadySignalHoldsTheStep(bool emulate, bool device_signals) {
+  if (emulate) fake_->EmulateDeviceSignals();
   const std::string w0 = RandomF32(2 * 32, 51);
   for (const char* name : {"w", "ref"}) {
     CreateWeightRequest c;
@@ -594,11 +598,21 @@ void EngineRegionTest::ReadySignalHoldsTheStep(bool device_signals) {
 }
 
 TEST_F(EngineRegionTest, StepReadySignalHoldsTheStepUntilTheWorkerWritesIt) {
-  ReadySignalHoldsTheStep(false);
+  ReadySignalHoldsTheStep(false, false);
 }
 
 TEST_F(EngineRegionTest, StepReadySignalHoldsADeviceQueuedStepUntilTheWorkerWritesIt) {
-  ReadySignalHoldsTheStep(true);
+  ReadySignalHoldsTheStep(true, true);
+}
+
+// --step_device_signals=false: a backend that has them is polled from the host all the same.
+class EngineRegionHostSignalsTest : public EngineRegionTest {
+ protected:
+  void Tune(EngineOptions* o) override { o->step_device_signals = false; }
+};
+
+TEST_F(EngineRegionHostSignalsTest, StepDeviceSignalsOffPollsFromTheHost) {
+  ReadySignalHoldsTheStep(true, false);
 }
 
 TEST_F(EngineRegionTest, RegionLargerThanItsAllocationIsRefused) {

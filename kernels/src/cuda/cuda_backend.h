@@ -53,7 +53,7 @@ class CudaBackend final : public Backend {
 
   // Device-side signals (stream_signals.cc): cuStreamWaitValue32 / cuStreamWriteValue32 through
   // the runtime's driver entry points (this module does not link libcuda), probed once at
-  // creation on the backend's side stream.
+  // creation on the backend's side stream (skipped where launches may block).
   bool DeviceSignals() const override { return signals_.wait != nullptr; }
   absl::Status WaitValue32(const void* at, uint32_t value, Stream stream) override;
   absl::Status WriteValue32(void* at, uint32_t value, Stream stream) override;

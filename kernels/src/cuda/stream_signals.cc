@@ -5,6 +5,9 @@
 // ready signals (its kernels queued behind the waits) and done signals (written behind them).
 #include <cudaTypedefs.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_status.h"
@@ -38,9 +41,23 @@ void* EntryPoint(const char* symbol) {
   return fn;
 }
 
+// Whether launches may be synchronous here: CUDA_LAUNCH_BLOCKING=1, or a tool injected into
+// the process (compute-sanitizer, Nsight Compute: CUDA_INJECTION64_PATH, or a sanitizer
+// preloaded). A launch queued behind a device-side wait would then block the launching thread
+// until the word is written, and the host could not time the wait out.
+bool LaunchesMayBlock() {
+  const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
+  const char* injection = std::getenv("CUDA_INJECTION64_PATH");
+  const char* preload = std::getenv("LD_PRELOAD");
+  return (blocking != nullptr && std::string(blocking) == "1") ||
+         (injection != nullptr && injection[0] != '\0') ||
+         (preload != nullptr && std::string(preload).find("sanitizer") != std::string::npos);
+}
+
 }  // namespace
 
 void CudaBackend::ProbeSignals() {
+  if (LaunchesMayBlock()) return;
   Signals found;
   found.wait = EntryPoint("cuStreamWaitValue32");
   found.write = EntryPoint("cuStreamWriteValue32");

@@ -654,7 +654,10 @@ TEST_F(CudaTest, StepRefusalsMatchCpu) {
 // older value keeps it waiting), then matches the CPU bit for bit; cancelled (the token written,
 // then the ready word) it refuses every item and writes nothing, and the done word still comes.
 TEST_F(CudaTest, StepBehindDeviceWaitsRunsWhenReadyOrCancelled) {
-  if (!gpu().DeviceSignals()) GTEST_SKIP() << "no stream memory operations on this device";
+  if (!gpu().DeviceSignals()) {
+    GTEST_SKIP() << "no device-side signals: no stream memory operations, or launches may block "
+                    "here (CUDA_LAUNCH_BLOCKING=1, a sanitizer or profiler injected)";
+  }
   StepCase c;
   c.rows = 217;
   c.cols = 256;

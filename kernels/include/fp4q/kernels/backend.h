@@ -84,9 +84,11 @@ class Backend {
   }
 
   // ---- Device-side signals (32-bit words in backend memory, e.g. a worker's IPC region). ----
-  // Whether the three queued/side-stream calls below run (CUDA stream memory operations, probed
-  // when the backend is created). False: each returns UNIMPLEMENTED, and a caller polls and
-  // writes such words from the host.
+  // Whether the calls below run (CUDA stream memory operations, probed when the backend is
+  // created; off where launches may be synchronous, CUDA_LAUNCH_BLOCKING=1 or a tool injected
+  // such as compute-sanitizer or Nsight Compute, since a launch behind a wait would then block
+  // its thread). False: each returns UNIMPLEMENTED, and a caller polls and writes such words
+  // from the host.
   virtual bool DeviceSignals() const { return false; }
   // Queues on `stream` a wait, on the device, until the word at `at` holds `value` or a later
   // one modulo 2^32 ((int32_t)(word - value) >= 0); the stream's later work runs after it.
