@@ -396,7 +396,8 @@ absl::Status Engine::RunStepOnDeviceSignals(OpEnv& env, StepJob& job,
   // The cancellation word: zeroed (and done) before anything is queued, so the only write
   // the check can see is this step's own cancellation.
   kernels::StepCancel cancel;
-  uint32_t* word = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(ws) + CancelWordOffset(ws_bytes));
+  auto* word =
+      reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(ws) + CancelWordOffset(ws_bytes));
   if (!job.ready.empty()) {
     FP4Q_RETURN_IF_ERROR(b.WriteValue32Now(word, 0));
     cancel.word = word;
@@ -405,20 +406,16 @@ absl::Status Engine::RunStepOnDeviceSignals(OpEnv& env, StepJob& job,
   // Releases a stream held by the waits: the cancellation first, then each ready word its
   // value (the worker's own write of it later changes nothing). A check that decided before
   // the cancellation landed (the worker wrote its word in the meantime) applies the step.
-  auto release = [&]() -> absl::Status {
-    if (cancel.word == nullptr) return absl::OkStatus();
-    FP4Q_RETURN_IF_ERROR(b.WriteValue32Now(word, cancel.token));
+  auto release = [&] {
+    if (cancel.word == nullptr) return;
+    absl::Status s = b.WriteValue32Now(word, cancel.token);
     for (const StepJob::Ready& r : job.ready) {
-      FP4Q_RETURN_IF_ERROR(b.WriteValue32Now(const_cast<uint8_t*>(r.at), r.value));
+      if (s.ok()) s = b.WriteValue32Now(const_cast<uint8_t*>(r.at), r.value);
     }
-    return absl::OkStatus();
-  };
-  auto released = [&](const absl::Status& s) {
-    if (absl::Status r = release(); !r.ok() && logger_ != nullptr) {
+    if (!s.ok() && logger_ != nullptr) {
       logger_->Error("step stream not released",
-                     {{"step", absl::StrCat(job.step)}, {"error", r.ToString()}});
+                     {{"step", absl::StrCat(job.step)}, {"error", s.ToString()}});
     }
-    return s;
   };
   absl::Status queued = [&]() -> absl::Status {
     for (const StepJob::Ready& r : job.ready) {
@@ -438,13 +435,13 @@ absl::Status Engine::RunStepOnDeviceSignals(OpEnv& env, StepJob& job,
     // Part of the step may be queued behind the waits: release it (cancelled: it applies
     // nothing) and let it drain before the error goes back.
     job.done_queued = false;
-    released(queued).IgnoreError();
+    release();
     b.Synchronize(st).IgnoreError();
     return queued;
   }
   // The host only watches: the device starts the step when the words are written.
-  absl::Status ready = WaitReadySignals(env, job, /*side=*/true);
-  if (!ready.ok()) ready = released(ready);
+  const absl::Status ready = WaitReadySignals(env, job, /*side=*/true);
+  if (!ready.ok()) release();
   const absl::Status read =
       env.Kernel("step", [&] { return b.StepReadReport(kitems, ws, report, st); });
   if (!read.ok()) return read;
