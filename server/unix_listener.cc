@@ -166,7 +166,7 @@ void UnixListener::AcceptLoop(grpc::Server* server) {
 void UnixListener::Accept(grpc::Server* server, int fd) {
   const std::optional<PeerInfo> peer = UnixPeer(fd);
   if (!peer.has_value() || allowed_.count(static_cast<uid_t>(peer->uid)) == 0) {
-    ::close(fd);
+    // Logged before the close, so a peer that sees its connection end finds the line written.
     const int64_t refused = ++refused_;
     const absl::Time now = absl::Now();
     if (now - last_refusal_log_ >= absl::Seconds(1)) {
@@ -176,6 +176,7 @@ void UnixListener::Accept(grpc::Server* server, int fd) {
                         {"peer_pid", peer ? absl::StrCat(peer->pid) : "unknown"},
                         {"refused_total", absl::StrCat(refused)}});
     }
+    ::close(fd);
     return;
   }
   {
