@@ -10,12 +10,16 @@ Variants (the same model, seed and data):
 - torch: torch.optim.SGD (momentum 0.9) over every parameter, fp32 master weights: the loop a
   user would run without fp4q;
 - fp4q: fp4q.optim.SGD (momentum 0.9, RTN + error feedback) storing the 16 block matrices in
-  fp4qd (the rest in torch), step() waiting for the reply;
+  fp4qd (the rest in torch), step() waiting for the reply. Where fp4qd takes ready signals and
+  the backward pass is still running when step() is called, step() sends at once with a ready
+  word the stream writes behind it (fp4q.optim's ready_signal=True, the default);
+- fp4q, host sync: the same with ready_signal=False: step() waits on the host for the backward
+  pass before sending;
 - fp4q overlap: the same with overlap=True (step() returns once the step is sent; the stream
   waits on the device for the new weights). Where fp4qd takes ready signals the host does not
   wait for the gradients either (the stream writes the ready word behind the backward pass);
-- fp4q overlap, host sync: overlap=True with the ready signal left off, so step() waits on the
-  host for the backward pass before sending (what overlap does with a server without ready
+- fp4q overlap, host sync: overlap=True with ready_signal=False, so step() waits on the host
+  for the backward pass before sending (what overlap does with a server without ready
   signals).
 
 "fp4q cost" is (variant - torch) / variant: the share of the iteration the stored-weight step
@@ -63,9 +67,8 @@ def run_variant(variant, server, cfg, device, args, rounds):
         named = [(n, p) for n, p in model.named_parameters()]
         opt = fp4q.optim.SGD(named, lr=0.01, momentum=0.9, error_feedback=True, client=c,
                              exclude=[n for n, _ in named if n not in store],
-                             existing="replace", overlap=variant.startswith("fp4q overlap"))
-        if variant == "fp4q overlap, host sync":
-            opt._overlapped._ready = False
+                             existing="replace", overlap=variant.startswith("fp4q overlap"),
+                             ready_signal=not variant.endswith("host sync"))
         check_epoch = opt._check_reply_epoch
 
         def record(header, rpc):  # every Step reply's header passes here
@@ -128,11 +131,13 @@ def run_variant(variant, server, cfg, device, args, rounds):
             extra["step_on_stream_us"] = statistics.median(a.elapsed_time(b) * 1e3
                                                            for a, b in marks)
         if c is not None:
-            o = opt._overlapped
+            o, r = opt._overlapped, opt._ready_steps
             extra.update({"overlapped_steps": o.sent if o else 0,
                           "completed_in_step": o.completed if o else 0,
-                          "sent_with_ready_signal": o.ready_sent if o else 0,
+                          "sent_with_ready_signal": o.ready_sent if o else r.sent if r else 0,
                           "steps_timed_by_fp4qd": len(headers)})
+            if r is not None:  # synchronous steps: the stream was idle / the word timed out
+                extra.update({"sent_stream_idle": r.idle, "ready_fallbacks": r.fallbacks})
             if headers:
                 # fp4qd's reply header, medians: the step's device work (check, apply, report;
                 # launches included), the request's whole time in fp4qd (with overlap: the
@@ -173,7 +178,7 @@ def main(argv=None):
     if not args.fp4qd and not args.server:
         ap.error("give --fp4qd (start one) or --server")
     server = Fp4qd(args, cuda=device.type == "cuda")
-    variants = (["torch", "fp4q", "fp4q overlap", "fp4q overlap, host sync"]
+    variants = (["torch", "fp4q", "fp4q, host sync", "fp4q overlap", "fp4q overlap, host sync"]
                 if device.type == "cuda" else ["torch", "fp4q"])
     times = {v: [] for v in variants}
     losses, extras = {}, {}

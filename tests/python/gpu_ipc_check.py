@@ -322,18 +322,26 @@ def check_optim_overlap(ipc):
     refused step number is sent again. fp4qd takes ready signals, so the host never waits for
     the gradients: each is made behind ~1.5 ms of GPU sleep, so a server reading it before its
     ready signal would read the last step's; a ready word never written is refused after
-    fp4qd's timeout (DEADLINE_EXCEEDED) with nothing changed and the stream released."""
+    fp4qd's timeout (DEADLINE_EXCEEDED) with nothing changed and the stream released.
+    overlap=False's steps, with their ready signals (the default) and without (the host
+    waits), are bit-identical too; a synchronous step whose ready word is never written is sent
+    again after the host's wait and applies once."""
     import threading
     import fp4q.optim
+    from fp4q import _overlap
     g = torch.Generator(device="cuda").manual_seed(6)
     shapes = [(64, 128), (128, 64), (32, 256)]
     start = [torch.randn(s, device="cuda", generator=g).mul_(0.05).to(torch.bfloat16)
              for s in shapes]
     runs = {}
-    for overlap in (False, True):
+    # overlap=False with the host's wait, overlap=False with ready signals (the stream is busy
+    # at every step: each step carries one), overlap=True.
+    for variant, overlap, ready in (("host", False, False), ("ready", False, True),
+                                    ("overlap", True, True)):
         params = [torch.nn.Parameter(w.clone()) for w in start]
         opt = fp4q.optim.SGD(params, lr=0.05, momentum=0.9, error_feedback=True, client=ipc,
-                             name_prefix="overlap_check_%d_" % overlap, overlap=overlap)
+                             name_prefix="overlap_check_%s_" % variant, overlap=overlap,
+                             ready_signal=ready)
         history = []
         for step in range(8):
             gg = torch.Generator(device="cuda").manual_seed(200 + step)
@@ -346,14 +354,35 @@ def check_optim_overlap(ipc):
             opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         opt.synchronize()
-        runs[overlap] = (history, opt, params)
-    (h_sync, _, _), (h_over, opt, params) = runs[False], runs[True]
+        runs[variant] = (history, opt, params)
+    (h_sync, _, _), (h_ready, sync_opt, sync_params), (h_over, opt, params) = (
+        runs["host"], runs["ready"], runs["overlap"])
     steps_equal = [all(same(a, b) for a, b in zip(x, y)) for x, y in zip(h_sync, h_over)]
+    ready_equal = [all(same(a, b) for a, b in zip(x, y)) for x, y in zip(h_sync, h_ready)]
     finite = all(bool(torch.isfinite(t.float()).all()) for x in h_over for t in x)
-    o = opt._overlapped
+    o, r = opt._overlapped, sync_opt._ready_steps
     out = {"steps_bit_identical": steps_equal, "all_finite": finite,
            "server_step": opt.server_step, "sent_overlapped": o.sent,
-           "completed_in_step": o.completed, "sent_with_ready_signal": o.ready_sent}
+           "completed_in_step": o.completed, "sent_with_ready_signal": o.ready_sent,
+           "sync_ready_steps_bit_identical": ready_equal,
+           "sync_ready": None if r is None else {"sent": r.sent, "idle": r.idle}}
+    # Without overlap, a ready word never written: fp4qd refuses the step after its timeout,
+    # and step() sends it again after the host's wait; the step applies once.
+    if r is not None:
+        writes = _overlap._ready_order
+        _overlap._ready_order = lambda signal, device, value, sent: (
+            lambda transfer: transfer.before_send(skip=device))
+        try:
+            for p in sync_params:
+                p.grad = torch.full(p.shape, 0.01, device="cuda", dtype=torch.bfloat16)
+            torch.cuda._sleep(3000000)  # busy: the step carries a ready word
+            sync_opt.step()
+        finally:
+            _overlap._ready_order = writes
+        out["sync_ready_fallback"] = {"fallbacks": r.fallbacks,
+                                      "server_step": sync_opt.server_step, "off": r.off}
+    sync_ok = r is not None and all(ready_equal) and r.sent == 8 and r.idle == 0 and (
+        out["sync_ready_fallback"] == {"fallbacks": 1, "server_step": 9, "off": None})
 
     def stream_released():
         done = threading.Event()
@@ -411,7 +440,8 @@ def check_optim_overlap(ipc):
     ready_ok = bool(out["ready_error"]) and out["ready_error"].startswith(
         "DEADLINE_EXCEEDED: step 10 (overlap=True") and (
         "ready_signal: the worker's stream did not write" in out["ready_error"])
-    out["ok"] = (all(steps_equal) and finite and opt.server_step == 10 and o.sent >= 12 and
+    out["ok"] = (sync_ok and all(steps_equal) and finite and opt.server_step == 10 and
+                 o.sent >= 12 and
                  o.ready_sent >= 8 and out["released_after_device_refusal"] and
                  out["released_after_host_refusal"] and out["released_after_ready_timeout"]
                  and out["server_step_after_resend"] == 9 and

@@ -111,6 +111,8 @@ class ConstructionTest(Assertions):
              r"^rank: 2 is not in \[0, 2\)$"),
             (lambda: fp4q.optim.SGD(p, lr=0.1, overlap=1, client=c),
              r"^overlap: 1 is not a bool$"),
+            (lambda: fp4q.optim.AdamW(p, ready_signal="yes", client=c),
+             r"^ready_signal: 'yes' is not a bool$"),
             (lambda: fp4q.optim.AdamW(p, overlap=True, client=c),
              r"^overlap: True needs a server that offers cuda_ipc and step_done_signal to this "
              r"client \(fp4qd --allow_cuda_ipc on the CUDA backend, reached over its Unix "

@@ -505,6 +505,117 @@ class StepPlanTest(unittest.TestCase):
         self.assertEqual((o.sent, o.completed, o.ready_sent), (2, 1, 3))
 
 
+    def ready_steps(self):
+        """An fp4q._overlap.ReadySteps on fake device 0 whose signal tensor is a fake; its
+        stream is busy until self.idle is set."""
+        signal = FakeCudaTensor(SIGNAL, shape=(8,), dtype=torch.int32)
+        patches = [
+            mock.patch.object(_overlap, "_new_signal", lambda device: (signal, mock.Mock())),
+            mock.patch.object(torch.cuda, "device", lambda d: contextlib.nullcontext())]
+        for p in patches:
+            p.start()
+            self.addCleanup(p.stop)
+        stream = torch.cuda.current_stream.return_value
+        stream.query.side_effect = lambda: self.idle
+        self.idle = False
+        client = mock.Mock(_ipc=self.regions, _requests=self.requests)
+        return _overlap.ReadySteps(client, torch.device("cuda", 0)), signal, stream
+
+    def test_a_synchronous_step_sends_a_ready_signal_while_the_stream_is_busy(self):
+        ready, signal, stream = self.ready_steps()
+        groups = [fp4q.SgdHyperparameters(lr=0.1)]
+        stream.synchronize.reset_mock()
+        # The backward pass still queued: the stream writes the word, the host does not wait.
+        result = self.requests.step_keyed(1, None, self.items, groups, None, ready.ready())
+        stream.synchronize.assert_not_called()
+        self.assertEqual(result.applied_items, 3)  # the reply was waited for
+        r = self.sent[-1].ready_signal
+        self.assertEqual((r.region.offset, r.value, r.timeout_ms), (16, 1, 0))
+        self.assertIn(r.region.region_id, {"region-1", "region-2", "region-3"})
+        self.assertEqual([int(v) for v in signal], [0, 0, 0, 0, 1, 0, 0, 0])
+        self.assertFalse(self.sent[-1].HasField("done_signal"))
+        # An idle stream: no signal; the host's wait (free) orders the step.
+        self.idle = True
+        self.requests.step_keyed(2, None, self.items, groups, None, ready.ready())
+        self.assertFalse(self.sent[-1].HasField("ready_signal"))
+        stream.synchronize.assert_called_once_with()
+        self.idle = False
+        self.requests.step_keyed(3, None, self.items, groups, None, ready.ready())
+        self.assertEqual((self.sent[-1].ready_signal.value, int(signal[4])), (2, 2))
+        self.assertEqual((ready.sent, ready.idle, ready.fallbacks), (2, 1, 0))
+
+    def optimizer_sending(self, ready):
+        """A StepMixin whose steps go to this test's fake server, with `ready` as its
+        ReadySteps."""
+        from fp4q._optim_step import StepMixin
+        opt = type("Opt", (StepMixin,), {})()
+        opt.client = mock.Mock(_requests=self.requests, _ipc=self.regions)
+        opt._replica, opt._epoch, opt._ready_steps = None, 0, ready
+        opt._items = lambda: (self.items(), {0: 0})
+        return opt
+
+    def test_a_ready_word_that_timed_out_sends_the_step_again_after_the_hosts_wait(self):
+        ready, signal, stream = self.ready_steps()
+        opt = self.optimizer_sending(ready)
+        server, refused = self.requests._send, []
+
+        def timing_out(rpc, request, resend=False):
+            body = pb.StepRequest.FromString(request.body)
+            if rpc == "Step" and body.HasField("ready_signal"):
+                refused.append(body.ready_signal.value)
+                raise fp4q.Fp4qError(grpc.StatusCode.DEADLINE_EXCEEDED, (
+                    "ready_signal: the worker's stream did not write %d within 5000 ms (it "
+                    "holds 0); the step changed nothing") % body.ready_signal.value, "Step")
+            return server(rpc, request, resend)
+        self.requests._send = timing_out
+        stream.synchronize.reset_mock()
+        result = opt._send(7, None, [fp4q.SgdHyperparameters(lr=0.1)])
+        self.assertEqual((refused, result.applied_items), ([1], 3))
+        self.assertEqual([m.step for m in self.sent], [7])  # the resend, without the signal
+        self.assertFalse(self.sent[-1].HasField("ready_signal"))
+        stream.synchronize.assert_called_once_with()  # its host wait
+        self.assertEqual((ready.sent, ready.fallbacks, ready.off), (1, 1, None))
+        # The request's own deadline passing is the caller's error, not a fallback.
+        deadline = ("ready_signal: still waiting for 2 (it holds 1): DEADLINE_EXCEEDED: "
+                    "the request's deadline passed")
+
+        def past_deadline(rpc, request, resend=False):
+            raise fp4q.Fp4qError(grpc.StatusCode.DEADLINE_EXCEEDED, deadline, "Step")
+        self.requests._send = past_deadline
+        with self.assertRaisesRegex(fp4q.Fp4qError, "still waiting for 2"):
+            opt._send(8, None, [fp4q.SgdHyperparameters(lr=0.1)])
+        self.assertEqual(ready.fallbacks, 1)
+
+    def test_a_refused_ready_signal_is_turned_off_and_the_step_sent_without_it(self):
+        ready, _, _ = self.ready_steps()
+        opt = self.optimizer_sending(ready)
+        server = self.requests._send
+        why = ("ready_signal.region: on device cuda:0, but the step's weights are on device "
+               "cuda:1")
+
+        def refusing(rpc, request, resend=False):
+            if rpc == "Step" and pb.StepRequest.FromString(request.body).HasField(
+                    "ready_signal"):
+                raise fp4q.Fp4qError(grpc.StatusCode.INVALID_ARGUMENT, why, "Step")
+            return server(rpc, request, resend)
+        self.requests._send = refusing
+        for step in (1, 2):
+            self.assertEqual(opt._send(step, None, [fp4q.SgdHyperparameters(lr=0.1)])
+                             .applied_items, 3)
+        self.assertEqual([m.step for m in self.sent], [1, 2])
+        self.assertFalse(any(m.HasField("ready_signal") for m in self.sent))
+        self.assertEqual((ready.sent, ready.off), (1, why))  # asked once, then off
+        self.assertIsNone(ready.ready())
+        # Any other refusal is the step's own error.
+        ready.off = None
+        self.requests._send = lambda rpc, request, resend=False: (_ for _ in ()).throw(
+            fp4q.Fp4qError(grpc.StatusCode.INVALID_ARGUMENT, "items[0].name: no weight 'w0'",
+                           "Step"))
+        with self.assertRaisesRegex(fp4q.Fp4qError, "no weight 'w0'"):
+            opt._send(3, None, [fp4q.SgdHyperparameters(lr=0.1)])
+        self.assertIsNone(ready.off)
+
+
 class OptimizerStepKeyTest(unittest.TestCase):
     """fp4q.optim's key of its items (StepMixin._step_key): equal while every gradient and
     parameter stays where it was, different when one moves or goes."""

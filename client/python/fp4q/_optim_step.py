@@ -63,6 +63,7 @@ class StepMixin:
     """StoredOptimizer's step machinery (see fp4q.optim); it uses the optimizer's fields."""
 
     _last_key = None  # _step_key's (which have gradients, their shapes, key, group index)
+    _ready_steps = None  # fp4q._overlap.ReadySteps: overlap=False's steps with ready signals
 
     def _check_epoch(self):
         now = self.client.server_epoch
@@ -212,14 +213,23 @@ class StepMixin:
         A lost session is opened again and the step sent once more (single workers)."""
         c = self.client
         replica = (self._replica, self._rank) if self._replica is not None else None
+        ready_steps = None if overlapped else self._ready_steps
         for attempt in (0, 1):
             try:
                 if overlapped:
                     result = self._overlapped.send(step, key, lambda: self._items()[0], groups,
                                                    replica)
                 else:
-                    result = c._requests.step_keyed(step, key, lambda: self._items()[0],
-                                                    groups, replica)
+                    ready = None if ready_steps is None else ready_steps.ready()
+                    try:
+                        result = c._requests.step_keyed(step, key, lambda: self._items()[0],
+                                                        groups, replica, ready)
+                    except Fp4qError as e:
+                        if ready is None or not ready_steps.retry_without(e):
+                            raise
+                        # Nothing of the step ran: sent again, the host having waited.
+                        result = c._requests.step_keyed(step, key, lambda: self._items()[0],
+                                                        groups, replica)
                 break
             except Fp4qError as e:
                 gone = self._session_gone(step, e, retry=attempt == 0)

@@ -32,6 +32,7 @@ import queue
 import threading
 import weakref
 
+import grpc
 import torch
 
 from fp4q import _cuda_driver
@@ -139,14 +140,11 @@ class OverlappedSteps:
         return job.step, job.result
 
     def _order(self, value):
-        """The host's wait for the gradients, replaced: the ready word gets `value` from the
-        current stream, behind the work queued on it (the backward pass)."""
-        def order(transfer):
-            transfer.before_send(skip=self._device)
-            with torch.cuda.device(self._device):
-                self._signal[READY_WORD].fill_(_as_int32(value))
-            self.ready_sent += 1
-        return order
+        """The host's wait for the gradients, replaced (see _ready_order)."""
+        return _ready_order(self._signal, self._device, value, self._count_ready)
+
+    def _count_ready(self):
+        self.ready_sent += 1
 
     @property
     def in_flight(self):
@@ -162,3 +160,76 @@ class OverlappedSteps:
             self._jobs = jobs
             weakref.finalize(self, jobs.put, None)  # the thread ends with this object
         return self._jobs
+
+
+def _ready_order(signal, device, value, sent):
+    """order(transfer) of a step sent with a ready signal: the host's wait for the gradients,
+    replaced. The ready word (signal[READY_WORD]) gets `value` from `device`'s current stream,
+    behind the work queued on it (the backward pass); other devices' streams are still waited
+    for on the host. sent() is called once the write is queued."""
+    def order(transfer):
+        transfer.before_send(skip=device)
+        with torch.cuda.device(device):
+            signal[READY_WORD].fill_(_as_int32(value))
+        sent()
+    return order
+
+
+class ReadySteps:
+    """overlap=False's steps with a ready signal (fp4q.v1.ReadySignal): step() still waits for
+    the reply, but not for the backward pass before sending. When the current stream of the
+    stored parameters' device still has work queued (query()), the step carries a ready word
+    that the stream writes behind that work; fp4qd validates the request and queues the step's
+    kernels behind a device-side wait on the word while the backward pass runs, so the client's
+    and the server's host time before the kernels is off the GPU's path. When the stream is
+    already idle the host's wait costs nothing and the step is sent without one (the server's
+    device-side wait and its watching would only add to it).
+
+    A ready word the stream did not write within the server's timeout (a backward pass queued
+    further ahead than --step_ready_timeout_ms) refuses the step with nothing changed; step()
+    then waits for the stream on the host and sends the step again without the signal
+    (fallbacks counts those). A server that refuses the signal itself (INVALID_ARGUMENT on
+    ready_signal, e.g. the word on another device than the weights) turns it off for this
+    optimizer (off says why), and the step is sent again without it."""
+
+    def __init__(self, client, device):
+        self._client = client
+        self._device = torch.device(device)
+        self._signal = None  # made at the first step that needs it
+        self._value = 0
+        self.sent = 0        # steps sent with a ready signal
+        self.idle = 0        # steps sent without: the stream had nothing queued
+        self.fallbacks = 0   # steps sent again after the ready word timed out
+        self.off = None      # why the server's refusal turned the signal off
+
+    def ready(self):
+        """The `ready` argument of fp4q._requests.step_keyed for the next step: None when the
+        stream is idle (or the signal is off), else ((region_id, offset), value, order)."""
+        if self.off is not None:
+            return None
+        if torch.cuda.current_stream(self._device).query():
+            self.idle += 1
+            return None
+        if self._signal is None:
+            self._signal = _new_signal(self._device)[0]
+        slot = self._client._ipc.register_tensor(self._signal)
+        value = self._value = (self._value + 1) & 0xFFFFFFFF
+        return ((slot[0], slot[1] + 4 * READY_WORD), value,
+                _ready_order(self._signal, self._device, value, self._count))
+
+    def _count(self):
+        self.sent += 1
+
+    def retry_without(self, error):
+        """True when `error` (of a step sent with ready()) leaves the step unapplied because of
+        its ready signal, so that it is to be sent again without one (whose host wait for the
+        stream then orders it): after a timeout, or after a refusal of the signal, which turns
+        the signal off."""
+        if error.code == grpc.StatusCode.DEADLINE_EXCEEDED and "ready_signal: the worker's "\
+                "stream did not write" in error.message:
+            self.fallbacks += 1  # the resend without the signal waits for the stream
+            return True
+        if error.code == grpc.StatusCode.INVALID_ARGUMENT and "ready_signal" in error.message:
+            self.off = error.message
+            return True
+        return False

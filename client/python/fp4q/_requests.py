@@ -189,14 +189,15 @@ class Requests:
         return self._step(step, _step_plan_key(items), lambda: items, groups, kind, replica,
                           resend, brief_reply)
 
-    def step_keyed(self, step, key, make_items, groups, replica):
+    def step_keyed(self, step, key, make_items, groups, replica, ready=None):
         """fp4q.optim's step, with its own key of its items in _step_plan_key's form (layout,
         pointers): the caller vouches that an equal layout means the same items apart from
         where their tensors are (names, groups, dtypes, shapes, contiguity), and `pointers`
         lists each item's update and dequantized_out addresses in item order, so that
         make_items() runs only when no plan holds. Sent once (resend=False); the reply is brief
-        when no output travels inline."""
-        return self._step(step, key, make_items, groups, None, replica, False, True)
+        when no output travels inline. `ready`: as step_begin's."""
+        return self._step(step, key, make_items, groups, None, replica, False, True,
+                          ready=ready)
 
     def step_begin(self, step, key, make_items, groups, replica, signal, ready=None):
         """step_keyed() with a done signal (`signal`: ((region_id, offset), value), see
@@ -312,7 +313,8 @@ class Requests:
             return None, result(*done)
         for attempt in (0, 1):
             try:
-                return result(*self.call("Step", build, resend=resend))
+                return result(*self.call("Step", build, resend=resend,
+                                         order=None if ready is None else ready[2]))
             except Fp4qError as e:
                 # The server dropped the plan this step named (nothing changed): forget it and
                 # send the items again, once.

@@ -64,10 +64,11 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
 
     def __init__(self, params, defaults, *, client, name_prefix, group, world_size, rank,
                  deadline_ms, rounding, error_feedback, block, scaling, state_dtype, seed,
-                 exclude, existing, overlap=False):
+                 exclude, existing, overlap=False, ready_signal=True):
         self._ready = False
-        if not isinstance(overlap, bool):
-            raise ClientArgumentError("overlap: %r is not a bool" % (overlap,))
+        for field, v in (("overlap", overlap), ("ready_signal", ready_signal)):
+            if not isinstance(v, bool):
+                raise ClientArgumentError("%s: %r is not a bool" % (field, v))
         self._overlapped = None  # fp4q._overlap.OverlappedSteps with overlap=True
         self._rounding = _choice(rounding, _ROUNDINGS, "rounding")
         self._block = _choice(block, _BLOCKS, "block")
@@ -107,9 +108,13 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
         for gi in range(len(self.param_groups)):
             self._register_group(gi)
         self._check_torch_side()
+        ready = ready_signal and "step_ready_signal" in info.supported_modes
         if device is not None:
-            self._overlapped = _overlap.OverlappedSteps(
-                self.client, device, "step_ready_signal" in info.supported_modes)
+            self._overlapped = _overlap.OverlappedSteps(self.client, device, ready)
+        elif ready and self._replica is None:
+            device = self._stored_device()
+            if device is not None and device.type == "cuda":
+                self._ready_steps = _overlap.ReadySteps(self.client, device)
         self._ready = True
 
     # ------------------------------------------------------------------ construction
@@ -320,6 +325,11 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
                 "overlap: True needs every stored parameter on one CUDA device; they are on %s"
                 % devices)
         return torch.device(devices[0])
+
+    def _stored_device(self):
+        """The one device of the stored parameters (after construction), or None."""
+        devices = {s.param.device for s in self._stored}
+        return devices.pop() if len(devices) == 1 else None
 
     # ------------------------------------------------------------------ torch's side
 

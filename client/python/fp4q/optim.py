@@ -55,15 +55,26 @@ parameter on one CUDA device): step() sends the Step with a done signal (fp4q.v1
 makes the current CUDA stream wait on the device for it (cuStreamWaitValue32) and returns. The
 host goes on with the next forward pass while fp4qd applies the step; kernels queued on that
 stream after step() run once DQ(W) is in param.data. The reply is taken by the next step(), or by
-synchronize() (state_dict() and load_state_dict() call it). Where fp4qd takes ready signals
-(fp4q.v1.ReadySignal, "step_ready_signal") step() does not wait on the host for the backward
-pass either: the current stream writes the step's value into a ready word behind it, and fp4qd
-reads no gradient before the word holds it. An error of the step in flight is raised by the
-next step() or synchronize(), prefixed "step N (overlap=True: ...)", before anything else is
+synchronize() (state_dict() and load_state_dict() call it). With ready signals (below) step()
+does not wait on the host for the backward pass either. An error of the step in flight is
+raised by the next step() or synchronize(), prefixed "step N (overlap=True: ...)", before anything else is
 sent, and the next step() sends number N again, as after a failed step without overlap. Work on
 other CUDA streams that reads the parameters must wait for the current stream
 (torch.cuda.Stream.wait_stream). A step whose tensors cannot all travel in place by IPC
 completes in step() as without overlap (fp4q._overlap).
+
+Ready signals (ready_signal=True, the default; fp4qd's CUDA backend with --allow_cuda_ipc, which
+lists "step_ready_signal", and every stored parameter on one CUDA device): step() does not wait
+on the host for the backward pass queued before it. The current stream writes the step's value
+into a ready word (fp4q.v1.ReadySignal) behind that work, the step is sent at once, and fp4qd
+reads no gradient before the word holds the value: it validates the request and queues the
+step's kernels behind a device-side wait while the backward pass still runs. With overlap=True
+every step carries one. Without overlap a step carries one when the stream still has work
+queued (when it is idle the host's wait costs nothing), and step() still returns after the
+reply, with DQ(W) in param.data; a backward pass queued further ahead than the server's
+--step_ready_timeout_ms makes fp4qd refuse that step with nothing changed, and step() then
+waits on the host and sends it again without the signal. Not used in replica groups without
+overlap.
 
 state_dict() / load_state_dict(): see fp4q._optim_state (what is saved, and what a load
 restores exactly).
@@ -128,6 +139,10 @@ _FP4Q_DOC = """
       overlap: False (default) | True: step() sends the step and returns without waiting for
         the reply; the current CUDA stream waits on the device until fp4qd has written the new
         weights, so the next forward pass is queued at once (module docstring, "Overlap").
+      ready_signal: True (default) | False: where fp4qd takes ready signals, step() does not
+        wait on the host for the backward pass queued before it; the current CUDA stream
+        writes a ready word behind it and fp4qd queues the step's kernels behind a device-side
+        wait on that word (module docstring, "Ready signals"). False: the host waits.
 """
 
 
@@ -157,7 +172,8 @@ class SGD(StoredOptimizer):
                  dampening=0, weight_decay=0, nesterov=False, *, rounding="nearest",
                  error_feedback=True, block="1x16", scaling="current", state_dtype="f32",
                  seed=0, client=None, name_prefix="", exclude=(), existing="error", group=None,
-                 world_size=1, rank=0, deadline_ms=0, overlap=False):
+                 world_size=1, rank=0, deadline_ms=0, overlap=False,
+                 ready_signal=True):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
                         weight_decay=weight_decay, nesterov=nesterov)
         if lr is not _REQUIRED:
@@ -166,7 +182,8 @@ class SGD(StoredOptimizer):
                          group=group, world_size=world_size, rank=rank, deadline_ms=deadline_ms,
                          rounding=rounding, error_feedback=error_feedback, block=block,
                          scaling=scaling, state_dtype=state_dtype, seed=seed, exclude=exclude,
-                         existing=existing, overlap=overlap)
+                         existing=existing, overlap=overlap,
+                         ready_signal=ready_signal)
 
     @staticmethod
     def check_group(group, field):
@@ -225,7 +242,8 @@ class AdamW(StoredOptimizer):
                  amsgrad=False, *, rounding="nearest", error_feedback=True, block="1x16",
                  scaling="current", state_dtype="f32", seed=0, client=None, name_prefix="",
                  exclude=(), existing="error", group=None, world_size=1, rank=0,
-                 deadline_ms=0, overlap=False):
+                 deadline_ms=0, overlap=False,
+                 ready_signal=True):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         amsgrad=amsgrad)
         self.check_group(defaults, "")
@@ -233,7 +251,8 @@ class AdamW(StoredOptimizer):
                          group=group, world_size=world_size, rank=rank, deadline_ms=deadline_ms,
                          rounding=rounding, error_feedback=error_feedback, block=block,
                          scaling=scaling, state_dtype=state_dtype, seed=seed, exclude=exclude,
-                         existing=existing, overlap=overlap)
+                         existing=existing, overlap=overlap,
+                         ready_signal=ready_signal)
 
     @staticmethod
     def check_group(group, field):
