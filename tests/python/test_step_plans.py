@@ -569,7 +569,9 @@ class StepPlanTest(unittest.TestCase):
             return server(rpc, request, resend)
         self.requests._send = timing_out
         stream.synchronize.reset_mock()
-        result = opt._send(7, None, [fp4q.SgdHyperparameters(lr=0.1)])
+        with self.assertWarnsRegex(RuntimeWarning, r"ready word was not written within "
+                                   r"fp4qd's --step_ready_timeout_ms"):
+            result = opt._send(7, None, [fp4q.SgdHyperparameters(lr=0.1)])
         self.assertEqual((refused, result.applied_items), ([1], 3))
         self.assertEqual([m.step for m in self.sent], [7])  # the resend, without the signal
         self.assertFalse(self.sent[-1].HasField("ready_signal"))
@@ -599,9 +601,11 @@ class StepPlanTest(unittest.TestCase):
                 raise fp4q.Fp4qError(grpc.StatusCode.INVALID_ARGUMENT, why, "Step")
             return server(rpc, request, resend)
         self.requests._send = refusing
-        for step in (1, 2):
-            self.assertEqual(opt._send(step, None, [fp4q.SgdHyperparameters(lr=0.1)])
+        with self.assertWarnsRegex(RuntimeWarning, r"refused the step's ready signal \(ready_"
+                                   r"signal\.region: on device cuda:0"):
+            self.assertEqual(opt._send(1, None, [fp4q.SgdHyperparameters(lr=0.1)])
                              .applied_items, 3)
+        self.assertEqual(opt._send(2, None, [fp4q.SgdHyperparameters(lr=0.1)]).applied_items, 3)
         self.assertEqual([m.step for m in self.sent], [1, 2])
         self.assertFalse(any(m.HasField("ready_signal") for m in self.sent))
         self.assertEqual((ready.sent, ready.off), (1, why))  # asked once, then off

@@ -30,6 +30,7 @@ the reply); otherwise it completes in step() as without overlap.
 
 import queue
 import threading
+import warnings
 import weakref
 
 import grpc
@@ -228,8 +229,17 @@ class ReadySteps:
         if error.code == grpc.StatusCode.DEADLINE_EXCEEDED and "ready_signal: the worker's "\
                 "stream did not write" in error.message:
             self.fallbacks += 1  # the resend without the signal waits for the stream
+            if self.fallbacks == 1:
+                warnings.warn(
+                    "fp4q.optim: a step's ready word was not written within fp4qd's "
+                    "--step_ready_timeout_ms (the backward pass was queued further ahead); the "
+                    "step was sent again after the host's wait (%s). ready_signal=False sends "
+                    "every step that way" % error.message, RuntimeWarning, stacklevel=4)
             return True
         if error.code == grpc.StatusCode.INVALID_ARGUMENT and "ready_signal" in error.message:
             self.off = error.message
+            warnings.warn("fp4q.optim: fp4qd refused the step's ready signal (%s); steps are "
+                          "sent after the host's wait from now on" % error.message,
+                          RuntimeWarning, stacklevel=4)
             return True
         return False
