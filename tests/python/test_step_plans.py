@@ -601,7 +601,7 @@ class StepPlanTest(unittest.TestCase):
                 raise fp4q.Fp4qError(grpc.StatusCode.INVALID_ARGUMENT, why, "Step")
             return server(rpc, request, resend)
         self.requests._send = refusing
-        with self.assertWarnsRegex(RuntimeWarning, r"refused the step's ready signal \(ready_"
+        with self.assertWarnsRegex(RuntimeWarning, r"the step's ready signal failed \(ready_"
                                    r"signal\.region: on device cuda:0"):
             self.assertEqual(opt._send(1, None, [fp4q.SgdHyperparameters(lr=0.1)])
                              .applied_items, 3)
@@ -618,6 +618,23 @@ class StepPlanTest(unittest.TestCase):
         with self.assertRaisesRegex(fp4q.Fp4qError, "no weight 'w0'"):
             opt._send(3, None, [fp4q.SgdHyperparameters(lr=0.1)])
         self.assertIsNone(ready.off)
+
+    def test_a_ready_word_that_cannot_be_registered_leaves_the_host_to_wait(self):
+        ready, _, stream = self.ready_steps()
+        full = fp4q.Fp4qError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              "session holds 64 regions, the most --max_regions allows",
+                              "RegisterCudaRegion")
+        with mock.patch.object(self.regions, "register_tensor", side_effect=full):
+            with self.assertWarnsRegex(RuntimeWarning, "ready signal failed \\(session holds "
+                                       "64 regions"):
+                self.assertIsNone(ready.ready())
+        self.assertEqual((ready.sent, ready.off), (0, full.message))
+        self.assertIsNone(ready.ready())  # off from now on
+        stream.synchronize.reset_mock()
+        opt = self.optimizer_sending(ready)
+        self.assertEqual(opt._send(1, None, [fp4q.SgdHyperparameters(lr=0.1)]).applied_items, 3)
+        self.assertFalse(self.sent[-1].HasField("ready_signal"))
+        stream.synchronize.assert_called_once_with()
 
 
 class OptimizerStepKeyTest(unittest.TestCase):

@@ -37,6 +37,7 @@ import grpc
 import torch
 
 from fp4q import _cuda_driver
+from fp4q.errors import Fp4qError
 
 
 class _Job:
@@ -190,8 +191,9 @@ class ReadySteps:
     further ahead than --step_ready_timeout_ms) refuses the step with nothing changed; step()
     then waits for the stream on the host and sends the step again without the signal
     (fallbacks counts those). A server that refuses the signal itself (INVALID_ARGUMENT on
-    ready_signal, e.g. the word on another device than the weights) turns it off for this
-    optimizer (off says why), and the step is sent again without it."""
+    ready_signal, e.g. the word on another device than the weights), or a failed registration
+    of the word's tensor, turns it off for this optimizer (off says why, with a RuntimeWarning),
+    and the step is sent without it."""
 
     def __init__(self, client, device):
         self._client = client
@@ -213,7 +215,11 @@ class ReadySteps:
             return None
         if self._signal is None:
             self._signal = _new_signal(self._device)[0]
-        slot = self._client._ipc.register_tensor(self._signal)
+        try:
+            slot = self._client._ipc.register_tensor(self._signal)
+        except Fp4qError as e:  # e.g. the session's region limit: the host waits instead
+            self._turn_off(e.message)
+            return None
         value = self._value = (self._value + 1) & 0xFFFFFFFF
         return ((slot[0], slot[1] + 4 * READY_WORD), value,
                 _ready_order(self._signal, self._device, value, self._count))
@@ -237,9 +243,11 @@ class ReadySteps:
                     "every step that way" % error.message, RuntimeWarning, stacklevel=4)
             return True
         if error.code == grpc.StatusCode.INVALID_ARGUMENT and "ready_signal" in error.message:
-            self.off = error.message
-            warnings.warn("fp4q.optim: fp4qd refused the step's ready signal (%s); steps are "
-                          "sent after the host's wait from now on" % error.message,
-                          RuntimeWarning, stacklevel=4)
+            self._turn_off(error.message)
             return True
         return False
+
+    def _turn_off(self, why):
+        self.off = why
+        warnings.warn("fp4q.optim: the step's ready signal failed (%s); steps are sent after "
+                      "the host's wait from now on" % why, RuntimeWarning, stacklevel=5)

@@ -57,9 +57,9 @@ host goes on with the next forward pass while fp4qd applies the step; kernels qu
 stream after step() run once DQ(W) is in param.data. The reply is taken by the next step(), or by
 synchronize() (state_dict() and load_state_dict() call it). With ready signals (below) step()
 does not wait on the host for the backward pass either. An error of the step in flight is
-raised by the next step() or synchronize(), prefixed "step N (overlap=True: ...)", before anything else is
-sent, and the next step() sends number N again, as after a failed step without overlap. Work on
-other CUDA streams that reads the parameters must wait for the current stream
+raised by the next step() or synchronize(), prefixed "step N (overlap=True: ...)", before
+anything else is sent, and the next step() sends number N again, as after a failed step without
+overlap. Work on other CUDA streams that reads the parameters must wait for the current stream
 (torch.cuda.Stream.wait_stream). A step whose tensors cannot all travel in place by IPC
 completes in step() as without overlap (fp4q._overlap).
 
