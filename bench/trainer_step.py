@@ -31,7 +31,9 @@ zeros), in the same run:
   torch NVFP4 EF: this file's own in-process implementation of W <- Q(DQ(W) + r - lr g), r <-
     v - DQ(W) (1x16 blocks, E4M3 scales, the global scale from the amax of v, round to nearest,
     NUMERICS 1-5), under torch.compile where torch has it.
-Also: one 8192x8192 SGD RTN+EF update through fp4qd, wall time vs its kernel time.
+Also: one 8192x8192 SGD RTN+EF update through fp4qd, wall time vs its kernel time; and (GPU,
+--behind-ms) GPT-2's SGD step queued behind GPU work standing for the backward pass, with and
+without ready signals, beside torch's step, as what each adds to the work's time.
 Every row prints its ratio to the floor and to torch's optimizer; --json writes all of it with
 the GPU name, torch version, commit and command. A row that does not fit in memory says so.
 """
@@ -395,6 +397,67 @@ def print_table(name, section):
             fmt(row.get("vs_torch"), "%9.2f")))
 
 
+def gpu_busy(device, ms):
+    """A function that queues about `ms` of GPU work (torch.cuda._sleep, calibrated here) on
+    the current stream, standing for the backward pass a real loop queues before step()."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 1 << 20
+    torch.cuda._sleep(cycles)  # warm
+    sync(device)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    sync(device)
+    per_ms = cycles / start.elapsed_time(end)
+    n = int(per_ms * ms)
+    return lambda: torch.cuda._sleep(n)
+
+
+def behind_backward(server, args, device):
+    """The step as a synchronous loop sees it: about --behind-ms of GPU work queued on the
+    stream (the backward pass), then step(), then the GPU synchronized. "after the work" is the
+    median wall time minus that of the GPU work alone, measured in the same run: what the step
+    adds to an iteration. fp4q.optim.SGD (RTN + EF, current scaling, fast socket) with
+    ready_signal=True (the step is sent while the work runs and its kernels queued behind a
+    device-side wait) and False (step() waits for the work on the host first), beside torch's
+    foreach SGD on fp32 masters (the step alone)."""
+    model = Model(gpt2_shapes(False), device, torch.bfloat16, seed=7)
+    busy = gpu_busy(device, args.behind_ms)
+    rows = []
+    alone = summary(timed(busy, device, args.warmup, args.steps))
+    rows.append(dict(name="GPU work alone (%.1f ms asked)" % args.behind_ms, **alone))
+    params = [p for _, p in model.params]
+    masters = [p.detach().float() for p in params]
+    for m, p in zip(masters, params):
+        m.grad = p.grad.float()
+    topt = torch.optim.SGD(masters, lr=1e-2, foreach=True)
+    rows.append(dict(name="torch foreach SGD, fp32 master (step only)",
+                     **summary(timed(lambda: (busy(), topt.step()), device, args.warmup,
+                                     args.steps))))
+    masters = topt = None  # their memory back before fp4qd's weights are made
+    for ready in (True, False):
+        name = "fp4q SGD RTN+EF, fast socket, ready_signal=%s" % ready
+        c = server.client(True, "bench-behind-%d-%d" % (ready, os.getpid()), ipc_mode())
+        try:
+            fopt = fp4q.optim.SGD(model.params, lr=1e-2, client=c, existing="replace",
+                                  ready_signal=ready)
+            row = dict(name=name, **summary(timed(lambda: (busy(), fopt.step()), device,
+                                                  args.warmup, args.steps)))
+            r = fopt._ready_steps
+            row["sent_with_ready_signal"] = r.sent if r is not None else 0
+            row["sent_stream_idle"] = r.idle if r is not None else 0
+            rows.append(row)
+        finally:
+            try:
+                c.delete_namespace()
+            except fp4q.Fp4qError:
+                pass
+            c.close()
+    for row in rows[1:]:
+        row["after_work_ms"] = row["median_ms"] - alone["median_ms"]
+    return {"behind_ms": args.behind_ms, "model": "gpt2-small", "rows": rows}
+
+
 def profile_steps(server, args, device, path):
     """cProfile of the Python side of fp4q.optim.SGD.step on the GPT-2 shapes (fast socket):
     the functions by own time, then by cumulative time, into `path`."""
@@ -444,6 +507,9 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--behind-ms", type=float, default=5.0,
+                    help="GPU: also time GPT-2's step queued behind this much GPU work (the "
+                         "backward pass), with and without ready signals (0: skip)")
     ap.add_argument("--profile", metavar="PATH",
                     help="also profile the Python side of GPT-2-shaped fp4q.optim.SGD steps "
                          "(cProfile) into PATH")
@@ -483,6 +549,14 @@ def main(argv=None):
             results["models"][name] = model_section(name, shapes, server, args, device,
                                                     bandwidth)
             print_table(name, results["models"][name])
+        if args.behind_ms > 0 and device.type == "cuda":
+            b = results["behind_backward"] = behind_backward(server, args, device)
+            print("\nGPT-2's step behind %.1f ms of GPU work (median ms; after the work: what "
+                  "the step adds)" % b["behind_ms"])
+            for row in b["rows"]:
+                print("%-68s %10.3f %s" % (row["name"], row["median_ms"], "" if
+                                           "after_work_ms" not in row else
+                                           "after the work %.3f" % row["after_work_ms"]))
         if args.profile:
             profile_steps(server, args, device, args.profile)
         u = update_8192(server, args, device, bandwidth)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Device call 4 (a later session; not yet run): the synchronous step() with ready signals
 # (fp4q.optim ready_signal=True, the default) against the host's wait, in
-# tests/python/gpu_ipc_check.py (bit-identical steps, the ready-word fallback) and in
-# bench/train_loop.py (five variants) at batch 256 and 64 and under CUDA MPS; the device-wait
-# test (its host side on a second thread) and the step refusals under memcheck.
+# tests/python/gpu_ipc_check.py (bit-identical steps, the ready-word fallback), GPT-2's step
+# queued behind 5 ms of GPU work (bench/trainer_step.py --behind-ms) and bench/train_loop.py
+# (five variants) at batch 256; the device-wait test (its host side on a second thread) and
+# the step refusals under memcheck. run5.sh: the loop at batch 64 and under CUDA MPS.
 set -uo pipefail
 source bench/results/h200-step/overlap/env.sh
 nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee $o/gpu.txt
@@ -23,12 +24,7 @@ tl() {  # tl TAG BATCH ROUNDS SECONDS
     --out $o/train-loop-$1.json > $o/train-loop-$1.txt 2>&1; echo "$1 rc=$?"
   tail -16 $o/train-loop-$1.txt
 }
-tl b256 256 5 150
-tl b64 64 5 110
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-MPS=$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)
-$MPS -d && echo "MPS started" | tee -a $o/gpu.txt
-tl b256-mps 256 3 100
-echo quit | $MPS
+timeout 120 python3 bench/trainer_step.py --fp4qd $b/bin/fp4qd --models '' --behind-ms 5 \
+  --json $o/behind.json > $o/behind.txt 2>&1; echo "behind rc=$?"; tail -8 $o/behind.txt
+tl b256 256 3 130
 cd $OUT && tar czf r.tgz r && rm -rf r
