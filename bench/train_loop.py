@@ -73,7 +73,8 @@ def run_variant(variant, server, cfg, device, args, rounds):
 
         def record(header, rpc):  # every Step reply's header passes here
             if rpc == "Step" and header is not None:
-                headers.append((header.kernel_micros, header.server_micros, header.queue_micros))
+                headers.append((header.kernel_micros, header.server_micros, header.queue_micros,
+                                header.ready_wait_micros))
             return check_epoch(header, rpc)
         opt._check_reply_epoch = record
     headers = []
@@ -140,9 +141,11 @@ def run_variant(variant, server, cfg, device, args, rounds):
                 extra.update({"sent_stream_idle": r.idle, "ready_fallbacks": r.fallbacks})
             if headers:
                 # fp4qd's reply header, medians: the step's device work (check, apply, report;
-                # launches included), the request's whole time in fp4qd (with overlap: the
-                # wait for the ready signal too) and its wait in the device's queue.
-                for k, name in enumerate(("kernel_us", "server_us", "queue_us")):
+                # launches included), the request's whole time in fp4qd (with a ready signal:
+                # the wait for it too), its wait in the device's queue, and the wait for the
+                # ready signal (the backward pass still running when the step arrived).
+                for k, name in enumerate(("kernel_us", "server_us", "queue_us",
+                                          "ready_wait_us")):
                     extra["fp4qd_" + name] = statistics.median(h[k] for h in headers)
         return out, losses, extra
     finally:
@@ -211,8 +214,10 @@ def main(argv=None):
             print("%-24s the step on the worker's stream (median): %.1f us"
                   % ("", row["step_on_stream_us"]), flush=True)
         if "fp4qd_kernel_us" in row:
-            print("%-24s fp4qd a step (medians): kernels %.1f us, in fp4qd %.1f us, queued %.1f us"
-                  % ("", row["fp4qd_kernel_us"], row["fp4qd_server_us"], row["fp4qd_queue_us"]),
+            print("%-24s fp4qd a step (medians): kernels %.1f us, in fp4qd %.1f us, queued %.1f us,"
+                  " waiting for the ready signal %.1f us"
+                  % ("", row["fp4qd_kernel_us"], row["fp4qd_server_us"], row["fp4qd_queue_us"],
+                     row["fp4qd_ready_wait_us"]),
                   flush=True)
     report = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv),
               "fp4qd_command": server.command, "commit": commit(), "torch": torch.__version__,

@@ -1,5 +1,6 @@
 #include "server/call_layer.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -83,7 +84,11 @@ void CallLayer::Run(IncomingCall call, std::unique_ptr<pb::Message> request, boo
                                            std::unique_ptr<pb::Message> reply,
                                            const ReplyMeta* meta) {
     if (metrics_ != nullptr) {
-      metrics_->RequestFinished(rpc, s.code(), SecondsSince(arrival),
+      // A Step's wait for its workers' ready signals is theirs: the request's duration leaves
+      // it out, and it is observed on its own.
+      const double waited = meta != nullptr ? meta->ready_wait_micros * 1e-6 : 0.0;
+      if (meta != nullptr && meta->ready_waited) metrics_->StepReadyWait(waited);
+      metrics_->RequestFinished(rpc, s.code(), std::max(0.0, SecondsSince(arrival) - waited),
                                 meta != nullptr ? meta->processed_bytes : 0,
                                 meta != nullptr ? meta->processed_elements : 0);
     }
@@ -141,6 +146,7 @@ void CallLayer::Run(IncomingCall call, std::unique_ptr<pb::Message> request, boo
                   h->set_device_uuid(meta->device_uuid);
                   h->set_kernel_micros(meta->kernel_micros);
                   h->set_queue_micros(meta->queue_micros);
+                  h->set_ready_wait_micros(meta->ready_wait_micros);
                   h->set_server_micros(SecondsSince(arrival) * 1e6);
                 }
               }

@@ -335,6 +335,9 @@ void Engine::StartStep(std::shared_ptr<StepJob> job) {
       if (completion->meta.device_uuid.empty()) completion->meta.device_uuid = meta.device_uuid;
       completion->meta.kernel_micros += meta.kernel_micros;
       completion->meta.queue_micros = std::max(completion->meta.queue_micros, meta.queue_micros);
+      completion->meta.ready_waited = completion->meta.ready_waited || meta.ready_waited;
+      completion->meta.ready_wait_micros =
+          std::max(completion->meta.ready_wait_micros, meta.ready_wait_micros);
       completion->meta.processed_bytes += meta.processed_bytes;
       completion->meta.processed_elements += meta.processed_elements;
       last = --completion->left == 0;

@@ -134,8 +134,15 @@ Metrics::Metrics(prometheus::Registry& registry, const std::string& version,
                           .Register(registry)),
       request_duration_(BuildHistogram()
                             .Name("fp4q_request_duration_seconds")
-                            .Help("RPC latency from arrival to reply, by method")
+                            .Help("RPC latency from arrival to reply, by method (a Step's wait "
+                                  "for its ready signals left out)")
                             .Register(registry)),
+      step_ready_wait_(BuildHistogram()
+                           .Name("fp4q_step_ready_wait_seconds")
+                           .Help("Steps with ready signals: how long they waited for them (the "
+                                 "workers' backward passes)")
+                           .Register(registry)
+                           .Add({}, LatencyBuckets())),
       kernel_duration_(BuildHistogram()
                            .Name("fp4q_kernel_duration_seconds")
                            .Help("Kernel time (launch to stream synchronize), by op")
@@ -315,6 +322,8 @@ void Metrics::RequestFinished(absl::string_view rpc, absl::StatusCode code, doub
   if (bytes > 0) r.bytes->Increment(static_cast<double>(bytes));
   if (elements > 0) r.elements->Increment(static_cast<double>(elements));
 }
+
+void Metrics::StepReadyWait(double seconds) { step_ready_wait_.Observe(seconds); }
 
 void Metrics::SetReady(bool ready) { ready_.Set(ready ? 1 : 0); }
 

@@ -36,8 +36,10 @@ class Metrics final : public EngineObserver {
   // ---- Requests (the gRPC adapter).
   void RequestStarted();
   // `rpc` is the method name ("Quantize"); `code` the final status code.
+  // `seconds` leaves out a Step's wait for its ready signals, which StepReadyWait observes.
   void RequestFinished(absl::string_view rpc, absl::StatusCode code, double seconds, uint64_t bytes,
                        uint64_t elements);
+  void StepReadyWait(double seconds);
   void SetReady(bool ready);
   // ---- The fast socket (fast_socket.h): +1 per connection opened, -1 per connection ended.
   void FastSocketConnectionsChanged(int delta);
@@ -86,6 +88,7 @@ class Metrics final : public EngineObserver {
 
   prometheus::Family<prometheus::Counter>& requests_total_;
   prometheus::Family<prometheus::Histogram>& request_duration_;
+  prometheus::Histogram& step_ready_wait_;
   prometheus::Family<prometheus::Histogram>& kernel_duration_;
   prometheus::Family<prometheus::Counter>& device_kernels_;
   prometheus::Family<prometheus::Counter>& device_kernel_seconds_;

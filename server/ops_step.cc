@@ -450,40 +450,50 @@ absl::Status Engine::RunStepOnDeviceSignals(OpEnv& env, StepJob& job,
 }
 
 absl::Status Engine::WaitReadySignals(OpEnv& env, const StepJob& job, bool side) {
-  for (const StepJob::Ready& r : job.ready) {
-    const absl::Time start = absl::Now();
-    const absl::Time until = start + r.timeout;
-    uint32_t v = 0;
-    for (int polls = 0;; ++polls) {
-      if (side) {
-        FP4Q_ASSIGN_OR_RETURN(v, env.backend().ReadValue32Now(r.at));
-      } else if (env.device().host_memory) {
-        v = __atomic_load_n(reinterpret_cast<const uint32_t*>(r.at), __ATOMIC_ACQUIRE);
-      } else {
-        FP4Q_RETURN_IF_ERROR(env.ToHost(&v, r.at, sizeof(v)));
-      }
-      // `value` or a later one, modulo 2^32 (the worker counts steps with wrap-around).
-      if (static_cast<int32_t>(v - r.value) >= 0) break;
-      const absl::Time now = absl::Now();
-      if (now >= until) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            r.field, ": the worker's stream did not write ", r.value, " within ",
-            absl::ToInt64Milliseconds(r.timeout), " ms (it holds ", v,
-            "); the step changed nothing"));
-      }
-      if (absl::Status s = env.StillWanted(); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat(r.field, ": still waiting for ", r.value,
-                                                   " (it holds ", v, "): ", s.message()));
-      }
-      // A read is a few microseconds. After the first 200 us (or --worker_spin_us, where the
-      // operator gave fp4qd cores to busy-poll) a short sleep between reads keeps the wait from
-      // holding a core through a long backward pass.
-      if (now - start > std::max(absl::Microseconds(200), options_.worker_spin)) {
-        absl::SleepFor(absl::Microseconds(20));
+  if (job.ready.empty()) return absl::OkStatus();
+  // The wait is the workers' (their backward passes), not fp4qd's: the reply header and the
+  // metrics keep it apart from the request's own time.
+  const absl::Time began = absl::Now();
+  const absl::Status waited = [&]() -> absl::Status {
+    for (const StepJob::Ready& r : job.ready) {
+      const absl::Time start = absl::Now();
+      const absl::Time until = start + r.timeout;
+      uint32_t v = 0;
+      for (int polls = 0;; ++polls) {
+        if (side) {
+          FP4Q_ASSIGN_OR_RETURN(v, env.backend().ReadValue32Now(r.at));
+        } else if (env.device().host_memory) {
+          v = __atomic_load_n(reinterpret_cast<const uint32_t*>(r.at), __ATOMIC_ACQUIRE);
+        } else {
+          FP4Q_RETURN_IF_ERROR(env.ToHost(&v, r.at, sizeof(v)));
+        }
+        // `value` or a later one, modulo 2^32 (the worker counts steps with wrap-around).
+        if (static_cast<int32_t>(v - r.value) >= 0) break;
+        const absl::Time now = absl::Now();
+        if (now >= until) {
+          return absl::DeadlineExceededError(absl::StrCat(
+              r.field, ": the worker's stream did not write ", r.value, " within ",
+              absl::ToInt64Milliseconds(r.timeout), " ms (it holds ", v,
+              "); the step changed nothing"));
+        }
+        if (absl::Status s = env.StillWanted(); !s.ok()) {
+          return absl::Status(s.code(), absl::StrCat(r.field, ": still waiting for ", r.value,
+                                                     " (it holds ", v, "): ", s.message()));
+        }
+        // A read is a few microseconds. After the first 200 us (or --worker_spin_us, where
+        // the operator gave fp4qd cores to busy-poll) a short sleep between reads keeps the
+        // wait from holding a core through a long backward pass.
+        if (now - start > std::max(absl::Microseconds(200), options_.worker_spin)) {
+          absl::SleepFor(absl::Microseconds(20));
+        }
       }
     }
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  }();
+  ReplyMeta& m = env.meta();
+  m.ready_waited = true;
+  m.ready_wait_micros += absl::ToDoubleMicroseconds(absl::Now() - began);
+  return waited;
 }
 
 }  // namespace fp4q::server

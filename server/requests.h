@@ -131,6 +131,8 @@ struct ReplyMeta {
   std::string device_uuid;
   double kernel_micros = 0.0;
   double queue_micros = 0.0;        // waited in the device's executor queue
+  bool ready_waited = false;        // a Step that waited for its ready signals,
+  double ready_wait_micros = 0.0;   // and for how long (the longest of its parts)
   uint64_t processed_bytes = 0;     // tensor bytes read + written
   uint64_t processed_elements = 0;  // elements of the main tensor
 };

@@ -547,7 +547,12 @@ void EngineRegionTest::ReadySignalHoldsTheStep(bool emulate, bool device_signals
   EXPECT_THAT(engine_->ServerInfo().supported_modes, ::testing::Contains("step_ready_signal"));
   // The reference: the same step with the gradient in place up front.
   std::memcpy(memory_.data(), g.data(), g.size());
-  ASSERT_TRUE(step("ref", 1, kRefOut, false, 0, 1, 0, ctx_).ok());
+  {
+    auto ref = step("ref", 1, kRefOut, false, 0, 1, 0, ctx_);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    EXPECT_FALSE(ref->meta.ready_waited);
+    EXPECT_EQ(ref->meta.ready_wait_micros, 0.0);
+  }
   // Poisoned gradient (0xEE bytes: -3.7e28, finite) and signal: a step that read early differs.
   std::memset(memory_.data(), 0xEE, g.size());
   std::memset(memory_.data() + kDone, 0xEE, 4);
@@ -583,6 +588,10 @@ void EngineRegionTest::ReadySignalHoldsTheStep(bool emulate, bool device_signals
   worker.join();
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_TRUE(ok->items[0].applied) << "the refused tries changed the weight's last step";
+  // The wait is reported apart (the reply header's ready_wait_micros; the metrics leave it out
+  // of the request's duration): at least the worker's 50 ms, and not the reference step's.
+  EXPECT_TRUE(ok->meta.ready_waited);
+  EXPECT_GE(ok->meta.ready_wait_micros, 45000.0);
   EXPECT_EQ(done_value(), 7u);
   EXPECT_EQ(0, std::memcmp(memory_.data() + kOut, memory_.data() + kRefOut, 2 * 32 * 4))
       << "the step read the gradient before its ready signal";
@@ -591,6 +600,8 @@ void EngineRegionTest::ReadySignalHoldsTheStep(bool emulate, bool device_signals
   auto wrapped = step("w", 1, kOut, true, kReady, 0xFFFFFFFEu, 30, ctx_);
   ASSERT_TRUE(wrapped.ok()) << wrapped.status();
   EXPECT_FALSE(wrapped->items[0].applied);
+  EXPECT_TRUE(wrapped->meta.ready_waited);
+  EXPECT_LT(wrapped->meta.ready_wait_micros, 30000.0) << "the word was ready at once";
   EXPECT_EQ(done_value(), 0xFFFFFFFEu) << "a retry signals done too (from the host)";
   // Device-side: every step with a ready signal that got past validation queued its wait (the
   // 30 ms timeout, the 30 ms deadline, the worker's, the wrapped retry).
