@@ -70,8 +70,10 @@ TEST(CallLayerTest, AStepsWaitForItsReadySignalIsReportedApartFromItsDuration) {
   ASSERT_TRUE(region.ok()) << region.status();
   CreateWeightRequest c;
   c.name = "w";
-  c.initial = InlineF32(RandomF32(2 * 32, 61), 2, 32);
-  ASSERT_TRUE(Await<CreateWeightResult>([&](auto d) { (*engine)->CreateWeight(ctx, c, d); }).ok());
+  const std::string w0 = RandomF32(2 * 32, 61);  // InlineF32 points into it
+  c.initial = InlineF32(w0, 2, 32);
+  auto created = Await<CreateWeightResult>([&](auto d) { (*engine)->CreateWeight(ctx, c, d); });
+  ASSERT_TRUE(created.ok()) << created.status();
 
   // Step 1 of "w": its f32 gradient at offset 0, DQ(W) to 1024, the ready word at 8192.
   constexpr uint64_t kReady = 8192;
