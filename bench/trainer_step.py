@@ -284,12 +284,26 @@ CONFIGS = [
 ]
 
 
+@contextlib.contextmanager
+def bench_client(server, fast, namespace):
+    """A client of `server` in its own `namespace` (over the fast socket when `fast`), whose
+    namespace is deleted and connection closed afterwards."""
+    c = server.client(fast, namespace, ipc_mode())
+    try:
+        yield c
+    finally:
+        try:
+            c.delete_namespace()
+        except fp4q.Fp4qError:
+            pass
+        c.close()
+
+
 def fp4q_row(server, model, label, kind, kw, fast, device, warmup, steps, tag):
     row = {"name": "%s, %s" % (label, "fast socket" if fast else "gRPC"),
            "floor_bytes_per_param": SGD_FLOOR_BYTES if kind == "sgd" else ADAMW_FLOOR_BYTES}
     ns = "bench-%s-%d" % (tag, os.getpid())
-    c = server.client(fast, ns, ipc_mode())
-    try:
+    with bench_client(server, fast, ns) as c:
         with out_of_memory_as_row(row):
             if kind == "sgd":
                 opt = fp4q.optim.SGD(model.params, lr=1e-2, client=c, existing="replace", **kw)
@@ -306,12 +320,6 @@ def fp4q_row(server, model, label, kind, kw, fast, device, warmup, steps, tag):
                                                                               "inline"))}
             if row["stats"].get("ipc_fallbacks"):
                 row["ipc_fallback_reasons"] = dict(c.ipc_reasons)
-    finally:
-        try:
-            c.delete_namespace()
-        except fp4q.Fp4qError:
-            pass
-        c.close()
     return row
 
 
@@ -358,9 +366,8 @@ def _find(rows, prefix):
 def update_8192(server, args, device, bandwidth):
     size = 256 if args.dry_run else 8192
     model = Model([(size, size)], device, torch.bfloat16, seed=3)
-    c = server.client(True, "bench-8192-%d" % os.getpid(), ipc_mode())
     out = {"shape": [size, size]}
-    try:
+    with bench_client(server, True, "bench-8192-%d" % os.getpid()) as c:
         with out_of_memory_as_row(out):
             opt = fp4q.optim.SGD(model.params, lr=1e-2, client=c, existing="replace")
             kernels = []
@@ -373,12 +380,6 @@ def update_8192(server, args, device, bandwidth):
             out["wall_minus_kernel_ms"] = out["median_ms"] - out["kernel_median_ms"]
             out["floor_ms"] = size * size * SGD_FLOOR_BYTES / bandwidth * 1e3
             out["kernel_vs_floor"] = out["kernel_median_ms"] / out["floor_ms"]
-    finally:
-        try:
-            c.delete_namespace()
-        except fp4q.Fp4qError:
-            pass
-        c.close()
     return out
 
 
@@ -437,8 +438,7 @@ def behind_backward(server, args, device):
     masters = topt = None  # their memory back before fp4qd's weights are made
     for ready in (True, False):
         name = "fp4q SGD RTN+EF, fast socket, ready_signal=%s" % ready
-        c = server.client(True, "bench-behind-%d-%d" % (ready, os.getpid()), ipc_mode())
-        try:
+        with bench_client(server, True, "bench-behind-%d-%d" % (ready, os.getpid())) as c:
             fopt = fp4q.optim.SGD(model.params, lr=1e-2, client=c, existing="replace",
                                   ready_signal=ready)
             row = dict(name=name, **summary(timed(lambda: (busy(), fopt.step()), device,
@@ -447,12 +447,6 @@ def behind_backward(server, args, device):
             row["sent_with_ready_signal"] = r.sent if r is not None else 0
             row["sent_stream_idle"] = r.idle if r is not None else 0
             rows.append(row)
-        finally:
-            try:
-                c.delete_namespace()
-            except fp4q.Fp4qError:
-                pass
-            c.close()
     for row in rows[1:]:
         row["after_work_ms"] = row["median_ms"] - alone["median_ms"]
     return {"behind_ms": args.behind_ms, "model": "gpt2-small", "rows": rows}
@@ -465,8 +459,7 @@ def profile_steps(server, args, device, path):
     import io
     import pstats
     model = Model(gpt2_shapes(args.dry_run), device, torch.bfloat16, seed=5)
-    c = server.client(True, "bench-profile-%d" % os.getpid(), ipc_mode())
-    try:
+    with bench_client(server, True, "bench-profile-%d" % os.getpid()) as c:
         opt = fp4q.optim.SGD(model.params, lr=1e-2, client=c, existing="replace")
         for _ in range(args.warmup):
             opt.step()
@@ -488,12 +481,6 @@ def profile_steps(server, args, device, path):
         with open(path, "w") as f:
             f.write(buf.getvalue())
         print("wrote %s (%.3f ms a profiled step)" % (path, wall))
-    finally:
-        try:
-            c.delete_namespace()
-        except fp4q.Fp4qError:
-            pass
-        c.close()
 
 
 def main(argv=None):

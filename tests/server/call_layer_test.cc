@@ -23,6 +23,7 @@ namespace {
 
 using ::fp4q::server::testing::Await;
 using ::fp4q::server::testing::FakeIpcBackend;
+using ::fp4q::server::testing::FakeIpcEngine;
 using ::fp4q::server::testing::InlineF32;
 using ::fp4q::server::testing::RandomF32;
 
@@ -44,14 +45,11 @@ const prometheus::ClientMetric::Histogram* FindHistogram(
 }
 
 TEST(CallLayerTest, AStepsWaitForItsReadySignalIsReportedApartFromItsDuration) {
-  auto backend = std::make_unique<FakeIpcBackend>("GPU-fake-0");
-  FakeIpcBackend* fake = backend.get();
-  std::vector<std::unique_ptr<kernels::Backend>> b;
-  b.push_back(std::move(backend));
+  FakeIpcBackend* fake = nullptr;
   EngineOptions o;
   o.allow_cuda_ipc = true;
   o.cpu_workers = 1;
-  auto engine = Engine::Create(DeviceSet::FromBackends(std::move(b), true), o, nullptr, nullptr);
+  auto engine = FakeIpcEngine(o, &fake);
   ASSERT_TRUE(engine.ok()) << engine.status();
   prometheus::Registry registry;
   Metrics metrics(registry, "test", "cuda");

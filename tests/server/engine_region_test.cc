@@ -16,6 +16,7 @@ namespace {
 
 using ::fp4q::server::testing::Await;
 using ::fp4q::server::testing::FakeIpcBackend;
+using ::fp4q::server::testing::FakeIpcEngine;
 using ::fp4q::server::testing::InlineF32;
 using ::fp4q::server::testing::RandomF32;
 using ::fp4q::server::testing::RefQuantize;
@@ -29,15 +30,11 @@ constexpr size_t kRegionBytes = 1 << 16;
 class EngineRegionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto backend = std::make_unique<FakeIpcBackend>("GPU-fake-0");
-    fake_ = backend.get();
-    std::vector<std::unique_ptr<kernels::Backend>> b;
-    b.push_back(std::move(backend));
     EngineOptions o;
     o.allow_cuda_ipc = true;
     o.cpu_workers = 1;
     Tune(&o);
-    auto e = Engine::Create(DeviceSet::FromBackends(std::move(b), true), o, nullptr, nullptr);
+    auto e = FakeIpcEngine(o, &fake_);
     ASSERT_TRUE(e.ok()) << e.status();
     engine_ = std::move(*e);
     memory_.assign(kRegionBytes, 0xEE);  // poison: outputs must overwrite it
@@ -399,15 +396,12 @@ TEST_F(EngineRegionTest, StepPlansStepTheKeptItemsAsIfSentAndCheckThemAgain) {
 // fp4qd --max_step_plans 0: no "step_plans" in ServerInfo, and keep_plan is refused before
 // anything runs.
 TEST(EngineStepPlanOffTest, NoPlansAreOfferedOrKept) {
-  auto backend = std::make_unique<FakeIpcBackend>("GPU-fake-0");
-  FakeIpcBackend* fake = backend.get();
-  std::vector<std::unique_ptr<kernels::Backend>> b;
-  b.push_back(std::move(backend));
+  FakeIpcBackend* fake = nullptr;
   EngineOptions o;
   o.allow_cuda_ipc = true;
   o.cpu_workers = 1;
   o.max_step_plans = 0;
-  auto e = Engine::Create(DeviceSet::FromBackends(std::move(b), true), o, nullptr, nullptr);
+  auto e = FakeIpcEngine(o, &fake);
   ASSERT_TRUE(e.ok()) << e.status();
   Engine& engine = **e;
   const ServerInfoResult info = engine.ServerInfo();

@@ -21,6 +21,7 @@ namespace {
 
 using ::fp4q::server::testing::Await;
 using ::fp4q::server::testing::FakeIpcBackend;
+using ::fp4q::server::testing::FakeIpcEngine;
 using ::fp4q::server::testing::RandomF32;
 using ::fp4q::server::testing::RegionF32;
 using ::fp4q::testing::StatusIs;
@@ -38,10 +39,6 @@ class GaugeObserver final : public EngineObserver {
 class EngineReliabilityTest : public ::testing::Test {
  protected:
   void Make(bool allow_ipc, bool ipc_over_tcp) {
-    auto backend = std::make_unique<FakeIpcBackend>("GPU-fake-0");
-    fake_ = backend.get();
-    std::vector<std::unique_ptr<kernels::Backend>> b;
-    b.push_back(std::move(backend));
     EngineOptions o;
     o.allow_cuda_ipc = allow_ipc;
     o.cuda_ipc_over_tcp = ipc_over_tcp;
@@ -52,7 +49,7 @@ class EngineReliabilityTest : public ::testing::Test {
       std::lock_guard<std::mutex> lock(clock_mu_);
       return now_;
     };
-    auto e = Engine::Create(DeviceSet::FromBackends(std::move(b), true), o, &gauges_, nullptr);
+    auto e = FakeIpcEngine(o, &fake_, &gauges_);
     ASSERT_TRUE(e.ok()) << e.status();
     engine_ = std::move(*e);
   }

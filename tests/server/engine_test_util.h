@@ -267,6 +267,18 @@ inline absl::StatusOr<std::unique_ptr<Engine>> CpuEngine(const EngineOptions& o)
   return Engine::Create(DeviceSet::FromBackends(std::move(b), true), o, nullptr, nullptr);
 }
 
+// An engine on one FakeIpcBackend ("GPU-fake-0") with options `o`; *fake (when not null) gets
+// the backend, which the engine owns.
+inline absl::StatusOr<std::unique_ptr<Engine>> FakeIpcEngine(const EngineOptions& o,
+                                                            FakeIpcBackend** fake,
+                                                            EngineObserver* observer = nullptr) {
+  auto backend = std::make_unique<FakeIpcBackend>("GPU-fake-0");
+  if (fake != nullptr) *fake = backend.get();
+  std::vector<std::unique_ptr<kernels::Backend>> b;
+  b.push_back(std::move(backend));
+  return Engine::Create(DeviceSet::FromBackends(std::move(b), true), o, observer, nullptr);
+}
+
 // A CPU engine for a test: `budget` bytes of state, two CPU workers, checkpoints in `state_dir`
 // (none when empty), at most `max_step_items` items a Step. A failure to start fails the test
 // and gives a null engine.
