@@ -1,4 +1,4 @@
-"""Step plans (fp4q._requests.StepPlans, fp4q._regions' TransferPlan): a trainer's repeated Step
+"""Step plans (fp4q._step_plans.StepPlans, fp4q._regions' TransferPlan): a trainer's repeated Step
 reuses its items' encoding when every tensor is a slice of the same allocations, and builds it
 afresh when anything it rests on changed; brief replies; fp4q.optim's keyed steps. The driver,
 the server and the CUDA tensors are fakes: no GPU, no server."""
@@ -13,7 +13,7 @@ import grpc
 import torch
 
 import fp4q
-from fp4q import _cuda_driver, _overlap, _regions, _requests, _transport, ipc
+from fp4q import _cuda_driver, _overlap, _regions, _requests, _step_plans, _transport, ipc
 from fp4q._messages import Serialized, pb
 
 
@@ -195,7 +195,7 @@ class StepPlanTest(unittest.TestCase):
         self.step(1)
         with mock.patch.object(_cuda_driver, "allocation_identity",
                                side_effect=_cuda_driver.DriverError("CUDA_ERROR_DEINITIALIZED")):
-            plan = self.requests._step_plans.get(_requests._step_plan_key(self.items())).plan
+            plan = self.requests._step_plans.get(_step_plans._step_plan_key(self.items())).plan
             self.assertFalse(self.regions.plan_valid(plan))
         self.regions.mode = "never"
         self.assertFalse(self.regions.plan_valid(plan))
@@ -204,7 +204,7 @@ class StepPlanTest(unittest.TestCase):
 
     def test_requests_that_are_not_all_direct_slices_are_not_kept(self):
         cpu = [fp4q.StepItem(name="w0", update=torch.ones(32, 16))]
-        self.assertIsNone(_requests._step_plan_key(cpu))
+        self.assertIsNone(_step_plans._step_plan_key(cpu))
         # An output allocated for the request (return_dequantized into a new tensor, no target)
         # is direct; a missing DQ target on a CUDA update keeps the plan too.
         tr = self.regions.transfer()
@@ -225,11 +225,11 @@ class StepPlanTest(unittest.TestCase):
         tr.release()
 
     def test_only_the_last_few_plans_are_kept_and_none_holds_a_tensor(self):
-        for k in range(_requests.StepPlans.SIZE + 2):
+        for k in range(_step_plans.StepPlans.SIZE + 2):
             grads = [FakeCudaTensor(GRADS + 0x10000 * k + 0x1000 * i) for i in range(3)]
             self.step(k + 1, items=self.items(grads=grads))
         plans = self.requests._step_plans._plans
-        self.assertEqual(len(plans), _requests.StepPlans.SIZE)
+        self.assertEqual(len(plans), _step_plans.StepPlans.SIZE)
         for memo in plans.values():
             self.assertFalse(any(isinstance(v, FakeCudaTensor)
                                  for a in memo.plan.allocations for v in a))
@@ -752,7 +752,7 @@ class OptimizerStepKeyTest(unittest.TestCase):
 
 
 class SlicedItemsTest(unittest.TestCase):
-    """_requests._SlicedItems: a re-sliced step's items spliced from their fixed parts are the
+    """_step_plans._SlicedItems: a re-sliced step's items spliced from their fixed parts are the
     bytes the protobuf library writes for the template with those slices."""
 
     def template(self):
@@ -779,7 +779,7 @@ class SlicedItemsTest(unittest.TestCase):
 
     def test_spliced_items_are_the_library_encoding_byte_for_byte(self):
         t = self.template()
-        enc = _requests._SlicedItems(t)
+        enc = _step_plans._SlicedItems(t)
         self.assertEqual(enc.count, 12)
         offsets = [0, 16, 127, 128, 16383, 16384, 2 ** 21 + 48, 2 ** 40 + 16, 2 ** 63 - 16]
         ids = ["r-0", "r-" + "a" * 130, "r-1"]
