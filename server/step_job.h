@@ -42,7 +42,7 @@ struct StepJob {
   };
   std::vector<Signal> signals;
   // The device writes every done signal behind the step's kernels (queued by
-  // Engine::QueueStepOnDevice): the host writes none after them.
+  // Engine::RunStepOnDeviceSignals): the host writes none after them.
   bool done_queued = false;
   // Each rank's ready signal (StepRequest.ready_signal), polled before the step reads an update.
   struct Ready {
