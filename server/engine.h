@@ -268,7 +268,7 @@ class Engine {
   // them (`done_after_apply`), then the host watches the ready words, cancels and releases the
   // step past their timeout, and reads the report.
   absl::Status RunStepOnDeviceSignals(OpEnv& env, StepJob& job,
-                                      const std::vector<kernels::StepItem>& kitems, void* ws,
+                                      const kernels::ValidatedStep& step, void* ws,
                                       size_t ws_bytes, bool done_after_apply,
                                       kernels::StepReport* report);
   // Writes them on env's stream after the step's device work (whatever its outcome).

@@ -298,12 +298,15 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
     kitems.push_back(std::move(it));
   }
   FP4Q_RETURN_IF_ERROR(env.CheckNoOverlap());
-  for (size_t k = 0; k < kitems.size(); ++k) {
-    const FieldPath item_field =
-        job.update_weight ? no_prefix.Then("") : items_field.Index(items[k]);
-    absl::Status s = kernels::ValidateStepItem(kitems[k], item_field);
-    if (!s.ok()) return absl::InternalError(absl::StrCat("step: ", s.message()));
+  // The items as the backend takes them, validated once here (the requests' checks above make
+  // a refusal here a bug of this engine, not of the request).
+  absl::StatusOr<kernels::ValidatedStep> valid = kernels::ValidatedStep::Check(kitems);
+  if (!valid.ok()) {
+    return absl::InternalError(absl::StrCat(
+        "step: ", valid.status().message(),
+        items.size() != job.entries.size() ? " (items counted in this device's part)" : ""));
   }
+  const kernels::ValidatedStep& step = *valid;
   const size_t ws_bytes = kernels::StepWorkspaceBytes(kitems);
   kernels::StepReport report;
   kernels::Backend& b = env.backend();
@@ -320,14 +323,14 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
     // the host's to write.
     const bool all_apply = std::all_of(apply.begin(), apply.end(), [](bool a) { return a; });
     FP4Q_RETURN_IF_ERROR(
-        RunStepOnDeviceSignals(env, job, kitems, ws, ws_bytes, all_apply, &report));
+        RunStepOnDeviceSignals(env, job, step, ws, ws_bytes, all_apply, &report));
     if (!report.ok) return Refusal(job, items, report);
   } else if (barrier == nullptr) {
     FP4Q_RETURN_IF_ERROR(WaitReadySignals(env, job));
     // One device: check, apply (gated on the device by the check) and one small copy back.
     FP4Q_RETURN_IF_ERROR(env.Kernel("step", [&] {
-      FP4Q_RETURN_IF_ERROR(b.StepCheck(kitems, ws, ws_bytes, st));
-      FP4Q_RETURN_IF_ERROR(b.StepApply(kitems, ws, st));
+      FP4Q_RETURN_IF_ERROR(b.StepCheck(step, ws, ws_bytes, st));
+      FP4Q_RETURN_IF_ERROR(b.StepApply(step, ws, st));
       return b.StepReadReport(kitems, ws, &report, st);
     }));
     if (!report.ok) return Refusal(job, items, report);
@@ -335,14 +338,14 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
     FP4Q_RETURN_IF_ERROR(WaitReadySignals(env, job));
     // Several devices: every part checks and reads its report; all apply or none do.
     FP4Q_RETURN_IF_ERROR(env.Kernel("step", [&] {
-      FP4Q_RETURN_IF_ERROR(b.StepCheck(kitems, ws, ws_bytes, st));
+      FP4Q_RETURN_IF_ERROR(b.StepCheck(step, ws, ws_bytes, st));
       return b.StepReadReport(kitems, ws, &report, st);
     }));
     const absl::Status mine = report.ok ? absl::OkStatus() : Refusal(job, items, report);
     absl::Status all = barrier->Checked(mine);
     if (!all.ok()) return all;
     FP4Q_RETURN_IF_ERROR(env.Kernel("step", [&] {
-      FP4Q_RETURN_IF_ERROR(b.StepApply(kitems, ws, st));
+      FP4Q_RETURN_IF_ERROR(b.StepApply(step, ws, st));
       return b.Synchronize(st);
     }));
   }
@@ -388,7 +391,7 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
 }
 
 absl::Status Engine::RunStepOnDeviceSignals(OpEnv& env, StepJob& job,
-                                            const std::vector<kernels::StepItem>& kitems,
+                                            const kernels::ValidatedStep& step,
                                             void* ws, size_t ws_bytes, bool done_after_apply,
                                             kernels::StepReport* report) {
   kernels::Backend& b = env.backend();
@@ -421,8 +424,8 @@ absl::Status Engine::RunStepOnDeviceSignals(OpEnv& env, StepJob& job,
     for (const StepJob::Ready& r : job.ready) {
       FP4Q_RETURN_IF_ERROR(b.WaitValue32(r.at, r.value, st));
     }
-    FP4Q_RETURN_IF_ERROR(b.StepCheck(kitems, ws, ws_bytes, st, cancel));
-    FP4Q_RETURN_IF_ERROR(b.StepApply(kitems, ws, st));
+    FP4Q_RETURN_IF_ERROR(b.StepCheck(step, ws, ws_bytes, st, cancel));
+    FP4Q_RETURN_IF_ERROR(b.StepApply(step, ws, st));
     if (done_after_apply) {
       for (const StepJob::Signal& sig : job.signals) {
         FP4Q_RETURN_IF_ERROR(b.WriteValue32(sig.at, sig.value, st));
@@ -443,7 +446,7 @@ absl::Status Engine::RunStepOnDeviceSignals(OpEnv& env, StepJob& job,
   const absl::Status ready = WaitReadySignals(env, job, /*side=*/true);
   if (!ready.ok()) release();
   const absl::Status read =
-      env.Kernel("step", [&] { return b.StepReadReport(kitems, ws, report, st); });
+      env.Kernel("step", [&] { return b.StepReadReport(step.items(), ws, report, st); });
   if (!read.ok()) return read;
   if (!ready.ok() && !report->ok) return ready;  // cancelled (or refused): nothing changed
   return absl::OkStatus();

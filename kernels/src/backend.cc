@@ -242,21 +242,30 @@ absl::Status Backend::UpdateWeight(const QuantizedTensor& weight, float* residua
 
 absl::Status Backend::StepCheck(const std::vector<StepItem>& items, void* workspace,
                                 size_t workspace_bytes, Stream stream, const StepCancel& cancel) {
-  FP4Q_RETURN_IF_ERROR(ValidateStepItems(items));
-  FP4Q_RETURN_IF_ERROR(CheckWorkspace(workspace));
-  const size_t need = StepWorkspaceBytes(items);
-  if (workspace_bytes < need) {
-    return absl::InvalidArgumentError(absl::StrCat("workspace_bytes: ", workspace_bytes,
-                                                   " is smaller than the ", need, " needed"));
-  }
-  return DoStepCheck(items, workspace, stream, cancel);
+  FP4Q_ASSIGN_OR_RETURN(const ValidatedStep step, ValidatedStep::Check(items));
+  return StepCheck(step, workspace, workspace_bytes, stream, cancel);
 }
 
 absl::Status Backend::StepApply(const std::vector<StepItem>& items, void* workspace,
                                 Stream stream) {
-  FP4Q_RETURN_IF_ERROR(ValidateStepItems(items));
+  FP4Q_ASSIGN_OR_RETURN(const ValidatedStep step, ValidatedStep::Check(items));
+  return StepApply(step, workspace, stream);
+}
+
+absl::Status Backend::StepCheck(const ValidatedStep& step, void* workspace,
+                                size_t workspace_bytes, Stream stream, const StepCancel& cancel) {
   FP4Q_RETURN_IF_ERROR(CheckWorkspace(workspace));
-  return DoStepApply(items, workspace, stream);
+  const size_t need = StepWorkspaceBytes(step.items());
+  if (workspace_bytes < need) {
+    return absl::InvalidArgumentError(absl::StrCat("workspace_bytes: ", workspace_bytes,
+                                                   " is smaller than the ", need, " needed"));
+  }
+  return DoStepCheck(step.items(), workspace, stream, cancel);
+}
+
+absl::Status Backend::StepApply(const ValidatedStep& step, void* workspace, Stream stream) {
+  FP4Q_RETURN_IF_ERROR(CheckWorkspace(workspace));
+  return DoStepApply(step.items(), workspace, stream);
 }
 
 absl::Status Backend::StepReadReport(const std::vector<StepItem>& items, const void* workspace,

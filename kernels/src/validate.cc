@@ -696,6 +696,11 @@ absl::Status ValidateStepItems(const std::vector<StepItem>& items) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<ValidatedStep> ValidatedStep::Check(const std::vector<StepItem>& items) {
+  FP4Q_RETURN_IF_ERROR(ValidateStepItems(items));
+  return ValidatedStep(&items);
+}
+
 absl::Status ValidateRhtArgs(const ConstTensor& in, RhtMode mode, const MutTensor& out) {
   FP4Q_RETURN_IF_ERROR(CheckEnum(RhtName(mode), static_cast<int>(mode), "mode", "RHT mode"));
   if (mode == RhtMode::kOff) return Invalid("mode", "off is not a transform");

@@ -726,5 +726,50 @@ TEST_F(StepCheckTest, ValidationNamesTheItemAndField) {
                        HasSubstr("items[1].weight: the same stored weight as items[0]")));
 }
 
+// ValidatedStep::Check refuses what ValidateStepItems refuses, with its message; the Backend's
+// step calls given the validated batch write the same bytes as the calls that validate.
+TEST_F(StepCheckTest, ValidatedStepRefusesAsTheCallsDoAndStepsTheSame) {
+  Batch b = MakeBatch(*cpu_);
+  std::vector<StepItem> bad = b.Items();
+  bad[2].hyper.lr = -1.0f;
+  EXPECT_THAT(ValidatedStep::Check(bad).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("items[2].hyper.lr: -1 is not finite and >= 0")));
+  bad = b.Items();
+  bad[4] = bad[0];
+  EXPECT_THAT(ValidatedStep::Check(bad).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("items[4].weight: the same stored weight as items[0]")));
+  EXPECT_THAT(ValidatedStep::Check({}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("items: empty")));
+
+  Batch twin = MakeBatch(*cpu_);  // the same states and updates (same seeds)
+  const std::vector<StepItem> items = b.Items();
+  absl::StatusOr<ValidatedStep> step = ValidatedStep::Check(items);
+  FP4Q_ASSERT_OK(step.status());
+  EXPECT_EQ(&step->items(), &items);
+  const size_t bytes = StepWorkspaceBytes(items);
+  void* ws = cpu_->Allocate(bytes).value();
+  EXPECT_THAT(cpu_->StepCheck(*step, ws, bytes - 16, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("workspace_bytes: ")));
+  EXPECT_THAT(cpu_->StepApply(*step, nullptr, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("workspace: null")));
+  StepReport report;
+  FP4Q_ASSERT_OK(cpu_->StepCheck(*step, ws, bytes, nullptr));
+  FP4Q_ASSERT_OK(cpu_->StepApply(*step, ws, nullptr));
+  FP4Q_ASSERT_OK(cpu_->StepReadReport(items, ws, &report, nullptr));
+  cpu_->Free(ws);
+  ASSERT_TRUE(report.ok);
+  StepReport twin_report;
+  FP4Q_ASSERT_OK(RunStep(*cpu_, twin.Items(), &twin_report));
+  ASSERT_TRUE(twin_report.ok);
+  for (int i = 0; i < 5; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_TRUE(SameState(b.states[i], twin.states[i]));
+    EXPECT_NE(b.states[i].weight.codes, MakeBatch(*cpu_).states[i].weight.codes);  // it stepped
+  }
+  EXPECT_EQ(report.fingerprints, twin_report.fingerprints);
+}
+
 }  // namespace
 }  // namespace fp4q::kernels

@@ -158,6 +158,11 @@ class Backend {
   // old scales) is of the state the check saw. FAILED_PRECONDITION on the CPU backend when no
   // check ran on `workspace`.
   absl::Status StepApply(const std::vector<StepItem>& items, void* workspace, Stream stream);
+  // The same for items validated once (ValidatedStep::Check): nothing is validated again but
+  // the workspace.
+  absl::Status StepCheck(const ValidatedStep& step, void* workspace, size_t workspace_bytes,
+                         Stream stream, const StepCancel& cancel = {});
+  absl::Status StepApply(const ValidatedStep& step, void* workspace, Stream stream);
   // Copies the batch's outcome to `report` (one small copy) and synchronizes the stream.
   absl::Status StepReadReport(const std::vector<StepItem>& items, const void* workspace,
                               StepReport* report, Stream stream);

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "fp4q/kernels/types.h"
 
 namespace fp4q::kernels {
@@ -193,6 +194,19 @@ struct FiniteGuard {
 
 // Bytes of backend memory a batch needs as workspace (item table, plan, outcome).
 size_t StepWorkspaceBytes(const std::vector<StepItem>& items);
+
+// A batch's items that ValidateStepItems (validate.h) accepted, made only by Check: the
+// Backend's StepCheck and StepApply take it without validating the items again (a step
+// validates once, not once a call). It refers to `items`, which must outlive it unchanged.
+class ValidatedStep {
+ public:
+  static absl::StatusOr<ValidatedStep> Check(const std::vector<StepItem>& items);
+  const std::vector<StepItem>& items() const { return *items_; }
+
+ private:
+  explicit ValidatedStep(const std::vector<StepItem>* items) : items_(items) {}
+  const std::vector<StepItem>* items_;
+};
 
 // Bytes per element of one moment tensor in `dtype` (NVFP4: codes + scales, without the
 // global record), for budgets and checkpoints.
