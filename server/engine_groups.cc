@@ -44,8 +44,8 @@ absl::Status Agree(const StepRequest& a, uint32_t ra, const StepRequest& b, uint
   };
   if (a.step != b.step) return differ(absl::StrCat("step (", b.step, " vs ", a.step, ")"));
   if (a.kind != b.kind) return differ("kind");
-  if (a.items.size() != b.items.size()) {
-    return differ(absl::StrCat("number of items (", b.items.size(), " vs ", a.items.size(), ")"));
+  if (a.Items().size() != b.Items().size()) {
+    return differ(absl::StrCat("number of items (", b.Items().size(), " vs ", a.Items().size(), ")"));
   }
   if (a.groups.size() != b.groups.size()) return differ("number of groups");
   for (size_t g = 0; g < a.groups.size(); ++g) {
@@ -53,9 +53,9 @@ absl::Status Agree(const StepRequest& a, uint32_t ra, const StepRequest& b, uint
       return differ(absl::StrCat("groups[", g, "] hyperparameters"));
     }
   }
-  for (size_t i = 0; i < a.items.size(); ++i) {
-    const StepItemIn& x = a.items[i];
-    const StepItemIn& y = b.items[i];
+  for (size_t i = 0; i < a.Items().size(); ++i) {
+    const StepItemIn& x = a.Items()[i];
+    const StepItemIn& y = b.Items()[i];
     if (x.name != y.name) {
       return differ(absl::StrCat("items[", i, "].name (", Quote(y.name), " vs ", Quote(x.name),
                                  ")"));
@@ -206,8 +206,8 @@ void Engine::Contribute(const RequestContext& ctx, StepRequest req, Done<StepRes
     }
     // A step every weight already applied: this rank retries alone (checked, applied=false).
     if (!g.collecting || g.step != req.step) {
-      bool applied = !req.items.empty();
-      for (const StepItemIn& item : req.items) {
+      bool applied = !req.Items().empty();
+      for (const StepItemIn& item : req.Items()) {
         std::shared_ptr<StateEntry> e = store_->Find(QualifiedName(ns, item.name));
         applied = applied && e != nullptr && e->has_step.load() && e->last_step.load() == req.step;
       }

@@ -21,36 +21,44 @@ absl::Status CheckStepShape(const StepRequest& req, int max_items) {
   if (req.step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("step: ", req.step, " must be >= 0"));
   }
-  if (req.items.empty()) return absl::InvalidArgumentError("items: empty (a step updates >= 1)");
-  if (req.items.size() > static_cast<size_t>(max_items)) {
-    return absl::InvalidArgumentError(absl::StrCat("items: ", req.items.size(),
-                                                   " items, at most ", max_items,
+  const std::vector<StepItemIn>& items = req.Items();
+  if (items.empty()) return absl::InvalidArgumentError("items: empty (a step updates >= 1)");
+  if (items.size() > static_cast<size_t>(max_items)) {
+    return absl::InvalidArgumentError(absl::StrCat("items: ", items.size(), " items, at most ",
+                                                   max_items,
                                                    " (fp4qd --max_step_items); split the step"));
   }
   if (req.groups.empty()) {
     return absl::InvalidArgumentError("groups: empty (send the hyperparameters of >= 1 group)");
   }
-  if (req.groups.size() > req.items.size()) {
+  if (req.groups.size() > items.size()) {
     return absl::InvalidArgumentError(absl::StrCat("groups: ", req.groups.size(),
-                                                   " groups for ", req.items.size(), " items"));
+                                                   " groups for ", items.size(), " items"));
   }
   for (size_t g = 0; g < req.groups.size(); ++g) {
     FP4Q_RETURN_IF_ERROR(CheckStepHyper(req.groups[g], absl::StrCat("groups[", g, "]")));
   }
+  // A plan's items passed the name checks below in the step that kept them; only the groups
+  // they name are new.
+  const bool planned = req.planned_items != nullptr;
   // The first item whose name repeats an earlier one (a sorted list: no allocation per name).
-  std::vector<std::pair<absl::string_view, size_t>> names;
-  names.reserve(req.items.size());
-  for (size_t i = 0; i < req.items.size(); ++i) names.emplace_back(req.items[i].name, i);
-  std::sort(names.begin(), names.end());
-  size_t twice = req.items.size();
-  for (size_t k = 1; k < names.size(); ++k) {
-    if (names[k].first == names[k - 1].first) twice = std::min(twice, names[k].second);
+  size_t twice = items.size();
+  if (!planned) {
+    std::vector<std::pair<absl::string_view, size_t>> names;
+    names.reserve(items.size());
+    for (size_t i = 0; i < items.size(); ++i) names.emplace_back(items[i].name, i);
+    std::sort(names.begin(), names.end());
+    for (size_t k = 1; k < names.size(); ++k) {
+      if (names[k].first == names[k - 1].first) twice = std::min(twice, names[k].second);
+    }
   }
-  const FieldPath items("items");
-  for (size_t i = 0; i < req.items.size(); ++i) {
-    const StepItemIn& it = req.items[i];
-    const FieldPath item = items.Index(i);
-    FP4Q_RETURN_IF_ERROR(CheckName(it.name, item.Member("name")));
+  const FieldPath items_field("items");
+  for (size_t i = 0; i < items.size(); ++i) {
+    const StepItemIn& it = items[i];
+    if (!planned) {
+      const FieldPath item = items_field.Index(i);
+      FP4Q_RETURN_IF_ERROR(CheckName(it.name, item.Member("name")));
+    }
     if (i == twice) {
       return absl::InvalidArgumentError(absl::StrCat(
           "items[", i, "].name: ", Quote(it.name), " appears twice in one step"));
@@ -67,8 +75,8 @@ absl::Status CheckStepShape(const StepRequest& req, int max_items) {
 // A brief reply lists no item, so no item may ask for its DQ(W) inline.
 absl::Status CheckBriefReply(const StepRequest& req, absl::string_view rank) {
   if (!req.brief_reply) return absl::OkStatus();
-  for (size_t i = 0; i < req.items.size(); ++i) {
-    if (!req.items[i].return_dequantized) continue;
+  for (size_t i = 0; i < req.Items().size(); ++i) {
+    if (!req.Items()[i].return_dequantized) continue;
     return absl::InvalidArgumentError(absl::StrCat(
         rank, "items[", i, "].return_dequantized: true, but brief_reply leaves the items out of "
         "the reply (give dequantized_out a region, or send brief_reply false)"));
@@ -98,7 +106,7 @@ absl::Status Engine::UseStepPlan(const RequestContext& ctx, StepRequest& req,
     }
     absl::StatusOr<StepPlans::Items> items = plans_->Find(ctx.session_id, req.plan_id);
     if (!items.ok()) return items.status();
-    req.items = **items;
+    req.planned_items = *std::move(items);  // shared with the plan, not copied
     return absl::OkStatus();
   }
   if (!req.keep_plan) return absl::OkStatus();
@@ -250,20 +258,20 @@ void Engine::StartStep(std::shared_ptr<StepJob> job) {
     if (absl::Status s = CheckBriefReply(*r.req, rank); !s.ok()) return refuse(s);
   }
   // The weights.
-  job->entries.resize(first.items.size());
-  for (size_t i = 0; i < first.items.size(); ++i) {
-    const absl::string_view name = first.items[i].name;
+  job->entries.resize(first.Items().size());
+  for (size_t i = 0; i < first.Items().size(); ++i) {
+    const absl::string_view name = first.Items()[i].name;
     std::shared_ptr<StateEntry> e =
         job->ns.empty() ? store_->Find(name) : store_->Find(QualifiedName(job->ns, name));
     if (e == nullptr || !e->live.load()) {
       return refuse(absl::NotFoundError(absl::StrCat(
           job->update_weight ? "name" : absl::StrCat("items[", i, "].name"), ": no weight ",
-          Quote(first.items[i].name))));
+          Quote(first.Items()[i].name))));
     }
     if (e->kind != EntryKind::kWeight) {
       return refuse(absl::InvalidArgumentError(absl::StrCat(
           job->update_weight ? "name" : absl::StrCat("items[", i, "].name"), ": ",
-          Quote(first.items[i].name), " is a residual key, not a weight")));
+          Quote(first.Items()[i].name), " is a residual key, not a weight")));
     }
     job->entries[i] = std::move(e);
   }
@@ -271,8 +279,8 @@ void Engine::StartStep(std::shared_ptr<StepJob> job) {
   for (StepJob::Rank& r : job->ranks) {
     const std::string prefix =
         job->ranks.size() > 1 ? absl::StrCat("rank ", r.rank, "'s ") : std::string();
-    for (size_t i = 0; i < r.req->items.size(); ++i) {
-      const StepItemIn& it = r.req->items[i];
+    for (size_t i = 0; i < r.req->Items().size(); ++i) {
+      const StepItemIn& it = r.req->Items()[i];
       Device* d = job->entries[i]->device;
       // The field is spelled out only when a region is first pinned or refused.
       auto field = [&](absl::string_view part) {
@@ -312,7 +320,7 @@ void Engine::StartStep(std::shared_ptr<StepJob> job) {
   if (absl::Status s = PinSignals(*job, by_device.size()); !s.ok()) return refuse(s);
   job->results.resize(job->ranks.size());
   for (size_t r = 0; r < job->ranks.size(); ++r) {
-    job->results[r].items.resize(first.items.size());
+    job->results[r].items.resize(first.Items().size());
     job->results[r].world_size = job->world_size;
     job->results[r].brief = job->ranks[r].req->brief_reply;
   }

@@ -189,7 +189,7 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
   for (size_t k = 0; k < items.size(); ++k) {
     const size_t i = items[k];
     StateEntry& e = *job.entries[i];
-    const StepItemIn& in = first.items[i];
+    const StepItemIn& in = first.Items()[i];
     const HyperIn& h = first.groups[in.group];
     auto group_field = [&] {
       return job.update_weight ? std::string("lr") : absl::StrCat("groups[", in.group, "]");
@@ -267,7 +267,7 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
     const size_t dq_bytes = static_cast<size_t>(e.rows * e.cols) * kernels::DTypeSize(e.params.dtype);
     const FieldPath item_field = job.update_weight ? no_prefix.Then("") : items_field.Index(i);
     for (size_t r = 0; r < K; ++r) {
-      const StepItemIn& ri = job.ranks[r].req->items[i];
+      const StepItemIn& ri = job.ranks[r].req->Items()[i];
       const FieldPath rank(rank_prefix[r]);
       const FieldPath rank_items = rank.Then("items");
       const FieldPath rank_item = job.update_weight ? rank.Then("") : rank_items.Index(i);
@@ -364,7 +364,7 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
   for (size_t k = 0; k < items.size(); ++k) {
     const size_t i = items[k];
     StateEntry& e = *job.entries[i];
-    const HyperIn& h = first.groups[first.items[i].group];
+    const HyperIn& h = first.groups[first.Items()[i].group];
     if (apply[k]) {
       e.last_step.store(job.step);
       e.has_step.store(true);

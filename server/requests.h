@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -342,7 +343,13 @@ struct StepItemIn {
 struct StepRequest {
   int64_t step = 0;
   std::vector<HyperIn> groups;
-  std::vector<StepItemIn> items;
+  std::vector<StepItemIn> items;  // as sent; Items() is what the step updates
+  // A planned step's items (plan_id): the kept plan's own, shared rather than copied into
+  // `items` (Engine::UseStepPlan).
+  std::shared_ptr<const std::vector<StepItemIn>> planned_items;
+  const std::vector<StepItemIn>& Items() const {
+    return planned_items != nullptr ? *planned_items : items;
+  }
   kernels::UpdateKind kind = kernels::UpdateKind::kGradient;
   bool has_replica = false;
   std::string replica_group;

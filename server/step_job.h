@@ -56,7 +56,7 @@ struct StepJob {
   // when a rank retries an applied step alone.
   uint32_t world_size = 1;
 
-  std::string Name(size_t i) const { return ranks[0].req->items[i].name; }
+  std::string Name(size_t i) const { return ranks[0].req->Items()[i].name; }
   uint32_t RankOf(int32_t update_index) const {
     return update_index >= 0 && static_cast<size_t>(update_index) < ranks.size()
                ? ranks[static_cast<size_t>(update_index)].rank

@@ -393,6 +393,62 @@ TEST_F(EngineRegionTest, StepPlansStepTheKeptItemsAsIfSentAndCheckThemAgain) {
   EXPECT_EQ(engine_->step_plans().size(), 0);
 }
 
+// A planned step shares its plan's items (not copied, their names not checked again); the
+// groups they name are the step's own and are checked at every step.
+TEST_F(EngineRegionTest, PlannedStepsCheckTheGroupsTheirItemsName) {
+  for (const std::string& name : {"g0", "g1"}) {
+    CreateWeightRequest c;
+    c.name = name;
+    const std::string initial = RandomF32(16, name == "g0" ? 70 : 71);
+    c.initial = InlineF32(initial, 1, 16);
+    ASSERT_TRUE(Await<CreateWeightResult>([&](auto d) { engine_->CreateWeight(ctx_, c, d); }).ok());
+  }
+  const std::string g = RandomF32(32, 72);
+  std::memcpy(memory_.data(), g.data(), g.size());
+  auto run = [&](const StepRequest& r) {
+    return Await<StepResult>([&](auto done) { engine_->Step(ctx_, r, done); });
+  };
+  auto step = [&](int64_t n, int groups) {
+    StepRequest r;
+    r.step = n;
+    for (int k = 0; k < groups; ++k) {
+      HyperIn h;
+      h.lr = 0.1f * static_cast<float>(k + 1);
+      r.groups.push_back(h);
+    }
+    r.brief_reply = true;
+    return r;
+  };
+  StepRequest keep = step(1, 2);
+  for (int i = 0; i < 2; ++i) {
+    StepItemIn it;
+    it.name = i == 0 ? "g0" : "g1";
+    it.group = static_cast<uint32_t>(i);
+    it.update = RegionF32(region_, 64 * i, 1, 16);
+    it.dequantized_out = RegionTarget(region_, 1024 + 64 * i);
+    keep.items.push_back(it);
+  }
+  keep.keep_plan = true;
+  absl::StatusOr<StepResult> kept = run(keep);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  StepRequest one_group = step(2, 1);
+  one_group.plan_id = kept->plan_id;
+  std::memset(memory_.data() + 1024, 0xEE, 128);
+  EXPECT_THAT(run(one_group), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       "items[1].group: 1 but the step has 1 groups"));
+  EXPECT_EQ(memory_[1024], 0xEE);  // nothing written
+  StepRequest two_groups = step(2, 2);
+  two_groups.plan_id = kept->plan_id;
+  absl::StatusOr<StepResult> applied = run(two_groups);
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  ASSERT_EQ(applied->items.size(), 2u);
+  for (const StepItemResult& r : applied->items) {
+    EXPECT_TRUE(r.applied) << r.name;  // step 2 was not applied by the refused one
+    EXPECT_EQ(r.last_step, 2);
+  }
+  EXPECT_NE(memory_[1024], 0xEE);
+}
+
 // fp4qd --max_step_plans 0: no "step_plans" in ServerInfo, and keep_plan is refused before
 // anything runs.
 TEST(EngineStepPlanOffTest, NoPlansAreOfferedOrKept) {
