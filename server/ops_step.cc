@@ -329,8 +329,7 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
     FP4Q_RETURN_IF_ERROR(WaitReadySignals(env, job));
     // One device: check, apply (gated on the device by the check) and one small copy back.
     FP4Q_RETURN_IF_ERROR(env.Kernel("step", [&] {
-      FP4Q_RETURN_IF_ERROR(b.StepCheck(step, ws, ws_bytes, st));
-      FP4Q_RETURN_IF_ERROR(b.StepApply(step, ws, st));
+      FP4Q_RETURN_IF_ERROR(b.StepCheckAndApply(step, ws, ws_bytes, st));
       return b.StepReadReport(kitems, ws, &report, st);
     }));
     if (!report.ok) return Refusal(job, items, report);
@@ -424,8 +423,7 @@ absl::Status Engine::RunStepOnDeviceSignals(OpEnv& env, StepJob& job,
     for (const StepJob::Ready& r : job.ready) {
       FP4Q_RETURN_IF_ERROR(b.WaitValue32(r.at, r.value, st));
     }
-    FP4Q_RETURN_IF_ERROR(b.StepCheck(step, ws, ws_bytes, st, cancel));
-    FP4Q_RETURN_IF_ERROR(b.StepApply(step, ws, st));
+    FP4Q_RETURN_IF_ERROR(b.StepCheckAndApply(step, ws, ws_bytes, st, cancel));
     if (done_after_apply) {
       for (const StepJob::Signal& sig : job.signals) {
         FP4Q_RETURN_IF_ERROR(b.WriteValue32(sig.at, sig.value, st));

@@ -35,6 +35,18 @@ absl::Status CheckWorkspace(const void* workspace) {
   return absl::OkStatus();
 }
 
+// A workspace for a step's check: non-null, aligned, and of the batch's size.
+absl::Status CheckStepWorkspace(const ValidatedStep& step, const void* workspace,
+                                size_t workspace_bytes) {
+  FP4Q_RETURN_IF_ERROR(CheckWorkspace(workspace));
+  const size_t need = StepWorkspaceBytes(step.items());
+  if (workspace_bytes < need) {
+    return absl::InvalidArgumentError(absl::StrCat("workspace_bytes: ", workspace_bytes,
+                                                   " is smaller than the ", need, " needed"));
+  }
+  return absl::OkStatus();
+}
+
 // Aligned stand-ins, in the backend's memory, for the caller buffers of an UpdateWeight that are
 // not 16-byte aligned (the step's kernels read 16 bytes at a time). Copies in at Use, back at
 // Finish; frees what it allocated.
@@ -254,18 +266,26 @@ absl::Status Backend::StepApply(const std::vector<StepItem>& items, void* worksp
 
 absl::Status Backend::StepCheck(const ValidatedStep& step, void* workspace,
                                 size_t workspace_bytes, Stream stream, const StepCancel& cancel) {
-  FP4Q_RETURN_IF_ERROR(CheckWorkspace(workspace));
-  const size_t need = StepWorkspaceBytes(step.items());
-  if (workspace_bytes < need) {
-    return absl::InvalidArgumentError(absl::StrCat("workspace_bytes: ", workspace_bytes,
-                                                   " is smaller than the ", need, " needed"));
-  }
+  FP4Q_RETURN_IF_ERROR(CheckStepWorkspace(step, workspace, workspace_bytes));
   return DoStepCheck(step.items(), workspace, stream, cancel);
 }
 
 absl::Status Backend::StepApply(const ValidatedStep& step, void* workspace, Stream stream) {
   FP4Q_RETURN_IF_ERROR(CheckWorkspace(workspace));
   return DoStepApply(step.items(), workspace, stream);
+}
+
+absl::Status Backend::StepCheckAndApply(const ValidatedStep& step, void* workspace,
+                                        size_t workspace_bytes, Stream stream,
+                                        const StepCancel& cancel) {
+  FP4Q_RETURN_IF_ERROR(CheckStepWorkspace(step, workspace, workspace_bytes));
+  return DoStepCheckAndApply(step.items(), workspace, stream, cancel);
+}
+
+absl::Status Backend::DoStepCheckAndApply(const std::vector<StepItem>& items, void* workspace,
+                                          Stream stream, const StepCancel& cancel) {
+  FP4Q_RETURN_IF_ERROR(DoStepCheck(items, workspace, stream, cancel));
+  return DoStepApply(items, workspace, stream);
 }
 
 absl::Status Backend::StepReadReport(const std::vector<StepItem>& items, const void* workspace,

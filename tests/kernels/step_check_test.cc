@@ -727,7 +727,8 @@ TEST_F(StepCheckTest, ValidationNamesTheItemAndField) {
 }
 
 // ValidatedStep::Check refuses what ValidateStepItems refuses, with its message; the Backend's
-// step calls given the validated batch write the same bytes as the calls that validate.
+// step calls given the validated batch (StepCheck and StepApply, or StepCheckAndApply) write
+// the same bytes as the calls that validate.
 TEST_F(StepCheckTest, ValidatedStepRefusesAsTheCallsDoAndStepsTheSame) {
   Batch b = MakeBatch(*cpu_);
   std::vector<StepItem> bad = b.Items();
@@ -769,6 +770,32 @@ TEST_F(StepCheckTest, ValidatedStepRefusesAsTheCallsDoAndStepsTheSame) {
     EXPECT_NE(b.states[i].weight.codes, MakeBatch(*cpu_).states[i].weight.codes);  // it stepped
   }
   EXPECT_EQ(report.fingerprints, twin_report.fingerprints);
+
+  // StepCheckAndApply: the same bytes again, and a refused batch writes nothing.
+  Batch third = MakeBatch(*cpu_);
+  const std::vector<StepItem> third_items = third.Items();
+  absl::StatusOr<ValidatedStep> both = ValidatedStep::Check(third_items);
+  FP4Q_ASSERT_OK(both.status());
+  ws = cpu_->Allocate(bytes).value();
+  EXPECT_THAT(cpu_->StepCheckAndApply(*both, ws, bytes - 16, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("workspace_bytes: ")));
+  FP4Q_ASSERT_OK(cpu_->StepCheckAndApply(*both, ws, bytes, nullptr));
+  StepReport third_report;
+  FP4Q_ASSERT_OK(cpu_->StepReadReport(third_items, ws, &third_report, nullptr));
+  ASSERT_TRUE(third_report.ok);
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(SameState(third.states[i], twin.states[i])) << i;
+  Batch bad_batch = MakeBatch(*cpu_);
+  Set(&bad_batch.updates[1], bad_batch.cases[1], 0, 3, kNaN);
+  const std::vector<StepState> before = bad_batch.states;
+  const std::vector<StepItem> bad_items = bad_batch.Items();
+  absl::StatusOr<ValidatedStep> refused = ValidatedStep::Check(bad_items);
+  FP4Q_ASSERT_OK(refused.status());
+  FP4Q_ASSERT_OK(cpu_->StepCheckAndApply(*refused, ws, bytes, nullptr));
+  FP4Q_ASSERT_OK(cpu_->StepReadReport(bad_items, ws, &third_report, nullptr));
+  cpu_->Free(ws);
+  EXPECT_FALSE(third_report.ok);
+  EXPECT_EQ(third_report.items[1].outcome, StepOutcome::kNonFiniteUpdate);
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(SameState(bad_batch.states[i], before[i])) << i;
 }
 
 }  // namespace

@@ -385,6 +385,15 @@ absl::Status CudaBackend::DoStepApply(const std::vector<StepItem>& items, void* 
   return AfterLaunches(s);
 }
 
+absl::Status CudaBackend::DoStepCheckAndApply(const std::vector<StepItem>& items,
+                                              void* workspace, Stream stream,
+                                              const StepCancel& cancel) {
+  FP4Q_RETURN_IF_ERROR(Enter());
+  const cudaStream_t s = Resolve(stream);
+  FP4Q_RETURN_IF_ERROR(Track(StepCheckAndApplyImpl(items, workspace, s, cancel)));
+  return AfterLaunches(s);
+}
+
 absl::Status CudaBackend::DoStepReadReport(const std::vector<StepItem>& items,
                                            const void* workspace, StepReport* report,
                                            Stream stream) {

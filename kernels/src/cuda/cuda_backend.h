@@ -82,6 +82,8 @@ class CudaBackend final : public Backend {
                            Stream stream) override;
   absl::Status DoStepReadReport(const std::vector<StepItem>& items, const void* workspace,
                                 StepReport* report, Stream stream) override;
+  absl::Status DoStepCheckAndApply(const std::vector<StepItem>& items, void* workspace,
+                                   Stream stream, const StepCancel& cancel) override;
   absl::Status DoRht(const ConstTensor& in, RhtMode mode, uint64_t rht_seed, bool inverse,
                      const MutTensor& out, Stream stream) override;
 
@@ -121,6 +123,9 @@ class CudaBackend final : public Backend {
   void ProbeSignals();
   absl::Status StepApplyImpl(const std::vector<StepItem>& items, void* workspace,
                              cudaStream_t stream);
+  // Both, with the batch's item table and launch list built once.
+  absl::Status StepCheckAndApplyImpl(const std::vector<StepItem>& items, void* workspace,
+                                     cudaStream_t stream, const StepCancel& cancel);
   absl::Status StepReadReportImpl(const std::vector<StepItem>& items, const void* workspace,
                                   StepReport* report, cudaStream_t stream);
 

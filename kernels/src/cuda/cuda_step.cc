@@ -327,18 +327,15 @@ absl::Status CheckKernelLimits(const std::vector<StepItem>& items) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status CudaBackend::StepCheckImpl(const std::vector<StepItem>& items, void* workspace,
-                                        cudaStream_t s, const StepCancel& cancel) {
-  FP4Q_RETURN_IF_ERROR(CheckWorkspaceAligned(workspace));
-  FP4Q_RETURN_IF_ERROR(CheckKernelLimits(items));
-  const HostPlan h = BuildPlan(items);
+// The check's work by the batch's plan `h` (BuildPlan): the table copied in, the accumulators
+// set, the check launches, the decide kernel.
+absl::Status QueueCheck(int ordinal, int prefetch_slots, const HostPlan& h, void* workspace,
+                        cudaStream_t s, const StepCancel& cancel) {
   const Layout& l = h.layout;
   auto* ws = static_cast<uint8_t*>(workspace);
   // The batch flag first: if a launch below fails, no stale "ok" of an earlier batch remains.
   FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(cudaMemsetAsync(ws, 0, sizeof(step_ws::Header), s)));
-  PinnedPool& pool = PinnedPool::ForDevice(ordinal_);
+  PinnedPool& pool = PinnedPool::ForDevice(ordinal);
   FP4Q_ASSIGN_OR_RETURN(PinnedPool::Buffer pinned, pool.Acquire(h.table.size()));
   std::memcpy(pinned.data, h.table.data(), h.table.size());
   const cudaError_t copy =
@@ -350,7 +347,7 @@ absl::Status CudaBackend::StepCheckImpl(const std::vector<StepItem>& items, void
   FP4Q_RETURN_IF_ERROR(
       FP4Q_CUDA_STATUS(cudaMemsetAsync(ws + l.max_acc, 0, l.total - l.max_acc, s)));
   for (const Launch& launch : h.checks) {
-    const StepKernelArgs a = ArgsFor(l, ws, launch, tuning_.step_prefetch_slots);
+    const StepKernelArgs a = ArgsFor(l, ws, launch, prefetch_slots);
     if (launch.full) {
       FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchStepCheckFull(a, launch.opt, launch.st, s)));
     } else {
@@ -376,15 +373,13 @@ absl::Status CudaBackend::StepCheckImpl(const std::vector<StepItem>& items, void
   return FP4Q_CUDA_STATUS(LaunchStepDecide(d, s));
 }
 
-absl::Status CudaBackend::StepApplyImpl(const std::vector<StepItem>& items, void* workspace,
-                                        cudaStream_t s) {
-  FP4Q_RETURN_IF_ERROR(CheckWorkspaceAligned(workspace));
-  FP4Q_RETURN_IF_ERROR(CheckKernelLimits(items));
-  const HostPlan h = BuildPlan(items);  // the same lists the check copied
+// The apply's work for `items` by the plan `h` the check copied into the workspace.
+absl::Status QueueApply(int prefetch_slots, const std::vector<StepItem>& items, const HostPlan& h,
+                        void* workspace, cudaStream_t s) {
   const Layout& l = h.layout;
   auto* ws = static_cast<uint8_t*>(workspace);
   for (const Launch& launch : h.applies) {
-    const StepKernelArgs a = ArgsFor(l, ws, launch, tuning_.step_prefetch_slots);
+    const StepKernelArgs a = ArgsFor(l, ws, launch, prefetch_slots);
     const bool sgd = launch.opt == step_ws::kOptSgdPlain || launch.opt == step_ws::kOptSgdMomentum;
     cudaError_t e;
     if (launch.opt == step_ws::kOptSgdPlain && launch.lean) {
@@ -410,6 +405,34 @@ absl::Status CudaBackend::StepApplyImpl(const std::vector<StepItem>& items, void
         FP4Q_CUDA_STATUS(LaunchZeroSwizzlePadding(w.scales, w.rows, w.cols / 16, s, gate, 1)));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CudaBackend::StepCheckImpl(const std::vector<StepItem>& items, void* workspace,
+                                        cudaStream_t s, const StepCancel& cancel) {
+  FP4Q_RETURN_IF_ERROR(CheckWorkspaceAligned(workspace));
+  FP4Q_RETURN_IF_ERROR(CheckKernelLimits(items));
+  return QueueCheck(ordinal_, tuning_.step_prefetch_slots, BuildPlan(items), workspace, s,
+                    cancel);
+}
+
+absl::Status CudaBackend::StepApplyImpl(const std::vector<StepItem>& items, void* workspace,
+                                        cudaStream_t s) {
+  FP4Q_RETURN_IF_ERROR(CheckWorkspaceAligned(workspace));
+  FP4Q_RETURN_IF_ERROR(CheckKernelLimits(items));
+  // The same plan as the check's: the lists it copied into the workspace.
+  return QueueApply(tuning_.step_prefetch_slots, items, BuildPlan(items), workspace, s);
+}
+
+absl::Status CudaBackend::StepCheckAndApplyImpl(const std::vector<StepItem>& items,
+                                                void* workspace, cudaStream_t s,
+                                                const StepCancel& cancel) {
+  FP4Q_RETURN_IF_ERROR(CheckWorkspaceAligned(workspace));
+  FP4Q_RETURN_IF_ERROR(CheckKernelLimits(items));
+  const HostPlan h = BuildPlan(items);
+  FP4Q_RETURN_IF_ERROR(QueueCheck(ordinal_, tuning_.step_prefetch_slots, h, workspace, s, cancel));
+  return QueueApply(tuning_.step_prefetch_slots, items, h, workspace, s);
 }
 
 absl::Status CudaBackend::StepReadReportImpl(const std::vector<StepItem>& items,

@@ -4,12 +4,15 @@
 # tests/python/gpu_ipc_check.py (bit-identical steps, the ready-word fallback), GPT-2's step
 # queued behind 5 ms of GPU work (bench/trainer_step.py --behind-ms) and bench/train_loop.py
 # (five variants) at batch 256; the device-wait test (its host side on a second thread) and
-# the step refusals under memcheck. run5.sh: the loop at batch 64 and under CUDA MPS.
+# the step refusals under memcheck; fp4qd's host time around the kernels after the step's items
+# are validated once and the CUDA backend builds its item table once (GPT-2's and the train
+# suite's matrices from C++, GPT-2 from Python with the client's phase timers). run5.sh: the
+# loop at batch 64 and under CUDA MPS.
 set -uo pipefail
 source bench/results/h200-step/overlap/env.sh
 nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee $o/gpu.txt
 echo "commit $FP4Q_COMMIT" | tee -a $o/gpu.txt
-timeout 60 $b/bin/fp4q_cuda_test --gtest_filter='*DeviceWaits*:*Step*:*LeanSgd*' \
+timeout 90 $b/bin/fp4q_cuda_test --gtest_filter='*DeviceWaits*:*Step*:*LeanSgd*:*Batches*:*LongWarp*' \
   > $o/cuda-step-tests.txt 2>&1; echo "rc=$?" >> $o/cuda-step-tests.txt
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |rc=" $o/cuda-step-tests.txt
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -19,6 +22,22 @@ grep -E "PASSED|FAILED|ERROR SUMMARY|rc=" $o/memcheck.txt
 timeout 120 python3 tests/python/gpu_ipc_check.py --fp4qd $b/bin/fp4qd --out $o/gpu_ipc_check \
   --steps 100 > $o/gpu_ipc_check.txt 2>&1; echo "rc=$?" >> $o/gpu_ipc_check.txt
 tail -4 $o/gpu_ipc_check.txt
+d=/tmp/fq; mkdir -p $d; rm -f $d/*.sock
+$b/bin/fp4qd --listen 127.0.0.1:0 --metrics_listen "" --unix_socket $d/g.sock \
+  --fast_socket $d/f.sock --allow_cuda_ipc --backend cuda --log_format text > $d/out 2> $o/fp4qd-host.log &
+pid=$!; for i in $(seq 40); do [[ -S $d/f.sock ]] && break; sleep 0.5; done
+small=$(for l in 1 2 3 4; do printf "1152x384,384x384,1536x384,384x1536,"; done); small=${small%,}
+for m in "small --shapes $small" "gpt2 --model gpt2-small"; do
+  for sc in current delayed; do
+    set -- $m
+    timeout 60 $b/bin/fp4q --server unix://$d/g.sock bench-step --fast-socket $d/f.sock "${@:2}" \
+      --plan --scaling $sc --iters 300 --warmup 20 --json $o/host-$1-$sc.json > $o/host-$1-$sc.log 2>&1
+    python3 -c "import json;d=json.load(open('$o/host-$1-$sc.json'));print('$1 $sc wall', d['wall_us']['p50'], 'kernel', d['kernel_us']['p50'], 'server', d['server_us']['p50'])"
+  done
+done
+kill $pid; wait $pid
+B=$b MODES=gpt2 SCALING=delayed N=200 timeout 100 python3 bench/results/h200-step/python-client/trainloop.py \
+  > $o/trainloop-gpt2-delayed.txt 2>&1; echo "trainloop rc=$?"; cat $o/trainloop-gpt2-delayed.txt
 tl() {  # tl TAG BATCH ROUNDS SECONDS
   timeout $4 python3 bench/train_loop.py --fp4qd "$b/bin/fp4qd" --rounds $3 --batch $2 \
     --out $o/train-loop-$1.json > $o/train-loop-$1.txt 2>&1; echo "$1 rc=$?"

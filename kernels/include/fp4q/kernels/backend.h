@@ -163,6 +163,12 @@ class Backend {
   absl::Status StepCheck(const ValidatedStep& step, void* workspace, size_t workspace_bytes,
                          Stream stream, const StepCancel& cancel = {});
   absl::Status StepApply(const ValidatedStep& step, void* workspace, Stream stream);
+  // StepCheck then StepApply of the same batch on one stream, for a caller that applies right
+  // after the check (one device). The CUDA backend builds the batch's item table and launch
+  // list once for both.
+  absl::Status StepCheckAndApply(const ValidatedStep& step, void* workspace,
+                                 size_t workspace_bytes, Stream stream,
+                                 const StepCancel& cancel = {});
   // Copies the batch's outcome to `report` (one small copy) and synchronizes the stream.
   absl::Status StepReadReport(const std::vector<StepItem>& items, const void* workspace,
                               StepReport* report, Stream stream);
@@ -193,6 +199,9 @@ class Backend {
   virtual absl::Status DoStepReadReport(const std::vector<StepItem>& items,
                                         const void* workspace, StepReport* report,
                                         Stream stream) = 0;
+  // Default: DoStepCheck, then DoStepApply when it succeeded.
+  virtual absl::Status DoStepCheckAndApply(const std::vector<StepItem>& items, void* workspace,
+                                           Stream stream, const StepCancel& cancel);
   virtual absl::Status DoRht(const ConstTensor& in, RhtMode mode, uint64_t rht_seed,
                              bool inverse, const MutTensor& out, Stream stream) = 0;
 };
