@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""The host's share of the trainer's step, measured on a machine without a GPU.
+
+    python3 bench/step_host.py --build build --json out.json
+
+What runs: `fp4q.optim.SGD.step()` through fp4qd, every layer real but the GPU.
+  - fp4qd loads the tests' fake CUDA module (--cuda_module, built with the tests:
+    tests/server/fake_modules/libfp4q_fake_shm_cuda.so). It is a "GPU" whose memory is host
+    memory, whose IPC handles name POSIX shared memory objects, and whose kernels are the CPU
+    backend's.
+  - The client's CUDA driver calls (fp4q._cuda_driver, fp4q.ipc) are replaced. Its "CUDA
+    tensors" (the gradients and the parameters) are slices of two shared memory objects, which
+    fp4qd maps as the regions of the step.
+  - So a step goes as it goes on a GPU: the step plan (kept on the server), one Step frame over
+    the fast socket, fp4qd pinning the regions, checking the items once, the CPU kernels, the
+    brief reply, DQ(W) written into the parameters' memory (poisoned first, checked after).
+  - The model: --params matrices of --rows x 16 bf16 (default 50 of 1 x 16: GPT-2's count of
+    matrices, with tensors small enough that the CPU kernels take tens of microseconds).
+    Gradients random, never zero.
+
+Reported, medians over --steps steps after --warmup:
+  - step_us: the wall time of step();
+  - server_us and kernel_us: fp4qd's own time for the Step and its kernels' (ReplyHeader);
+  - client_and_transport_us: step_us - server_us;
+  - the same run's floor: an empty ServerInfo round trip over the same fast socket.
+These are this machine's CPU times. On the GPU's host the same code runs, slower or faster as
+that CPU is, and with the CUDA backend's launches in place of the CPU kernels.
+"""
+
+import argparse
+import contextlib
+import json
+import mmap
+import os
+import platform
+import statistics
+import sys
+import time
+from unittest import mock
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "client", "python"))
+
+import torch  # noqa: E402
+
+import fp4q  # noqa: E402
+import fp4q.optim  # noqa: E402
+from fp4q import _cuda_driver, ipc  # noqa: E402
+from fp4qd_process import Fp4qd, commit  # noqa: E402
+
+FAKE_UUID = "GPU-fake-shm-0"  # fake_shm_cuda_module.cc's one device
+FAKE_MODULE = os.path.join("tests", "server", "fake_modules", "libfp4q_fake_shm_cuda.so")
+
+
+class SharedBuffer:
+    """A POSIX shared memory object of `nbytes`, mapped here; fp4qd maps it by its name."""
+
+    def __init__(self, tag, nbytes):
+        self.name = "/fp4q-step-host-%d-%s" % (os.getpid(), tag)
+        fd = os.open("/dev/shm" + self.name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, nbytes)
+            self.map = mmap.mmap(fd, nbytes)
+        finally:
+            os.close(fd)
+        self.nbytes = nbytes
+        self.handle = (b"FP4QSHM:" + self.name.encode()).ljust(64, b"\0")
+
+    def fill_bf16(self, generator, scale):
+        """Random bf16 values, N(0, scale^2), none zero."""
+        n = self.nbytes // 2
+        x = torch.randn(n, generator=generator) * scale
+        x = torch.where(x == 0, torch.full_like(x, scale), x).to(torch.bfloat16)
+        self.map[:] = x.view(torch.int16).numpy().tobytes()
+
+    def close(self):
+        self.map.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink("/dev/shm" + self.name)
+
+
+class FakeCudaTensor(torch.Tensor):
+    """A bf16 tensor that says it lives at `ptr` on cuda:0 (its bytes here are not read)."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+    is_cuda = True
+
+    @staticmethod
+    def __new__(cls, ptr, shape):
+        t = torch.Tensor._make_subclass(cls, torch.empty(shape, dtype=torch.bfloat16))
+        t.fake_ptr = ptr
+        return t
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+    def data_ptr(self):
+        return self.fake_ptr
+
+
+class FakeCudaParameter(torch.nn.Parameter):
+    """A parameter at `ptr` on cuda:0 whose `.data` is a FakeCudaTensor there; its own values
+    (what detach() gives, sent inline when the weight is created) are `initial`."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+    is_cuda = True
+
+    def __new__(cls, ptr, initial):
+        t = torch.nn.Parameter.__new__(cls, initial)
+        t.fake_ptr = ptr
+        t.fake_data = FakeCudaTensor(ptr, initial.shape)
+        return t
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+    def data_ptr(self):
+        return self.fake_ptr
+
+    @property
+    def data(self):
+        return self.fake_data
+
+
+class IdleStream:
+    """torch.cuda's current stream, as the client sees it here: every step finds it idle."""
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+
+def fake_driver(buffers):
+    """Patches standing in for the CUDA driver: `buffers` {base address: SharedBuffer}."""
+    def find(ptr):
+        for base, b in buffers.items():
+            if base <= ptr < base + b.nbytes:
+                return base, b
+        raise _cuda_driver.DriverError("0x%x: no fake allocation holds it" % ptr)
+
+    def identity(ptr):
+        base, b = find(ptr)
+        return base, b.nbytes, base >> 40  # (base, size, buffer id)
+
+    return [mock.patch.object(_cuda_driver, "allocation_identity", identity),
+            mock.patch.object(_cuda_driver, "address_range",
+                              lambda ptr: (find(ptr)[0], find(ptr)[1].nbytes)),
+            mock.patch.object(_cuda_driver, "ipc_handle", lambda base: buffers[base].handle),
+            mock.patch.object(_cuda_driver, "bind_context", lambda index: None),
+            mock.patch.object(ipc, "_current_device", lambda i: contextlib.nullcontext()),
+            mock.patch.object(ipc, "device_uuid", return_value=FAKE_UUID.lower()),
+            mock.patch.object(torch.cuda, "current_stream", lambda device=None: IdleStream()),
+            mock.patch.object(torch.cuda, "synchronize", lambda device=None: None)]
+
+
+def p50(xs):
+    return statistics.median(xs)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n", 2)[2])
+    ap.add_argument("--build", default="build",
+                    help="the build folder with bin/fp4qd and the tests' fake CUDA module "
+                         "(default: build)")
+    ap.add_argument("--params", type=int, default=50, help="stored matrices (default 50)")
+    ap.add_argument("--rows", type=int, default=1, help="rows of each, x 16 columns (default 1)")
+    ap.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    ap.add_argument("--steps", type=int, default=2000, help="timed steps (default 2000)")
+    ap.add_argument("--warmup", type=int, default=50, help="untimed steps first (default 50)")
+    ap.add_argument("--fp4qd-arg", action="append", default=[],
+                    help="one more fp4qd flag (repeatable)")
+    ap.add_argument("--spin-us", type=int, default=0, help="fp4q.Client fast_socket_spin_us")
+    ap.add_argument("--json", help="also write the report there")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="then a cProfile of --steps more steps: its N costliest functions")
+    args = ap.parse_args()
+    for name, v, least in (("--params", args.params, 1), ("--rows", args.rows, 1),
+                           ("--steps", args.steps, 1), ("--warmup", args.warmup, 0),
+                           ("--profile", args.profile, 0)):
+        if v < least:
+            ap.error("%s: %d is not >= %d" % (name, v, least))
+    fp4qd = os.path.join(args.build, "bin", "fp4qd")
+    module = os.path.join(args.build, FAKE_MODULE)
+    for path in (fp4qd, module):
+        if not os.path.exists(path):
+            ap.error("%s not found (build the tests: cmake --build %s)" % (path, args.build))
+
+    per = args.rows * 16 * 2
+    nbytes = (per * args.params + 4095) // 4096 * 4096
+    grads, params = SharedBuffer("g", nbytes), SharedBuffer("p", nbytes)
+    server = None
+    try:
+        gen = torch.Generator().manual_seed(1)
+        grads.fill_bf16(gen, 0.01)
+        gbase, pbase = 1 << 40, 2 << 40  # fake device addresses
+        patches = fake_driver({gbase: grads, pbase: params})
+        for p in patches:
+            p.start()
+        ns = argparse.Namespace(fp4qd=fp4qd, fp4qd_arg=["--cuda_module=" + module] +
+                                args.fp4qd_arg, server=None, fast_socket=None,
+                                state_budget_bytes=1 << 30, spin_us=args.spin_us)
+        server = Fp4qd(ns, cuda=True)
+        client = server.client(True, "step-host", "require")
+        model = []
+        for i in range(args.params):
+            initial = (torch.randn(args.rows, 16, generator=gen) * 0.02).to(torch.bfloat16)
+            p = FakeCudaParameter(pbase + i * per, initial)
+            p.grad = FakeCudaTensor(gbase + i * per, (args.rows, 16))
+            model.append(p)
+        opt = fp4q.optim.SGD(model, lr=1e-3, momentum=args.momentum, client=client)
+        params.map[:per * args.params] = b"\xff" * (per * args.params)  # poison: NaN bf16
+        for _ in range(args.warmup):
+            opt.step()
+            client.server_info()
+        wall, server_us, kernel_us, empty = [], [], [], []
+        progress = max(1, args.steps // 4)
+        for k in range(args.steps):
+            t = time.perf_counter()
+            client.server_info()
+            empty.append((time.perf_counter() - t) * 1e6)
+            t = time.perf_counter()
+            opt.step()
+            wall.append((time.perf_counter() - t) * 1e6)
+            h = client.last_header
+            server_us.append(h.server_micros)
+            kernel_us.append(h.kernel_micros)
+            if (k + 1) % progress == 0:
+                print("step_host: %d/%d steps" % (k + 1, args.steps), file=sys.stderr)
+        poisoned = params.map[:per * args.params].count(b"\xff\xff")
+        if poisoned:
+            raise RuntimeError("%d DQ(W) values were not written by the steps" % poisoned)
+        stats = dict(client.stats)
+        if stats.get("step_plans_on_server", 0) < args.steps:
+            raise RuntimeError("the steps did not go as server step plans: %s" % stats)
+        report = {
+            "tool": "bench/step_host.py",
+            "commit": commit(),
+            "host": platform.node(), "cpu": platform.processor() or platform.machine(),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "command": " ".join(sys.argv),
+            "fp4qd_command": server.command,
+            "params": args.params, "shape": [args.rows, 16], "momentum": args.momentum,
+            "steps": args.steps,
+            "step_us": {"p50": p50(wall), "min": min(wall)},
+            "server_us": p50(server_us), "kernel_us": p50(kernel_us),
+            "client_and_transport_us": p50([w - s for w, s in zip(wall, server_us)]),
+            "empty_round_trip_us": {"p50": p50(empty), "min": min(empty)},
+            "stats": {k: stats[k] for k in sorted(stats) if k.startswith("step_plans")},
+        }
+        print("%d matrices of %dx16, SGD momentum %g: step() p50 %.1f us (min %.1f); fp4qd %.0f "
+              "us, its kernels %.0f us; client and transport %.1f us; an empty round trip "
+              "%.1f us" % (args.params, args.rows, args.momentum, report["step_us"]["p50"],
+                           report["step_us"]["min"], report["server_us"], report["kernel_us"],
+                           report["client_and_transport_us"],
+                           report["empty_round_trip_us"]["p50"]))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
+        if args.profile > 0:
+            import cProfile
+            import pstats
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(args.steps):
+                opt.step()
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+        client.close()
+    finally:
+        if server is not None:
+            server.stop()
+        grads.close()
+        params.close()
+
+
+if __name__ == "__main__":
+    main()
