@@ -80,11 +80,22 @@ class SharedBuffer:
             os.unlink("/dev/shm" + self.name)
 
 
-class FakeCudaTensor(torch.Tensor):
-    """A bf16 tensor that says it lives at `ptr` on cuda:0 (its bytes here are not read)."""
+class _OnCuda0:
+    """What the client reads of a CUDA tensor, for the fakes below: cuda:0, at `fake_ptr`."""
 
     __torch_function__ = torch._C._disabled_torch_function_impl
     is_cuda = True
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+    def data_ptr(self):
+        return self.fake_ptr
+
+
+class FakeCudaTensor(_OnCuda0, torch.Tensor):
+    """A bf16 tensor that says it lives at `ptr` on cuda:0 (its bytes here are not read)."""
 
     @staticmethod
     def __new__(cls, ptr, shape):
@@ -92,33 +103,16 @@ class FakeCudaTensor(torch.Tensor):
         t.fake_ptr = ptr
         return t
 
-    @property
-    def device(self):
-        return torch.device("cuda", 0)
 
-    def data_ptr(self):
-        return self.fake_ptr
-
-
-class FakeCudaParameter(torch.nn.Parameter):
+class FakeCudaParameter(_OnCuda0, torch.nn.Parameter):
     """A parameter at `ptr` on cuda:0 whose `.data` is a FakeCudaTensor there; its own values
     (what detach() gives, sent inline when the weight is created) are `initial`."""
-
-    __torch_function__ = torch._C._disabled_torch_function_impl
-    is_cuda = True
 
     def __new__(cls, ptr, initial):
         t = torch.nn.Parameter.__new__(cls, initial)
         t.fake_ptr = ptr
         t.fake_data = FakeCudaTensor(ptr, initial.shape)
         return t
-
-    @property
-    def device(self):
-        return torch.device("cuda", 0)
-
-    def data_ptr(self):
-        return self.fake_ptr
 
     @property
     def data(self):
