@@ -368,7 +368,7 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
       e.last_step.store(job.step);
       e.has_step.store(true);
       ++e.optimizer_steps;
-      e.last_fingerprints = report.fingerprints[k];
+      e.last_fingerprints = std::move(report.fingerprints[k]);  // read nowhere after
       e.last_hyper_hash = HyperHash(h, first.kind);
     } else if (observer_ != nullptr) {
       observer_->UpdateNotApplied();
