@@ -254,7 +254,8 @@ TEST_F(EngineRegionTest, StepPlansStepTheKeptItemsAsIfSentAndCheckThemAgain) {
     for (size_t i = 0; i < names.size(); ++i) {
       CreateWeightRequest c;
       c.name = names[i] + twin;
-      c.initial = InlineF32(RandomF32(16, 50 + static_cast<uint32_t>(i)), 1, 16);
+      const std::string initial = RandomF32(16, 50 + static_cast<uint32_t>(i));
+      c.initial = InlineF32(initial, 1, 16);
       ASSERT_TRUE(
           Await<CreateWeightResult>([&](auto d) { engine_->CreateWeight(ctx_, c, d); }).ok());
     }
@@ -345,7 +346,8 @@ TEST_F(EngineRegionTest, StepPlansStepTheKeptItemsAsIfSentAndCheckThemAgain) {
   // What a plan cannot hold: an inline update, a DQ(W) returned inline; no session.
   StepRequest inline_update = request(5, "", 1024);
   inline_update.keep_plan = true;
-  inline_update.items[1].update = InlineF32(RandomF32(16, 70), 1, 16);
+  const std::string inline_bytes = RandomF32(16, 70);
+  inline_update.items[1].update = InlineF32(inline_bytes, 1, 16);
   EXPECT_THAT(run(inline_update),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "items[1].update: inline data; a step plan keeps region slices only (an "
@@ -476,7 +478,8 @@ TEST(EngineStepPlanOffTest, NoPlansAreOfferedOrKept) {
   ASSERT_TRUE(region.ok()) << region.status();
   CreateWeightRequest c;
   c.name = "w";
-  c.initial = InlineF32(RandomF32(16, 3), 1, 16);
+  const std::string initial = RandomF32(16, 3);
+  c.initial = InlineF32(initial, 1, 16);
   ASSERT_TRUE(Await<CreateWeightResult>([&](auto d) { engine.CreateWeight(ctx, c, d); }).ok());
   StepRequest r;
   r.step = 1;
@@ -502,7 +505,8 @@ TEST(EngineStepPlanOffTest, NoPlansAreOfferedOrKept) {
 TEST_F(EngineRegionTest, StepDoneSignalIsWrittenAfterTheDeviceWorkWhateverItsOutcome) {
   CreateWeightRequest c;
   c.name = "w";
-  c.initial = InlineF32(RandomF32(2 * 32, 41), 2, 32);
+  const std::string initial = RandomF32(2 * 32, 41);
+  c.initial = InlineF32(initial, 2, 32);
   ASSERT_TRUE(Await<CreateWeightResult>([&](auto d) { engine_->CreateWeight(ctx_, c, d); }).ok());
   const std::string g = RandomF32(2 * 32, 42);
   std::memcpy(memory_.data(), g.data(), g.size());

@@ -321,6 +321,7 @@ inline std::vector<float> AsFloats(const std::string& bytes) {
   return v;
 }
 
+// A view of `bytes`, which must outlive every request built with it (hence no temporaries).
 inline TensorIn InlineF32(const std::string& bytes, int64_t rows, int64_t cols) {
   TensorIn t;
   t.dtype = kernels::DType::kF32;
@@ -329,6 +330,7 @@ inline TensorIn InlineF32(const std::string& bytes, int64_t rows, int64_t cols) 
   t.data.inline_data = bytes;
   return t;
 }
+TensorIn InlineF32(std::string&& bytes, int64_t rows, int64_t cols) = delete;
 
 inline TensorIn RegionF32(const std::string& region, uint64_t offset, int64_t rows, int64_t cols) {
   TensorIn t;
