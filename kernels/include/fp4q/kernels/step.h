@@ -11,8 +11,9 @@
 //      the dequantized outputs, but only when the check passed for every item of the batch;
 //      otherwise it writes nothing (the gate is read on the device: no host round trip).
 //   3. Report: one small device-to-host copy of the per-item outcome.
-// A batch runs on one backend (one device). Several devices: check each, read each report,
-// apply only when all passed.
+// A batch runs on one backend (one device); StepCheckAndApply queues 1 and 2 together, as one
+// device's step does. Several devices: check each, read each report, apply only when all
+// passed. A batch validated once (ValidatedStep) is not validated again by these calls.
 //
 // Ownership: views point at backend memory (device memory for CUDA) and are not owned. Every
 // dense buffer (updates, residual, dense moments, outputs) and code array starts 16-byte aligned
