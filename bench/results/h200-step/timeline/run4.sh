@@ -6,8 +6,9 @@
 # (five variants) at batch 256; the device-wait test (its host side on a second thread) and
 # the step refusals under memcheck; fp4qd's host time around the kernels after the step's items
 # are validated once and the CUDA backend builds its item table once (GPT-2's and the train
-# suite's matrices from C++, GPT-2 from Python with the client's phase timers). run5.sh: the
-# loop at batch 64 and under CUDA MPS.
+# suite's matrices from C++, with fp4qd's device worker sleeping and busy-polling between
+# steps: the cost of its wake-up; GPT-2 from Python with the client's phase timers). run5.sh:
+# the loop at batch 64 and under CUDA MPS.
 set -uo pipefail
 source bench/results/h200-step/overlap/env.sh
 nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee $o/gpu.txt
@@ -22,20 +23,26 @@ grep -E "PASSED|FAILED|ERROR SUMMARY|rc=" $o/memcheck.txt
 timeout 120 python3 tests/python/gpu_ipc_check.py --fp4qd $b/bin/fp4qd --out $o/gpu_ipc_check \
   --steps 100 > $o/gpu_ipc_check.txt 2>&1; echo "rc=$?" >> $o/gpu_ipc_check.txt
 tail -4 $o/gpu_ipc_check.txt
-d=/tmp/fq; mkdir -p $d; rm -f $d/*.sock
-$b/bin/fp4qd --listen 127.0.0.1:0 --metrics_listen "" --unix_socket $d/g.sock \
-  --fast_socket $d/f.sock --allow_cuda_ipc --backend cuda --log_format text > $d/out 2> $o/fp4qd-host.log &
-pid=$!; for i in $(seq 40); do [[ -S $d/f.sock ]] && break; sleep 0.5; done
+# fp4qd as it runs by default, then with its device worker busy-polling for work (the steps
+# come back to back, so the spin saves the worker's wake-up: its cost on this host).
+d=/tmp/fq; mkdir -p $d
 small=$(for l in 1 2 3 4; do printf "1152x384,384x384,1536x384,384x1536,"; done); small=${small%,}
-for m in "small --shapes $small" "gpt2 --model gpt2-small"; do
-  for sc in current delayed; do
-    set -- $m
-    timeout 60 $b/bin/fp4q --server unix://$d/g.sock bench-step --fast-socket $d/f.sock "${@:2}" \
-      --plan --scaling $sc --iters 300 --warmup 20 --json $o/host-$1-$sc.json > $o/host-$1-$sc.log 2>&1
-    python3 -c "import json;d=json.load(open('$o/host-$1-$sc.json'));print('$1 $sc wall', d['wall_us']['p50'], 'kernel', d['kernel_us']['p50'], 'server', d['server_us']['p50'])"
+for spin in 0 2000; do
+  rm -f $d/*.sock
+  $b/bin/fp4qd --listen 127.0.0.1:0 --metrics_listen "" --unix_socket $d/g.sock --worker_spin_us $spin \
+    --fast_socket $d/f.sock --allow_cuda_ipc --backend cuda --log_format text > $d/out 2> $o/fp4qd-host-$spin.log &
+  pid=$!; for i in $(seq 40); do [[ -S $d/f.sock ]] && break; sleep 0.5; done
+  for m in "small --shapes $small" "gpt2 --model gpt2-small"; do
+    for sc in current delayed; do
+      set -- $m
+      t=host-$1-$sc-spin$spin
+      timeout 60 $b/bin/fp4q --server unix://$d/g.sock bench-step --fast-socket $d/f.sock "${@:2}" \
+        --plan --scaling $sc --iters 300 --warmup 20 --json $o/$t.json > $o/$t.log 2>&1
+      python3 -c "import json;d=json.load(open('$o/$t.json'));print('$t wall', d['wall_us']['p50'], 'kernel', d['kernel_us']['p50'], 'server', d['server_us']['p50'])"
+    done
   done
+  kill $pid; wait $pid
 done
-kill $pid; wait $pid
 B=$b MODES=gpt2 SCALING=delayed N=200 timeout 100 python3 bench/results/h200-step/python-client/trainloop.py \
   > $o/trainloop-gpt2-delayed.txt 2>&1; echo "trainloop rc=$?"; cat $o/trainloop-gpt2-delayed.txt
 tl() {  # tl TAG BATCH ROUNDS SECONDS
