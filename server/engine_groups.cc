@@ -45,7 +45,8 @@ absl::Status Agree(const StepRequest& a, uint32_t ra, const StepRequest& b, uint
   if (a.step != b.step) return differ(absl::StrCat("step (", b.step, " vs ", a.step, ")"));
   if (a.kind != b.kind) return differ("kind");
   if (a.Items().size() != b.Items().size()) {
-    return differ(absl::StrCat("number of items (", b.Items().size(), " vs ", a.Items().size(), ")"));
+    return differ(absl::StrCat("number of items (", b.Items().size(), " vs ",
+                               a.Items().size(), ")"));
   }
   if (a.groups.size() != b.groups.size()) return differ("number of groups");
   for (size_t g = 0; g < a.groups.size(); ++g) {
