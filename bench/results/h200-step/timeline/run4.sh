@@ -2,13 +2,15 @@
 # Device call 4 (a later session; not yet run): the synchronous step() with ready signals
 # (fp4q.optim ready_signal=True, the default) against the host's wait, in
 # tests/python/gpu_ipc_check.py (bit-identical steps, the ready-word fallback), GPT-2's step
-# queued behind 5 ms of GPU work (bench/trainer_step.py --behind-ms) and bench/train_loop.py
-# (five variants) at batch 256; the device-wait test (its host side on a second thread) and
+# queued behind 5 ms of GPU work (bench/trainer_step.py --behind-ms); the device-wait test (its
+# host side on a second thread) and
 # the step refusals under memcheck; fp4qd's host time around the kernels after the step's items
 # are validated once and the CUDA backend builds its item table once (GPT-2's and the train
 # suite's matrices from C++, with fp4qd's device worker sleeping and busy-polling between
-# steps: the cost of its wake-up; GPT-2 from Python with the client's phase timers). run5.sh:
-# the loop at batch 64 and under CUDA MPS.
+# steps: the cost of its wake-up; GPT-2 from Python with the client's phase timers). About
+# 5 minutes expected; each part writes into $OUT/r as it ends, so a call cut at its limit keeps
+# what ran. run5.sh: bench/train_loop.py's five variants at batch 64, and
+# at batch 256 with and without CUDA MPS.
 set -uo pipefail
 source bench/results/h200-step/overlap/env.sh
 nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee $o/gpu.txt
@@ -36,7 +38,7 @@ for spin in 0 2000; do
     for sc in current delayed; do
       set -- $m
       t=host-$1-$sc-spin$spin
-      timeout 60 $b/bin/fp4q --server unix://$d/g.sock bench-step --fast-socket $d/f.sock "${@:2}" \
+      timeout 30 $b/bin/fp4q --server unix://$d/g.sock bench-step --fast-socket $d/f.sock "${@:2}" \
         --plan --scaling $sc --iters 300 --warmup 20 --json $o/$t.json > $o/$t.log 2>&1
       python3 -c "import json;d=json.load(open('$o/$t.json'));print('$t wall', d['wall_us']['p50'], 'kernel', d['kernel_us']['p50'], 'server', d['server_us']['p50'])"
     done
@@ -45,12 +47,6 @@ for spin in 0 2000; do
 done
 B=$b MODES=gpt2 SCALING=delayed N=200 timeout 100 python3 bench/results/h200-step/python-client/trainloop.py \
   > $o/trainloop-gpt2-delayed.txt 2>&1; echo "trainloop rc=$?"; cat $o/trainloop-gpt2-delayed.txt
-tl() {  # tl TAG BATCH ROUNDS SECONDS
-  timeout $4 python3 bench/train_loop.py --fp4qd "$b/bin/fp4qd" --rounds $3 --batch $2 \
-    --out $o/train-loop-$1.json > $o/train-loop-$1.txt 2>&1; echo "$1 rc=$?"
-  tail -16 $o/train-loop-$1.txt
-}
 timeout 120 python3 bench/trainer_step.py --fp4qd $b/bin/fp4qd --models '' --behind-ms 5 \
   --json $o/behind.json > $o/behind.txt 2>&1; echo "behind rc=$?"; tail -8 $o/behind.txt
-tl b256 256 3 130
 cd $OUT && tar czf r.tgz r && rm -rf r
