@@ -592,6 +592,56 @@ inline absl::Status RunStep(Backend& backend, const std::vector<StepItem>& items
   return s;
 }
 
+// Element i of update k of `u` (case `c`) set to x (exact in bf16 for the values tests use).
+inline void Set(Updates* u, const StepCase& c, size_t k, size_t i, float x) {
+  if (c.update_dtypes[k] == DType::kF32) {
+    std::memcpy((*u)[k].data() + 4 * i, &x, 4);
+  } else {
+    const uint16_t b = static_cast<uint16_t>(Bits(x) >> 16);  // exact for these
+    std::memcpy((*u)[k].data() + 2 * i, &b, 2);
+  }
+}
+
+inline void SetAll(Updates* u, const StepCase& c, size_t k, float x) {
+  for (size_t i = 0; i < c.n(); ++i) Set(u, c, k, i, x);
+}
+
+// Five items of different kinds; `bad` ones get a NaN update (or a wrong fingerprint).
+struct Batch {
+  std::vector<StepCase> cases;
+  std::vector<StepState> states;
+  std::vector<Updates> updates;
+  std::vector<StepItem> Items() {
+    std::vector<StepItem> items;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      items.push_back(MakeItem(cases[i], &states[i], updates[i]));
+    }
+    return items;
+  }
+};
+
+inline Batch MakeBatch(Backend& cpu) {
+  Batch b;
+  for (int i = 0; i < 5; ++i) {
+    StepCase c;
+    c.rows = 16 * (1 + i % 2);
+    c.cols = 32 + 16 * i;
+    c.block = i % 2 ? BlockShape::k16x16 : BlockShape::k1x16;
+    c.opt = i >= 3 ? OptimizerKind::kAdamW : OptimizerKind::kSgd;
+    c.momentum = i == 1;
+    c.hyper.momentum = i == 1 ? 0.9f : 0.0f;
+    c.dtype = i == 4 ? StateDType::kNvfp4 : StateDType::kF32;
+    c.residual = i % 3 == 0;
+    c.scaling = i == 2 ? Scaling::kDelayed : Scaling::kCurrent;
+    c.update_dtypes = {i % 2 ? DType::kBF16 : DType::kF32};
+    c.hyper.lr = 0.1f;
+    b.cases.push_back(c);
+    b.states.push_back(MakeState(cpu, c, 30 + i));
+    b.updates.push_back(MakeUpdates(c, 40 + i));
+  }
+  return b;
+}
+
 }  // namespace fp4q::kernels::step_testing
 
 #endif  // FP4Q_TESTS_KERNELS_STEP_TEST_UTIL_H_
