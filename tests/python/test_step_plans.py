@@ -5,6 +5,8 @@ the server and the CUDA tensors are fakes: no GPU, no server."""
 
 import collections
 import contextlib
+import gc
+import threading
 import unittest
 import weakref
 from unittest import mock
@@ -466,7 +468,13 @@ class StepPlanTest(unittest.TestCase):
 
     def test_with_ready_signals_the_gradients_stream_writes_the_value_instead_of_a_host_wait(self):
         requests = self.begun()
-        signal = FakeCudaTensor(SIGNAL, shape=(8,), dtype=torch.int32)
+        freed = []  # the threads that freed the signal tensor
+
+        class Signal(FakeCudaTensor):
+            def __del__(self):
+                freed.append(threading.current_thread().name)
+
+        signal = Signal(SIGNAL, shape=(8,), dtype=torch.int32)
         waits = []
         patches = [
             mock.patch.object(_overlap, "_new_signal", lambda device: (signal, mock.Mock())),
@@ -503,6 +511,12 @@ class StepPlanTest(unittest.TestCase):
         self.assertEqual([x.last_step for x in result.items], [3, 3, 3])
         self.assertEqual((self.sent[-1].ready_signal.value, int(signal[4])), (3, 3))
         self.assertEqual((o.sent, o.completed, o.ready_sent), (2, 1, 3))
+        # The watcher thread ends with the object and is waited for, so the signal tensor's
+        # last reference is dropped here, not on that thread as it ends.
+        o = signal = None
+        gc.collect()
+        self.assertEqual(freed, [threading.current_thread().name])
+        self.assertEqual([t for t in threading.enumerate() if t.name == "fp4q-overlap"], [])
 
 
     def ready_steps(self):
