@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call 4 (a later session; not yet run): the synchronous step() with ready signals
+# Device call 4 (ran at d3a9f25: README.md, call4/): the synchronous step() with ready signals
 # (fp4q.optim ready_signal=True, the default) against the host's wait, in
 # tests/python/gpu_ipc_check.py (bit-identical steps, the ready-word fallback), GPT-2's step
 # queued behind 5 ms of GPU work (bench/trainer_step.py --behind-ms); the device-wait test (its

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call 5 (a later session, after run4.sh; not yet run): bench/train_loop.py's five
+# Device call 5 (ran at d3a9f25 after run4.sh: README.md, call5/): bench/train_loop.py's five
 # variants at batch 64 (bound by the host) and at batch 256 under CUDA MPS (one GPU context
 # for fp4qd and the worker: no time-slicing between the two processes), then batch 256 again
 # without MPS in the same call.
