@@ -53,7 +53,8 @@ class CudaBackend final : public Backend {
 
   // Device-side signals (stream_signals.cc): cuStreamWaitValue32 / cuStreamWriteValue32 through
   // the runtime's driver entry points (this module does not link libcuda), probed once at
-  // creation on the backend's side stream (skipped where launches may block).
+  // creation on the backend's side stream: off where a launch queued behind an unwritten wait
+  // blocks the launching thread (a tool serializing launches; see LaunchesBlockBehindWaits).
   bool DeviceSignals() const override { return signals_.wait != nullptr; }
   absl::Status WaitValue32(const void* at, uint32_t value, Stream stream) override;
   absl::Status WriteValue32(void* at, uint32_t value, Stream stream) override;

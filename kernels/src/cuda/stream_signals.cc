@@ -7,10 +7,15 @@
 
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_status.h"
+#include "cuda/launch.h"
 #include "fp4q/common/status_macros.h"
 
 namespace fp4q::kernels::cuda {
@@ -41,11 +46,11 @@ void* EntryPoint(const char* symbol) {
   return fn;
 }
 
-// Whether launches may be synchronous here: CUDA_LAUNCH_BLOCKING=1, or a tool injected into
-// the process (compute-sanitizer, Nsight Compute: CUDA_INJECTION64_PATH, or a sanitizer
-// preloaded). A launch queued behind a device-side wait would then block the launching thread
-// until the word is written, and the host could not time the wait out.
-bool LaunchesMayBlock() {
+// Whether the environment says launches may be synchronous here: CUDA_LAUNCH_BLOCKING=1, or a
+// tool injected into the process (CUDA_INJECTION64_PATH, or a sanitizer preloaded). A launch
+// queued behind a device-side wait would then block the launching thread until the word is
+// written, and the host could not time the wait out.
+bool EnvironmentSaysLaunchesBlock() {
   const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
   const char* injection = std::getenv("CUDA_INJECTION64_PATH");
   const char* preload = std::getenv("LD_PRELOAD");
@@ -54,10 +59,51 @@ bool LaunchesMayBlock() {
          (preload != nullptr && std::string(preload).find("sanitizer") != std::string::npos);
 }
 
+// How long a launch behind an unwritten wait may take before the probe calls it blocked, and
+// when the probe's helper thread writes the word if the launch has not returned.
+constexpr absl::Duration kBlockedAfter = absl::Milliseconds(250);
+constexpr absl::Duration kReleaseAfter = absl::Milliseconds(500);
+
+// Whether a launch queued behind an unmet device-side wait blocks the launching thread, seen by
+// trying it: some tools serialize launches without a trace in the environment
+// (compute-sanitizer's memcheck among them). The word is mapped pinned host memory, so a helper
+// thread can release the wait with a plain store, no CUDA call (a tool that blocks one thread's
+// launch may hold every other thread's calls too). A blocked launch returns when the helper
+// writes the word, after kReleaseAfter; any failure counts as blocking.
+bool LaunchesBlockBehindWaits(WaitFn wait, cudaStream_t side) {
+  uint32_t* word = nullptr;
+  if (cudaHostAlloc(reinterpret_cast<void**>(&word), 16, cudaHostAllocMapped) != cudaSuccess) {
+    cudaGetLastError();
+    return true;
+  }
+  bool blocked = true;
+  void* on_device = nullptr;
+  if (cudaHostGetDevicePointer(&on_device, word, 0) == cudaSuccess) {
+    __atomic_store_n(word, 0u, __ATOMIC_RELEASE);
+    absl::Notification queued;
+    std::thread release([&] {
+      queued.WaitForNotificationWithTimeout(kReleaseAfter);
+      __atomic_store_n(word, 1u, __ATOMIC_RELEASE);
+    });
+    const absl::Time start = absl::Now();
+    const bool launched =
+        wait(side, reinterpret_cast<CUdeviceptr>(on_device), 1, kWaitGeq) == CUDA_SUCCESS &&
+        LaunchNoOp(side) == cudaSuccess;
+    const absl::Duration took = absl::Now() - start;
+    queued.Notify();
+    release.join();
+    const bool drained = cudaStreamSynchronize(side) == cudaSuccess;
+    blocked = !launched || !drained || took >= kBlockedAfter;
+  }
+  cudaFreeHost(word);
+  cudaGetLastError();
+  return blocked;
+}
+
 }  // namespace
 
 void CudaBackend::ProbeSignals() {
-  if (LaunchesMayBlock()) return;
+  if (EnvironmentSaysLaunchesBlock()) return;
   Signals found;
   found.wait = EntryPoint("cuStreamWaitValue32");
   found.write = EntryPoint("cuStreamWriteValue32");
@@ -79,6 +125,9 @@ void CudaBackend::ProbeSignals() {
        cudaStreamSynchronize(side) == cudaSuccess && *pinned == 7;
   if (word != nullptr) cudaFree(word);
   cudaGetLastError();  // a failed probe is not an error of anyone's later call
+  // Then whether a launch behind a wait returns at once, as fp4qd's steps need (the host times
+  // the wait out and cancels it).
+  ok = ok && !LaunchesBlockBehindWaits(reinterpret_cast<WaitFn>(found.wait), side);
   if (!ok) {
     if (side != nullptr) cudaStreamDestroy(side);
     if (pinned != nullptr) cudaFreeHost(pinned);

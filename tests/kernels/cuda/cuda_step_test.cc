@@ -671,8 +671,9 @@ TEST_F(CudaTest, StepRefusalsMatchCpu) {
 // then the ready word) it refuses every item and writes nothing, and the done word still comes.
 TEST_F(CudaTest, StepBehindDeviceWaitsRunsWhenReadyOrCancelled) {
   if (!gpu().DeviceSignals()) {
-    GTEST_SKIP() << "no device-side signals: no stream memory operations, or launches may block "
-                    "here (CUDA_LAUNCH_BLOCKING=1, a sanitizer or profiler injected)";
+    GTEST_SKIP() << "no device-side signals: no stream memory operations, or a launch behind a "
+                    "device-side wait blocks here (CUDA_LAUNCH_BLOCKING=1, a sanitizer or "
+                    "profiler)";
   }
   StepCase c;
   c.rows = 217;
