@@ -200,6 +200,8 @@ cudaError_t LaunchRht(const RhtParams& p, cudaStream_t s);
 
 // A kernel that does nothing (the backend's probe of whether launches block behind a wait).
 cudaError_t LaunchNoOp(cudaStream_t s);
+// A kernel of elementwise.cu, which names its CUDA module (step_launch.h's *Module()).
+const void* ElementwiseModule();
 
 // alpha[0] = RN(S_dec_a * S_dec_b) (1.0f factors for MXFP4), for the cuBLASLt GEMM paths.
 cudaError_t LaunchGemmAlpha(const float* global_a, const float* global_b, bool mx, float* alpha,

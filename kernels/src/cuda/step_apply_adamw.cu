@@ -5,6 +5,11 @@
 #include "step_launch.h"
 
 namespace fp4q::kernels::cuda {
+namespace {
+
+__global__ void ModuleAnchorKernel() {}  // names this file's CUDA module (StepApplyAdamWModule)
+
+}  // namespace
 
 cudaError_t LaunchStepApplyAdamW(const StepKernelArgs& a, int opt, int state_dtype, bool sr,
                                  bool tile16, cudaStream_t s) {
@@ -17,5 +22,7 @@ cudaError_t LaunchStepApplyAdamW(const StepKernelArgs& a, int opt, int state_dty
   }
   return cudaErrorInvalidValue;
 }
+
+const void* StepApplyAdamWModule() { return reinterpret_cast<const void*>(&ModuleAnchorKernel); }
 
 }  // namespace fp4q::kernels::cuda

@@ -698,4 +698,6 @@ cudaError_t LaunchStepFinish(const StepFinishArgs& a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+const void* StepCheckModule() { return reinterpret_cast<const void*>(&StepDecideKernel); }
+
 }  // namespace fp4q::kernels::cuda

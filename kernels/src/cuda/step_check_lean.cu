@@ -153,4 +153,6 @@ cudaError_t LaunchStepCheckOneRank(const StepKernelArgs& a, cudaStream_t s) {
   return LaunchStepGrid(StepCheckLeanKernel, 0, resident, a, s);
 }
 
+const void* StepCheckLeanModule() { return reinterpret_cast<const void*>(&StepCheckLeanKernel); }
+
 }  // namespace fp4q::kernels::cuda

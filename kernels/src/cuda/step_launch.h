@@ -99,6 +99,14 @@ inline __host__ __device__ bool LeanSgdItem(const step_ws::ItemDesc& d, int32_t 
 }
 cudaError_t LaunchStepFinish(const StepFinishArgs& a, cudaStream_t s);
 
+// A kernel of each file whose kernels a step launches, which names that file's CUDA module: the
+// backend loads every kernel of these modules before it queues a step behind a device-side wait
+// (stream_signals.cc), since loading a kernel lazily, at its first launch, waits for the device.
+const void* StepCheckModule();       // step_check.cu
+const void* StepCheckLeanModule();   // step_check_lean.cu
+const void* StepApplySgdModule();    // step_apply_sgd.cu
+const void* StepApplyAdamWModule();  // step_apply_adamw.cu
+
 }  // namespace fp4q::kernels::cuda
 
 #endif  // FP4Q_KERNELS_SRC_CUDA_STEP_LAUNCH_H_

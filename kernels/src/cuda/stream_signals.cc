@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -16,6 +17,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_status.h"
 #include "cuda/launch.h"
+#include "cuda/step_launch.h"
 #include "fp4q/common/status_macros.h"
 
 namespace fp4q::kernels::cuda {
@@ -34,16 +36,58 @@ absl::Status DriverStatus(const char* what, int result) {
 using WaitFn = PFN_cuStreamWaitValue32_v11070;
 using WriteFn = PFN_cuStreamWriteValue32_v11070;
 
-void* EntryPoint(const char* symbol) {
+void* EntryPoint(const char* symbol, int version = 12000) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
   const cudaError_t e =
-      cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &found);
+      cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &found);
   if (e != cudaSuccess || found != cudaDriverEntryPointSuccess) {
     cudaGetLastError();
     return nullptr;
   }
   return fn;
+}
+
+// Loads every kernel of the CUDA module that holds `anchor` (one source file's kernels). With
+// lazy loading (the default since CUDA 12.2) a kernel is loaded at its first launch, and
+// loading waits for the device: a first launch queued behind a device-side wait would block
+// its thread until the word is written. False when any driver call fails.
+bool LoadModuleKernels(const void* anchor) {
+  static const auto get_module =
+      reinterpret_cast<PFN_cuFuncGetModule_v11000>(EntryPoint("cuFuncGetModule", 11000));
+  static const auto count = reinterpret_cast<PFN_cuModuleGetFunctionCount_v12040>(
+      EntryPoint("cuModuleGetFunctionCount", 12040));
+  static const auto enumerate = reinterpret_cast<PFN_cuModuleEnumerateFunctions_v12040>(
+      EntryPoint("cuModuleEnumerateFunctions", 12040));
+  static const auto load =
+      reinterpret_cast<PFN_cuFuncLoad_v12040>(EntryPoint("cuFuncLoad", 12040));
+  if (get_module == nullptr || count == nullptr || enumerate == nullptr || load == nullptr) {
+    return false;
+  }
+  cudaFunction_t f = nullptr;
+  if (cudaGetFuncBySymbol(&f, anchor) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  CUmodule module = nullptr;
+  unsigned int n = 0;
+  if (get_module(&module, f) != CUDA_SUCCESS || count(&n, module) != CUDA_SUCCESS) return false;
+  std::vector<CUfunction> functions(n);
+  if (n > 0 && enumerate(functions.data(), n, module) != CUDA_SUCCESS) return false;
+  for (CUfunction fn : functions) {
+    if (load(fn) != CUDA_SUCCESS) return false;
+  }
+  return true;
+}
+
+// Every kernel a step on device-side signals may launch behind its waits (cuda_step.cc's
+// launches, the probe's no-op).
+bool LoadStepKernels() {
+  for (const void* anchor : {StepCheckModule(), StepCheckLeanModule(), StepApplySgdModule(),
+                             StepApplyAdamWModule(), ElementwiseModule()}) {
+    if (!LoadModuleKernels(anchor)) return false;
+  }
+  return true;
 }
 
 // Whether the environment says launches may be synchronous here: CUDA_LAUNCH_BLOCKING=1, or a
@@ -125,9 +169,10 @@ void CudaBackend::ProbeSignals() {
        cudaStreamSynchronize(side) == cudaSuccess && *pinned == 7;
   if (word != nullptr) cudaFree(word);
   cudaGetLastError();  // a failed probe is not an error of anyone's later call
-  // Then whether a launch behind a wait returns at once, as fp4qd's steps need (the host times
-  // the wait out and cancels it).
-  ok = ok && !LaunchesBlockBehindWaits(reinterpret_cast<WaitFn>(found.wait), side);
+  // Then the step's kernels loaded, and whether a launch behind a wait returns at once, as
+  // fp4qd's steps need (the host times the wait out and cancels it).
+  ok = ok && LoadStepKernels() &&
+       !LaunchesBlockBehindWaits(reinterpret_cast<WaitFn>(found.wait), side);
   if (!ok) {
     if (side != nullptr) cudaStreamDestroy(side);
     if (pinned != nullptr) cudaFreeHost(pinned);

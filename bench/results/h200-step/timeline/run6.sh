@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Device call 6: the CUDA backend's probe of whether a launch behind a device-side wait blocks
+# Device call 6: the CUDA backend's step kernels loaded at startup and its probe of whether a
+# launch behind a device-side wait blocks
 # (the device-wait test runs plainly, and skips under compute-sanitizer memcheck instead of
 # hanging; fp4qd's startup line says step_signals=device), then GPT-2's step behind 5 ms of GPU
 # work (bench/trainer_step.py --behind-ms 5) without and with CUDA MPS: whether what a step adds
