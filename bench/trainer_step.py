@@ -420,7 +420,9 @@ def behind_backward(server, args, device):
     median wall time minus that of the GPU work alone, measured in the same run: what the step
     adds to an iteration. fp4q.optim.SGD (RTN + EF, current scaling, fast socket) with
     ready_signal=True (the step is sent while the work runs and its kernels queued behind a
-    device-side wait) and False (step() waits for the work on the host first), beside torch's
+    device-side wait) and False (step() waits for the work on the host first), and with
+    overlap=True (step() returns once the step is sent; the stream waits on the device for the
+    new weights, so "after the work" is what the step holds the stream), beside torch's
     foreach SGD on fp32 masters (the step alone)."""
     model = Model(gpt2_shapes(False), device, torch.bfloat16, seed=7)
     busy = gpu_busy(device, args.behind_ms)
@@ -436,13 +438,16 @@ def behind_backward(server, args, device):
                      **summary(timed(lambda: (busy(), topt.step()), device, args.warmup,
                                      args.steps))))
     masters = topt = None  # their memory back before fp4qd's weights are made
-    for ready in (True, False):
-        name = "fp4q SGD RTN+EF, fast socket, ready_signal=%s" % ready
-        with bench_client(server, True, "bench-behind-%d-%d" % (ready, os.getpid())) as c:
+    for ready, overlap in ((True, False), (False, False), (True, True)):
+        name = "fp4q SGD RTN+EF, fast socket, %s" % (
+            "overlap=True" if overlap else "ready_signal=%s" % ready)
+        with bench_client(server, True, "bench-behind-%d-%d-%d" % (ready, overlap,
+                                                                   os.getpid())) as c:
             fopt = fp4q.optim.SGD(model.params, lr=1e-2, client=c, existing="replace",
-                                  ready_signal=ready)
+                                  ready_signal=ready, overlap=overlap)
             row = dict(name=name, **summary(timed(lambda: (busy(), fopt.step()), device,
                                                   args.warmup, args.steps)))
+            fopt.synchronize()
             r = fopt._ready_steps
             row["sent_with_ready_signal"] = r.sent if r is not None else 0
             row["sent_stream_idle"] = r.idle if r is not None else 0

@@ -3,7 +3,8 @@
 # launch behind a device-side wait blocks
 # (the device-wait test runs plainly, and skips under compute-sanitizer memcheck instead of
 # hanging; fp4qd's startup line says step_signals=device), then GPT-2's step behind 5 ms of GPU
-# work (bench/trainer_step.py --behind-ms 5) without and with CUDA MPS: whether what a step adds
+# work (bench/trainer_step.py --behind-ms 5), fp4qd's device-side signals on and off, without
+# and with CUDA MPS: whether what a step adds
 # after the work, beyond its kernels, is the GPU switching between the worker's and fp4qd's
 # contexts; and a cProfile of the Python client's step() for GPT-2 (trainloop.py PROFILE=1).
 set -uo pipefail
@@ -11,7 +12,7 @@ source bench/results/h200-step/overlap/env.sh
 nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee $o/gpu.txt
 echo "commit $FP4Q_COMMIT" | tee -a $o/gpu.txt
 f='*DeviceWaits*:*StepRefusals*'
-timeout 60 $b/bin/fp4q_cuda_test --gtest_filter="$f" > $o/device-waits.txt 2>&1
+timeout 60 $b/bin/fp4q_cuda_test --gtest_filter="$f:*Batches*:*StepMatchesCpu*" > $o/device-waits.txt 2>&1
 echo "rc=$?" >> $o/device-waits.txt; grep -E "^\[ +(OK|SKIPPED|FAILED|PASSED) |rc=" $o/device-waits.txt
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 timeout 120 $cs --tool memcheck $b/bin/fp4q_cuda_test --gtest_filter="$f" > $o/memcheck.txt 2>&1
@@ -19,18 +20,22 @@ echo "rc=$?" >> $o/memcheck.txt; grep -E "^\[ +(OK|SKIPPED|FAILED|PASSED) |ERROR
 d=/tmp/fq; mkdir -p $d; rm -f $d/*.sock
 $b/bin/fp4qd --listen 127.0.0.1:0 --metrics_listen "" --unix_socket $d/g.sock --fast_socket $d/f.sock \
   --allow_cuda_ipc --backend cuda --log_format text > $d/out 2> $o/fp4qd-start.log &
-pid=$!; for i in $(seq 40); do [[ -S $d/f.sock ]] && break; sleep 0.5; done
+pid=$!; t0=$(date +%s%N); for i in $(seq 400); do [[ -S $d/f.sock ]] && break; sleep 0.05; done
+echo "fp4qd serving after $(( ($(date +%s%N) - t0) / 1000000 )) ms" | tee -a $o/fp4qd-start.log
 grep -o "step_signals[^ ]*" $o/fp4qd-start.log | head -2; kill $pid; wait $pid
-behind() {  # behind TAG
+behind() {  # behind TAG [fp4qd flag]
   timeout 150 python3 bench/trainer_step.py --fp4qd $b/bin/fp4qd --models '' --behind-ms 5 \
-    --json $o/behind-$1.json > $o/behind-$1.txt 2>&1; echo "behind $1 rc=$?"; tail -8 $o/behind-$1.txt
+    --steps 100 --warmup 10 ${2:+--fp4qd-arg=$2} --json $o/behind-$1.json > $o/behind-$1.txt 2>&1
+  echo "behind $1 rc=$?"; grep -E "after the work|8192" $o/behind-$1.txt
 }
-behind plain
+behind device
+behind host --step_device_signals=false
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
 mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
 MPS=$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)
 $MPS -d && echo "MPS started" | tee -a $o/gpu.txt
-behind mps
+behind mps-device
+behind mps-host --step_device_signals=false
 echo quit | $MPS
 unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 B=$b MODES=gpt2 SCALING=delayed N=200 PROFILE=1 timeout 100 \
