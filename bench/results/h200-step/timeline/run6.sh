@@ -30,30 +30,19 @@ behind() {  # behind TAG [fp4qd flag]
 }
 behind device
 behind host --step_device_signals=false
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-MPS=$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)
-$MPS -d && echo "MPS started" | tee -a $o/gpu.txt
-behind mps-device
-behind mps-host --step_device_signals=false
-echo quit | $MPS
-unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-B=$b MODES=gpt2 SCALING=delayed N=200 PROFILE=1 timeout 100 \
-  python3 bench/results/h200-step/python-client/trainloop.py > $o/trainloop-gpt2-profile.txt 2>&1
-echo "trainloop rc=$?"; head -4 $o/trainloop-gpt2-profile.txt
 # Nsight Compute: each step kernel's GPU time and DRAM bytes (GPT-2's 50 matrices and one
 # 8192x8192, delayed scaling, steps from C++). fp4qd itself is stopped (SIGTERM) so that ncu,
 # its parent, writes the log.
 ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 rm -f $d/*.sock
-timeout 300 $ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+timeout 150 $ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
   --print-units base --csv --log-file $o/ncu-step.csv $b/bin/fp4qd --listen 127.0.0.1:0 --metrics_listen "" \
   --unix_socket $d/g.sock --fast_socket $d/f.sock --allow_cuda_ipc --backend cuda \
   --log_format text > $d/out 2> $o/fp4qd-ncu.log &
 npid=$!; for i in $(seq 600); do [[ -S $d/f.sock ]] && break; sleep 0.1; done
 for m in "gpt2 --model gpt2-small" "8192 --shapes 8192x8192"; do
   set -- $m
-  timeout 120 $b/bin/fp4q --server unix://$d/g.sock bench-step --fast-socket $d/f.sock "${@:2}" \
+  timeout 60 $b/bin/fp4q --server unix://$d/g.sock bench-step --fast-socket $d/f.sock "${@:2}" \
     --plan --scaling delayed --iters 4 --warmup 1 > $o/ncu-bench-$1.log 2>&1; echo "ncu $1 rc=$?"
 done
 pkill -TERM -f "^$b/bin/fp4qd" ; wait $npid; echo "ncu rc=$?"
@@ -72,4 +61,15 @@ for v in list(k.values())[-60:]:
     print("%-56s %9.1f us %9.1f MB %7.1f GB/s" % (v["name"][:56], t / 1e3, b / 1e6,
                                                  b / t if t else 0))
 PY
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+MPS=$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)
+$MPS -d && echo "MPS started" | tee -a $o/gpu.txt
+behind mps-device
+behind mps-host --step_device_signals=false
+echo quit | $MPS
+unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+B=$b MODES=gpt2 SCALING=delayed N=200 PROFILE=1 timeout 100 \
+  python3 bench/results/h200-step/python-client/trainloop.py > $o/trainloop-gpt2-profile.txt 2>&1
+echo "trainloop rc=$?"; head -4 $o/trainloop-gpt2-profile.txt
 cd $OUT && tar czf r.tgz r && rm -rf r
