@@ -36,6 +36,15 @@ absl::Status CheckWorkspace(const void* workspace) {
 }
 
 // A workspace for a step's check: non-null, aligned, and of the batch's size.
+// One-pass items (StepNext) run only as a whole step: StepCheckAndApply.
+absl::Status CheckTwoPass(const ValidatedStep& step) {
+  if (step.items()[0].next.present()) {
+    return absl::FailedPreconditionError(
+        "items[0].next: a one-pass step runs with StepCheckAndApply, not StepCheck / StepApply");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckStepWorkspace(const ValidatedStep& step, const void* workspace,
                                 size_t workspace_bytes) {
   FP4Q_RETURN_IF_ERROR(CheckWorkspace(workspace));
@@ -266,11 +275,13 @@ absl::Status Backend::StepApply(const std::vector<StepItem>& items, void* worksp
 
 absl::Status Backend::StepCheck(const ValidatedStep& step, void* workspace,
                                 size_t workspace_bytes, Stream stream, const StepCancel& cancel) {
+  FP4Q_RETURN_IF_ERROR(CheckTwoPass(step));
   FP4Q_RETURN_IF_ERROR(CheckStepWorkspace(step, workspace, workspace_bytes));
   return DoStepCheck(step.items(), workspace, stream, cancel);
 }
 
 absl::Status Backend::StepApply(const ValidatedStep& step, void* workspace, Stream stream) {
+  FP4Q_RETURN_IF_ERROR(CheckTwoPass(step));
   FP4Q_RETURN_IF_ERROR(CheckWorkspace(workspace));
   return DoStepApply(step.items(), workspace, stream);
 }

@@ -53,6 +53,23 @@ void DecodeStepReport(const std::vector<StepItem>& items, const step_ws::Layout&
 
 size_t StepWorkspaceBytes(const std::vector<StepItem>& items) { return StepLayoutOf(items).total; }
 
+bool OnePassItem(const StepItem& item) {
+  const auto dense = [](DType d) { return d == DType::kF32 || d == DType::kBF16; };
+  if (item.check_only || item.scaling != Scaling::kDelayed || item.stats == nullptr ||
+      item.kind != UpdateKind::kGradient || item.state.kind != OptimizerKind::kSgd ||
+      item.state.momentum || item.hyper.weight_decay != 0.0f || item.updates.size() != 1 ||
+      !dense(item.updates[0].dtype) || item.weight.block != BlockShape::k1x16 ||
+      item.weight.scale_layout != ScaleLayout::kPlain) {
+    return false;
+  }
+  int outs = 0;
+  for (const MutTensor& o : item.dequantized_out) {
+    if (o.data == nullptr) continue;
+    if (++outs > 1 || o.dtype != item.updates[0].dtype) return false;
+  }
+  return true;
+}
+
 double StateBytesPerElement(StateDType dtype) {
   switch (dtype) {
     case StateDType::kF32:

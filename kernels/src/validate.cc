@@ -551,6 +551,41 @@ absl::Status CheckMoment(const MomentTensor& m, bool wanted, StateDType dtype,
   return CheckAligned(m.dense, field.Member("dense"));
 }
 
+// A one-pass item's new state (StepNext): all of it present, aligned like the state it replaces.
+absl::Status ValidateStepNext(const StepItem& item, const FieldPath& nf) {
+  const StepNext& n = item.next;
+  if (!n.present()) {
+    if (n.scales != nullptr || n.global != nullptr || n.stats != nullptr || n.residual != nullptr) {
+      return Invalid(nf.Member("codes"), "null, but other buffers of the next state are set");
+    }
+    return absl::OkStatus();
+  }
+  if (!OnePassItem(item)) {
+    return Invalid(nf, "set, but only plain SGD items (no momentum or weight decay, one gradient, "
+                       "delayed scaling, 1x16 plain scales, at most one output of the "
+                       "gradient's dtype, not check-only) run in one pass");
+  }
+  if (n.scales == nullptr) return Invalid(nf.Member("scales"), "null");
+  if (n.global == nullptr) return Invalid(nf.Member("global"), "null");
+  if (n.stats == nullptr) return Invalid(nf.Member("stats"), "null");
+  if ((n.residual != nullptr) != (item.residual != nullptr)) {
+    return Invalid(nf.Member("residual"),
+                   item.residual != nullptr ? "null, but the item keeps a residual"
+                                            : "set, but the item keeps no residual");
+  }
+  FP4Q_RETURN_IF_ERROR(CheckAligned(n.codes, nf.Member("codes")));
+  FP4Q_RETURN_IF_ERROR(CheckAligned(n.residual, nf.Member("residual")));
+  if (reinterpret_cast<uintptr_t>(n.global) % 4 != 0 ||
+      reinterpret_cast<uintptr_t>(n.stats) % 4 != 0) {
+    return Invalid(nf.Member(reinterpret_cast<uintptr_t>(n.global) % 4 != 0 ? "global" : "stats"),
+                   "not 4-byte aligned");
+  }
+  if (n.codes == item.weight.codes || (n.residual != nullptr && n.residual == item.residual)) {
+    return Invalid(nf, "the item's own state: the next state is written beside it");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateStepItem(const StepItem& item, const FieldPath& field) {
@@ -657,7 +692,7 @@ absl::Status ValidateStepItem(const StepItem& item, const FieldPath& field) {
                    absl::StrCat(item.expect_fingerprints.size(), " fingerprints for ",
                                 item.updates.size(), " updates"));
   }
-  return absl::OkStatus();
+  return ValidateStepNext(item, field.Member("next"));
 }
 
 absl::Status ValidateStepItems(const std::vector<StepItem>& items) {
@@ -671,6 +706,13 @@ absl::Status ValidateStepItems(const std::vector<StepItem>& items) {
   const FieldPath root("items");
   for (size_t i = 0; i < items.size(); ++i) {
     FP4Q_RETURN_IF_ERROR(ValidateStepItem(items[i], root.Index(static_cast<int64_t>(i))));
+    if (items[i].next.present() != items[0].next.present()) {
+      const FieldPath item = root.Index(static_cast<int64_t>(i));
+      return Invalid(item.Member("next"),
+                     absl::StrCat(items[i].next.present() ? "set" : "not set", ", but items[0]'s ",
+                                  items[0].next.present() ? "is" : "is not",
+                                  ": a step runs in one pass for every item or none"));
+    }
     updates += items[i].updates.size();
     if (!items[i].check_only) written.emplace_back(items[i].weight.codes, i);
   }

@@ -592,6 +592,77 @@ inline absl::Status RunStep(Backend& backend, const std::vector<StepItem>& items
   return s;
 }
 
+// Points `item`'s StepNext at `next`'s buffers (a StepState of the item's case: MakeState's
+// sizes), making it a one-pass item.
+inline void SetNext(StepItem* item, StepState* next) {
+  item->next.codes = next->weight.codes.data();
+  item->next.scales = next->weight.scales.data();
+  item->next.global = next->weight.global.data();
+  item->next.stats = next->stats.data();
+  item->next.residual = item->residual != nullptr ? next->residual.data() : nullptr;
+}
+
+// Every byte of `st`'s weight, residual and statistics set to kPoison.
+inline void PoisonState(StepState* st) {
+  const auto poison = [](auto* v) {
+    std::memset(v->data(), kPoison, v->size() * sizeof((*v)[0]));
+  };
+  poison(&st->weight.codes);
+  poison(&st->weight.scales);
+  poison(&st->weight.global);
+  poison(&st->residual);
+  poison(&st->stats);
+}
+
+// One-pass items (OnePassItem) for sweep case `i` of 16: rounding, error feedback, f32 or bf16
+// gradient and output (or none), and awkward shapes.
+inline StepCase OnePassCase(int i) {
+  StepCase c;
+  const int64_t shapes[4][2] = {{1, 16}, {7, 48}, {33, 80}, {217, 256}};
+  c.rows = shapes[i % 4][0];
+  c.cols = shapes[i % 4][1];
+  c.scaling = Scaling::kDelayed;
+  c.rounding = i % 2 ? Rounding::kStochastic : Rounding::kNearest;
+  c.residual = (i / 2) % 2 == 0;
+  const DType d = (i / 4) % 2 ? DType::kBF16 : DType::kF32;
+  c.update_dtypes = {d};
+  c.out_dtypes = i / 8 ? std::vector<DType>{} : std::vector<DType>{d};
+  c.hyper.lr = 0.05f;
+  c.seed = 0x5EED + static_cast<uint64_t>(i);
+  return c;
+}
+
+// The bytes DQ(W) of `st`'s weight takes in an output of dtype `d`.
+inline std::vector<uint8_t> DequantizedBytes(Backend& b, const StepCase& c, const StepState& st,
+                                             DType d) {
+  const std::vector<float> dq =
+      detail::Dequantize(b, st.weight, c.block, c.layout, c.rows, c.cols);
+  std::vector<uint8_t> out(dq.size() * (d == DType::kF32 ? 4 : 2));
+  for (size_t i = 0; i < dq.size(); ++i) {
+    if (d == DType::kF32) {
+      std::memcpy(out.data() + 4 * i, &dq[i], 4);
+    } else {
+      const uint16_t h = ToBf16(dq[i]);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+  }
+  return out;
+}
+
+// A one-pass step of `items` (each with a StepNext): StepCheckAndApply and the report.
+inline absl::Status RunOnePassStep(Backend& backend, const std::vector<StepItem>& items,
+                                   StepReport* report, const StepCancel& cancel = {}) {
+  absl::StatusOr<ValidatedStep> step = ValidatedStep::Check(items);
+  if (!step.ok()) return step.status();
+  const size_t bytes = StepWorkspaceBytes(items);
+  absl::StatusOr<void*> ws = backend.Allocate(bytes);
+  if (!ws.ok()) return ws.status();
+  absl::Status s = backend.StepCheckAndApply(*step, *ws, bytes, nullptr, cancel);
+  if (s.ok()) s = backend.StepReadReport(items, *ws, report, nullptr);
+  backend.Free(*ws);
+  return s;
+}
+
 // Element i of update k of `u` (case `c`) set to x (exact in bf16 for the values tests use).
 inline void Set(Updates* u, const StepCase& c, size_t k, size_t i, float x) {
   if (c.update_dtypes[k] == DType::kF32) {

@@ -178,6 +178,14 @@ class CpuBackend final : public Backend {
     return cpu::StepApplyHost(items, static_cast<uint8_t*>(workspace));
   }
 
+  absl::Status DoStepCheckAndApply(const std::vector<StepItem>& items, void* workspace, Stream,
+                                   const StepCancel& cancel) override {
+    auto* ws = static_cast<uint8_t*>(workspace);
+    if (items[0].next.present()) return cpu::StepOnePassHost(items, ws, cancel);
+    cpu::StepCheckHost(items, ws, cancel);
+    return cpu::StepApplyHost(items, ws);
+  }
+
   absl::Status DoStepReadReport(const std::vector<StepItem>& items, const void* workspace,
                                 StepReport* report, Stream) override {
     DecodeStepReport(items, StepLayoutOf(items), static_cast<const uint8_t*>(workspace), report);

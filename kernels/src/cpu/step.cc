@@ -485,11 +485,22 @@ void ApplyItem(const StepItem& item, const Plan& plan) {
   const HostQuantized q =
       QuantizeNvfp4(v, item.weight.block, plan.amax, ScaleSelection::kMapTo6, 256.0f, rounding);
   const Matrix dq = DequantizeHost(q);
-  StoreQuantized(q, item.weight);
+  // In place, or a one-pass step's next state (StepNext).
+  QuantizedTensor w_out = item.weight;
+  float* r_out = item.residual;
+  float* stats = item.stats;
+  if (item.next.present()) {
+    w_out.codes = item.next.codes;
+    w_out.scales = item.next.scales;
+    w_out.global = item.next.global;
+    r_out = item.next.residual;
+    stats = item.next.stats;
+  }
+  StoreQuantized(q, w_out);
   std::vector<float> r(n, 0.0f);
-  if (item.residual != nullptr) {
+  if (r_out != nullptr) {
     for (size_t i = 0; i < n; ++i) r[i] = v.values[i] - dq.values[i];
-    std::memcpy(item.residual, r.data(), n * sizeof(float));
+    std::memcpy(r_out, r.data(), n * sizeof(float));
   }
   for (const MutTensor& o : item.dequantized_out) {
     if (o.data != nullptr) StoreDense(dq, o);
@@ -501,17 +512,18 @@ void ApplyItem(const StepItem& item, const Plan& plan) {
     StoreMoment(st.max_moment2, st.dtype, rows, cols, vm, true, plan.m_amax[2]);
   }
   // S: the statistics.
-  if (item.stats != nullptr) {
-    item.stats[kStatNextAmax] = AbsMax(v.values.data(), n);
-    item.stats[kStatMaxResidual] = AbsMax(r.data(), n);
-    if (HasMoment1(st)) item.stats[kStatMaxMoment1] = AbsMax(m1.data(), n);
+  if (stats != nullptr) {
+    if (stats != item.stats) std::memcpy(stats, item.stats, kStepStatFloats * sizeof(float));
+    stats[kStatNextAmax] = AbsMax(v.values.data(), n);
+    stats[kStatMaxResidual] = AbsMax(r.data(), n);
+    if (HasMoment1(st)) stats[kStatMaxMoment1] = AbsMax(m1.data(), n);
     float s2 = 0.0f, svm = 0.0f;
     for (size_t i = 0; i < n; ++i) {
       s2 = std::fmax(s2, std::sqrt(v2[i]));
       svm = std::fmax(svm, std::sqrt(vm[i]));
     }
-    if (IsAdamW(st)) item.stats[kStatMaxSqrtMoment2] = s2;
-    if (IsAdamW(st) && st.amsgrad) item.stats[kStatMaxSqrtMaxMoment2] = svm;
+    if (IsAdamW(st)) stats[kStatMaxSqrtMoment2] = s2;
+    if (IsAdamW(st) && st.amsgrad) stats[kStatMaxSqrtMaxMoment2] = svm;
   }
 }
 
@@ -573,6 +585,24 @@ absl::Status StepApplyHost(const std::vector<StepItem>& items, uint8_t* workspac
   const auto* plans = reinterpret_cast<const Plan*>(workspace + layout.plans);
   for (size_t i = 0; i < items.size(); ++i) {
     if (!items[i].check_only) ApplyItem(items[i], plans[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepOnePassHost(const std::vector<StepItem>& items, uint8_t* workspace,
+                             const StepCancel& cancel) {
+  // The same check and report as two passes; the CPU reads the updates twice, which changes no
+  // result. Applied: the new state goes to each item's StepNext. Refused: the outputs get DQ(W)
+  // of the unchanged weights, as after the CUDA backend's one pass.
+  StepCheckHost(items, workspace, cancel);
+  step_ws::Header header;
+  std::memcpy(&header, workspace, sizeof(header));
+  if (header.ok == 1) return StepApplyHost(items, workspace);
+  for (const StepItem& item : items) {
+    const Matrix dq = DequantizeHost(LoadQuantized(AsConst(item.weight)));
+    for (const MutTensor& o : item.dequantized_out) {
+      if (o.data != nullptr) StoreDense(dq, o);
+    }
   }
   return absl::OkStatus();
 }

@@ -24,6 +24,12 @@ void StepCheckHost(const std::vector<StepItem>& items, uint8_t* workspace,
 // writes nothing. FAILED_PRECONDITION when no check ran on this workspace.
 absl::Status StepApplyHost(const std::vector<StepItem>& items, uint8_t* workspace);
 
+// A one-pass step (StepNext on every item): the check's report, then either every item's new
+// state written to its StepNext (the state in place untouched) or, refused, every dequantized
+// output rewritten with DQ(W) of the unchanged weight.
+absl::Status StepOnePassHost(const std::vector<StepItem>& items, uint8_t* workspace,
+                             const StepCancel& cancel);
+
 // 10.7: the fingerprint of one update tensor.
 uint64_t UpdateFingerprint(const ConstTensor& update);
 

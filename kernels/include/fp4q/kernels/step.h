@@ -12,8 +12,10 @@
 //      otherwise it writes nothing (the gate is read on the device: no host round trip).
 //   3. Report: one small device-to-host copy of the per-item outcome.
 // A batch runs on one backend (one device); StepCheckAndApply queues 1 and 2 together, as one
-// device's step does. Several devices: check each, read each report, apply only when all
-// passed. A batch validated once (ValidatedStep) is not validated again by these calls.
+// device's step does. One-pass steps (every item with a StepNext) turn the order around: the
+// apply writes each new state beside the old one while it checks, the verdict follows, and the
+// caller commits by taking the new state (StepNext below). Several devices: check each, read
+// each report, apply only when all passed. A batch validated once (ValidatedStep) is not validated again by these calls.
 //
 // Ownership: views point at backend memory (device memory for CUDA) and are not owned. Every
 // dense buffer (updates, residual, dense moments, outputs) and code array starts 16-byte aligned
@@ -97,6 +99,23 @@ struct StepHyper {
   int64_t t = 1;
 };
 
+// Where a one-pass step writes an item's new state. Set on every item of a batch or on none; only
+// OnePassItem items may have one, and only StepCheckAndApply runs them. The apply reads the state
+// of StepItem (weight, residual, stats) and writes the new one here, checking as it goes (the
+// same checks and report as the two-pass step, NUMERICS 10.4), so each update is read once; the
+// state of StepItem is never written. Applied (report.ok): the new state is here, and the caller
+// takes it as the weight's. Refused: what is here is unspecified, and every dequantized output
+// holds DQ(W) of the unchanged weight (written after the apply wrote the new one there).
+// Buffers of the weight's sizes, not overlapping it or any other item's.
+struct StepNext {
+  uint8_t* codes = nullptr;   // 16-byte aligned, the weight's codes_capacity
+  uint8_t* scales = nullptr;  // the weight's scales_capacity
+  float* global = nullptr;    // kGlobalFloats floats
+  float* stats = nullptr;     // kStepStatFloats floats
+  float* residual = nullptr;  // [rows, cols], 16-byte aligned: exactly when the item has one
+  bool present() const { return codes != nullptr; }
+};
+
 // One weight's part of a step.
 struct StepItem {
   // The stored weight: NVFP4, 1x16 or 16x16 blocks, plain (or swizzled) scale layout; read and
@@ -124,7 +143,14 @@ struct StepItem {
   // update, same order) and refuses the batch when one differs.
   bool check_only = false;
   std::vector<uint64_t> expect_fingerprints;
+  StepNext next;  // one-pass steps only
 };
+
+// Whether an item can run in one pass (StepNext): plain SGD (no momentum, no weight decay) on a
+// gradient from one update, delayed scaling, 1x16 blocks with plain scales, f32 or bf16, at most
+// one dequantized output and of the update's dtype, not check-only. Validation requires it of an
+// item with a StepNext; callers use it to choose the pass count.
+bool OnePassItem(const StepItem& item);
 
 enum class StepOutcome : int32_t {
   kOk = 0,
