@@ -108,6 +108,7 @@ Input MakeBf16Input(int64_t rows, int64_t cols, uint64_t seed) {
 // ---- the trainer's step (step.h): one stored weight's buffers on the device.
 struct StepWeight {
   std::unique_ptr<DevMem> codes, scales, global, residual, stats, grad, out;
+  std::unique_ptr<DevMem> next_codes, next_scales, next_global, next_stats, next_residual;
   std::unique_ptr<DevMem> m_dense[3], m_codes[3], m_scales[3], m_global[3];
   kernels::StepItem item;
 };
@@ -179,6 +180,22 @@ std::unique_ptr<StepWeight> MakeStepWeight(Backend& gpu, int64_t rows, int64_t c
   Check(cudaMemcpy(w->stats->get(), stats, sizeof(stats), cudaMemcpyHostToDevice), "stats");
   it.stats = static_cast<float*>(w->stats->get());
   return w;
+}
+
+// Makes `w` (SGD + EF, delayed) a one-pass item: buffers for its next state (step.h StepNext).
+void SetStepNext(StepWeight* w) {
+  const size_t n = static_cast<size_t>(w->item.weight.rows * w->item.weight.cols);
+  w->next_codes = std::make_unique<DevMem>(n / 2);
+  w->next_scales = std::make_unique<DevMem>(n / 16);
+  w->next_global = std::make_unique<DevMem>(8);
+  w->next_stats = std::make_unique<DevMem>(kernels::kStepStatFloats * sizeof(float));
+  w->next_residual = std::make_unique<DevMem>(n * 4);
+  kernels::StepNext& nx = w->item.next;
+  nx.codes = static_cast<uint8_t*>(w->next_codes->get());
+  nx.scales = static_cast<uint8_t*>(w->next_scales->get());
+  nx.global = static_cast<float*>(w->next_global->get());
+  nx.stats = static_cast<float*>(w->next_stats->get());
+  nx.residual = static_cast<float*>(w->next_residual->get());
 }
 
 // GPT-2 small's 50 weight matrices (12 layers of attention qkv, attention projection, MLP up and
@@ -480,6 +497,7 @@ int Run(int argc, char** argv) {
       kernels::Scaling scaling;
       bool apply_only;
       double bytes_per_elem;
+      bool one_pass = false;  // step.h StepNext: StepCheckAndApply writes the state beside
     };
     const StepRow step_rows[] = {
         {"step apply, SGD + EF, delayed", StepKind::kSgdEf, kernels::Scaling::kDelayed, true,
@@ -488,6 +506,8 @@ int Run(int argc, char** argv) {
          false, 15.125},
         {"step check + apply, SGD + EF, current", StepKind::kSgdEf, kernels::Scaling::kCurrent,
          false, 19.6875},
+        {"step one pass, SGD + EF, delayed", StepKind::kSgdEf, kernels::Scaling::kDelayed, false,
+         13.125, true},
         {"step apply, AdamW bf16 moments, delayed", StepKind::kAdamWBf16,
          kernels::Scaling::kDelayed, true, 13.125},
         {"step apply, AdamW nvfp4 moments, delayed", StepKind::kAdamWNvfp4,
@@ -504,12 +524,27 @@ int Run(int argc, char** argv) {
         for (size_t i = 0; i < shapes.size(); ++i) {
           ws.push_back(MakeStepWeight(gpu, shapes[i].first, shapes[i].second, sr.kind,
                                       sr.scaling, 3000 + i, ks));
+          if (sr.one_pass) SetStepNext(ws.back().get());
           items.push_back(ws.back()->item);
           elems += static_cast<double>(shapes[i].first * shapes[i].second);
         }
         const size_t wbytes = kernels::StepWorkspaceBytes(items);
         DevMem workspace(wbytes);
-        Ok(gpu.StepCheck(items, workspace.get(), wbytes, ks), "step check");
+        // A one-pass step writes the next state and never commits it here, so every timed
+        // step does the same work on the same state.
+        absl::StatusOr<kernels::ValidatedStep> valid = kernels::ValidatedStep::Check(items);
+        Ok(valid.status(), "step items");
+        const auto check = [&](Backend& b) {
+          if (sr.one_pass) {
+            Ok(b.StepCheckAndApply(*valid, workspace.get(), wbytes, ks), "one pass");
+          } else {
+            Ok(b.StepCheck(items, workspace.get(), wbytes, ks), "check");
+          }
+        };
+        const auto apply = [&](Backend& b) {
+          if (!sr.one_pass) Ok(b.StepApply(items, workspace.get(), ks), "apply");
+        };
+        check(gpu);
         kernels::StepReport report;
         Ok(gpu.StepReadReport(items, workspace.get(), &report, ks), "step report");
         if (!report.ok) {
@@ -522,8 +557,8 @@ int Run(int argc, char** argv) {
           Backend& b = v == 0 ? gpu : *sweep[v - 1].second;
           const Timing tm = TimeEvents(s, 3, std::max(5, iters / 3), [&](int) {
             for (kernels::StepItem& it : items) it.hyper.t = ++t;
-            if (!sr.apply_only) Ok(b.StepCheck(items, workspace.get(), wbytes, ks), "check");
-            Ok(b.StepApply(items, workspace.get(), ks), "apply");
+            if (!sr.apply_only) check(b);
+            apply(b);
           });
           const int prefetch = v == 0 ? tuning.step_prefetch_slots : sweep[v - 1].first;
           Row r;
@@ -543,8 +578,8 @@ int Run(int argc, char** argv) {
             for (int i = 0; i < std::max(5, iters / 3); ++i) {
               for (kernels::StepItem& it : items) it.hyper.t = ++t;
               const auto t0 = std::chrono::steady_clock::now();
-              Ok(b.StepCheck(items, workspace.get(), wbytes, ks), "check");
-              Ok(b.StepApply(items, workspace.get(), ks), "apply");
+              check(b);
+              apply(b);
               Ok(b.StepReadReport(items, workspace.get(), &report, ks), "report");
               walls.push_back(
                   std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)

@@ -23,6 +23,7 @@ static_assert(offsetof(StepItemReport, bound) == offsetof(step_ws::ReportPod, bo
 static_assert(static_cast<int>(StepOutcome::kFingerprintMismatch) == step_ws::kFingerprintMismatch);
 static_assert(static_cast<int>(StepQuantity::kDequantized) == step_ws::kQDequantized);
 static_assert(static_cast<int>(StateDType::kNvfp4) == step_ws::kStNvfp4);
+static_assert(kStepStatFloats == step_ws::kStatFloats);
 
 step_ws::Layout StepLayoutOf(const std::vector<StepItem>& items) {
   int64_t updates = 0;

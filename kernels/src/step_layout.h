@@ -46,6 +46,9 @@ inline constexpr int kStateDTypes = 3;
 inline constexpr double kTwoPow127 = 1.7014118346046923e38;
 inline constexpr double kBf16Max = 3.3895313892515355e38;
 
+// kStepStatFloats (step.h), for the kernels.
+inline constexpr int kStatFloats = 8;
+
 // Accumulators are replicated this many times (warp w adds into copy w % kAccCopies) so that the
 // per-warp atomics of a large tensor do not all land on one address.
 inline constexpr int kAccCopies = 16;
@@ -97,6 +100,13 @@ struct ItemDesc {
   float* global;
   float* residual;      // null without error feedback
   float* stats;         // null allowed under current scaling
+  // Where the apply writes the weight's new codes, scales, global record, statistics and
+  // residual: the pointers above (in place), or a one-pass step's StepNext.
+  uint8_t* codes_next;
+  uint8_t* scales_next;
+  float* global_next;
+  float* stats_next;
+  float* residual_next;
   void* m_dense[3];     // F32 / BF16 moments (moment1, moment2, max_moment2); null when absent
   uint8_t* m_codes[3];  // NVFP4 moments
   uint8_t* m_scales[3];

@@ -159,6 +159,12 @@ ItemDesc Describe(const StepItem& item, int32_t first_update, int32_t first_out,
   d.global = item.weight.global;
   d.residual = item.residual;
   d.stats = item.stats;
+  const StepNext& next = item.next;
+  d.codes_next = next.present() ? next.codes : item.weight.codes;
+  d.scales_next = next.present() ? next.scales : item.weight.scales;
+  d.global_next = next.present() ? next.global : item.weight.global;
+  d.stats_next = next.present() ? next.stats : item.stats;
+  d.residual_next = next.present() ? next.residual : item.residual;
   const OptimizerState& st = item.state;
   const MomentTensor* m[3] = {&st.moment1, &st.moment2, &st.max_moment2};
   for (int j = 0; j < 3; ++j) {
@@ -327,10 +333,8 @@ absl::Status CheckKernelLimits(const std::vector<StepItem>& items) {
   return absl::OkStatus();
 }
 
-// The check's work by the batch's plan `h` (BuildPlan): the table copied in, the accumulators
-// set, the check launches, the decide kernel.
-absl::Status QueueCheck(int ordinal, int prefetch_slots, const HostPlan& h, void* workspace,
-                        cudaStream_t s, const StepCancel& cancel) {
+// The batch's plan `h` (BuildPlan) copied into the workspace and the accumulators set.
+absl::Status QueueTable(int ordinal, const HostPlan& h, void* workspace, cudaStream_t s) {
   const Layout& l = h.layout;
   auto* ws = static_cast<uint8_t*>(workspace);
   // The batch flag first: if a launch below fails, no stale "ok" of an earlier batch remains.
@@ -344,17 +348,13 @@ absl::Status QueueCheck(int ordinal, int prefetch_slots, const HostPlan& h, void
   FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(copy));
   FP4Q_RETURN_IF_ERROR(
       FP4Q_CUDA_STATUS(cudaMemsetAsync(ws + l.idx_acc, 0xFF, l.ff_end - l.idx_acc, s)));
-  FP4Q_RETURN_IF_ERROR(
-      FP4Q_CUDA_STATUS(cudaMemsetAsync(ws + l.max_acc, 0, l.total - l.max_acc, s)));
-  for (const Launch& launch : h.checks) {
-    const StepKernelArgs a = ArgsFor(l, ws, launch, prefetch_slots);
-    if (launch.full) {
-      FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchStepCheckFull(a, launch.opt, launch.st, s)));
-    } else {
-      FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(launch.one_rank ? LaunchStepCheckOneRank(a, s)
-                                                             : LaunchStepCheckUpdates(a, s)));
-    }
-  }
+  return FP4Q_CUDA_STATUS(cudaMemsetAsync(ws + l.max_acc, 0, l.total - l.max_acc, s));
+}
+
+// The decide kernel over the accumulators of the batch in `workspace`.
+absl::Status QueueDecide(const Layout& l, void* workspace, cudaStream_t s,
+                         const StepCancel& cancel) {
+  auto* ws = static_cast<uint8_t*>(workspace);
   StepDecideArgs d;
   d.header = reinterpret_cast<step_ws::Header*>(ws);
   d.descs = reinterpret_cast<const ItemDesc*>(ws + l.descs);
@@ -371,6 +371,36 @@ absl::Status QueueCheck(int ordinal, int prefetch_slots, const HostPlan& h, void
   d.cancel_word = cancel.word;
   d.cancel_token = cancel.token;
   return FP4Q_CUDA_STATUS(LaunchStepDecide(d, s));
+}
+
+// The check's work by the batch's plan `h`: the table, the check launches, the decide kernel.
+absl::Status QueueCheck(int ordinal, int prefetch_slots, const HostPlan& h, void* workspace,
+                        cudaStream_t s, const StepCancel& cancel) {
+  const Layout& l = h.layout;
+  auto* ws = static_cast<uint8_t*>(workspace);
+  FP4Q_RETURN_IF_ERROR(QueueTable(ordinal, h, workspace, s));
+  for (const Launch& launch : h.checks) {
+    const StepKernelArgs a = ArgsFor(l, ws, launch, prefetch_slots);
+    if (launch.full) {
+      FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchStepCheckFull(a, launch.opt, launch.st, s)));
+    } else {
+      FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(launch.one_rank ? LaunchStepCheckOneRank(a, s)
+                                                             : LaunchStepCheckUpdates(a, s)));
+    }
+  }
+  return QueueDecide(l, workspace, s, cancel);
+}
+
+// The apply's epilogue: the new records and statistics (gated on the batch flag).
+absl::Status QueueFinish(const Layout& l, void* workspace, cudaStream_t s) {
+  auto* ws = static_cast<uint8_t*>(workspace);
+  StepFinishArgs f;
+  f.header = reinterpret_cast<const step_ws::Header*>(ws);
+  f.descs = reinterpret_cast<const ItemDesc*>(ws + l.descs);
+  f.n_items = static_cast<int32_t>(l.n_items);
+  f.plans = reinterpret_cast<const step_ws::Plan*>(ws + l.plans);
+  f.max_acc = reinterpret_cast<const uint32_t*>(ws + l.max_acc);
+  return FP4Q_CUDA_STATUS(LaunchStepFinish(f, s));
 }
 
 // The apply's work for `items` by the plan `h` the check copied into the workspace.
@@ -391,18 +421,39 @@ absl::Status QueueApply(int prefetch_slots, const std::vector<StepItem>& items, 
     }
     FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(e));
   }
-  StepFinishArgs f;
-  f.header = reinterpret_cast<const step_ws::Header*>(ws);
-  f.descs = reinterpret_cast<const ItemDesc*>(ws + l.descs);
-  f.n_items = static_cast<int32_t>(l.n_items);
-  f.plans = reinterpret_cast<const step_ws::Plan*>(ws + l.plans);
-  f.max_acc = reinterpret_cast<const uint32_t*>(ws + l.max_acc);
-  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchStepFinish(f, s)));
+  FP4Q_RETURN_IF_ERROR(QueueFinish(l, workspace, s));
   const int32_t* gate = &reinterpret_cast<const step_ws::Header*>(ws)->ok;
   for (int i : h.swizzled) {
     const QuantizedTensor& w = items[i].weight;
     FP4Q_RETURN_IF_ERROR(
         FP4Q_CUDA_STATUS(LaunchZeroSwizzlePadding(w.scales, w.rows, w.cols / 16, s, gate, 1)));
+  }
+  return absl::OkStatus();
+}
+
+// A one-pass step (every item with a StepNext, every one LeanSgdItem under delayed scaling):
+// the table, the one-pass apply (writing the new state beside the old and accumulating the
+// check's words), the decide kernel, the finish (into the new records and statistics), and the
+// restore of the outputs, which runs only when the batch was refused.
+absl::Status QueueOnePass(int ordinal, int prefetch_slots, const HostPlan& h, void* workspace,
+                          cudaStream_t s, const StepCancel& cancel) {
+  const Layout& l = h.layout;
+  auto* ws = static_cast<uint8_t*>(workspace);
+  FP4Q_RETURN_IF_ERROR(QueueTable(ordinal, h, workspace, s));
+  for (const Launch& launch : h.applies) {
+    if (launch.opt != step_ws::kOptSgdPlain || !launch.lean || launch.tile) {
+      return absl::InternalError("one-pass step: an item the lean apply does not take");
+    }
+    StepKernelArgs a = ArgsFor(l, ws, launch, prefetch_slots);
+    a.cancel_word = cancel.word;
+    a.cancel_token = cancel.token;
+    FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchStepApplySgdOnePass(a, launch.sr, s)));
+  }
+  FP4Q_RETURN_IF_ERROR(QueueDecide(l, workspace, s, cancel));
+  FP4Q_RETURN_IF_ERROR(QueueFinish(l, workspace, s));
+  for (const Launch& launch : h.applies) {
+    FP4Q_RETURN_IF_ERROR(
+        FP4Q_CUDA_STATUS(LaunchStepRestoreOutputs(ArgsFor(l, ws, launch, prefetch_slots), s)));
   }
   return absl::OkStatus();
 }
@@ -431,6 +482,9 @@ absl::Status CudaBackend::StepCheckAndApplyImpl(const std::vector<StepItem>& ite
   FP4Q_RETURN_IF_ERROR(CheckWorkspaceAligned(workspace));
   FP4Q_RETURN_IF_ERROR(CheckKernelLimits(items));
   const HostPlan h = BuildPlan(items);
+  if (items[0].next.present()) {
+    return QueueOnePass(ordinal_, tuning_.step_prefetch_slots, h, workspace, s, cancel);
+  }
   FP4Q_RETURN_IF_ERROR(QueueCheck(ordinal_, tuning_.step_prefetch_slots, h, workspace, s, cancel));
   return QueueApply(tuning_.step_prefetch_slots, items, h, workspace, s);
 }

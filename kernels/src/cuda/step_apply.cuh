@@ -21,6 +21,7 @@
 
 #include "launch.h"
 #include "step_device.cuh"
+#include "step_lean_check.cuh"
 #include "step_launch.h"
 
 namespace fp4q::kernels::cuda::step_dev {
@@ -44,11 +45,27 @@ struct ApplyItem {
   uint8_t* m_codes[3];
   uint8_t* m_scales[3];
   bool lean;  // a plain SGD item of the common shape (LeanSgdRun)
+  // Where the lean run writes the new codes, scales and residual (ItemDesc::*_next).
+  uint8_t* codes_out;
+  uint8_t* scales_out;
+  float* residual_out;
 };
 
+// kFused (a one-pass step): no plan has been decided yet. Under delayed scaling (the only
+// scaling one pass takes) it is the statistics' NextAmax and the weight's record, which the
+// decide kernel after the apply plans the same way.
+template <bool kFused = false>
 FP4Q_D void LoadApplyItem(const StepKernelArgs& a, int it, ApplyItem* c) {
   const ItemDesc& d = a.descs[it];
-  const step_ws::Plan plan = a.plans[it];
+  step_ws::Plan plan;
+  if constexpr (kFused) {
+    plan = step_ws::Plan{};
+    plan.amax = d.stats[0];
+    plan.s_enc_old = d.global[1];
+    for (int j = 0; j < 3; ++j) plan.m_senc_old[j] = 1.0f;
+  } else {
+    plan = a.plans[it];
+  }
   c->s = LoadScalars(d);
   c->q = UnitCtx{};
   c->q.g = MakeNvGlobal(plan.amax, 2688.0f);
@@ -82,11 +99,21 @@ FP4Q_D void LoadApplyItem(const StepKernelArgs& a, int it, ApplyItem* c) {
     c->o0_dtype = 0;
   }
   c->lean = LeanSgdItem(d, c->g0_dtype, c->o0_dtype);
+  c->codes_out = d.codes_next;
+  c->scales_out = d.scales_next;
+  c->residual_out = d.residual_next;
 }
 
 struct ApplyAcc {
   float v = 0.0f, r = 0.0f, m1 = 0.0f, s2 = 0.0f, svm = 0.0f;
+  LeanAcc chk;  // a one-pass apply's check of the update (step_lean_check.cuh)
 };
+
+// The one-rank check's view of a lean item (its update's raw words).
+FP4Q_D LeanItem LeanItemOf(const ApplyItem& c) {
+  return LeanItem{static_cast<const uint8_t*>(c.g0), c.p.blocks * 16, c.first_update,
+                  c.g0_dtype == kF32, false};
+}
 
 template <int kOpt>
 FP4Q_D void FlushApply(const StepKernelArgs& a, int item, const ApplyAcc& c) {
@@ -295,13 +322,26 @@ FP4Q_D void LeanPairStoreF32(unsigned mask, float* p, int64_t at, int h, const f
   StoreV4(blk + 8 + 4 * h, hi[0], hi[1], hi[2], hi[3]);
 }
 
-// One slot of the lean run at element offset `at` (n: the item's elements).
-template <int kDt, bool kSr, bool kR, bool kOut, typename Ring>
+// One slot of the lean run at element offset `at` (n: the item's elements). kFused: a one-pass
+// step's slot, which also checks the update's words (as the one-rank check does) and writes the
+// new state to the item's *_out pointers.
+template <int kDt, bool kSr, bool kR, bool kOut, bool kFused, typename Ring>
 FP4Q_D void LeanSgdSlot(const ApplyItem& c, const Ring& ring, int stage, int64_t at, int h,
                         int64_t n, uint32_t scale, ApplyAcc* acc) {
   const bool valid = at < n;
   const unsigned mask = __ballot_sync(kFull, valid);
   if (!valid) return;
+  if constexpr (kFused) {
+    if constexpr (kDt == kF32) {  // the lane's words: elements 4h..4h+3 and 8+4h.. of the block
+      LeanChunk<true>(*ring.W16(stage, 0), at - 4 * h, &acc->chk);
+      LeanChunk<true>(*ring.W16(stage, 1), at - 4 * h + 8, &acc->chk);
+    } else {
+      LeanChunk<false>(*ring.W16(stage, 0), at, &acc->chk);
+    }
+  }
+  uint8_t* const codes_out = kFused ? c.codes_out : c.p.codes;
+  uint8_t* const scales_out = kFused ? c.scales_out : c.p.scales;
+  float* const residual_out = kFused ? c.residual_out : c.p.residual;
   float v[8], dq[8], r[8];
   RingValues8(ring, stage, 0, mask, kDt, h, v);
   DqWord8(*ring.W4(stage, 0), E4M3Value(scale), c.s_dec_old, dq);
@@ -324,8 +364,8 @@ FP4Q_D void LeanSgdSlot(const ApplyItem& c, const Ring& ring, int stage, int64_t
   const float sfv = E4M3Value(sf);
   const uint32_t word = Codes8<kSr>(v, InvScale(sfv, c.q.g.s_dec), c.q, SeedKeys{c.q.seed},
                                     static_cast<uint64_t>(at) >> 3);
-  *reinterpret_cast<uint32_t*>(c.p.codes + (at >> 1)) = word;
-  if (h == 0) c.p.scales[at >> 4] = static_cast<uint8_t>(sf);
+  *reinterpret_cast<uint32_t*>(codes_out + (at >> 1)) = word;
+  if (h == 0) scales_out[at >> 4] = static_cast<uint8_t>(sf);
   DqWord8(word, sfv, c.q.g.s_dec, dq);
   if constexpr (kR) {
 #pragma unroll
@@ -333,7 +373,7 @@ FP4Q_D void LeanSgdSlot(const ApplyItem& c, const Ring& ring, int stage, int64_t
       r[i] = __fsub_rn(v[i], dq[i]);
       acc->r = fmaxf(acc->r, fabsf(r[i]));
     }
-    LeanPairStoreF32(mask, c.p.residual, at, h, r);
+    LeanPairStoreF32(mask, residual_out, at, h, r);
   }
   if constexpr (kOut) {
     if constexpr (kDt == kF32) {
@@ -347,7 +387,7 @@ FP4Q_D void LeanSgdSlot(const ApplyItem& c, const Ring& ring, int stage, int64_t
 
 // Slots [s, run_end) of one lean item (StepApplyKernel's slot loop with LeanSgdSlot): the ring
 // keeps kD - 1 slots ahead in flight, and `prefetch_slots` past them are asked of L2.
-template <int kDt, bool kSr, bool kR, bool kOut, int kD, typename Ring>
+template <int kDt, bool kSr, bool kR, bool kOut, int kD, bool kFused, typename Ring>
 FP4Q_D void LeanSgdRun(const ApplyItem& c, const Ring& ring, int64_t s, int64_t run_end,
                        int64_t u0, int lane, int prefetch_slots, ApplyAcc* acc) {
   constexpr int kEl = kDt == kF32 ? 4 : 2;  // bytes of an update or output element
@@ -388,7 +428,7 @@ FP4Q_D void LeanSgdRun(const ApplyItem& c, const Ring& ring, int64_t s, int64_t 
     const int64_t next = at_of(s + 1);
     const uint32_t scale_n = s + 1 < run_end && next < n ? c.p.scales[next >> 4] : 0u;
     CpAsyncWait<kD - 1>();
-    LeanSgdSlot<kDt, kSr, kR, kOut>(c, ring, stage, at, h, n, scale, acc);
+    LeanSgdSlot<kDt, kSr, kR, kOut, kFused>(c, ring, stage, at, h, n, scale, acc);
     // As the generic loop: the slot prefetch_slots past the ring's newest, within the run.
     const int64_t tp = at_of(s + kD - 1 + prefetch_slots);
     if (prefetch_slots > 0 && s + kD - 1 + prefetch_slots < run_end && tp < n) {
@@ -402,11 +442,11 @@ FP4Q_D void LeanSgdRun(const ApplyItem& c, const Ring& ring, int64_t s, int64_t 
 }
 
 // LeanSgdRun with the item's dtype, error feedback and output as template arguments.
-template <bool kSr, int kD, typename Ring>
+template <bool kSr, int kD, bool kFused = false, typename Ring>
 FP4Q_D void LeanSgdDispatch(const ApplyItem& c, const Ring& ring, int64_t s, int64_t run_end,
                             int64_t u0, int lane, int prefetch_slots, ApplyAcc* acc) {
   const auto run = [&](auto dt, auto r, auto out) {
-    LeanSgdRun<decltype(dt)::value, kSr, decltype(r)::value, decltype(out)::value, kD>(
+    LeanSgdRun<decltype(dt)::value, kSr, decltype(r)::value, decltype(out)::value, kD, kFused>(
         c, ring, s, run_end, u0, lane, prefetch_slots, acc);
   };
   using T = std::true_type;
@@ -434,7 +474,7 @@ FP4Q_D void LeanSgdDispatch(const ApplyItem& c, const Ring& ring, int64_t s, int
 // rarely: `run(c, s, run_end, u0, acc)` does the slots [s, run_end) of the item whose registers
 // `c` holds (u0: its first warp-unit in the launch) into its maxima `acc`, which are flushed
 // when the warp leaves the item.
-template <int kOpt, typename Run>
+template <int kOpt, bool kFused = false, typename Run>
 FP4Q_D void WalkApplyRuns(const StepKernelArgs& a, Run&& run) {
   const WarpSlots slots = WarpSlotsOf(a.total_units);
   int64_t s = slots.begin;
@@ -447,10 +487,13 @@ FP4Q_D void WalkApplyRuns(const StepKernelArgs& a, Run&& run) {
     e = Advance(a.list, a.n_entries, e, s >> 1);
     const int it = a.list[e].item;
     if (it != item) {
-      if (item >= 0) FlushApply<kOpt>(a, item, acc);
+      if (item >= 0) {
+        FlushApply<kOpt>(a, item, acc);
+        if constexpr (kFused) LeanFlush(a, item, LeanItemOf(c), acc.chk);
+      }
       acc = ApplyAcc();
       item = it;
-      LoadApplyItem(a, it, &c);
+      LoadApplyItem<kFused>(a, it, &c);
     }
     const int64_t u0 = a.list[e].unit_begin;
     const int64_t item_end = 2 * a.list[e + 1].unit_begin;  // the next entry, or the sentinel
@@ -458,7 +501,10 @@ FP4Q_D void WalkApplyRuns(const StepKernelArgs& a, Run&& run) {
     run(c, s, run_end, u0, &acc);
     s = run_end;
   }
-  if (item >= 0) FlushApply<kOpt>(a, item, acc);
+  if (item >= 0) {
+    FlushApply<kOpt>(a, item, acc);
+    if constexpr (kFused) LeanFlush(a, item, LeanItemOf(c), acc.chk);
+  }
 }
 
 // Within a run in one item each lane keeps the slot ring's kDepth - 1 slots ahead in flight, and
@@ -531,18 +577,28 @@ __global__ void __launch_bounds__(kThreads, 2) StepApplyKernel(const StepKernelA
 
 // A launch whose every item is LeanSgdItem (the host decides it by the same function): the lean
 // run alone. Without the generic loop's registers, RTN fits three CTAs an SM (80 registers);
-// SR keeps two (its Philox state would spill).
-template <bool kSr>
-__global__ void __launch_bounds__(kThreads, kSr ? 2 : 3)
+// SR keeps two (its Philox state would spill). kFused: a one-pass step's apply (step_launch.h
+// LaunchStepApplySgdOnePass), not gated on a decision but on the step's cancellation word; the
+// check's accumulators take registers, so it runs two CTAs an SM (three spilled under RTN).
+template <bool kSr, bool kFused = false>
+__global__ void __launch_bounds__(kThreads, kSr || kFused ? 2 : 3)
     StepApplyLeanKernel(const StepKernelArgs a) {
-  if (a.header->checked != step_ws::kCheckedMagic || a.header->ok != 1) return;
+  if constexpr (kFused) {
+    if (a.cancel_word != nullptr &&
+        *static_cast<const volatile uint32_t*>(a.cancel_word) == a.cancel_token) {
+      return;
+    }
+  } else {
+    if (a.header->checked != step_ws::kCheckedMagic || a.header->ok != 1) return;
+  }
   using R = StepRing<step_ws::kOptSgdPlain, step_ws::kStF32>;
   extern __shared__ uint4 step_smem[];
   const auto ring = R::Ring::Of(reinterpret_cast<unsigned char*>(step_smem));
   const int lane = threadIdx.x & 31;
-  WalkApplyRuns<step_ws::kOptSgdPlain>(
+  WalkApplyRuns<step_ws::kOptSgdPlain, kFused>(
       a, [&](const ApplyItem& c, int64_t s, int64_t run_end, int64_t u0, ApplyAcc* acc) {
-        LeanSgdDispatch<kSr, R::kDepth>(c, ring, s, run_end, u0, lane, a.prefetch_slots, acc);
+        LeanSgdDispatch<kSr, R::kDepth, kFused>(c, ring, s, run_end, u0, lane, a.prefetch_slots,
+                                                acc);
       });
 }
 
@@ -553,11 +609,11 @@ cudaError_t LaunchApply(const StepKernelArgs& a, cudaStream_t s) {
                         resident, a, s);
 }
 
-template <bool kSr>
+template <bool kSr, bool kFused = false>
 cudaError_t LaunchApplyLean(const StepKernelArgs& a, cudaStream_t s) {
   static std::atomic<int> resident[kMaxStepDevices];
   using R = StepRing<step_ws::kOptSgdPlain, step_ws::kStF32>;
-  return LaunchStepGrid(StepApplyLeanKernel<kSr>, R::Ring::kBytes, resident, a, s);
+  return LaunchStepGrid(StepApplyLeanKernel<kSr, kFused>, R::Ring::kBytes, resident, a, s);
 }
 
 template <int kOpt, int kSt>

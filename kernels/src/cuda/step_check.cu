@@ -617,8 +617,8 @@ __global__ void __launch_bounds__(kThreads) StepFinishKernel(const StepFinishArg
     const ItemDesc& d = a.descs[i];
     if (d.check_only) continue;
     const Plan& plan = a.plans[i];
-    d.global[0] = plan.amax;
-    d.global[1] = plan.s_enc;
+    d.global_next[0] = plan.amax;
+    d.global_next[1] = plan.s_enc;
     if (d.state_dtype == step_ws::kStNvfp4) {
       for (int j = 0; j < 3; ++j) {
         if (d.m_global[j] == nullptr) continue;
@@ -629,17 +629,21 @@ __global__ void __launch_bounds__(kThreads) StepFinishKernel(const StepFinishArg
     if (d.stats == nullptr) continue;
     const uint32_t* m =
         a.max_acc + static_cast<int64_t>(i) * step_ws::kMaxSlots * step_ws::kAccCopies;
-    d.stats[0] = MaxCopies(m + step_ws::kMaxApplyV * step_ws::kAccCopies);
-    d.stats[1] =
+    float* stats = d.stats_next;  // a one-pass step's: the others carried over first
+    if (stats != d.stats) {
+      for (int k = 0; k < step_ws::kStatFloats; ++k) stats[k] = d.stats[k];
+    }
+    stats[0] = MaxCopies(m + step_ws::kMaxApplyV * step_ws::kAccCopies);
+    stats[1] =
         d.residual != nullptr ? MaxCopies(m + step_ws::kMaxApplyR * step_ws::kAccCopies) : 0.0f;
     if (d.opt != step_ws::kOptSgdPlain) {
-      d.stats[2] = MaxCopies(m + step_ws::kMaxApplyM1 * step_ws::kAccCopies);
+      stats[2] = MaxCopies(m + step_ws::kMaxApplyM1 * step_ws::kAccCopies);
     }
     if (d.opt == step_ws::kOptAdamW || d.opt == step_ws::kOptAdamWAmsgrad) {
-      d.stats[3] = MaxCopies(m + step_ws::kMaxApplyS2 * step_ws::kAccCopies);
+      stats[3] = MaxCopies(m + step_ws::kMaxApplyS2 * step_ws::kAccCopies);
     }
     if (d.opt == step_ws::kOptAdamWAmsgrad) {
-      d.stats[4] = MaxCopies(m + step_ws::kMaxApplySvm * step_ws::kAccCopies);
+      stats[4] = MaxCopies(m + step_ws::kMaxApplySvm * step_ws::kAccCopies);
     }
   }
 }

@@ -34,6 +34,10 @@ struct StepKernelArgs {
   // How many slots ahead of the one it works on a warp asks L2 for (0: none; the backend's
   // tuning, kernel_choice.h's KernelTuning::step_prefetch_slots).
   int32_t prefetch_slots = 0;
+  // One-pass apply: it does not wait for a decision, so it returns at once when the step's
+  // StepCancel word holds its token (null: never).
+  const uint32_t* cancel_word = nullptr;
+  uint32_t cancel_token = 0;
 };
 
 // The per-item decision after the check kernels (one CTA): reports, fingerprints, plans and the
@@ -84,6 +88,14 @@ cudaError_t LaunchStepApplyAdamW(const StepKernelArgs& a, int opt, int state_dty
 // The apply of a launch whose every item is LeanSgdItem (step_apply.cuh's lean SGD run alone,
 // with more CTAs an SM under RTN).
 cudaError_t LaunchStepApplySgdLean(const StepKernelArgs& a, bool sr, cudaStream_t s);
+// One-pass steps (step.h StepNext; every item LeanSgdItem, delayed scaling): the lean apply,
+// not gated, writing each item's new state to its *_next pointers and accumulating what the
+// one-rank check does (first non-finite index, max |g|, fingerprints) from the words it reads,
+// for the decide kernel that follows it. Then, after the decide and finish kernels,
+// LaunchStepRestoreOutputs: gated on a refused batch, it rewrites every item's dequantized
+// output with DQ(W) of the unchanged weight (step_apply_sgd.cu).
+cudaError_t LaunchStepApplySgdOnePass(const StepKernelArgs& a, bool sr, cudaStream_t s);
+cudaError_t LaunchStepRestoreOutputs(const StepKernelArgs& a, cudaStream_t s);
 
 // Plain SGD items of the common shape, which the apply's lean run takes (step_apply.cuh
 // LeanSgdRun): one update that is a gradient, no weight decay, 1x16 blocks with row-major
