@@ -138,6 +138,7 @@ ServerInfoResult Engine::ServerInfo() const {
                        "sgd",
                        "adamw",
                        "delayed_scaling",
+                       "step_one_pass",
                        "replica_groups",
                        "namespaces"};
   if (options_.allow_cuda_ipc && devices_->kind() == "cuda") {

@@ -298,6 +298,9 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
     kitems.push_back(std::move(it));
   }
   FP4Q_RETURN_IF_ERROR(env.CheckNoOverlap());
+  const bool one_pass = first.one_pass && barrier == nullptr &&
+                        std::all_of(apply.begin(), apply.end(), [](bool a) { return a; }) &&
+                        PrepareOnePass(env, job, items, &kitems);
   // The items as the backend takes them, validated once here (the requests' checks above make
   // a refusal here a bug of this engine, not of the request).
   absl::StatusOr<kernels::ValidatedStep> valid = kernels::ValidatedStep::Check(kitems);
@@ -348,6 +351,16 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
       return b.Synchronize(st);
     }));
   }
+  // Applied in one pass: each weight's new state is its second copy; the two trade places.
+  for (size_t k = 0; one_pass && k < items.size(); ++k) {
+    StateEntry& e = *job.entries[items[k]];
+    std::swap(e.codes, e.next_codes);
+    std::swap(e.scales, e.next_scales);
+    std::swap(e.global, e.next_global);
+    std::swap(e.stats, e.next_stats);
+    std::swap(e.residual, e.next_residual);
+  }
+  for (StepResult& r : job.results) r.one_pass = one_pass;
   // A retried item writes nothing in the step; its outputs repeat the current weight.
   bool repeated = false;
   for (size_t k = 0; k < kitems.size(); ++k) {
@@ -387,6 +400,43 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
     }
   }
   return absl::OkStatus();
+}
+
+bool Engine::PrepareOnePass(OpEnv& env, StepJob& job, const std::vector<size_t>& items,
+                            std::vector<kernels::StepItem>* kitems) {
+  for (const kernels::StepItem& it : *kitems) {
+    if (!kernels::OnePassItem(it)) return false;
+  }
+  for (size_t k = 0; k < items.size(); ++k) {
+    const std::shared_ptr<StateEntry>& e = job.entries[items[k]];
+    if (e->next_codes.empty()) {
+      const EntrySizes& z = e->sizes;
+      const uint64_t bytes = z.codes + z.scales + z.global + z.stats + z.residual;
+      if (!store_->SetNextStateBytes(e, bytes, "one_pass").ok()) return false;
+      kernels::Backend* b = &env.backend();
+      absl::StatusOr<DeviceBuffer> c = DeviceBuffer::Allocate(b, z.codes);
+      absl::StatusOr<DeviceBuffer> s = DeviceBuffer::Allocate(b, z.scales);
+      absl::StatusOr<DeviceBuffer> g = DeviceBuffer::Allocate(b, z.global);
+      absl::StatusOr<DeviceBuffer> st = DeviceBuffer::Allocate(b, z.stats);
+      absl::StatusOr<DeviceBuffer> r = DeviceBuffer::Allocate(b, z.residual);
+      if (!c.ok() || !s.ok() || !g.ok() || !st.ok() || !r.ok()) {
+        store_->SetNextStateBytes(e, 0, "one_pass").IgnoreError();  // a release always fits
+        return false;
+      }
+      e->next_codes = *std::move(c);
+      e->next_scales = *std::move(s);
+      e->next_global = *std::move(g);
+      e->next_stats = *std::move(st);
+      e->next_residual = *std::move(r);
+    }
+    kernels::StepNext& n = (*kitems)[k].next;
+    n.codes = e->next_codes.as<uint8_t>();
+    n.scales = e->next_scales.as<uint8_t>();
+    n.global = e->next_global.as<float>();
+    n.stats = e->next_stats.as<float>();
+    n.residual = e->next_residual.as<float>();
+  }
+  return true;
 }
 
 absl::Status Engine::RunStepOnDeviceSignals(OpEnv& env, StepJob& job,

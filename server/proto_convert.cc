@@ -323,6 +323,7 @@ absl::StatusOr<StepRequest> FromProto(const v1::StepRequest& m) {
   }
   r.keep_plan = m.keep_plan();
   r.plan_id = m.plan_id();
+  r.one_pass = m.one_pass();
   return r;
 }
 
@@ -420,6 +421,7 @@ void ToProto(StepResult&& r, v1::StepReply* m) {
   m->set_applied_items(applied);
   m->set_world_size(r.world_size);
   m->set_plan_id(r.plan_id);
+  m->set_one_pass(r.one_pass);
   if (r.brief) return;
   for (StepItemResult& it : r.items) {
     v1::StepItemResult* o = m->add_items();

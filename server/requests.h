@@ -364,6 +364,7 @@ struct StepRequest {
   uint32_t ready_timeout_ms = 0;  // 0: the server's
   bool keep_plan = false;  // keep the items as a step plan of the session (StepReply.plan_id)
   uint64_t plan_id = 0;    // nonzero: the items are this plan's (`items` empty)
+  bool one_pass = false;   // apply in one pass where it can (fp4q.v1.StepRequest.one_pass)
 };
 
 struct StepItemResult {
@@ -380,6 +381,7 @@ struct StepResult {
   uint32_t world_size = 1;
   bool brief = false;  // the request's brief_reply: the reply carries applied_items only
   uint64_t plan_id = 0;  // keep_plan: the plan kept of the step's items
+  bool one_pass = false;  // the step ran in one pass
 };
 
 // ---------------------------------------------------------------- replica groups, namespaces

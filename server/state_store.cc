@@ -94,19 +94,30 @@ void StateStore::Drop(const std::shared_ptr<StateEntry>& entry) {
 
 absl::Status StateStore::SetOptimizerBytes(const std::shared_ptr<StateEntry>& entry,
                                            uint64_t bytes, absl::string_view field) {
+  return SetVariableBytes(entry, &entry->optimizer_bytes, bytes, field, "the optimizer state");
+}
+
+absl::Status StateStore::SetNextStateBytes(const std::shared_ptr<StateEntry>& entry,
+                                           uint64_t bytes, absl::string_view field) {
+  return SetVariableBytes(entry, &entry->next_bytes, bytes, field, "the one-pass copy");
+}
+
+absl::Status StateStore::SetVariableBytes(const std::shared_ptr<StateEntry>& entry,
+                                          std::atomic<uint64_t>* slot, uint64_t bytes,
+                                          absl::string_view field, absl::string_view what) {
   std::lock_guard<std::mutex> guard(mu_);
-  const uint64_t old = entry->optimizer_bytes.load();
+  const uint64_t old = slot->load();
   auto it = entries_.find(entry->name);
   const bool counted = it != entries_.end() && it->second == entry;
   if (counted && bytes > old) {
     const uint64_t more = bytes - old;
     if (more > budget_ || used_ > budget_ - more) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          field, ": the optimizer state of '", LocalName(entry->name), "' needs ", more,
-          " more bytes; ", budget_ - used_, " of the ", budget_, "-byte state budget are free"));
+          field, ": ", what, " of '", LocalName(entry->name), "' needs ", more, " more bytes; ",
+          budget_ - used_, " of the ", budget_, "-byte state budget are free"));
     }
   }
-  entry->optimizer_bytes.store(bytes);
+  slot->store(bytes);
   if (counted) {
     used_ = used_ - old + bytes;
     device_bytes_[entry->device->label] = device_bytes_[entry->device->label] - old + bytes;

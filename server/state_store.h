@@ -90,8 +90,16 @@ class StateEntry {
   std::atomic<bool> has_step{false};  // false: no step applied yet (any step is accepted)
   // Bytes of the optimizer state (StateStore::SetOptimizerBytes); readable without op_mu.
   std::atomic<uint64_t> optimizer_bytes{0};
+  // A weight's second copy of codes, scales, record, statistics and residual, written by its
+  // one-pass steps (fp4q.v1.StepRequest.one_pass), which commit by swapping it with the state
+  // above. Allocated by the first one-pass step (guarded by op_mu); its bytes
+  // (StateStore::SetNextStateBytes) count in the budget.
+  DeviceBuffer next_codes, next_scales, next_global, next_stats, next_residual;
+  std::atomic<uint64_t> next_bytes{0};
 
-  uint64_t total_bytes() const { return sizes.total() + optimizer_bytes.load(); }
+  uint64_t total_bytes() const {
+    return sizes.total() + optimizer_bytes.load() + next_bytes.load();
+  }
   // Views of a weight's tensors (op_mu held).
   kernels::QuantizedTensor Weight() const;
   float* residual_data() const { return residual.as<float>(); }
@@ -117,6 +125,9 @@ class StateStore {
   // naming `field` when the change does not fit the budget, and then nothing changes.
   absl::Status SetOptimizerBytes(const std::shared_ptr<StateEntry>& entry, uint64_t bytes,
                                  absl::string_view field);
+  // The same for the bytes of a weight's one-pass copy (StateEntry::next_bytes).
+  absl::Status SetNextStateBytes(const std::shared_ptr<StateEntry>& entry, uint64_t bytes,
+                                 absl::string_view field);
 
   // Null when absent (the entry may still be not live: lock it and check).
   std::shared_ptr<StateEntry> Find(absl::string_view name) const;
@@ -131,6 +142,10 @@ class StateStore {
 
  private:
   void ReportLocked(absl::string_view device);
+  // SetOptimizerBytes / SetNextStateBytes: `slot` is the entry's counter, `what` names it.
+  absl::Status SetVariableBytes(const std::shared_ptr<StateEntry>& entry,
+                                std::atomic<uint64_t>* slot, uint64_t bytes,
+                                absl::string_view field, absl::string_view what);
 
   const uint64_t budget_;
   EngineObserver* const observer_;
