@@ -177,6 +177,15 @@ uint64_t EstimatedStateBytes(const std::vector<WeightShape>& shapes, const StepO
   return bytes;
 }
 
+uint64_t OnePassCopyBytes(const std::vector<WeightShape>& shapes, const StepOptions& options) {
+  uint64_t bytes = 0;
+  for (const WeightShape& s : shapes) {
+    const uint64_t n = s.elements();
+    bytes += n / 2 + n / 16 + 8 + 32 + (options.error_feedback ? 4 * n : 0);
+  }
+  return bytes;
+}
+
 Layout PackBf16(const std::vector<WeightShape>& shapes, uint64_t align) {
   Layout l;
   uint64_t at = 0;
@@ -290,6 +299,7 @@ std::string ReportJson(const Report& r) {
       "{\n  \"tool\": \"fp4q bench-step\",\n  \"server\": ", Quote(r.server),
       ",\n  \"transport\": ", Quote(r.transport), ",\n  \"spin_us\": ", r.spin_us,
       ",\n  \"step_plan\": ", r.plan ? "true" : "false",
+      ",\n  \"one_pass\": ", r.one_pass ? "true" : "false",
       ",\n  \"backend\": ", Quote(r.backend), ",\n  \"server_version\": ", Quote(r.server_version),
       ",\n  \"gpus\": [", gpus, "],\n  \"device_uuid\": ", Quote(r.device_uuid),
       ",\n  \"host\": ", Quote(r.host), ",\n  \"cuda_runtime\": ", Quote(r.cuda_runtime),

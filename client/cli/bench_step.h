@@ -89,6 +89,9 @@ double FloorBytesPerParameter(const std::vector<WeightShape>& shapes, const Step
 // Server state the weights hold, estimated (codes, scales, residual, optimizer state; the
 // per-weight records left out): for the hint when CreateWeight runs out of budget.
 uint64_t EstimatedStateBytes(const std::vector<WeightShape>& shapes, const StepOptions& options);
+// The second copy one-pass steps keep of each weight (StepRequest.one_pass): codes, scales, its
+// 8-byte record and 32 bytes of statistics, and the residual with error feedback.
+uint64_t OnePassCopyBytes(const std::vector<WeightShape>& shapes, const StepOptions& options);
 
 // Where each weight's bf16 slice lies in a buffer holding all of them back to back.
 struct Layout {
@@ -136,6 +139,7 @@ struct Report {
   uint64_t align = 16;
   uint64_t spin_us = 0;
   bool plan = false;  // the steps named a server step plan (--plan)
+  bool one_pass = false;  // the steps ran in one pass (--one-pass)
   uint64_t iters = 0, warmup = 0;
   FloorBytes floor;
   uint64_t state_bytes = 0;  // sum of CreateWeight's WeightInfo.bytes

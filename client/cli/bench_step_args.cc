@@ -27,7 +27,7 @@ const char kUsage[] =
     "           [--state-dtype f32|bf16|nvfp4] [--lr X] [--iters N] [--warmup N]\n"
     "           [--init ipc|inline] [--align BYTES]\n"
     "           [--prefix NAME] [--copy-bandwidth GBPS] [--cuda-runtime LIB] [--json FILE]\n"
-    "           [--fast-socket PATH [--spin-us N]] [--plan]\n"
+    "           [--fast-socket PATH [--spin-us N]] [--plan] [--one-pass]\n"
     "\n"
     "The trainer's step: one Step call updates every weight of a model stored in\n"
     "NVFP4 (1x16) on the server. On GPU 0 it allocates one bf16 gradient buffer and one bf16\n"
@@ -70,6 +70,8 @@ const char kUsage[] =
     "  --spin-us N        with --fast-socket: busy-poll each reply this long (default 0)\n"
     "  --plan             send the items once, kept as a step plan of the session\n"
     "                     (StepRequest.keep_plan), then each step as its plan_id alone\n"
+    "  --one-pass         ask for one-pass steps (StepRequest.one_pass: plain SGD, delayed\n"
+    "                     scaling); fails if the server runs a step in two\n"
     "\n"
     "Report (JSON on stdout): the parameter count; wall_us, and the reply header's kernel_us,\n"
     "queue_us and server_us, overhead_us (wall - kernel) and client_and_transport_us (wall -\n"
@@ -197,6 +199,7 @@ absl::Status ParseConfig(const ParsedArgs& args, Config* c) {
   }
   c->spin_us = *spin;
   c->plan = args.flags.count("plan") != 0;
+  c->one_pass = args.flags.count("one-pass") != 0;
   for (WeightShape& s : c->shapes) s.name = absl::StrCat(c->prefix, "/", s.name);
   return absl::OkStatus();
 }

@@ -25,6 +25,7 @@ struct Config {
   std::string init = "ipc", prefix, json, fast_socket, cuda_runtime;
   std::optional<double> copy_bandwidth;
   bool plan = false;  // --plan: the items kept as a server step plan after the first step
+  bool one_pass = false;  // --one-pass: StepRequest.one_pass, and every reply must say so
 };
 
 // The options as a Config; INVALID_ARGUMENT naming the option on a mistake.

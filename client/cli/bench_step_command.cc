@@ -130,7 +130,7 @@ int RunBenchStep(const CommandContext& context) {
                  "scaling", "state-dtype", "lr",     "iters",          "warmup",
                  "init",    "align",       "prefix", "copy-bandwidth", "cuda-runtime",
                  "json",    "fast-socket", "spin-us",        "momentum"};
-  spec.boolean = {"ef", "no-ef", "plan"};
+  spec.boolean = {"ef", "no-ef", "plan", "one-pass"};
   absl::StatusOr<ParsedArgs> args = ParseArgs(context.args, 0, spec);
   if (!args.ok()) return UsageFailure(kName, std::string(args.status().message()));
   if (args->help) {
@@ -280,6 +280,7 @@ int RunBenchStep(const CommandContext& context) {
       bench_step::BuildStepRequest(c.shapes, layout, *grad_slice, *param_slice, c.options);
   const int items = req.items_size();
   req.set_keep_plan(c.plan);  // --plan: the first step keeps its items, the others name them
+  req.set_one_pass(c.one_pass);
   std::vector<double> wall, kernel, queue, server, overhead, client_side;
   for (uint64_t i = 0; i < c.warmup + c.iters; ++i) {
     const int64_t step = static_cast<int64_t>(i) + 1;  // the weights were created at step 0
@@ -295,6 +296,13 @@ int RunBenchStep(const CommandContext& context) {
                                 "step ", step, ": the reply lists ", rep->items_size(),
                                 " items and counts ", rep->applied_items(), " applied of ",
                                 items, " (a brief reply lists none and applies all)")));
+    }
+    if (c.one_pass && !rep->one_pass()) {
+      return Failure(kName, absl::FailedPreconditionError(absl::StrCat(
+          "--one-pass: step ", step, " ran in two passes (one pass takes plain SGD under "
+          "--scaling delayed, and room in fp4qd's --state_budget_bytes, ",
+          info->limits().state_budget_bytes(), ", for a second copy of each weight: ",
+          bench_step::OnePassCopyBytes(c.shapes, c.options), " more bytes)")));
     }
     if (req.keep_plan()) {
       if (rep->plan_id() == 0) {
@@ -325,6 +333,7 @@ int RunBenchStep(const CommandContext& context) {
   r.transport = c.fast_socket.empty() ? "grpc" : "fast_socket";
   r.spin_us = c.spin_us;
   r.plan = c.plan;
+  r.one_pass = c.one_pass;
   r.backend = info->backend();
   r.server_version = info->version();
   for (const v1::GpuInfo& g : info->gpus()) r.gpus.emplace_back(g.uuid(), g.name());

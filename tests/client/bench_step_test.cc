@@ -174,6 +174,9 @@ TEST(BenchStepFloor, EstimatedServerState) {
   StepOptions mom = Options(Optimizer::kSgd, true);
   mom.momentum = 0.5f;
   EXPECT_EQ(EstimatedStateBytes(one, mom), 256u + 32 + 2048 + 2048);
+  // One-pass steps' second copy: codes, scales, record, statistics, residual.
+  EXPECT_EQ(OnePassCopyBytes(one, Options(Optimizer::kSgd, true)), 256u + 32 + 8 + 32 + 2048);
+  EXPECT_EQ(OnePassCopyBytes(one, Options(Optimizer::kSgd, false)), 256u + 32 + 8 + 32);
 }
 
 TEST(BenchStepLayout, BackToBackAlignedSlices) {
@@ -349,11 +352,14 @@ TEST(BenchStepReport, JsonCarriesTheFloorTheTimesAndTheCopyShare) {
   EXPECT_DOUBLE_EQ(*doc->Find("achieved_gbps")->Find("wall_p50")->AsDouble(), 1761.6);
   EXPECT_DOUBLE_EQ(*doc->Find("achieved_gbps")->Find("kernel_p50")->AsDouble(), 4003.7);
   EXPECT_EQ(doc->Find("copy_bandwidth_gbps"), nullptr);
+  EXPECT_FALSE(doc->Find("one_pass")->bool_value());
 
   r.copy_bandwidth_gbps = 4000.0;
+  r.one_pass = true;
   doc = common::ParseJson(ReportJson(r));
   ASSERT_THAT(doc, IsOk());
   EXPECT_DOUBLE_EQ(*doc->Find("copy_bandwidth_gbps")->AsDouble(), 4000.0);
+  EXPECT_TRUE(doc->Find("one_pass")->bool_value());
   EXPECT_DOUBLE_EQ(*doc->Find("floor_us_at_copy_bandwidth")->AsDouble(), 220.2);
   EXPECT_DOUBLE_EQ(*doc->Find("pct_of_copy_bandwidth")->Find("wall_p50")->AsDouble(), 44.0);
   EXPECT_DOUBLE_EQ(*doc->Find("pct_of_copy_bandwidth")->Find("kernel_p50")->AsDouble(), 100.1);

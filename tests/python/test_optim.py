@@ -489,6 +489,71 @@ class TrainingTest(Assertions):
         c.close()
 
 
+class OnePassTest(Assertions):
+    """one_pass=True (fp4q.v1.StepRequest.one_pass): the same values as two-pass steps, counted
+    in one_pass_steps; steps it cannot take run in two; its arguments are checked."""
+
+    def test_one_pass_steps_equal_two_pass_steps(self):
+        c = client()
+        w0 = randn(48, 64, seed=60)
+        runs = []
+        for one_pass in (True, False):
+            p = torch.nn.Parameter(w0.clone())
+            opt = fp4q.optim.SGD([p], lr=0.05, scaling="delayed", rounding="stochastic",
+                                 seed=3, one_pass=one_pass, name_prefix="op%d/" % one_pass,
+                                 client=c)
+            values = []
+            for step in range(1, 6):
+                p.grad = randn(48, 64, seed=60 + step)
+                opt.step()
+                values.append(p.detach().clone())
+            # A group with weight decay is not plain SGD: that step runs in two passes.
+            opt.param_groups[0]["weight_decay"] = 0.01
+            p.grad = randn(48, 64, seed=70)
+            opt.step()
+            values.append(p.detach().clone())
+            runs.append((values, opt.one_pass_steps))
+        (one, one_count), (two, two_count) = runs
+        for step, (a, b) in enumerate(zip(one, two), 1):
+            self.assertSameBits(a, b, "step %d" % step)
+        self.assertEqual((one_count, two_count), (5, 0))
+        c.close()
+
+    def test_a_refused_one_pass_step_changes_nothing(self):
+        c = client()
+        p = torch.nn.Parameter(randn(16, 32, seed=80))
+        opt = fp4q.optim.SGD([p], lr=0.1, scaling="delayed", one_pass=True, client=c)
+        p.grad = randn(16, 32, seed=81)
+        opt.step()
+        before = p.detach().clone()
+        stored = c.get_weight("param0", quantized=True, residual=True)
+        g = randn(16, 32, seed=82)
+        g[3, 5] = float("nan")
+        p.grad = g
+        with self.assertRaises(fp4q.Fp4qError) as e:
+            opt.step()
+        self.assertIn("element 101 is NaN", str(e.exception))
+        self.assertSameBits(p.detach(), before)
+        after = c.get_weight("param0", quantized=True, residual=True)
+        self.assertEqual(after.quantized.codes.numpy().tobytes(),
+                         stored.quantized.codes.numpy().tobytes())
+        self.assertSameBits(after.residual, stored.residual)
+        self.assertEqual(opt.one_pass_steps, 1)
+        c.close()
+
+    def test_one_pass_arguments_are_checked(self):
+        c = client()
+        p = torch.nn.Parameter(randn(16, 32, seed=90))
+        with self.assertRaisesRegex(fp4q.ClientArgumentError, "one_pass: 'yes' is not a bool"):
+            fp4q.optim.SGD([p], lr=0.1, scaling="delayed", one_pass="yes", client=c)
+        with self.assertRaisesRegex(fp4q.ClientArgumentError,
+                                    "one_pass: True needs scaling='delayed' and block='1x16' "
+                                    r"\(got scaling='current'"):
+            fp4q.optim.SGD([p], lr=0.1, one_pass=True, client=c)
+        self.assertEqual(c.list_tensors(), [])  # nothing was created
+        c.close()
+
+
 class FastSocketTest(Assertions):
     def test_steps_over_the_fast_socket_equal_grpc_s(self):
         fast_path = fp4q_testing.socket_path("fast.sock")

@@ -218,18 +218,19 @@ class StepMixin:
             try:
                 if overlapped:
                     result = self._overlapped.send(step, key, lambda: self._items()[0], groups,
-                                                   replica)
+                                                   replica, one_pass=self._one_pass)
                 else:
                     ready = None if ready_steps is None else ready_steps.ready()
                     try:
                         result = c._requests.step_keyed(step, key, lambda: self._items()[0],
-                                                        groups, replica, ready)
+                                                        groups, replica, ready,
+                                                        one_pass=self._one_pass)
                     except Fp4qError as e:
                         if ready is None or not ready_steps.retry_without(e):
                             raise
                         # Nothing of the step ran: sent again, the host having waited.
                         result = c._requests.step_keyed(step, key, lambda: self._items()[0],
-                                                        groups, replica)
+                                                        groups, replica, one_pass=self._one_pass)
                 break
             except Fp4qError as e:
                 gone = self._session_gone(step, e, retry=attempt == 0)
@@ -238,6 +239,7 @@ class StepMixin:
                 c._ensure_session()  # same server: its weights are intact
         if result is not None:
             self._check_reply_epoch(result.header, "Step")
+            self.one_pass_steps += int(result.one_pass)
         return result
 
     def _session_gone(self, step, e, retry):

@@ -102,7 +102,7 @@ class OverlappedSteps:
         self.completed = 0  # steps that had to complete in step()
         self.ready_sent = 0  # steps sent with a ready signal (no host wait for the gradients)
 
-    def send(self, step, key, make_items, groups, replica):
+    def send(self, step, key, make_items, groups, replica, one_pass=False):
         """Sends step `step` (fp4q._requests.step_begin). Returns its StepResult when it
         completed now; else None (finish() takes its outcome)."""
         assert self._inflight is None, "finish() the step in flight first"
@@ -112,7 +112,8 @@ class OverlappedSteps:
         if self._ready:
             ready = ((slot[0], slot[1] + 4 * READY_WORD), value, self._order(value))
         pending, result = self._client._requests.step_begin(step, key, make_items, groups,
-                                                            replica, (slot, value), ready)
+                                                            replica, (slot, value), ready,
+                                                            one_pass=one_pass)
         self._value = value
         if pending is None:
             self.completed += 1

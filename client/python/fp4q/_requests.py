@@ -178,7 +178,7 @@ class Requests:
 
         return self.call("CreateWeight", build)[0].weight
 
-    def step(self, step, items, groups, kind, replica, resend, brief_reply=False):
+    def step(self, step, items, groups, kind, replica, resend, brief_reply=False, one_pass=False):
         items = list(items)
         for i, it in enumerate(items):
             if not isinstance(it, results.StepItem):
@@ -186,20 +186,23 @@ class Requests:
                                                   % (i, type(it).__name__))
         if not isinstance(brief_reply, bool):
             raise tensors.ClientArgumentError("brief_reply: %r is not a bool" % (brief_reply,))
+        if not isinstance(one_pass, bool):
+            raise tensors.ClientArgumentError("one_pass: %r is not a bool" % (one_pass,))
         return self._step(step, _step_plan_key(items), lambda: items, groups, kind, replica,
-                          resend, brief_reply)
+                          resend, brief_reply, one_pass=one_pass)
 
-    def step_keyed(self, step, key, make_items, groups, replica, ready=None):
+    def step_keyed(self, step, key, make_items, groups, replica, ready=None, one_pass=False):
         """fp4q.optim's step, with its own key of its items in _step_plan_key's form (layout,
         pointers): the caller vouches that an equal layout means the same items apart from
         where their tensors are (names, groups, dtypes, shapes, contiguity), and `pointers`
         lists each item's update and dequantized_out addresses in item order, so that
         make_items() runs only when no plan holds. Sent once (resend=False); the reply is brief
-        when no output travels inline. `ready`: as step_begin's."""
+        when no output travels inline. `ready`: as step_begin's; `one_pass`: as step()'s."""
         return self._step(step, key, make_items, groups, None, replica, False, True,
-                          ready=ready)
+                          ready=ready, one_pass=one_pass)
 
-    def step_begin(self, step, key, make_items, groups, replica, signal, ready=None):
+    def step_begin(self, step, key, make_items, groups, replica, signal, ready=None,
+                   one_pass=False):
         """step_keyed() with a done signal (`signal`: ((region_id, offset), value), see
         fp4q.v1.DoneSignal), sent without waiting for the reply when every tensor of the step
         goes in place by IPC. Returns (pending, result): a PendingStep to wait() for later and
@@ -209,10 +212,10 @@ class Requests:
         stands for the host's wait for the updates' streams, and must see to it that the
         signal gets the value once they are complete."""
         return self._step(step, key, make_items, groups, None, replica, False, True,
-                          signal=signal, ready=ready)
+                          signal=signal, ready=ready, one_pass=one_pass)
 
     def _step(self, step, key, make_items, groups, kind, replica, resend, brief_reply,
-              signal=None, ready=None):
+              signal=None, ready=None, one_pass=False):
         """The Step call of step(), step_keyed() and step_begin(). `key`: (layout, pointers) or
         None. A plan of the key is reused as it is; else, when the pointers all fall in the
         allocations of the layout's last plan (gradients made anew each step land at new
@@ -230,7 +233,7 @@ class Requests:
         def head(brief, keep=False, plan_id=0):
             # The fields before the items; a message's encodings concatenate (the items follow).
             req = pb.StepRequest(step=int(step), kind=kind_value, brief_reply=brief,
-                                 keep_plan=keep, plan_id=plan_id)
+                                 keep_plan=keep, plan_id=plan_id, one_pass=one_pass)
             for h in groups:
                 h.fill(req.groups.add())
             if replica is not None:
@@ -357,7 +360,8 @@ class Requests:
                 raise Fp4qError(grpc.StatusCode.INTERNAL, "reply items: %d results for a brief "
                                 "reply" % len(reply.items), "Step")
             return results.StepResult(items=[], world_size=reply.world_size, header=reply.header,
-                                      applied_items=reply.applied_items)
+                                      applied_items=reply.applied_items,
+                                      one_pass=reply.one_pass)
         if len(reply.items) != len(items):
             raise Fp4qError(grpc.StatusCode.INTERNAL, "reply items: %d results for %d items"
                             % (len(reply.items), len(items)), "Step")
@@ -384,7 +388,7 @@ class Requests:
                         deq = deliver(d, plan, dev, target, "items[%d].dequantized" % i)
             append(result(r.name, r.applied, r.last_step, r.global_amax, deq))
         return results.StepResult(items=out, world_size=reply.world_size, header=reply.header,
-                                  applied_items=reply.applied_items)
+                                  applied_items=reply.applied_items, one_pass=reply.one_pass)
 
     def update_weight(self, name, step, update, lr, kind, return_dequantized, dequantized_out):
         def build(tr):

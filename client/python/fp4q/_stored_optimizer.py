@@ -64,11 +64,18 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
 
     def __init__(self, params, defaults, *, client, name_prefix, group, world_size, rank,
                  deadline_ms, rounding, error_feedback, block, scaling, state_dtype, seed,
-                 exclude, existing, overlap=False, ready_signal=True):
+                 exclude, existing, overlap=False, ready_signal=True, one_pass=False):
         self._ready = False
-        for field, v in (("overlap", overlap), ("ready_signal", ready_signal)):
+        for field, v in (("overlap", overlap), ("ready_signal", ready_signal),
+                         ("one_pass", one_pass)):
             if not isinstance(v, bool):
                 raise ClientArgumentError("%s: %r is not a bool" % (field, v))
+        if one_pass and (scaling != "delayed" or block != "1x16"):
+            raise ClientArgumentError(
+                "one_pass: True needs scaling='delayed' and block='1x16' (got scaling=%r, "
+                "block=%r): a one-pass step takes the previous step's amax" % (scaling, block))
+        self._one_pass = one_pass
+        self.one_pass_steps = 0  # steps fp4qd ran in one pass (StepResult.one_pass)
         self._overlapped = None  # fp4q._overlap.OverlappedSteps with overlap=True
         self._rounding = _choice(rounding, _ROUNDINGS, "rounding")
         self._block = _choice(block, _BLOCKS, "block")
@@ -417,6 +424,7 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
         except Fp4qError as e:
             raise self._overlapped_error(step, e) from None
         self._check_reply_epoch(result.header, "Step")
+        self.one_pass_steps += int(result.one_pass)
         self._fp4q_steps = step
 
     # ------------------------------------------------------------------ state

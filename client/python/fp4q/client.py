@@ -291,7 +291,7 @@ class Client:
                                          device, optimizer_state, out)
 
     def step(self, step, items, groups, *, kind=None, replica=None, resend=True,
-             brief_reply=False):
+             brief_reply=False, one_pass=False):
         """Step: one optimizer step of many stored weights, applied as a unit (every item or
         none). items: fp4q.StepItem (name, update, dequantized_out / return_dequantized,
         group); groups: one fp4q.SgdHyperparameters or fp4q.AdamWHyperparameters per parameter
@@ -300,8 +300,13 @@ class Client:
         resend=False: never sent again in another session (see fp4q._transport).
         brief_reply=True: the reply lists no item, only how many applied (StepResult.items is
         empty, applied_items counts them), when every item's DQ(W) goes to its
-        dequantized_out by IPC (else the items come back as usual). Returns fp4q.StepResult."""
-        return self._requests.step(step, items, groups, kind, replica, resend, brief_reply)
+        dequantized_out by IPC (else the items come back as usual).
+        one_pass=True: apply in one pass where the server can (fp4q.v1.StepRequest.one_pass:
+        plain SGD items under delayed scaling, read once; a refused step then leaves DQ(W) of
+        the unchanged weights in the dequantized_out targets); StepResult.one_pass says whether
+        it did. Returns fp4q.StepResult."""
+        return self._requests.step(step, items, groups, kind, replica, resend, brief_reply,
+                                   one_pass)
 
     def reset_optimizer(self, name, optimizer):
         """ResetOptimizer: the weight's optimizer state replaced by zeroed state of `optimizer`

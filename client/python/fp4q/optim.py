@@ -143,6 +143,14 @@ _FP4Q_DOC = """
         wait on the host for the backward pass queued before it; the current CUDA stream
         writes a ready word behind it and fp4qd queues the step's kernels behind a device-side
         wait on that word (module docstring, "Ready signals"). False: the host waits.
+      one_pass (SGD only): False (default) | True: ask fp4qd to apply each step in one pass
+        (fp4q.v1.StepRequest.one_pass; needs scaling='delayed' and block='1x16'): each gradient
+        is read once, the server keeping a second copy of every stored weight's state (codes,
+        scales, residual: about 4.6 bytes a parameter with error feedback) in its budget. It
+        takes steps of plain SGD (momentum 0, weight_decay 0, no replica group); others run in
+        two passes, as does any step when the server has no room for the copy.
+        one_pass_steps counts the steps fp4qd ran in one pass. A refused step (a NaN or Inf
+        gradient) leaves DQ(W) of the unchanged weights in param.data, as it was.
 """
 
 
@@ -173,7 +181,7 @@ class SGD(StoredOptimizer):
                  error_feedback=True, block="1x16", scaling="current", state_dtype="f32",
                  seed=0, client=None, name_prefix="", exclude=(), existing="error", group=None,
                  world_size=1, rank=0, deadline_ms=0, overlap=False,
-                 ready_signal=True):
+                 ready_signal=True, one_pass=False):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
                         weight_decay=weight_decay, nesterov=nesterov)
         if lr is not _REQUIRED:
@@ -183,7 +191,7 @@ class SGD(StoredOptimizer):
                          rounding=rounding, error_feedback=error_feedback, block=block,
                          scaling=scaling, state_dtype=state_dtype, seed=seed, exclude=exclude,
                          existing=existing, overlap=overlap,
-                         ready_signal=ready_signal)
+                         ready_signal=ready_signal, one_pass=one_pass)
 
     @staticmethod
     def check_group(group, field):

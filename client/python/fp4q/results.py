@@ -215,9 +215,11 @@ class StepItemResult:
 class StepResult:
     """Step's answer: per item in request order (none for a brief reply); world_size is the
     number of ranks whose updates were combined (1 without a replica group); header the reply's
-    ReplyHeader; applied_items how many items applied the step (the others had already)."""
+    ReplyHeader; applied_items how many items applied the step (the others had already); one_pass
+    whether the server ran it in one pass (Client.step(one_pass=True))."""
 
     items: typing.List[StepItemResult]
     world_size: int
     header: object
     applied_items: int = 0
+    one_pass: bool = False
