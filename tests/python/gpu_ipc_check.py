@@ -312,6 +312,61 @@ def check_optim_ipc_equals_inline(ipc, inline):
             "inline_step_plans_reused": reused_inline}
 
 
+def check_optim_one_pass(ipc):
+    """fp4q.optim.SGD(scaling='delayed', one_pass=True) by IPC against the same optimizer in two
+    passes: bit-identical bf16 parameters over 6 steps (poisoned before each step), every step
+    run in one pass; then a step with a NaN gradient is refused and leaves DQ(W) of the
+    unchanged weights in the (poisoned) parameters, written back by the one pass's restore,
+    and the stored weights unchanged."""
+    import fp4q.optim
+    g = torch.Generator(device="cuda").manual_seed(9)
+    shapes = [(64, 128), (256, 64), (48, 512)]
+    start = [torch.randn(s, device="cuda", generator=g).mul_(0.05).to(torch.bfloat16)
+             for s in shapes]
+    runs = {}
+    for one_pass in (True, False):
+        params = [torch.nn.Parameter(w.clone()) for w in start]
+        opt = fp4q.optim.SGD(params, lr=0.05, scaling="delayed", rounding="stochastic",
+                             one_pass=one_pass, client=ipc,
+                             name_prefix="one_pass_check_%d_" % one_pass)
+        history = []
+        for step in range(6):
+            gg = torch.Generator(device="cuda").manual_seed(200 + step)
+            for p in params:
+                p.grad = torch.randn(p.shape, device="cuda", generator=gg).to(torch.bfloat16)
+                p.data.fill_(float("nan"))
+            opt.step()
+            torch.cuda.synchronize()
+            history.append([p.detach().clone() for p in params])
+        refused = restored = stored_kept = None
+        if one_pass:
+            stored = [ipc.get_weight(n).dequantized for n in opt.stored_names.values()]
+            for k, p in enumerate(params):
+                p.grad = torch.randn(p.shape, device="cuda").to(torch.bfloat16)
+                if k == 1:
+                    p.grad[7, 9] = float("nan")
+                p.data.fill_(float("nan"))
+            try:
+                opt.step()
+                refused = False
+            except fp4q.Fp4qError as e:
+                refused = "element %d is NaN" % (7 * 64 + 9) in str(e)
+            torch.cuda.synchronize()
+            restored = all(same(p.detach(), h) for p, h in zip(params, history[-1]))
+            stored_kept = all(same(ipc.get_weight(n).dequantized.cpu(), s.cpu())
+                              for n, s in zip(opt.stored_names.values(), stored))
+        runs[one_pass] = (history, opt.one_pass_steps, refused, restored, stored_kept)
+        for n in opt.stored_names.values():
+            ipc.delete_weight(n)
+    (h1, n1, refused, restored, kept), (h2, n2, _, _, _) = runs[True], runs[False]
+    steps_equal = [all(same(a, b) for a, b in zip(x, y)) for x, y in zip(h1, h2)]
+    finite = all(bool(torch.isfinite(t.float()).all()) for x in h1 for t in x)
+    return {"ok": all(steps_equal) and finite and n1 == 6 and n2 == 0 and bool(refused) and
+            bool(restored) and bool(kept), "steps_bit_identical": steps_equal,
+            "all_finite": finite, "one_pass_steps": [n1, n2], "nan_step_refused": refused,
+            "outputs_restored_to_dq_w": restored, "stored_weights_unchanged": kept}
+
+
 def check_optim_overlap(ipc):
     """fp4q.optim.SGD(overlap=True): step() returns before the reply and the current stream
     waits on the device for the server's done signal. Without any host synchronization between
@@ -572,6 +627,8 @@ def main():
         checks.run("to_fp4_operands_scaled_mm", lambda: check_scaled_mm(ipc))
         checks.run("optim_ipc_bit_identical_to_inline",
                    lambda: check_optim_ipc_equals_inline(ipc, inline))
+        checks.run("optim_one_pass_bit_identical_refusal_restores",
+                   lambda: check_optim_one_pass(ipc))
         checks.run("optim_overlap_bit_identical_and_never_blocked",
                    lambda: check_optim_overlap(ipc))
         checks.run("training_nvfp4_linear_vs_bf16",
