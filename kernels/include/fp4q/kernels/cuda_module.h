@@ -18,7 +18,7 @@
 #include "fp4q/kernels/backend.h"
 
 // C ABI of the module. Bump FP4Q_CUDA_ABI_VERSION on any change of it or of Backend.
-#define FP4Q_CUDA_ABI_VERSION 7
+#define FP4Q_CUDA_ABI_VERSION 8
 extern "C" {
 // How a backend tunes its kernels (kernels/src/cuda/kernel_choice.h).
 struct fp4q_cuda_options {
