@@ -20,9 +20,7 @@ namespace {
 using ::fp4q::testing::StatusIs;
 using ::testing::HasSubstr;
 
-struct Shape {
-  int64_t rows, cols;
-};
+// One-pass items take 1x16 blocks, so rows need not be a multiple of 16.
 const Shape kShapes[] = {{1, 16}, {7, 48}, {32, 64}, {217, 256}};
 
 WeightSpec Delayed(bool ef, bool sr) {

@@ -26,9 +26,6 @@ namespace {
 using ::fp4q::testing::StatusIs;
 using ::testing::HasSubstr;
 
-struct Shape {
-  int64_t rows, cols;
-};
 const Shape kShapes[] = {{16, 32}, {7, 48}, {32, 64}, {217, 256}};
 
 // A batched step and one UpdateWeight per weight give the same bytes, for every option.

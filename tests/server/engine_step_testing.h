@@ -38,6 +38,11 @@ struct Snapshot {
   }
 };
 
+// A weight's shape, for the tests' tables of shapes.
+struct Shape {
+  int64_t rows, cols;
+};
+
 struct WeightSpec {
   bool ef = true;
   kernels::BlockShape block = kernels::BlockShape::k1x16;
