@@ -381,6 +381,56 @@ TEST_F(E2eResultsTest, TenThousandStepsKeepTheServersMemoryFlat) {
   EXPECT_EQ(applied, 7500);
 }
 
+// The same for one-pass steps (StepRequest.one_pass), whose weight keeps a second copy of its
+// state: every applied step ran in one pass, and the copies stay two.
+TEST_F(E2eResultsTest, TenThousandOnePassStepsKeepTheServersMemoryFlat) {
+  v1::CreateWeightRequest w = Weight("flat-one-pass", RandomF32(32 * 64, 14, 0.05f), 32, 64, true);
+  w.mutable_options()->set_scaling(v1::SCALING_DELAYED);
+  Create(w);
+  const std::string good = RandomF32(32 * 64, 15, 0.01f);
+  std::string bad = good;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(bad.data() + 4 * 7, &nan, 4);
+  v1::StepRequest step;
+  step.set_one_pass(true);
+  step.add_groups()->set_lr(0.01f);
+  v1::StepItem* it = step.add_items();
+  it->set_name("flat-one-pass");
+  *it->mutable_update() = InlineTensor(good, 32, 64);
+  int64_t applied = 0;
+  int64_t rss_after_1000 = -1;
+  for (int i = 1; i <= 10000; ++i) {
+    const bool refuse = i % 4 == 0;
+    step.set_step(applied + 1);
+    *step.mutable_items(0)->mutable_update()->mutable_inline_data() = refuse ? bad : good;
+    v1::StepReply rep;
+    const absl::Status s = fast_->Invoke("Step", step, &rep);
+    if (refuse) {
+      ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "step " << i << ": " << s;
+    } else {
+      ASSERT_TRUE(s.ok()) << "step " << i << ": " << s;
+      ASSERT_TRUE(rep.one_pass()) << "step " << i;
+      ++applied;
+    }
+    if (i == 1000) rss_after_1000 = RssKib(server_->pid());
+  }
+  const int64_t rss_end = RssKib(server_->pid());
+  ASSERT_GT(rss_after_1000, 0);
+  std::printf("fp4qd VmRSS: %lld kB after 1,000 one-pass steps, %lld kB after 10,000\n",
+              static_cast<long long>(rss_after_1000), static_cast<long long>(rss_end));
+  EXPECT_LE(rss_end - rss_after_1000, 1024) << "VmRSS " << rss_after_1000 << " kB after 1,000 "
+                                            << "steps, " << rss_end << " kB after 10,000";
+  v1::GetWeightRequest g;
+  g.set_name("flat-one-pass");
+  v1::GetWeightReply rep;
+  auto ctx = Context();
+  ASSERT_TRUE(stub_->GetWeight(ctx.get(), g, &rep).ok());
+  EXPECT_EQ(rep.weight().last_step(), applied);
+  EXPECT_EQ(applied, 7500);
+  // The weight and its copy: codes 1024, scales 128, record 8, statistics 32, residual 8192.
+  EXPECT_EQ(rep.weight().bytes(), 2u * (1024 + 128 + 8 + 32 + 8192));
+}
+
 TEST_F(E2eResultsTest, UndecodableRequestsAreInvalidArgumentWithAMessage) {
   grpc::GenericStub generic(server_->Channel());
   struct Case {
