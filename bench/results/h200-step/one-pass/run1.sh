@@ -5,7 +5,8 @@
 #   1. fp4q_cuda_test: the one-pass tests and the step tests, bit for bit against the CPU backend
 #   2. the one-pass tests under compute-sanitizer memcheck
 #   3. fp4q_bench --only step: per-kernel-set times of GPT-2's 50 weights and one 8192x8192
-#      (apply only, check + apply, one pass), with the device copy in the same run
+#      (apply only, check + apply, one pass), with the device copy in the same run; Nsight
+#      Compute's time, instructions and DRAM bytes of each step kernel, two-pass and one-pass
 #   4. fp4qd from C++ (bench-step, fast socket, step plans, delayed scaling): GPT-2, 8192x8192
 #      twice each, and Llama-3-8B's 32 layers once: two passes, then one pass
 #   5. Python: gpu_ipc_check (one-pass steps by IPC, the refusal's restored outputs) and
@@ -23,6 +24,17 @@ timeout 120 $cs --tool memcheck $b/bin/fp4q_cuda_test --gtest_filter='*OnePass*'
 echo "rc=$?" >> $o/memcheck.txt; grep -E "^\[ +(FAILED|PASSED) |ERROR SUMMARY|rc=" $o/memcheck.txt
 timeout 150 $b/bin/fp4q_bench --only step --out $o/bench-step.json > $o/bench-step.txt 2>&1
 echo "fp4q_bench rc=$?"; grep -E "copy|SGD" $o/bench-step.txt | head -12
+# Nsight Compute on one GPT-2 step of each kind: the kernels' time, instructions and DRAM bytes
+# (the one-pass apply carries the check's work: its instructions an element against the lean
+# apply's plus the check's).
+ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+for row in "step check + apply, SGD + EF, delayed" "step one pass, SGD + EF, delayed"; do
+  tag=$([[ $row == *"one pass"* ]] && echo one || echo two)
+  timeout 120 $ncu --clock-control none --kernel-name regex:Step --launch-skip 40 \
+    --launch-count 8 --metrics gpu__time_duration.sum,smsp__inst_executed.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active \
+    $b/bin/fp4q_bench --only "$row" --iters 3 --out /tmp/ncu-$tag.json > $o/ncu-$tag.txt 2>&1
+  echo "ncu $tag rc=$?"; grep -E "Step[A-Za-z]+Kernel|gpu__time|inst_executed|issue_active" $o/ncu-$tag.txt | head -24
+done
 bw=$(python3 -c "import json;print(json.load(open('$o/bench-step.json'))['copy_gbps'])" || echo 4200)
 d=/tmp/fq; mkdir -p $d; rm -f $d/*.sock
 $b/bin/fp4qd --listen 127.0.0.1:0 --metrics_listen "" --unix_socket $d/g.sock \
