@@ -295,6 +295,9 @@ absl::Status Backend::StepCheckAndApply(const ValidatedStep& step, void* workspa
 
 absl::Status Backend::DoStepCheckAndApply(const std::vector<StepItem>& items, void* workspace,
                                           Stream stream, const StepCancel& cancel) {
+  if (items[0].next.present()) {  // a backend runs one-pass steps by overriding this
+    return absl::UnimplementedError("items[0].next: this backend runs no one-pass steps");
+  }
   FP4Q_RETURN_IF_ERROR(DoStepCheck(items, workspace, stream, cancel));
   return DoStepApply(items, workspace, stream);
 }

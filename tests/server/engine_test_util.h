@@ -172,6 +172,14 @@ class FakeIpcBackend final : public kernels::Backend {
                            kernels::Stream s) override {
     return Run(s, [=] { return cpu_->StepApply(items, ws, s); });
   }
+  absl::Status DoStepCheckAndApply(const std::vector<kernels::StepItem>& items, void* ws,
+                                   kernels::Stream s, const kernels::StepCancel& cancel) override {
+    return Run(s, [=] {
+      absl::StatusOr<kernels::ValidatedStep> step = kernels::ValidatedStep::Check(items);
+      if (!step.ok()) return step.status();
+      return cpu_->StepCheckAndApply(*step, ws, kernels::StepWorkspaceBytes(items), s, cancel);
+    });
+  }
   absl::Status DoStepReadReport(const std::vector<kernels::StepItem>& items, const void* ws,
                                 kernels::StepReport* report, kernels::Stream s) override {
     FP4Q_RETURN_IF_ERROR(Drain(s, /*block=*/true));

@@ -202,7 +202,8 @@ class Backend {
   virtual absl::Status DoStepReadReport(const std::vector<StepItem>& items,
                                         const void* workspace, StepReport* report,
                                         Stream stream) = 0;
-  // Default: DoStepCheck, then DoStepApply when it succeeded.
+  // Default: DoStepCheck, then DoStepApply when it succeeded; one-pass items (StepNext) are
+  // UNIMPLEMENTED (a backend that runs them overrides this).
   virtual absl::Status DoStepCheckAndApply(const std::vector<StepItem>& items, void* workspace,
                                            Stream stream, const StepCancel& cancel);
   virtual absl::Status DoRht(const ConstTensor& in, RhtMode mode, uint64_t rht_seed,
