@@ -64,6 +64,8 @@ class StepMixin:
 
     _last_key = None  # _step_key's (which have gradients, their shapes, key, group index)
     _ready_steps = None  # fp4q._overlap.ReadySteps: overlap=False's steps with ready signals
+    _one_pass = False  # ask for one-pass steps (StepRequest.one_pass)
+    one_pass_steps = 0  # steps fp4qd ran in one pass
 
     def _check_epoch(self):
         now = self.client.server_epoch
