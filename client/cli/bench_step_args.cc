@@ -200,6 +200,12 @@ absl::Status ParseConfig(const ParsedArgs& args, Config* c) {
   c->spin_us = *spin;
   c->plan = args.flags.count("plan") != 0;
   c->one_pass = args.flags.count("one-pass") != 0;
+  if (c->one_pass && (o.optimizer != bench_step::Optimizer::kSgd || o.momentum > 0.0f ||
+                      !o.delayed_scaling)) {
+    return absl::InvalidArgumentError(
+        "option '--one-pass' needs plain SGD (--optimizer sgd, no --momentum) and --scaling "
+        "delayed");
+  }
   for (WeightShape& s : c->shapes) s.name = absl::StrCat(c->prefix, "/", s.name);
   return absl::OkStatus();
 }

@@ -75,6 +75,10 @@ TEST(CliBenchStep, UsageMistakesExitTwoWithAMessage) {
       {{"--prefix", "bad name"}, "option '--prefix': 'bad name' must be 1-200 bytes"},
       {{"--copy-bandwidth", "-5"}, "option '--copy-bandwidth' must be in (0, 1e6] GB/s, got -5"},
       {{"--spin-us", "10"}, "option '--spin-us': 0-1000000, with --fast-socket"},
+      {{"--one-pass"}, "option '--one-pass' needs plain SGD (--optimizer sgd, no --momentum) "
+                       "and --scaling delayed"},
+      {{"--one-pass", "--scaling", "delayed", "--momentum", "0.5"},
+       "option '--one-pass' needs plain SGD"},
       {{"--bogus"}, "unknown option '--bogus'"},
       {{"extra"}, "fp4q bench-step: unexpected argument 'extra'"},
   };
