@@ -155,6 +155,11 @@ TEST(ProtoConvertTest, TensorDTypesAreDenseOnly) {
   absl::StatusOr<StepRequest> step = FromProto(s);
   ASSERT_TRUE(step.ok()) << step.status();
   EXPECT_EQ(step->items[1].update.dtype, kernels::DType::kBF16);
+  EXPECT_FALSE(step->one_pass);
+  s.set_one_pass(true);
+  step = FromProto(s);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_TRUE(step->one_pass);
 
   v1::CreateWeightRequest c;
   c.mutable_initial()->set_dtype(v1::DTYPE_U8);
@@ -343,6 +348,13 @@ TEST(ProtoConvertTest, RepliesMapBack) {
   EXPECT_EQ(lm.tensors(0).dtype(), v1::DTYPE_U8);
   EXPECT_EQ(lm.tensors(1).kind(), v1::TENSOR_KIND_RESIDUAL);
   EXPECT_EQ(lm.tensors(1).dtype(), v1::DTYPE_F32);
+
+  StepResult st;
+  st.one_pass = true;
+  st.brief = true;
+  v1::StepReply sm;
+  ToProto(std::move(st), &sm);
+  EXPECT_TRUE(sm.one_pass());
 }
 
 }  // namespace
