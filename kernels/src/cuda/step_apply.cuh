@@ -331,14 +331,6 @@ FP4Q_D void LeanSgdSlot(const ApplyItem& c, const Ring& ring, int stage, int64_t
   const bool valid = at < n;
   const unsigned mask = __ballot_sync(kFull, valid);
   if (!valid) return;
-  if constexpr (kFused) {
-    if constexpr (kDt == kF32) {  // the lane's words: elements 4h..4h+3 and 8+4h.. of the block
-      LeanChunk<true>(*ring.W16(stage, 0), at - 4 * h, &acc->chk);
-      LeanChunk<true>(*ring.W16(stage, 1), at - 4 * h + 8, &acc->chk);
-    } else {
-      LeanChunk<false>(*ring.W16(stage, 0), at, &acc->chk);
-    }
-  }
   uint8_t* const codes_out = kFused ? c.codes_out : c.p.codes;
   uint8_t* const scales_out = kFused ? c.scales_out : c.p.scales;
   float* const residual_out = kFused ? c.residual_out : c.p.residual;
@@ -381,6 +373,16 @@ FP4Q_D void LeanSgdSlot(const ApplyItem& c, const Ring& ring, int stage, int64_t
     } else {
       StoreV4(static_cast<uint16_t*>(c.o0) + at, PackBf16x2(dq[0], dq[1]),
               PackBf16x2(dq[2], dq[3]), PackBf16x2(dq[4], dq[5]), PackBf16x2(dq[6], dq[7]));
+    }
+  }
+  if constexpr (kFused) {
+    // The check of the update's words, read again from the ring once the slot's values are
+    // dead (fewer registers live at once).
+    if constexpr (kDt == kF32) {  // the lane's words: elements 4h..4h+3 and 8+4h.. of the block
+      LeanChunk<true>(*ring.W16(stage, 0), at - 4 * h, &acc->chk);
+      LeanChunk<true>(*ring.W16(stage, 1), at - 4 * h + 8, &acc->chk);
+    } else {
+      LeanChunk<false>(*ring.W16(stage, 0), at, &acc->chk);
     }
   }
 }
