@@ -256,10 +256,10 @@ class Engine {
                            StepPartSync* sync);
   // Whether the items of one device's part of a step run in one pass (StepRequest.one_pass;
   // ops_step.cc): every item a kernels::OnePassItem, and every weight's second copy there
-  // (allocated here on first use; false when the budget or the device cannot hold one). Sets
-  // each item's StepNext.
-  bool PrepareOnePass(OpEnv& env, StepJob& job, const std::vector<size_t>& items,
-                      std::vector<kernels::StepItem>* kitems);
+  // (allocated here on first use). Sets each item's StepNext and returns "one_pass", or returns
+  // why not (kOnePassOutcomes: "items", "budget", "memory").
+  const char* PrepareOnePass(OpEnv& env, StepJob& job, const std::vector<size_t>& items,
+                             std::vector<kernels::StepItem>* kitems);
   // Routes a step to the device(s) holding its weights and answers its ranks (engine_step.cc).
   void StartStep(std::shared_ptr<StepJob> job);
   // Each rank's StepRequest.done_signal and ready_signal checked and pinned (nothing read or

@@ -228,6 +228,12 @@ Metrics::Metrics(prometheus::Registry& registry, const std::string& version,
                               .Help("UpdateWeight calls with an already applied step")
                               .Register(registry)
                               .Add({})),
+      step_one_pass_(BuildCounter()
+                         .Name("fp4q_step_one_pass_total")
+                         .Help("Steps (one device's part) that asked for one pass, by outcome: "
+                               "one_pass, or why they ran in two (items, retry, devices, "
+                               "budget, memory)")
+                         .Register(registry)),
       quant_sqnr_(BuildHistogram()
                       .Name("fp4q_quant_sqnr_db")
                       .Help("SQNR of sampled Quantize requests, dB")
@@ -272,6 +278,7 @@ Metrics::Metrics(prometheus::Registry& registry, const std::string& version,
   for (const char* op : {"amax", "quantize", "dequantize", "qdq", "matmul", "step"}) {
     kernel_ops_[op] = &kernel_duration_.Add({{"op", op}}, LatencyBuckets());
   }
+  for (const char* outcome : kOnePassOutcomes) step_one_pass_.Add({{"outcome", outcome}});
 }
 
 Metrics::RpcSeries& Metrics::Rpc(absl::string_view rpc) {
@@ -380,6 +387,9 @@ void Metrics::StateBytes(absl::string_view device, int64_t bytes) {
 }
 void Metrics::StateBudget(uint64_t bytes) { state_budget_.Set(static_cast<double>(bytes)); }
 void Metrics::UpdateNotApplied() { update_not_applied_.Increment(); }
+void Metrics::StepOnePass(absl::string_view outcome) {
+  step_one_pass_.Add({{"outcome", S(outcome)}}).Increment();
+}
 
 void Metrics::Quality(double sqnr_db, double clipped_ratio, double underflow_ratio) {
   quant_sqnr_.Observe(sqnr_db);

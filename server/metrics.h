@@ -58,6 +58,7 @@ class Metrics final : public EngineObserver {
   void StateBytes(absl::string_view device, int64_t bytes) override;
   void StateBudget(uint64_t bytes) override;
   void UpdateNotApplied() override;
+  void StepOnePass(absl::string_view outcome) override;
   void Quality(double sqnr_db, double clipped_ratio, double underflow_ratio) override;
   void CheckpointFinished(bool ok, double seconds, absl::Time when) override;
 
@@ -108,6 +109,7 @@ class Metrics final : public EngineObserver {
   prometheus::Family<prometheus::Gauge>& state_bytes_;
   prometheus::Gauge& state_budget_;
   prometheus::Counter& update_not_applied_;
+  prometheus::Family<prometheus::Counter>& step_one_pass_;
   prometheus::Histogram& quant_sqnr_;
   prometheus::Histogram& quant_clipped_;
   prometheus::Histogram& quant_underflow_;

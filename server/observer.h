@@ -11,6 +11,13 @@
 
 namespace fp4q::server {
 
+// What became of a step that asked for one pass: it ran in one ("one_pass"), or in two because
+// of an item one pass does not take ("items"), a retried item ("retry"), weights on several
+// devices ("devices"), no room in the state budget for a weight's second copy ("budget"), or
+// no device memory for it ("memory").
+inline constexpr const char* kOnePassOutcomes[] = {"one_pass", "items",  "retry",
+                                                   "devices",  "budget", "memory"};
+
 class EngineObserver {
  public:
   virtual ~EngineObserver() = default;
@@ -38,6 +45,9 @@ class EngineObserver {
   virtual void StateBudget(uint64_t /*bytes*/) {}
   // A duplicate UpdateWeight step answered applied=false.
   virtual void UpdateNotApplied() {}
+  // A step (one device's part of it) that asked for one pass (StepRequest.one_pass): `outcome`
+  // is one of kOnePassOutcomes.
+  virtual void StepOnePass(absl::string_view /*outcome*/) {}
   // Quantization quality of a sampled request.
   virtual void Quality(double /*sqnr_db*/, double /*clipped_ratio*/, double /*underflow_ratio*/) {}
   // A checkpoint attempt finished.

@@ -298,9 +298,15 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
     kitems.push_back(std::move(it));
   }
   FP4Q_RETURN_IF_ERROR(env.CheckNoOverlap());
-  const bool one_pass = first.one_pass && barrier == nullptr &&
-                        std::all_of(apply.begin(), apply.end(), [](bool a) { return a; }) &&
-                        PrepareOnePass(env, job, items, &kitems);
+  bool one_pass = false;
+  if (first.one_pass) {
+    const char* outcome =
+        barrier != nullptr                                                ? "devices"
+        : !std::all_of(apply.begin(), apply.end(), [](bool a) { return a; }) ? "retry"
+                                                   : PrepareOnePass(env, job, items, &kitems);
+    one_pass = std::strcmp(outcome, "one_pass") == 0;
+    if (observer_ != nullptr) observer_->StepOnePass(outcome);
+  }
   // The items as the backend takes them, validated once here (the requests' checks above make
   // a refusal here a bug of this engine, not of the request).
   absl::StatusOr<kernels::ValidatedStep> valid = kernels::ValidatedStep::Check(kitems);
@@ -402,17 +408,17 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
   return absl::OkStatus();
 }
 
-bool Engine::PrepareOnePass(OpEnv& env, StepJob& job, const std::vector<size_t>& items,
-                            std::vector<kernels::StepItem>* kitems) {
+const char* Engine::PrepareOnePass(OpEnv& env, StepJob& job, const std::vector<size_t>& items,
+                                   std::vector<kernels::StepItem>* kitems) {
   for (const kernels::StepItem& it : *kitems) {
-    if (!kernels::OnePassItem(it)) return false;
+    if (!kernels::OnePassItem(it)) return "items";
   }
   for (size_t k = 0; k < items.size(); ++k) {
     const std::shared_ptr<StateEntry>& e = job.entries[items[k]];
     if (e->next_codes.empty()) {
       const EntrySizes& z = e->sizes;
       const uint64_t bytes = z.codes + z.scales + z.global + z.stats + z.residual;
-      if (!store_->SetNextStateBytes(e, bytes, "one_pass").ok()) return false;
+      if (!store_->SetNextStateBytes(e, bytes, "one_pass").ok()) return "budget";
       kernels::Backend* b = &env.backend();
       absl::StatusOr<DeviceBuffer> c = DeviceBuffer::Allocate(b, z.codes);
       absl::StatusOr<DeviceBuffer> s = DeviceBuffer::Allocate(b, z.scales);
@@ -421,7 +427,7 @@ bool Engine::PrepareOnePass(OpEnv& env, StepJob& job, const std::vector<size_t>&
       absl::StatusOr<DeviceBuffer> r = DeviceBuffer::Allocate(b, z.residual);
       if (!c.ok() || !s.ok() || !g.ok() || !st.ok() || !r.ok()) {
         store_->SetNextStateBytes(e, 0, "one_pass").IgnoreError();  // a release always fits
-        return false;
+        return "memory";
       }
       e->next_codes = *std::move(c);
       e->next_scales = *std::move(s);
@@ -436,7 +442,7 @@ bool Engine::PrepareOnePass(OpEnv& env, StepJob& job, const std::vector<size_t>&
     n.stats = e->next_stats.as<float>();
     n.residual = e->next_residual.as<float>();
   }
-  return true;
+  return "one_pass";
 }
 
 absl::Status Engine::RunStepOnDeviceSignals(OpEnv& env, StepJob& job,

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <future>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -207,6 +208,60 @@ TEST(E2eMetricsTest, MetricsAfterKnownTraffic) {
   ASSERT_TRUE(text.ok());
   EXPECT_EQ(Metric(*text, "fp4q_quant_sqnr_db_count"), 4);
   EXPECT_NEAR(Metric(*text, "fp4q_quant_sqnr_db_sum") - sum_before, prefix.sqnr_db, 1e-6);
+}
+
+// fp4q_step_one_pass_total: every outcome listed from the start; a step that ran in one pass,
+// one whose item one pass does not take, a retry, and one without budget for the copy.
+TEST(E2eMetricsTest, OnePassStepsCountedByOutcome) {
+  auto server = ServerProcess::Start({"--state_budget_bytes=8000"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string addr = (*server)->metrics_address();
+  auto text = HttpGet(addr, "/metrics");
+  ASSERT_TRUE(text.ok()) << text.status();
+  for (const char* outcome : {"one_pass", "items", "retry", "devices", "budget", "memory"}) {
+    EXPECT_EQ(Metric(*text, "fp4q_step_one_pass_total", {{"outcome", outcome}}), 0) << outcome;
+  }
+  auto stub = (*server)->Stub();
+  // "d": delayed, 16 x 16 with EF (128 + 16 + 8 + 32 + 1024 = 1208 bytes, its copy as much
+  // again); "c": current scaling, 1208 bytes; "big": delayed, 16 x 48 (3544 bytes): 7168 of the
+  // 8000 bytes with d's copy, so no room for big's.
+  for (const auto& [name, cols, delayed] :
+       std::vector<std::tuple<std::string, int, bool>>{{"d", 16, true}, {"c", 16, false},
+                                                        {"big", 48, true}}) {
+    v1::CreateWeightRequest c;
+    c.set_name(name);
+    *c.mutable_initial() = InlineTensor(RandomF32(16 * cols, 2), 16, cols);
+    c.mutable_options()->set_error_feedback(true);
+    if (delayed) c.mutable_options()->set_scaling(v1::SCALING_DELAYED);
+    v1::CreateWeightReply rep;
+    auto ctx = Context();
+    ASSERT_TRUE(stub->CreateWeight(ctx.get(), c, &rep).ok()) << name;
+  }
+  auto step = [&](const std::string& name, int cols, int64_t n) {
+    v1::StepRequest r;
+    r.set_step(n);
+    r.set_one_pass(true);
+    r.add_groups()->set_lr(0.01f);
+    v1::StepItem* it = r.add_items();
+    it->set_name(name);
+    *it->mutable_update() = InlineTensor(RandomF32(16 * cols, 3), 16, cols);
+    v1::StepReply rep;
+    auto ctx = Context();
+    const grpc::Status s = stub->Step(ctx.get(), r, &rep);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return rep.one_pass();
+  };
+  EXPECT_TRUE(step("d", 16, 1));
+  EXPECT_FALSE(step("d", 16, 1));  // a retry
+  EXPECT_FALSE(step("c", 16, 1));
+  EXPECT_FALSE(step("big", 48, 1));
+  text = HttpGet(addr, "/metrics");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(Metric(*text, "fp4q_step_one_pass_total", {{"outcome", "one_pass"}}), 1);
+  EXPECT_EQ(Metric(*text, "fp4q_step_one_pass_total", {{"outcome", "retry"}}), 1);
+  EXPECT_EQ(Metric(*text, "fp4q_step_one_pass_total", {{"outcome", "items"}}), 1);
+  EXPECT_EQ(Metric(*text, "fp4q_step_one_pass_total", {{"outcome", "budget"}}), 1);
+  EXPECT_EQ(Metric(*text, "fp4q_step_one_pass_total", {{"outcome", "memory"}}), 0);
 }
 
 TEST(E2eMetricsTest, QueueBoundAnswersResourceExhausted) {
