@@ -260,6 +260,10 @@ class Engine {
   // why not (kOnePassOutcomes: "items", "budget", "memory").
   const char* PrepareOnePass(OpEnv& env, StepJob& job, const std::vector<size_t>& items,
                              std::vector<kernels::StepItem>* kitems);
+  // PrepareOnePass's copies, item by item: "one_pass", or "budget" / "memory" at the first item
+  // without one (the items before it keep their StepNext; PrepareOnePass clears them).
+  const char* SetStepNext(OpEnv& env, StepJob& job, const std::vector<size_t>& items,
+                          std::vector<kernels::StepItem>* kitems);
   // Routes a step to the device(s) holding its weights and answers its ranks (engine_step.cc).
   void StartStep(std::shared_ptr<StepJob> job);
   // Each rank's StepRequest.done_signal and ready_signal checked and pinned (nothing read or

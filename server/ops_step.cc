@@ -413,6 +413,15 @@ const char* Engine::PrepareOnePass(OpEnv& env, StepJob& job, const std::vector<s
   for (const kernels::StepItem& it : *kitems) {
     if (!kernels::OnePassItem(it)) return "items";
   }
+  const char* outcome = SetStepNext(env, job, items, kitems);
+  if (std::strcmp(outcome, "one_pass") != 0) {
+    for (kernels::StepItem& it : *kitems) it.next = kernels::StepNext{};  // every item or none
+  }
+  return outcome;
+}
+
+const char* Engine::SetStepNext(OpEnv& env, StepJob& job, const std::vector<size_t>& items,
+                                std::vector<kernels::StepItem>* kitems) {
   for (size_t k = 0; k < items.size(); ++k) {
     const std::shared_ptr<StateEntry>& e = job.entries[items[k]];
     if (e->next_codes.empty()) {

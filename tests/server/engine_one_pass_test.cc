@@ -212,6 +212,18 @@ TEST_F(EngineOnePassTest, NoRoomForTheCopyRunsTheStepInTwoPasses) {
   EXPECT_FALSE(r->one_pass);
   EXPECT_TRUE(r->items[0].applied);
   EXPECT_EQ(engine_->store().used_bytes(), 256u + 32 + 8 + 32 + 2048);
+  // Two weights, room for one copy: the first gets it, the second does not, and the step runs
+  // in two passes (the first weight keeps its copy for later steps).
+  engine_ = nullptr;
+  engine_ = MakeEngine(3 * 2376 + 100);
+  ASSERT_TRUE(Create("x", 16, 32, 2, Delayed(true, false)).ok());
+  ASSERT_TRUE(Create("y", 16, 32, 3, Delayed(true, false)).ok());
+  req.items = {Item("x", RandomF32(16 * 32, 4), 16, 32), Item("y", RandomF32(16 * 32, 5), 16, 32)};
+  r = Step(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->one_pass);
+  EXPECT_TRUE(r->items[1].applied);
+  EXPECT_EQ(engine_->store().used_bytes(), 3u * 2376);
 }
 
 }  // namespace
