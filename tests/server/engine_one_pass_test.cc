@@ -152,6 +152,29 @@ TEST_F(EngineOnePassTest, RefusedStepChangesNothingThenAppliesInOnePass) {
   EXPECT_EQ(r->items[3].last_step, 2);
 }
 
+// A finite gradient whose result could overflow (lr 3e38) is refused by the bound the one pass
+// computes from the gradients it read (NUMERICS 10.6), and nothing changes.
+TEST_F(EngineOnePassTest, ResultsThatCouldOverflowAreRefused) {
+  const std::vector<std::string> names = CreateSet("o", Delayed(true, false));
+  std::vector<Snapshot> before;
+  for (const std::string& n : names) before.push_back(Take(n));
+  StepRequest req;
+  req.step = 1;
+  req.groups = {Sgd(3e38f)};
+  req.one_pass = true;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const Shape s = kShapes[i];
+    req.items.push_back(Item(names[i], RandomF32(s.rows * s.cols, 30 + static_cast<uint32_t>(i)),
+                             s.rows, s.cols));
+  }
+  EXPECT_THAT(Step(req), StatusIs(absl::StatusCode::kInvalidArgument,
+                                  HasSubstr("could pass the f32 range")));
+  for (size_t i = 0; i < names.size(); ++i) EXPECT_TRUE(Take(names[i]) == before[i]) << i;
+  absl::StatusOr<StepResult> r = StepOf(names, 1, 40, true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->one_pass);
+}
+
 TEST_F(EngineOnePassTest, RetriesAnswerAppliedFalseAndChangedRetriesAreRefused) {
   const std::vector<std::string> names = CreateSet("r", Delayed(true, false));
   absl::StatusOr<StepResult> r = StepOf(names, 1, 9, true);

@@ -155,6 +155,27 @@ TEST_F(CudaStepOnePassTest, RefusedBatchRestoresTheOutputs) {
   }
 }
 
+// lr 3e38: every gradient finite, the result's bound past 2^127 (NUMERICS 10.6, from the max
+// |g| the one pass accumulates): refused on both backends with the same report and bound.
+TEST_F(CudaStepOnePassTest, OverflowBoundFromTheOnePassMaxMatchesTheCpu) {
+  StepCase c = OnePassCase(2);
+  c.rows = 64;
+  c.cols = 512;
+  c.hyper.lr = 3e38f;
+  OnePassItemPair p(gpu(), cpu(), c, 800);
+  const StepState before = p.dev->Download(p.host);
+  StepReport rc, rg;
+  ASSERT_TRUE(RunOnePassStep(cpu(), {p.HostItem()}, &rc).ok());
+  ASSERT_TRUE(RunOnePassStep(gpu(), {p.DeviceItem()}, &rg).ok());
+  EXPECT_FALSE(rg.ok);
+  EXPECT_EQ(rg.items[0].outcome, StepOutcome::kOutOfRange);
+  EXPECT_TRUE(SameReport(rg, rc));
+  StepState now = p.dev->Download(p.host);
+  EXPECT_EQ(now.outs[0], DequantizedBytes(cpu(), p.c, before, p.c.out_dtypes[0]));
+  now.outs = before.outs;
+  EXPECT_TRUE(SameState(now, before));
+}
+
 TEST_F(CudaStepOnePassTest, CancelledStepWritesNoNewState) {
   OnePassItemPair p(gpu(), cpu(), OnePassCase(5), 700);
   const StepState before = p.dev->Download(p.host);
