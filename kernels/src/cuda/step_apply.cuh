@@ -485,14 +485,15 @@ FP4Q_D void WalkApplyRuns(const StepKernelArgs& a, Run&& run) {
   int item = -1;
   ApplyItem c;
   ApplyAcc acc;
+  const auto flush = [&] {  // the warp leaves `item`
+    FlushApply<kOpt>(a, item, acc);
+    if constexpr (kFused) LeanFlush(a, item, LeanItemOf(c), acc.chk);
+  };
   while (s < s_end) {
     e = Advance(a.list, a.n_entries, e, s >> 1);
     const int it = a.list[e].item;
     if (it != item) {
-      if (item >= 0) {
-        FlushApply<kOpt>(a, item, acc);
-        if constexpr (kFused) LeanFlush(a, item, LeanItemOf(c), acc.chk);
-      }
+      if (item >= 0) flush();
       acc = ApplyAcc();
       item = it;
       LoadApplyItem<kFused>(a, it, &c);
@@ -503,10 +504,7 @@ FP4Q_D void WalkApplyRuns(const StepKernelArgs& a, Run&& run) {
     run(c, s, run_end, u0, &acc);
     s = run_end;
   }
-  if (item >= 0) {
-    FlushApply<kOpt>(a, item, acc);
-    if constexpr (kFused) LeanFlush(a, item, LeanItemOf(c), acc.chk);
-  }
+  if (item >= 0) flush();
 }
 
 // Within a run in one item each lane keeps the slot ring's kDepth - 1 slots ahead in flight, and
