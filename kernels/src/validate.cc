@@ -551,6 +551,39 @@ absl::Status CheckMoment(const MomentTensor& m, bool wanted, StateDType dtype,
   return CheckAligned(m.dense, field.Member("dense"));
 }
 
+// A one-pass item's new state lies apart from the state it replaces (every next buffer against
+// each of the item's own), so that a refused step, which writes only the next state, leaves the
+// item's state as it was.
+absl::Status CheckNextApart(const StepItem& item, const FieldPath& nf) {
+  struct Span {
+    const char* name;
+    const void* p;
+    size_t bytes;
+  };
+  const QuantizedTensor& w = item.weight;
+  const StepNext& n = item.next;
+  // The bytes a step reads or writes (one-pass items have 1x16 blocks, plain scales).
+  const size_t elems = static_cast<size_t>(w.rows * w.cols), cb = elems / 2, scb = elems / 16;
+  const size_t rb = elems * sizeof(float);
+  const size_t gb = kGlobalFloats * sizeof(float), sb = kStepStatFloats * sizeof(float);
+  const Span own[] = {{"weight.codes", w.codes, cb}, {"weight.scales", w.scales, scb},
+                      {"weight.global", w.global, gb}, {"stats", item.stats, sb},
+                      {"residual", item.residual, rb}};
+  const Span next[] = {{"codes", n.codes, cb}, {"scales", n.scales, scb}, {"global", n.global, gb},
+                       {"stats", n.stats, sb}, {"residual", n.residual, rb}};
+  const auto at = [](const Span& x) { return reinterpret_cast<uintptr_t>(x.p); };
+  for (const Span& x : next) {
+    for (const Span& o : own) {
+      if (x.p != nullptr && o.p != nullptr && at(x) < at(o) + o.bytes &&
+          at(o) < at(x) + x.bytes) {
+        return Invalid(nf.Member(x.name), absl::StrCat("overlaps the item's ", o.name,
+                                                       ": the next state is written beside it"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 // A one-pass item's new state (StepNext): all of it present, aligned like the state it replaces.
 absl::Status ValidateStepNext(const StepItem& item, const FieldPath& nf) {
   const StepNext& n = item.next;
@@ -580,10 +613,7 @@ absl::Status ValidateStepNext(const StepItem& item, const FieldPath& nf) {
     return Invalid(nf.Member(reinterpret_cast<uintptr_t>(n.global) % 4 != 0 ? "global" : "stats"),
                    "not 4-byte aligned");
   }
-  if (n.codes == item.weight.codes || (n.residual != nullptr && n.residual == item.residual)) {
-    return Invalid(nf, "the item's own state: the next state is written beside it");
-  }
-  return absl::OkStatus();
+  return CheckNextApart(item, nf);
 }
 
 }  // namespace

@@ -178,11 +178,27 @@ TEST_F(StepOnePassTest, ValidationNamesTheField) {
   no_stats.next.stats = nullptr;
   EXPECT_THAT(refused({no_stats}), StatusIs(absl::StatusCode::kInvalidArgument,
                                             HasSubstr("items[0].next.stats: null")));
-  StepItem in_place = item;
-  in_place.next.codes = item.weight.codes;
-  EXPECT_THAT(refused({in_place}),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("items[0].next: the item's own state")));
+  // Any next buffer on (or overlapping) any of the item's own: a refused step would write it.
+  const auto overlapping = [&](auto set, const char* message) {
+    SCOPED_TRACE(message);
+    StepItem in_place = item;
+    set(&in_place);
+    EXPECT_THAT(refused({in_place}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                              HasSubstr(message)));
+  };
+  overlapping([](StepItem* i) { i->next.codes = i->weight.codes; },
+              "items[0].next.codes: overlaps the item's weight.codes: the next state is written "
+              "beside it");
+  overlapping([](StepItem* i) { i->next.scales = i->weight.scales; },
+              "items[0].next.scales: overlaps the item's weight.scales");
+  overlapping([](StepItem* i) { i->next.global = i->weight.global; },
+              "items[0].next.global: overlaps the item's weight.global");
+  overlapping([](StepItem* i) { i->next.stats = i->stats + 4; },
+              "items[0].next.stats: overlaps the item's stats");
+  overlapping([](StepItem* i) { i->next.residual = i->residual; },
+              "items[0].next.residual: overlaps the item's residual");
+  overlapping([](StepItem* i) { i->next.scales = i->weight.codes + 1; },
+              "items[0].next.scales: overlaps the item's weight.codes");
   StepItem half = item;
   half.next.codes = nullptr;
   EXPECT_THAT(refused({half}),
