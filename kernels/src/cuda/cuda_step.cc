@@ -132,6 +132,7 @@ struct Launch {
   bool tile = false;  // apply
   bool one_rank = true;  // every item has one update
   bool lean = true;      // apply: every item is LeanSgdItem
+  bool outs = false;     // some item has a dequantized output
   int32_t first_entry = 0;
   int32_t n_entries = 0;
   int64_t total_units = 0;
@@ -240,6 +241,7 @@ void AddLaunches(const std::map<Key, std::vector<int>>& groups, bool apply,
       e = ListEntry{i, 0, units};
       l.one_rank = l.one_rank && it.updates.size() == 1;
       l.lean = l.lean && lean[i];
+      l.outs = l.outs || !it.dequantized_out.empty();
       units += Units(it.weight.rows, it.weight.cols, apply && l.tile);
     }
     lists[(*next_entry)++] = ListEntry{-1, 0, units};  // the sentinel: the launch's total
@@ -434,28 +436,39 @@ absl::Status QueueApply(int prefetch_slots, const std::vector<StepItem>& items, 
 // A one-pass step (every item with a StepNext, every one LeanSgdItem under delayed scaling):
 // the table, the one-pass apply (writing the new state beside the old and accumulating the
 // check's words), the decide kernel, the finish (into the new records and statistics), and the
-// restore of the outputs, which runs only when the batch was refused.
+// restore of the outputs, which runs only when the batch was refused. Every launch is checked
+// before the first is queued; once an apply is queued, a later failure still queues the
+// restores (the header QueueTable zeroed refuses the batch for them), so that no output is left
+// holding DQ of a state that is never committed, and the first error is returned.
 absl::Status QueueOnePass(int ordinal, int prefetch_slots, const HostPlan& h, void* workspace,
                           cudaStream_t s, const StepCancel& cancel) {
   const Layout& l = h.layout;
   auto* ws = static_cast<uint8_t*>(workspace);
-  FP4Q_RETURN_IF_ERROR(QueueTable(ordinal, h, workspace, s));
   for (const Launch& launch : h.applies) {
     if (launch.opt != step_ws::kOptSgdPlain || !launch.lean || launch.tile) {
       return absl::InternalError("one-pass step: an item the lean apply does not take");
     }
+  }
+  FP4Q_RETURN_IF_ERROR(QueueTable(ordinal, h, workspace, s));
+  absl::Status st;
+  size_t queued = 0;  // the applies queued
+  for (const Launch& launch : h.applies) {
     StepKernelArgs a = ArgsFor(l, ws, launch, prefetch_slots);
     a.cancel_word = cancel.word;
     a.cancel_token = cancel.token;
-    FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchStepApplySgdOnePass(a, launch.sr, s)));
+    st = FP4Q_CUDA_STATUS(LaunchStepApplySgdOnePass(a, launch.sr, s));
+    if (!st.ok()) break;
+    ++queued;
   }
-  FP4Q_RETURN_IF_ERROR(QueueDecide(l, workspace, s, cancel));
-  FP4Q_RETURN_IF_ERROR(QueueFinish(l, workspace, s));
-  for (const Launch& launch : h.applies) {
-    FP4Q_RETURN_IF_ERROR(
-        FP4Q_CUDA_STATUS(LaunchStepRestoreOutputs(ArgsFor(l, ws, launch, prefetch_slots), s)));
+  if (st.ok()) st = QueueDecide(l, workspace, s, cancel);
+  if (st.ok()) st = QueueFinish(l, workspace, s);
+  for (size_t i = 0; i < queued; ++i) {
+    if (!h.applies[i].outs) continue;  // nothing to restore
+    const absl::Status r =
+        FP4Q_CUDA_STATUS(LaunchStepRestoreOutputs(ArgsFor(l, ws, h.applies[i], prefetch_slots), s));
+    if (st.ok()) st = r;
   }
-  return absl::OkStatus();
+  return st;
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 // The apply of an optimizer step (NUMERICS 10.2 with the plan of the check): one grouped launch
 // per variant (optimizer, state dtype, rounding, block shape), gated on the batch flag that the
-// decide kernel wrote (a refused batch returns at once: nothing is written).
+// decide kernel wrote (a refused batch returns at once: nothing is written). A one-pass step's
+// apply (StepApplyLeanKernel<kSr, true>) comes before its decision instead: gated only on the
+// step's cancellation word, it writes the new state beside the old and the outputs, which a
+// refused batch's restore kernel (step_apply_sgd.cu) rewrites.
 //
 // Per element it moves exactly what the step must: the updates (2 or 4 bytes per rank), the
 // weight's codes and scale (0.5625 bytes, read and written), the residual (4 + 4), each moment
@@ -584,10 +587,11 @@ template <bool kSr, bool kFused = false>
 __global__ void __launch_bounds__(kThreads, kSr || kFused ? 2 : 3)
     StepApplyLeanKernel(const StepKernelArgs a) {
   if constexpr (kFused) {
-    if (a.cancel_word != nullptr &&
-        *static_cast<const volatile uint32_t*>(a.cancel_word) == a.cancel_token) {
-      return;
-    }
+    // One read for the CTA (every thread reaches this barrier, and the kernel has no other), so
+    // that no warp's full-mask shuffles miss a lane that saw the word otherwise.
+    const bool cancelled = threadIdx.x == 0 && a.cancel_word != nullptr &&
+                           *static_cast<const volatile uint32_t*>(a.cancel_word) == a.cancel_token;
+    if (__syncthreads_or(cancelled)) return;
   } else {
     if (a.header->checked != step_ws::kCheckedMagic || a.header->ok != 1) return;
   }

@@ -23,15 +23,15 @@ __global__ void __launch_bounds__(step_dev::kThreads) StepRestoreOutputsKernel(c
     const int64_t s0 = 2 * a.list[e].unit_begin;
     const int64_t item_end = 2 * a.list[e + 1].unit_begin;
     const int64_t run_end = item_end < run.end ? item_end : run.end;
-    if (d.n_outs > 0) {
-      const step_ws::OutDesc o = a.outs[d.first_out];
-      const float s_dec = __frcp_rn(d.global[1]);
-      for (int64_t t = s; t < run_end; ++t) {
-        const int64_t at = (t - s0) * 256 + 8 * lane;
-        if (at >= d.n) continue;
-        float dq[8];
-        DqWord8(*reinterpret_cast<const uint32_t*>(d.codes + (at >> 1)),
-                E4M3Value(d.scales[at >> 4]), s_dec, dq);
+    const float s_dec = d.n_outs > 0 ? __frcp_rn(d.global[1]) : 0.0f;
+    for (int64_t t = s; t < run_end && d.n_outs > 0; ++t) {
+      const int64_t at = (t - s0) * 256 + 8 * lane;
+      if (at >= d.n) continue;
+      float dq[8];
+      DqWord8(*reinterpret_cast<const uint32_t*>(d.codes + (at >> 1)),
+              E4M3Value(d.scales[at >> 4]), s_dec, dq);
+      for (int k = 0; k < d.n_outs; ++k) {  // one output today (OnePassItem); every one
+        const step_ws::OutDesc o = a.outs[d.first_out + k];
         if (o.dtype == kF32) {
           float* p = static_cast<float*>(o.data) + at;
           StoreV4(p, dq[0], dq[1], dq[2], dq[3]);

@@ -89,7 +89,7 @@ cudaError_t LaunchStepApplyAdamW(const StepKernelArgs& a, int opt, int state_dty
 // with more CTAs an SM under RTN).
 cudaError_t LaunchStepApplySgdLean(const StepKernelArgs& a, bool sr, cudaStream_t s);
 // One-pass steps (step.h StepNext; every item LeanSgdItem, delayed scaling): the lean apply,
-// not gated, writing each item's new state to its *_next pointers and accumulating what the
+// gated on the step's cancellation word alone (StepKernelArgs::cancel_word), writing each item's new state to its *_next pointers and accumulating what the
 // one-rank check does (first non-finite index, max |g|, fingerprints) from the words it reads,
 // for the decide kernel that follows it. Then, after the decide and finish kernels,
 // LaunchStepRestoreOutputs: gated on a refused batch, it rewrites every item's dequantized

@@ -123,7 +123,8 @@ TEST_F(CudaStepOnePassTest, RefusedBatchRestoresTheOutputs) {
     pairs.push_back(std::make_unique<OnePassItemPair>(gpu(), cpu(), OnePassCase(i),
                                                       500 + static_cast<uint32_t>(i)));
   }
-  // Item 1 (7 x 48, bf16): an Inf at 200 and a NaN at 37: the NaN is reported. Item 2: fine.
+  // Item 1 (OnePassCase(6): 33 x 80, bf16, no residual): an Inf at 200 and a NaN at 37: the NaN
+  // is reported. The others are fine.
   OnePassItemPair& bad = *pairs[1];
   Set(&bad.u, bad.c, 0, 200, kInf);
   Set(&bad.u, bad.c, 0, 37, kNaN);
@@ -198,7 +199,9 @@ TEST_F(CudaStepOnePassTest, CancelledStepWritesNoNewState) {
 }
 
 TEST_F(CudaStepOnePassTest, LargeItemReportsTheFirstBadElementAndMatches) {
-  for (int i : {0, 5}) {  // f32 with error feedback; bf16 SR without, no output
+  // OnePassCase: 0 f32 RTN and 5 bf16 SR, each with error feedback and an output; 11 f32 SR
+  // and 14 bf16 RTN, without either.
+  for (int i : {0, 5, 11, 14}) {
     StepCase c = OnePassCase(i);
     c.rows = 1024;
     c.cols = 2048;

@@ -166,7 +166,8 @@ class Backend {
   // StepCheck then StepApply of the same batch on one stream, for a caller that applies right
   // after the check (one device). The CUDA backend builds the batch's item table and launch
   // list once for both. With a StepNext on every item it is a one-pass step (step.h): the new
-  // state goes to StepNext, the report is the same, and a refused batch leaves each
+  // state goes to StepNext, the report is the same (but for a cancelled step's: step.h
+  // StepReport::cancelled), and a refused batch leaves each
   // dequantized output holding DQ(W) of its unchanged weight. StepCheck and StepApply refuse
   // one-pass items (FAILED_PRECONDITION).
   absl::Status StepCheckAndApply(const ValidatedStep& step, void* workspace,

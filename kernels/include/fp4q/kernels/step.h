@@ -197,7 +197,11 @@ struct StepCancel {
 // A whole batch's outcome.
 struct StepReport {
   bool ok = false;         // every item passed the check (and the step was not cancelled)
-  bool cancelled = false;  // the StepCancel word held its token: nothing was applied
+  // The StepCancel word held its token: no state was written (a one-pass step's outputs hold
+  // DQ(W) of the unchanged weights). Only ok and cancelled are then defined: a one-pass step's
+  // check runs inside its apply, which a cancelled step may skip, so items and fingerprints can
+  // be partial.
+  bool cancelled = false;
   std::vector<StepItemReport> items;
   // Fingerprint of every update, item by item and within an item in update order: a 64-bit
   // hash of the update's dtype, shape and bytes (NUMERICS 10.7), equal for equal updates.
