@@ -21,7 +21,9 @@ What runs: `fp4q.optim.SGD.step()` through fp4qd, every layer real but the GPU.
 Reported, medians over --steps steps after --warmup:
   - step_us: the wall time of step();
   - server_us and kernel_us: fp4qd's own time for the Step and its kernels' (ReplyHeader);
-  - client_and_transport_us: step_us - server_us;
+  - client_and_transport_us: step_us - server_us; client_before_send_us and
+    client_after_reply_us: the client's own parts of it, from step()'s start to the fast
+    socket exchange and from the exchange's end to step()'s return;
   - the same run's floor: an empty ServerInfo round trip over the same fast socket.
 These are this machine's CPU times. On the GPU's host the same code runs, slower or faster as
 that CPU is, and with the CUDA backend's launches in place of the CPU kernels.
@@ -156,6 +158,25 @@ def p50(xs):
     return statistics.median(xs)
 
 
+@contextlib.contextmanager
+def timed_exchanges(out):
+    """Appends (start, end) perf_counter times of every fast socket exchange made inside."""
+    from fp4q import _fast_socket
+    exchange = _fast_socket.FastSocket._exchange
+
+    def timed(self, *a, **k):
+        t = time.perf_counter()
+        try:
+            return exchange(self, *a, **k)
+        finally:
+            out.append((t, time.perf_counter()))
+    _fast_socket.FastSocket._exchange = timed
+    try:
+        yield
+    finally:
+        _fast_socket.FastSocket._exchange = exchange
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -213,15 +234,21 @@ def main():
         for _ in range(args.warmup):
             opt.step()
             client.server_info()
-        wall, server_us, kernel_us, empty = [], [], [], []
+        wall, server_us, kernel_us, empty, before, after = [], [], [], [], [], []
         progress = max(1, args.steps // 4)
+        exchanges = []  # (start, end) of each fast socket exchange
         for k in range(args.steps):
             t = time.perf_counter()
             client.server_info()
             empty.append((time.perf_counter() - t) * 1e6)
-            t = time.perf_counter()
-            opt.step()
-            wall.append((time.perf_counter() - t) * 1e6)
+            with timed_exchanges(exchanges):
+                t = time.perf_counter()
+                opt.step()
+                end = time.perf_counter()
+            wall.append((end - t) * 1e6)
+            before.append((exchanges[0][0] - t) * 1e6)
+            after.append((end - exchanges[-1][1]) * 1e6)
+            exchanges.clear()
             h = client.last_header
             server_us.append(h.server_micros)
             kernel_us.append(h.kernel_micros)
@@ -245,15 +272,17 @@ def main():
             "step_us": {"p50": p50(wall), "min": min(wall)},
             "server_us": p50(server_us), "kernel_us": p50(kernel_us),
             "client_and_transport_us": p50([w - s for w, s in zip(wall, server_us)]),
+            "client_before_send_us": p50(before), "client_after_reply_us": p50(after),
             "empty_round_trip_us": {"p50": p50(empty), "min": min(empty)},
             "stats": {k: stats[k] for k in sorted(stats) if k.startswith("step_plans")},
         }
         print("%d matrices of %dx16, SGD momentum %g: step() p50 %.1f us (min %.1f); fp4qd %.0f "
-              "us, its kernels %.0f us; client and transport %.1f us; an empty round trip "
-              "%.1f us" % (args.params, args.rows, args.momentum, report["step_us"]["p50"],
-                           report["step_us"]["min"], report["server_us"], report["kernel_us"],
-                           report["client_and_transport_us"],
-                           report["empty_round_trip_us"]["p50"]))
+              "us, its kernels %.0f us; client and transport %.1f us (before the send %.1f, "
+              "after the reply %.1f); an empty round trip %.1f us"
+              % (args.params, args.rows, args.momentum, report["step_us"]["p50"],
+                 report["step_us"]["min"], report["server_us"], report["kernel_us"],
+                 report["client_and_transport_us"], report["client_before_send_us"],
+                 report["client_after_reply_us"], report["empty_round_trip_us"]["p50"]))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(report, f, indent=1)
