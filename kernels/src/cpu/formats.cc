@@ -6,20 +6,13 @@
 #include <cstdint>
 
 namespace fp4q::kernels::cpu {
-namespace {
 
-// The E2M1 magnitude grid, indexed by code 0..7.
-constexpr float kE2m1Grid[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-
-// Value of a non-negative E4M3 byte 0x00..0x7E (NaN 0x7F excluded), exactly, as a double.
-double E4m3Magnitude(uint8_t byte) {
+double E4m3MagnitudeOf(uint8_t byte) {
   const int e = (byte >> 3) & 0xF;
   const int m = byte & 0x7;
   if (e == 0) return std::ldexp(static_cast<double>(m), -9);
   return std::ldexp(8.0 + m, e - 10);  // (1 + m/8) * 2^(e - 7)
 }
-
-}  // namespace
 
 float Bf16ToFloat(uint16_t bits) { return FloatFromBits(static_cast<uint32_t>(bits) << 16); }
 
@@ -49,35 +42,6 @@ uint16_t DoubleToBf16(double d) {
   return static_cast<uint16_t>(sign | (FloatBits(static_cast<float>(rounded)) >> 16));
 }
 
-float E2m1ToFloat(uint8_t code) {
-  const float magnitude = kE2m1Grid[code & 0x7];
-  return (code & 0x8) ? -magnitude : magnitude;
-}
-
-uint8_t E2m1FromFloat(float y) {
-  if (std::isnan(y)) return 0x7;
-  const float a = std::fabs(y);
-  uint8_t code;
-  if (a <= 0.25f) {
-    code = 0;
-  } else if (a < 0.75f) {
-    code = 1;
-  } else if (a <= 1.25f) {
-    code = 2;
-  } else if (a < 1.75f) {
-    code = 3;
-  } else if (a <= 2.5f) {
-    code = 4;
-  } else if (a < 3.5f) {
-    code = 5;
-  } else if (a <= 5.0f) {
-    code = 6;
-  } else {
-    code = 7;
-  }
-  return std::signbit(y) ? static_cast<uint8_t>(code | 0x8) : code;
-}
-
 uint8_t E2m1FromFloatStochastic(float y, uint16_t r) {
   if (std::isnan(y)) return 0x7;
   const float a = std::fabs(y);
@@ -91,12 +55,6 @@ uint8_t E2m1FromFloatStochastic(float y, uint16_t r) {
     code = (static_cast<float>(r) < f * 65536.0f) ? static_cast<uint8_t>(lo + 1) : lo;
   }
   return std::signbit(y) ? static_cast<uint8_t>(code | 0x8) : code;
-}
-
-float E4m3ToFloat(uint8_t byte) {
-  if ((byte & 0x7F) == 0x7F) return std::numeric_limits<float>::quiet_NaN();
-  const float magnitude = static_cast<float>(E4m3Magnitude(byte & 0x7F));
-  return (byte & 0x80) ? -magnitude : magnitude;
 }
 
 uint8_t E4m3FromFloat(float u) {

@@ -7,15 +7,6 @@
 
 namespace fp4q::kernels::cpu {
 
-void HostQuantized::set_code(int64_t r, int64_t c, uint8_t code) {
-  uint8_t& byte = codes[static_cast<size_t>((r * cols + c) / 2)];
-  if (c % 2 == 0) {
-    byte = static_cast<uint8_t>((byte & 0xF0) | (code & 0xF));
-  } else {
-    byte = static_cast<uint8_t>((byte & 0x0F) | ((code & 0xF) << 4));
-  }
-}
-
 Matrix LoadDense(const ConstTensor& x) {
   Matrix m(x.rows, x.cols);
   const size_t n = m.values.size();

@@ -40,7 +40,11 @@ struct HostQuantized {
     const uint8_t byte = codes[static_cast<size_t>((r * cols + c) / 2)];
     return (c % 2 == 0) ? (byte & 0xF) : (byte >> 4);
   }
-  void set_code(int64_t r, int64_t c, uint8_t code);
+  void set_code(int64_t r, int64_t c, uint8_t code) {
+    uint8_t& byte = codes[static_cast<size_t>((r * cols + c) / 2)];
+    byte = (c % 2 == 0) ? static_cast<uint8_t>((byte & 0xF0) | (code & 0xF))
+                        : static_cast<uint8_t>((byte & 0x0F) | ((code & 0xF) << 4));
+  }
 };
 
 // Reads a dense input (f32 or bf16) as f32 (bf16 widened exactly).

@@ -27,16 +27,23 @@ HostQuantized QuantizeMatrix(const Matrix& x, DType input_dtype, const QuantizeO
 Matrix DequantizeHost(const HostQuantized& q) {
   Matrix out(q.rows, q.cols);
   const int64_t block = BlockElems(q.format);
+  const int64_t scale_cols = q.scale_cols();
   const float s_dec = GlobalDecodeScale(q.s_enc);
   for (int64_t r = 0; r < q.rows; ++r) {
-    for (int64_t c = 0; c < q.cols; ++c) {
-      const uint8_t scale = q.scales[static_cast<size_t>(r * q.scale_cols() + c / block)];
-      const float v = E2m1ToFloat(q.code(r, c));
-      if (q.format == Format::kMxfp4) {
-        out.at(r, c) = v * E8m0ToFloat(scale);
-      } else {
-        const float scaled = v * E4m3ToFloat(scale);  // exact
-        out.at(r, c) = scaled * s_dec;
+    for (int64_t c0 = 0; c0 < q.cols; c0 += block) {  // one scale per block
+      const uint8_t scale = q.scales[static_cast<size_t>(r * scale_cols + c0 / block)];
+      const bool mx = q.format == Format::kMxfp4;
+      const float sf = mx ? E8m0ToFloat(scale) : E4m3ToFloat(scale);
+      const uint8_t* codes = &q.codes[static_cast<size_t>((r * q.cols + c0) / 2)];
+      float* o = &out.at(r, c0);
+      for (int64_t c = 0; c < block; ++c) {  // element c0 + c: byte c / 2, low nibble first
+        const float v = E2m1ToFloat(c % 2 == 0 ? codes[c / 2] & 0xF : codes[c / 2] >> 4);
+        if (mx) {
+          o[c] = v * sf;
+        } else {
+          const float scaled = v * sf;  // exact
+          o[c] = scaled * s_dec;
+        }
       }
     }
   }

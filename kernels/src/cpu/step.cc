@@ -11,6 +11,7 @@
 #include "cpu/formats.h"
 #include "cpu/host_tensor.h"
 #include "cpu/nvfp4.h"
+#include "cpu/parallel.h"
 #include "cpu/quantize.h"
 #include "step_layout.h"
 #include "step_report.h"
@@ -196,17 +197,17 @@ ItemData LoadItem(const StepItem& item, const std::vector<Matrix>& u, const Step
   data.r.assign(n, 0.0f);
   if (item.residual != nullptr) std::memcpy(data.r.data(), item.residual, n * sizeof(float));
   const OptimizerState& st = item.state;
-  data.m1.assign(n, 0.0f);
-  data.m2.assign(n, 0.0f);
-  data.mm2.assign(n, 0.0f);
   if (HasMoment1(st)) data.m1 = LoadMoment(st.moment1, st.dtype, rows, cols, false);
   if (IsAdamW(st)) data.m2 = LoadMoment(st.moment2, st.dtype, rows, cols, true);
   if (IsAdamW(st) && st.amsgrad) data.mm2 = LoadMoment(st.max_moment2, st.dtype, rows, cols, true);
   return data;
 }
 
+// Element i's inputs; an optimizer state the item does not keep reads as 0.
 ElemIn InputAt(const ItemData& data, size_t i) {
-  return ElemIn{data.g.values[i], data.d.values[i], data.r[i], data.m1[i], data.m2[i], data.mm2[i]};
+  const auto at = [i](const std::vector<float>& v) { return v.empty() ? 0.0f : v[i]; };
+  return ElemIn{data.g.values[i], data.d.values[i], data.r[i], at(data.m1), at(data.m2),
+                at(data.mm2)};
 }
 
 std::vector<Matrix> LoadUpdates(const StepItem& item) {
@@ -472,13 +473,15 @@ void ApplyItem(const StepItem& item, const Plan& plan) {
   const size_t n = static_cast<size_t>(rows * cols);
   const OptimizerState& st = item.state;
   Matrix v(rows, cols);
-  std::vector<float> m1(n), v2(n), vm(n);
+  // The new optimizer state, of the moments the item keeps.
+  std::vector<float> m1(HasMoment1(st) ? n : 0), v2(IsAdamW(st) ? n : 0);
+  std::vector<float> vm(IsAdamW(st) && st.amsgrad ? n : 0);
   for (size_t i = 0; i < n; ++i) {
     const ElemOut e = StepElement(item, s, InputAt(data, i));
     v.values[i] = e.v;
-    m1[i] = e.m1;
-    v2[i] = e.v2;
-    vm[i] = e.vm;
+    if (!m1.empty()) m1[i] = e.m1;
+    if (!v2.empty()) v2[i] = e.v2;
+    if (!vm.empty()) vm[i] = e.vm;
   }
   // Q: the new weight with the planned amax; R: the residual; O: the dequantized outputs.
   const ElementRounding rounding{item.rounding, item.seed, item.step};
@@ -517,14 +520,23 @@ void ApplyItem(const StepItem& item, const Plan& plan) {
     stats[kStatNextAmax] = AbsMax(v.values.data(), n);
     stats[kStatMaxResidual] = AbsMax(r.data(), n);
     if (HasMoment1(st)) stats[kStatMaxMoment1] = AbsMax(m1.data(), n);
-    float s2 = 0.0f, svm = 0.0f;
-    for (size_t i = 0; i < n; ++i) {
-      s2 = std::fmax(s2, std::sqrt(v2[i]));
-      svm = std::fmax(svm, std::sqrt(vm[i]));
-    }
-    if (IsAdamW(st)) stats[kStatMaxSqrtMoment2] = s2;
-    if (IsAdamW(st) && st.amsgrad) stats[kStatMaxSqrtMaxMoment2] = svm;
+    const auto max_sqrt = [](const std::vector<float>& m) {
+      float x = 0.0f;
+      for (const float e : m) x = std::fmax(x, std::sqrt(e));
+      return x;
+    };
+    if (IsAdamW(st)) stats[kStatMaxSqrtMoment2] = max_sqrt(v2);
+    if (IsAdamW(st) && st.amsgrad) stats[kStatMaxSqrtMaxMoment2] = max_sqrt(vm);
   }
+}
+
+// The items' element counts: the check and the apply run items in parallel (parallel.h), each
+// item's work as on one thread.
+std::vector<int64_t> ItemSizes(const std::vector<StepItem>& items) {
+  std::vector<int64_t> sizes;
+  sizes.reserve(items.size());
+  for (const StepItem& it : items) sizes.push_back(it.weight.rows * it.weight.cols);
+  return sizes;
 }
 
 }  // namespace
@@ -552,13 +564,17 @@ void StepCheckHost(const std::vector<StepItem>& items, uint8_t* workspace,
   auto* reports = reinterpret_cast<ReportPod*>(workspace + layout.reports);
   auto* fingerprints = reinterpret_cast<uint64_t*>(workspace + layout.fingerprints);
   auto* plans = reinterpret_cast<Plan*>(workspace + layout.plans);
-  bool ok = true;
+  std::vector<size_t> first_fp(items.size());
   size_t fp = 0;
   for (size_t i = 0; i < items.size(); ++i) {
-    CheckItem(items[i], &reports[i], fingerprints + fp, &plans[i]);
+    first_fp[i] = fp;
     fp += items[i].updates.size();
-    ok = ok && reports[i].outcome == step_ws::kOk;
   }
+  ForEachPiece(ItemSizes(items), [&](size_t i) {
+    CheckItem(items[i], &reports[i], fingerprints + first_fp[i], &plans[i]);
+  });
+  bool ok = true;
+  for (size_t i = 0; i < items.size(); ++i) ok = ok && reports[i].outcome == step_ws::kOk;
   step_ws::Header header{};
   if (cancel.word != nullptr &&
       __atomic_load_n(cancel.word, __ATOMIC_ACQUIRE) == cancel.token) {
@@ -583,9 +599,9 @@ absl::Status StepApplyHost(const std::vector<StepItem>& items, uint8_t* workspac
   if (header.ok != 1) return absl::OkStatus();  // the check refused the batch: nothing changes
   const step_ws::Layout layout = StepLayoutOf(items);
   const auto* plans = reinterpret_cast<const Plan*>(workspace + layout.plans);
-  for (size_t i = 0; i < items.size(); ++i) {
+  ForEachPiece(ItemSizes(items), [&](size_t i) {
     if (!items[i].check_only) ApplyItem(items[i], plans[i]);
-  }
+  });
   return absl::OkStatus();
 }
 
