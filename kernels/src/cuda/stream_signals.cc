@@ -5,6 +5,7 @@
 // ready signals (its kernels queued behind the waits) and done signals (written behind them).
 #include <cudaTypedefs.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -147,11 +148,22 @@ bool LaunchesBlockBehindWaits(WaitFn wait, cudaStream_t side) {
 }  // namespace
 
 void CudaBackend::ProbeSignals() {
-  if (EnvironmentSaysLaunchesBlock()) return;
+  // Why the signals stay off, on fp4qd's stderr (its start-up line says only which).
+  const auto off = [&](const char* why) {
+    std::fprintf(stderr, "fp4q CUDA backend %s: device-side step signals off: %s\n",
+                 info_.uuid.c_str(), why);
+  };
+  if (EnvironmentSaysLaunchesBlock()) {
+    off("the environment says launches may block (CUDA_LAUNCH_BLOCKING, an injected tool)");
+    return;
+  }
   Signals found;
   found.wait = EntryPoint("cuStreamWaitValue32");
   found.write = EntryPoint("cuStreamWriteValue32");
-  if (found.wait == nullptr || found.write == nullptr || !Enter().ok()) return;
+  if (found.wait == nullptr || found.write == nullptr || !Enter().ok()) {
+    off("the driver has no cuStreamWaitValue32 / cuStreamWriteValue32");
+    return;
+  }
   absl::MutexLock lock(&side_mu_);
   cudaStream_t side = nullptr;
   uint32_t* pinned = nullptr;
@@ -171,9 +183,13 @@ void CudaBackend::ProbeSignals() {
   cudaGetLastError();  // a failed probe is not an error of anyone's later call
   // Then the step's kernels loaded, and whether a launch behind a wait returns at once, as
   // fp4qd's steps need (the host times the wait out and cancels it).
-  ok = ok && LoadStepKernels() &&
-       !LaunchesBlockBehindWaits(reinterpret_cast<WaitFn>(found.wait), side);
-  if (!ok) {
+  const char* why = ok ? nullptr : "a write then a wait on a side stream did not work";
+  if (why == nullptr && !LoadStepKernels()) why = "the step's kernels could not be loaded";
+  if (why == nullptr && LaunchesBlockBehindWaits(reinterpret_cast<WaitFn>(found.wait), side)) {
+    why = "a launch behind an unwritten wait blocked the launching thread";
+  }
+  if (why != nullptr) {
+    off(why);
     if (side != nullptr) cudaStreamDestroy(side);
     if (pinned != nullptr) cudaFreeHost(pinned);
     return;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call 1 of one-pass steps (StepRequest.one_pass): repository root, .bundle carried
+# Device call 1a of one-pass steps (then run1b.sh on the same warm machine) (StepRequest.one_pass): repository root, .bundle carried
 # (scripts/device-bundle.sh at the commit under test). Correctness first, then speed, each
 # two-pass row beside its one-pass row in the same run:
 #   1. fp4q_cuda_test: the one-pass tests and the step tests, bit for bit against the CPU backend
@@ -35,34 +35,4 @@ for row in "step check + apply, SGD + EF, delayed" "step one pass, SGD + EF, del
     $b/bin/fp4q_bench --only "$row" --iters 3 --out /tmp/ncu-$tag.json > $o/ncu-$tag.txt 2>&1
   echo "ncu $tag rc=$?"; grep -E "Step[A-Za-z]+Kernel|gpu__time|inst_executed|issue_active" $o/ncu-$tag.txt | head -24
 done
-bw=$(python3 -c "import json;print(json.load(open('$o/bench-step.json'))['copy_gbps'])" || echo 4200)
-d=/tmp/fq; mkdir -p $d; rm -f $d/*.sock
-$b/bin/fp4qd --listen 127.0.0.1:0 --metrics_listen "" --unix_socket $d/g.sock \
-  --fast_socket $d/f.sock --allow_cuda_ipc --backend cuda --log_format text \
-  --state_budget_bytes 110000000000 > $d/out 2> $o/fp4qd.log &
-pid=$!; for i in $(seq 400); do [[ -S $d/f.sock ]] && break; sleep 0.05; done
-grep -o "step_signals[^ ]*" $o/fp4qd.log | head -1
-S="$b/bin/fp4q --server unix://$d/g.sock bench-step --fast-socket $d/f.sock --plan \
-  --scaling delayed --copy-bandwidth $bw"
-for m in "gpt2 --model gpt2-small --iters 300" "sq8192 --model square8192 --iters 300" \
-         "llama --model llama3-8b --iters 20 --warmup 3"; do
-  set -- $m
-  rounds="1 2"; [[ $1 == llama ]] && rounds=1  # its setup (7e9 parameters) takes longest
-  for r in $rounds; do
-    for p in two one; do
-      flag=""; [[ $p == one ]] && flag="--one-pass"
-      timeout 150 $S "${@:2}" $flag --json $o/cpp-$1-$p-$r.json > $o/cpp-$1-$p-$r.log 2>&1
-      echo "$1 $p $r rc=$? $(python3 -c "import json;d=json.load(open('$o/cpp-$1-$p-$r.json'));print('wall p50 %.1f us, kernel p50 %.1f us, %% of copy (wall, kernel) %s' % (d['wall_us']['p50'], d['kernel_us']['p50'], d.get('pct_of_copy_bandwidth')))" 2>&1)"
-    done
-  done
-done
-kill $pid; wait $pid
-timeout 200 python3 tests/python/gpu_ipc_check.py --fp4qd $b/bin/fp4qd --out $o/ipc --steps 100 \
-  > $o/gpu_ipc_check.txt 2>&1
-echo "gpu_ipc_check rc=$?"; tail -1 $o/gpu_ipc_check.txt
-grep -A3 '"optim_one_pass' $o/ipc/gpu_ipc_check.json | head -4
-timeout 200 python3 bench/trainer_step.py --fp4qd $b/bin/fp4qd --models gpt2-small \
-  --behind-ms 0 --steps 100 --warmup 10 --json $o/trainer-step-gpt2.json \
-  > $o/trainer-step-gpt2.txt 2>&1
-echo "trainer_step rc=$?"; grep -E "delayed|foreach SGD|floor" $o/trainer-step-gpt2.txt | head -12
-cd $OUT && tar czf r.tgz r && rm -rf r
+cd $OUT && tar czf r1a.tgz r && rm -rf r
