@@ -10,13 +10,20 @@
 # contexts; and a cProfile of the Python client's step() for GPT-2 (trainloop.py PROFILE=1).
 set -uo pipefail
 source bench/results/h200-step/overlap/env.sh
+# The call's limit is 600 s: the outputs are archived whatever ends the script, and a phase
+# that could not finish by 560 s is skipped (it says so).
+trap 'cd $OUT && tar czf r.tgz r && rm -rf r' EXIT
+room() {  # room SECONDS WHAT: whether WHAT, taking up to SECONDS, still fits
+  (( SECONDS + $1 < 560 )) && return 0
+  echo "skipped (no time left): $2" | tee -a $o/skipped.txt; return 1
+}
 nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee $o/gpu.txt
 echo "commit $FP4Q_COMMIT" | tee -a $o/gpu.txt
 f='*DeviceWaits*:*StepRefusals*'
 timeout 60 $b/bin/fp4q_cuda_test --gtest_filter="$f:*Batches*:*StepMatchesCpu*" > $o/device-waits.txt 2>&1
 echo "rc=$?" >> $o/device-waits.txt; grep -E "^\[ +(OK|SKIPPED|FAILED|PASSED) |rc=" $o/device-waits.txt
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-timeout 120 $cs --tool memcheck $b/bin/fp4q_cuda_test --gtest_filter="$f" > $o/memcheck.txt 2>&1
+room 90 memcheck && timeout 90 $cs --tool memcheck $b/bin/fp4q_cuda_test --gtest_filter="$f" > $o/memcheck.txt 2>&1
 echo "rc=$?" >> $o/memcheck.txt; grep -E "^\[ +(OK|SKIPPED|FAILED|PASSED) |ERROR SUMMARY|rc=|skip" $o/memcheck.txt
 d=/tmp/fq; mkdir -p $d; rm -f $d/*.sock
 $b/bin/fp4qd --listen 127.0.0.1:0 --metrics_listen "" --unix_socket $d/g.sock --fast_socket $d/f.sock \
@@ -25,7 +32,8 @@ pid=$!; t0=$(date +%s%N); for i in $(seq 400); do [[ -S $d/f.sock ]] && break; s
 echo "fp4qd serving after $(( ($(date +%s%N) - t0) / 1000000 )) ms" | tee -a $o/fp4qd-start.log
 grep -o "step_signals[^ ]*" $o/fp4qd-start.log | head -2; kill $pid; wait $pid
 behind() {  # behind TAG [fp4qd flag]
-  timeout 150 python3 bench/trainer_step.py --fp4qd $b/bin/fp4qd --models '' --behind-ms 5 \
+  room 100 "behind $1" || return 0
+  timeout 100 python3 bench/trainer_step.py --fp4qd $b/bin/fp4qd --models '' --behind-ms 5 \
     --steps 100 --warmup 10 ${2:+--fp4qd-arg=$2} --json $o/behind-$1.json > $o/behind-$1.txt 2>&1
   echo "behind $1 rc=$?"; grep -E "after the work|8192" $o/behind-$1.txt
 }
@@ -34,6 +42,7 @@ behind host --step_device_signals=false
 # Nsight Compute: each step kernel's GPU time and DRAM bytes (GPT-2's 50 matrices and one
 # 8192x8192, delayed scaling, steps from C++). fp4qd itself is stopped (SIGTERM) so that ncu,
 # its parent, writes the log.
+if room 150 ncu; then
 ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 rm -f $d/*.sock
 timeout 150 $ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
@@ -62,6 +71,7 @@ for v in list(k.values())[-60:]:
     print("%-56s %9.1f us %9.1f MB %7.1f GB/s" % (v["name"][:56], t / 1e3, b / 1e6,
                                                  b / t if t else 0))
 PY
+fi
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
 mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
 MPS=$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)
@@ -70,7 +80,6 @@ behind mps-device
 behind mps-host --step_device_signals=false
 echo quit | $MPS
 unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-B=$b MODES=gpt2 SCALING=delayed N=200 PROFILE=1 timeout 100 \
+room 100 trainloop && B=$b MODES=gpt2 SCALING=delayed N=200 PROFILE=1 timeout 100 \
   python3 bench/results/h200-step/python-client/trainloop.py > $o/trainloop-gpt2-profile.txt 2>&1
 echo "trainloop rc=$?"; head -4 $o/trainloop-gpt2-profile.txt
-cd $OUT && tar czf r.tgz r && rm -rf r
