@@ -7,7 +7,8 @@
 What runs: fp4qd started here with --backend cpu and a fast socket; `fp4q.optim.SGD` (round to
 nearest with error feedback, plain SGD) over GPT-2-small's 50 matrices (12 x ([768, 2304],
 [768, 768], [768, 3072], [3072, 768]) + [50257, 768] + [1024, 768]; --scale S divides every
-row count by S), bf16 parameters and gradients in host memory, sent inline over the fast socket,
+row count by S), bf16 parameters and gradients in host memory, sent inline (the fast socket
+where the frame fits, gRPC otherwise: GPT-2 at full size),
 DQ(W) copied back into the parameters. Gradients random, never zero; the parameters are
 poisoned before the timed steps and checked after.
 
