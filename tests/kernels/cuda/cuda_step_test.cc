@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "fp4q/common/status_macros.h"
 #include "gtest/gtest.h"
@@ -544,10 +545,12 @@ TEST_F(CudaTest, StepRefusalsMatchCpu) {
   }
 }
 
-// fp4qd's step behind device-side ready waits (RunStepOnDeviceSignals): queued behind a wait on
-// a ready word, the step does not run before the word holds its value (its done word stays 0, an
-// older value keeps it waiting), then matches the CPU bit for bit; cancelled (the token written,
-// then the ready word) it refuses every item and writes nothing, and the done word still comes.
+// fp4qd's step behind device-side ready waits (RunStepOnDeviceSignals): queuing it returns at
+// once (nothing on that path waits for the device), the step does not run before the word holds
+// its value (its done word stays 0, an older value keeps it waiting), then matches the CPU bit
+// for bit; cancelled (the token written, then the ready word) it refuses every item and writes
+// nothing, and the done word still comes. Through StepCheck and StepApply, and through
+// StepCheckAndApply (what fp4qd calls for a step on one device).
 TEST_F(CudaTest, StepBehindDeviceWaitsRunsWhenReadyOrCancelled) {
   if (!gpu().DeviceSignals()) {
     GTEST_SKIP() << "no device-side signals: no stream memory operations, or a launch behind a "
@@ -563,69 +566,87 @@ TEST_F(CudaTest, StepBehindDeviceWaitsRunsWhenReadyOrCancelled) {
   c.update_dtypes = {DType::kBF16};
   c.out_dtypes = {DType::kBF16};
   auto rng = Rng(8100);
-  for (const bool cancel : {false, true}) {
-    SCOPED_TRACE(cancel ? "cancelled" : "applied");
-    StepState host = MakeState(cpu(), c, 8101);
-    const StepState before = host;
-    const Updates u = RandomUpdates(c, Dist::kNormal, 0.5f, rng);
-    DeviceState dev(gpu(), host, u);
-    StepState shape = host;
-    const std::vector<StepItem> items = {dev.Item(c, &shape, u)};
-    DeviceBuffer words(gpu(), 64);  // the ready word at 0, done at 16, cancellation at 32
-    const std::vector<uint8_t> zero(64, 0);
-    words.Upload(zero.data(), zero.size());
-    auto* w = static_cast<uint8_t*>(words.get());
-    uint32_t* ready = reinterpret_cast<uint32_t*>(w);
-    uint32_t* done = reinterpret_cast<uint32_t*>(w + 16);
-    uint32_t* cancel_word = reinterpret_cast<uint32_t*>(w + 32);
-    const size_t bytes = StepWorkspaceBytes(items);
-    DeviceBuffer ws(gpu(), bytes);
-    absl::StatusOr<Stream> s = gpu().CreateStream();
-    ASSERT_TRUE(s.ok()) << s.status();
-    auto done_now = [&] {
-      absl::StatusOr<uint32_t> v = gpu().ReadValue32Now(done);
-      EXPECT_TRUE(v.ok()) << v.status();
-      return v.ok() ? *v : 0xFFFFFFFFu;
-    };
-    // The host side, as fp4qd's: another thread watches and writes the words while the step is
-    // queued (a tool that makes launches synchronous blocks the queuing thread until then).
-    uint32_t held = 0xFFFFFFFFu, held_older = 0xFFFFFFFFu;  // not read yet
-    std::thread watcher([&] {
-      absl::SleepFor(absl::Milliseconds(30));
-      held = done_now();  // still held by the wait
-      EXPECT_TRUE(gpu().WriteValue32Now(ready, 4).ok());  // an older value: still held
-      absl::SleepFor(absl::Milliseconds(30));
-      held_older = done_now();
-      if (cancel) EXPECT_TRUE(gpu().WriteValue32Now(cancel_word, 77).ok());
-      EXPECT_TRUE(gpu().WriteValue32Now(ready, 5).ok());
-    });
-    const absl::Status queued = [&]() -> absl::Status {
-      FP4Q_RETURN_IF_ERROR(gpu().WaitValue32(ready, 5, *s));
-      FP4Q_RETURN_IF_ERROR(gpu().StepCheck(items, ws.get(), bytes, *s, StepCancel{cancel_word, 77}));
-      FP4Q_RETURN_IF_ERROR(gpu().StepApply(items, ws.get(), *s));
-      return gpu().WriteValue32(done, 9, *s);
-    }();
-    StepReport report;
-    const absl::Status r = queued.ok() ? gpu().StepReadReport(items, ws.get(), &report, *s) : queued;
-    watcher.join();
-    gpu().DestroyStream(*s);
-    ASSERT_TRUE(r.ok()) << r;
-    EXPECT_EQ(held, 0u);
-    EXPECT_EQ(held_older, 0u);
-    EXPECT_EQ(done_now(), 9u);
-    EXPECT_EQ(report.ok, !cancel);
-    EXPECT_EQ(report.cancelled, cancel);
-    StepState got = dev.Download(host);
-    StepState want = before;
-    if (cancel) {
-      for (auto& o : got.outs) {
-        EXPECT_EQ(o, std::vector<uint8_t>(o.size(), cuda_testing::kDevicePoison));
+  for (const bool combined : {false, true}) {
+    for (const bool cancel : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(combined ? "StepCheckAndApply, " : "StepCheck + StepApply, ",
+                                cancel ? "cancelled" : "applied"));
+      StepState host = MakeState(cpu(), c, 8101);
+      const StepState before = host;
+      const Updates u = RandomUpdates(c, Dist::kNormal, 0.5f, rng);
+      DeviceState dev(gpu(), host, u);
+      StepState shape = host;
+      const std::vector<StepItem> items = {dev.Item(c, &shape, u)};
+      DeviceBuffer words(gpu(), 64);  // the ready word at 0, done at 16, cancellation at 32
+      const std::vector<uint8_t> zero(64, 0);
+      words.Upload(zero.data(), zero.size());
+      auto* w = static_cast<uint8_t*>(words.get());
+      uint32_t* ready = reinterpret_cast<uint32_t*>(w);
+      uint32_t* done = reinterpret_cast<uint32_t*>(w + 16);
+      uint32_t* cancel_word = reinterpret_cast<uint32_t*>(w + 32);
+      const size_t bytes = StepWorkspaceBytes(items);
+      DeviceBuffer ws(gpu(), bytes);
+      absl::StatusOr<Stream> s = gpu().CreateStream();
+      ASSERT_TRUE(s.ok()) << s.status();
+      auto done_now = [&] {
+        absl::StatusOr<uint32_t> v = gpu().ReadValue32Now(done);
+        EXPECT_TRUE(v.ok()) << v.status();
+        return v.ok() ? *v : 0xFFFFFFFFu;
+      };
+      // The host side, as fp4qd's: another thread watches and writes the words once the step is
+      // queued (or after 2 s, should queuing block until the word is written).
+      absl::Notification queued_note;
+      uint32_t held = 0xFFFFFFFFu, held_older = 0xFFFFFFFFu;  // not read yet
+      std::thread watcher([&] {
+        queued_note.WaitForNotificationWithTimeout(absl::Seconds(2));
+        absl::SleepFor(absl::Milliseconds(30));
+        held = done_now();  // still held by the wait
+        EXPECT_TRUE(gpu().WriteValue32Now(ready, 4).ok());  // an older value: still held
+        absl::SleepFor(absl::Milliseconds(30));
+        held_older = done_now();
+        if (cancel) EXPECT_TRUE(gpu().WriteValue32Now(cancel_word, 77).ok());
+        EXPECT_TRUE(gpu().WriteValue32Now(ready, 5).ok());
+      });
+      const StepCancel token{cancel_word, 77};
+      const absl::Time start = absl::Now();
+      const absl::Status queued = [&]() -> absl::Status {
+        FP4Q_RETURN_IF_ERROR(gpu().WaitValue32(ready, 5, *s));
+        if (combined) {
+          absl::StatusOr<ValidatedStep> step = ValidatedStep::Check(items);
+          if (!step.ok()) return step.status();
+          FP4Q_RETURN_IF_ERROR(gpu().StepCheckAndApply(*step, ws.get(), bytes, *s, token));
+        } else {
+          FP4Q_RETURN_IF_ERROR(gpu().StepCheck(items, ws.get(), bytes, *s, token));
+          FP4Q_RETURN_IF_ERROR(gpu().StepApply(items, ws.get(), *s));
+        }
+        return gpu().WriteValue32(done, 9, *s);
+      }();
+      const absl::Duration took = absl::Now() - start;
+      queued_note.Notify();
+      StepReport report;
+      const absl::Status r =
+          queued.ok() ? gpu().StepReadReport(items, ws.get(), &report, *s) : queued;
+      watcher.join();
+      gpu().DestroyStream(*s);
+      ASSERT_TRUE(r.ok()) << r;
+      EXPECT_LT(took, absl::Milliseconds(250))
+          << "queuing the step behind an unwritten wait held the thread " << took;
+      EXPECT_EQ(held, 0u);
+      EXPECT_EQ(held_older, 0u);
+      EXPECT_EQ(done_now(), 9u);
+      EXPECT_EQ(report.ok, !cancel);
+      EXPECT_EQ(report.cancelled, cancel);
+      StepState got = dev.Download(host);
+      StepState want = before;
+      if (cancel) {
+        for (auto& o : got.outs) {
+          EXPECT_EQ(o, std::vector<uint8_t>(o.size(), cuda_testing::kDevicePoison));
+        }
+        got.outs = want.outs;
+      } else {
+        step_testing::ReferenceStep(cpu(), c, u, &want);
       }
-      got.outs = want.outs;
-    } else {
-      step_testing::ReferenceStep(cpu(), c, u, &want);
+      EXPECT_TRUE(SameState(got, want));
     }
-    EXPECT_TRUE(SameState(got, want));
   }
 }
 
