@@ -137,7 +137,7 @@ TEST_F(StepOnePassTest, RefusedBatchKeepsTheStateAndRestoresTheOutputs) {
   }
 }
 
-TEST_F(StepOnePassTest, CancelledBatchChangesNothingButTheOutputs) {
+TEST_F(StepOnePassTest, CancelledBatchChangesNothing) {
   const StepCase c = OnePassCase(4);
   StepState st = MakeState(*cpu_, c, 11);
   PoisonOutputs(&st);
@@ -152,10 +152,7 @@ TEST_F(StepOnePassTest, CancelledBatchChangesNothingButTheOutputs) {
   ASSERT_TRUE(RunOnePassStep(*cpu_, {item}, &r, StepCancel{&word, 77}).ok());
   EXPECT_FALSE(r.ok);
   EXPECT_TRUE(r.cancelled);
-  StepState kept = st;
-  kept.outs = before.outs;
-  EXPECT_TRUE(SameState(kept, before));
-  EXPECT_EQ(st.outs[0], DequantizedBytes(*cpu_, c, before, c.out_dtypes[0]));
+  EXPECT_TRUE(SameState(st, before));  // the outputs too: still the poison they held
 }
 
 TEST_F(StepOnePassTest, ValidationNamesTheField) {

@@ -609,11 +609,13 @@ absl::Status StepOnePassHost(const std::vector<StepItem>& items, uint8_t* worksp
                              const StepCancel& cancel) {
   // The same check and report as two passes; the CPU reads the updates twice, which changes no
   // result. Applied: the new state goes to each item's StepNext. Refused: the outputs get DQ(W)
-  // of the unchanged weights, as after the CUDA backend's one pass.
+  // of the unchanged weights, as after the CUDA backend's one pass; cancelled, nothing is
+  // written (the CUDA backend's apply did not start, or its restore rewrites what it wrote).
   StepCheckHost(items, workspace, cancel);
   step_ws::Header header;
   std::memcpy(&header, workspace, sizeof(header));
   if (header.ok == 1) return StepApplyHost(items, workspace);
+  if (header.cancelled == 1) return absl::OkStatus();
   for (const StepItem& item : items) {
     const Matrix dq = DequantizeHost(LoadQuantized(AsConst(item.weight)));
     for (const MutTensor& o : item.dequantized_out) {

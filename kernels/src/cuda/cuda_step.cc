@@ -456,6 +456,7 @@ absl::Status QueueOnePass(int ordinal, int prefetch_slots, const HostPlan& h, vo
     StepKernelArgs a = ArgsFor(l, ws, launch, prefetch_slots);
     a.cancel_word = cancel.word;
     a.cancel_token = cancel.token;
+    a.ran = &reinterpret_cast<step_ws::Header*>(ws)->one_pass_ran;
     st = FP4Q_CUDA_STATUS(LaunchStepApplySgdOnePass(a, launch.sr, s));
     if (!st.ok()) break;
     ++queued;

@@ -592,6 +592,7 @@ __global__ void __launch_bounds__(kThreads, kSr || kFused ? 2 : 3)
     const bool cancelled = threadIdx.x == 0 && a.cancel_word != nullptr &&
                            *static_cast<const volatile uint32_t*>(a.cancel_word) == a.cancel_token;
     if (__syncthreads_or(cancelled)) return;
+    if (threadIdx.x == 0 && a.ran != nullptr) *static_cast<volatile int32_t*>(a.ran) = 1;
   } else {
     if (a.header->checked != step_ws::kCheckedMagic || a.header->ok != 1) return;
   }

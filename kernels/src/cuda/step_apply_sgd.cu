@@ -9,11 +9,13 @@ namespace {
 
 __global__ void ModuleAnchorKernel() {}  // names this file's CUDA module (StepApplySgdModule)
 
-// A refused one-pass step: every item's output gets DQ(W) of its unchanged weight (codes, scales
-// and record in place), eight elements a lane in the lean run's slot mapping.
+// A refused one-pass step whose apply ran (a cancelled one may not have): every item's output
+// gets DQ(W) of its unchanged weight (codes, scales and record in place), eight elements a lane
+// in the lean run's slot mapping.
 __global__ void __launch_bounds__(step_dev::kThreads) StepRestoreOutputsKernel(const StepKernelArgs a) {
   using namespace step_dev;  // NOLINT
   if (a.header->checked == step_ws::kCheckedMagic && a.header->ok == 1) return;
+  if (a.header->one_pass_ran != 1) return;  // no apply wrote an output
   const int lane = threadIdx.x & 31;
   const WarpSlots run = WarpSlotsOf(a.total_units);
   int e = 0;

@@ -20,6 +20,9 @@ namespace fp4q::kernels::cuda {
 // whose entry n_entries holds the launch's total of warp-units (step_ws::kUnitElems each).
 struct StepKernelArgs {
   const step_ws::Header* header = nullptr;  // the batch flag (the apply is gated on it)
+  // One pass: each CTA of the apply that passes the cancellation gate writes 1 here
+  // (Header::one_pass_ran), so that the restore rewrites outputs only where an apply ran.
+  int32_t* ran = nullptr;
   const step_ws::ItemDesc* descs = nullptr;
   const step_ws::UpdateDesc* updates = nullptr;
   const step_ws::OutDesc* outs = nullptr;

@@ -197,10 +197,11 @@ struct StepCancel {
 // A whole batch's outcome.
 struct StepReport {
   bool ok = false;         // every item passed the check (and the step was not cancelled)
-  // The StepCancel word held its token: no state was written (a one-pass step's outputs hold
-  // DQ(W) of the unchanged weights). Only ok and cancelled are then defined: a one-pass step's
-  // check runs inside its apply, which a cancelled step may skip, so items and fingerprints can
-  // be partial.
+  // The StepCancel word held its token: no state was written, and a one-pass step's outputs
+  // were not written either, or (a CUDA apply already under way when the word was written) hold
+  // DQ(W) of the unchanged weights again. Only ok and cancelled are then defined: a one-pass
+  // step's check runs inside its apply, which a cancelled step may skip, so items and
+  // fingerprints can be partial.
   bool cancelled = false;
   std::vector<StepItemReport> items;
   // Fingerprint of every update, item by item and within an item in update order: a 64-bit
