@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <numeric>
+#include <system_error>
 #include <thread>
 
 namespace fp4q::kernels::cpu {
@@ -41,7 +42,13 @@ void ForEachPiece(const std::vector<int64_t>& sizes, const std::function<void(si
   };
   std::vector<std::thread> helpers;
   helpers.reserve(threads - 1);
-  for (size_t t = 1; t < threads; ++t) helpers.emplace_back(work);
+  for (size_t t = 1; t < threads; ++t) {
+    try {
+      helpers.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // no more threads to be had (a process or cgroup limit): fewer do the pieces
+    }
+  }
   work();
   for (std::thread& h : helpers) h.join();
 }
