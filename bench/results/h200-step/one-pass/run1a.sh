@@ -13,16 +13,24 @@
 #      trainer_step.py for GPT-2 (its one-pass rows beside torch's optimizers)
 set -uo pipefail
 source bench/results/h200-step/overlap/env.sh
+# Within the call's 600 s (another script may have run before it in the same call: LIMIT, the
+# seconds this one may take, default 560): a phase that could not finish in time is skipped and
+# says so; the outputs are archived whatever ends the script.
+trap 'cd $OUT && tar czf r1a.tgz r && rm -rf r' EXIT
+room() {  # room SECONDS WHAT: whether WHAT, taking up to SECONDS, still fits
+  (( SECONDS + $1 < ${LIMIT:-560} )) && return 0
+  echo "skipped (no time left): $2" | tee -a $o/skipped.txt; return 1
+}
 nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee $o/gpu.txt
 echo "commit $FP4Q_COMMIT" | tee -a $o/gpu.txt
 timeout 150 $b/bin/fp4q_cuda_test --gtest_filter='*OnePass*:*Step*:*LeanSgd*:*Batches*' \
   > $o/cuda-tests.txt 2>&1
 echo "rc=$?" >> $o/cuda-tests.txt; grep -E "^\[ +(FAILED|PASSED|SKIPPED) |rc=" $o/cuda-tests.txt
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-timeout 120 $cs --tool memcheck $b/bin/fp4q_cuda_test --gtest_filter='*OnePass*' \
+room 120 memcheck && timeout 120 $cs --tool memcheck $b/bin/fp4q_cuda_test --gtest_filter='*OnePass*' \
   > $o/memcheck.txt 2>&1
 echo "rc=$?" >> $o/memcheck.txt; grep -E "^\[ +(FAILED|PASSED) |ERROR SUMMARY|rc=" $o/memcheck.txt
-timeout 150 $b/bin/fp4q_bench --only step --out $o/bench-step.json > $o/bench-step.txt 2>&1
+room 150 "fp4q_bench step rows" && timeout 150 $b/bin/fp4q_bench --only step --out $o/bench-step.json > $o/bench-step.txt 2>&1
 echo "fp4q_bench rc=$?"; grep -E "copy|SGD" $o/bench-step.txt | head -12
 # Nsight Compute on one GPT-2 step of each kind: the kernels' time, instructions and DRAM bytes
 # (the one-pass apply carries the check's work: its instructions an element against the lean
@@ -30,9 +38,9 @@ echo "fp4q_bench rc=$?"; grep -E "copy|SGD" $o/bench-step.txt | head -12
 ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 for row in "step check + apply, SGD + EF, delayed" "step one pass, SGD + EF, delayed"; do
   tag=$([[ $row == *"one pass"* ]] && echo one || echo two)
+  room 120 "ncu $tag" || continue
   timeout 120 $ncu --clock-control none --kernel-name regex:Step --launch-skip 40 \
     --launch-count 8 --metrics gpu__time_duration.sum,smsp__inst_executed.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active \
     $b/bin/fp4q_bench --only "$row" --iters 3 --out /tmp/ncu-$tag.json > $o/ncu-$tag.txt 2>&1
   echo "ncu $tag rc=$?"; grep -E "Step[A-Za-z]+Kernel|gpu__time|inst_executed|issue_active" $o/ncu-$tag.txt | head -24
 done
-cd $OUT && tar czf r1a.tgz r && rm -rf r
