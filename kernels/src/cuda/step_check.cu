@@ -605,6 +605,7 @@ __global__ void __launch_bounds__(kThreads) StepDecideKernel(const StepDecideArg
     h.checked = step_ws::kCheckedMagic;
     h.n_items = a.n_items;
     h.n_updates = a.n_updates;
+    h.one_pass_ran = a.header->one_pass_ran;  // the one-pass apply's mark, for the restore
     *a.header = h;
   }
 }

@@ -12,7 +12,7 @@ nvcc -O2 -arch=sm_90 -o /tmp/probe_blocking_check $p/probe_blocking_check.cu -lc
   > $o/probe-build.txt 2>&1 || { echo "probe build failed"; cat $o/probe-build.txt; }
 for t in lazy lazy2 loaded gfunc fattr attr halloc malloc free fhost memset cpypin cpypage \
          event write olazy oload; do
-  timeout 20 /tmp/probe_blocking_check $t 2>&1 | grep -v "^loaded" | tee -a $o/probe.txt
+  timeout 20 /tmp/probe_blocking_check $t 2>&1 | grep -v "^loaded [0-9]" | tee -a $o/probe.txt
 done
 CUDA_MODULE_LOADING=EAGER timeout 20 /tmp/probe_blocking_check lazy 2>&1 | sed 's/^/EAGER /' \
   | tee -a $o/probe.txt
