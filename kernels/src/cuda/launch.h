@@ -202,6 +202,15 @@ cudaError_t LaunchRht(const RhtParams& p, cudaStream_t s);
 cudaError_t LaunchNoOp(cudaStream_t s);
 // A kernel of elementwise.cu, which names its CUDA module (step_launch.h's *Module()).
 const void* ElementwiseModule();
+// A kernel of each other file of kernels, naming its CUDA module: the backend loads every kernel
+// of the library at start-up (stream_signals.cc), since a kernel's first launch (lazy loading)
+// waits for the device, and so for any device-side wait a step has queued on another stream.
+const void* MatmulMidMModule();     // matmul_mid_m.cu
+const void* MatmulSmallMModule();   // matmul_small_m.cu
+const void* MatmulWgmmaModule();    // matmul_wgmma.cu
+const void* QuantizeLanesModule();  // quantize_lanes.cu
+const void* QuantizeRowsModule();   // quantize_rows.cu
+const void* QuantizeTileModule();   // quantize_tile.cu
 
 // alpha[0] = RN(S_dec_a * S_dec_b) (1.0f factors for MXFP4), for the cuBLASLt GEMM paths.
 cudaError_t LaunchGemmAlpha(const float* global_a, const float* global_b, bool mx, float* alpha,

@@ -447,4 +447,10 @@ cudaError_t LaunchWgmmaMatmul(const SmallMParams& p, cudaStream_t s) {
              : LaunchTile<false, false>(p, pl, act, ws.partial, ws.tickets, s);
 }
 
+namespace {
+__global__ void ModuleAnchorKernel() {}  // names this file's CUDA module (MatmulWgmmaModule)
+}  // namespace
+
+const void* MatmulWgmmaModule() { return reinterpret_cast<const void*>(&ModuleAnchorKernel); }
+
 }  // namespace fp4q::kernels::cuda

@@ -510,4 +510,10 @@ cudaError_t LaunchQuantizeLanes(const RowParams& p, RowKernel k, cudaStream_t s)
   return p.x_dtype == kF32 ? Dispatch<float>(lp, k, s) : Dispatch<__nv_bfloat16>(lp, k, s);
 }
 
+namespace {
+__global__ void ModuleAnchorKernel() {}  // names this file's CUDA module (QuantizeLanesModule)
+}  // namespace
+
+const void* QuantizeLanesModule() { return reinterpret_cast<const void*>(&ModuleAnchorKernel); }
+
 }  // namespace fp4q::kernels::cuda

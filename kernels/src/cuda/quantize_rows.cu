@@ -294,4 +294,10 @@ cudaError_t LaunchQuantizeRows(const RowParams& p, cudaStream_t s) {
   return p.x_dtype == kF32 ? DispatchFormat<float>(p, s) : DispatchFormat<__nv_bfloat16>(p, s);
 }
 
+namespace {
+__global__ void ModuleAnchorKernel() {}  // names this file's CUDA module (QuantizeRowsModule)
+}  // namespace
+
+const void* QuantizeRowsModule() { return reinterpret_cast<const void*>(&ModuleAnchorKernel); }
+
 }  // namespace fp4q::kernels::cuda

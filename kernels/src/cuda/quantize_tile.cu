@@ -214,4 +214,10 @@ cudaError_t LaunchQuantizeTile(const TileParams& p, cudaStream_t s) {
   return p.x_dtype == kF32 ? DispatchFormat<float>(p, s) : DispatchFormat<__nv_bfloat16>(p, s);
 }
 
+namespace {
+__global__ void ModuleAnchorKernel() {}  // names this file's CUDA module (QuantizeTileModule)
+}  // namespace
+
+const void* QuantizeTileModule() { return reinterpret_cast<const void*>(&ModuleAnchorKernel); }
+
 }  // namespace fp4q::kernels::cuda

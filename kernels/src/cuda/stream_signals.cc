@@ -91,6 +91,20 @@ bool LoadStepKernels() {
   return true;
 }
 
+// The library's other kernels (quantizers, GEMMs): not needed by a step, but while a step waits
+// for its ready word on one stream, the first launch of a kernel not yet loaded blocks its
+// thread on any stream (measured on the H200: bench/results/h200-step/timeline/probe/).
+void LoadOtherKernels() {
+  for (const void* anchor : {MatmulMidMModule(), MatmulSmallMModule(), MatmulWgmmaModule(),
+                             QuantizeLanesModule(), QuantizeRowsModule(), QuantizeTileModule()}) {
+    if (!LoadModuleKernels(anchor)) {
+      std::fprintf(stderr, "fp4q CUDA backend: a module's kernels could not be loaded at "
+                           "start-up; their first use may wait for a step's ready word\n");
+      return;
+    }
+  }
+}
+
 // Whether the environment says launches may be synchronous here: CUDA_LAUNCH_BLOCKING=1, or a
 // tool injected into the process (CUDA_INJECTION64_PATH, or a sanitizer preloaded). A launch
 // queued behind a device-side wait would then block the launching thread until the word is
@@ -185,6 +199,7 @@ void CudaBackend::ProbeSignals() {
   // fp4qd's steps need (the host times the wait out and cancels it).
   const char* why = ok ? nullptr : "a write then a wait on a side stream did not work";
   if (why == nullptr && !LoadStepKernels()) why = "the step's kernels could not be loaded";
+  if (why == nullptr) LoadOtherKernels();
   if (why == nullptr && LaunchesBlockBehindWaits(reinterpret_cast<WaitFn>(found.wait), side)) {
     why = "a launch behind an unwritten wait blocked the launching thread";
   }
