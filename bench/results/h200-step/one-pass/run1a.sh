@@ -13,14 +13,7 @@
 #      trainer_step.py for GPT-2 (its one-pass rows beside torch's optimizers)
 set -uo pipefail
 source bench/results/h200-step/overlap/env.sh
-# Within the call's 600 s (another script may have run before it in the same call: LIMIT, the
-# seconds this one may take, default 560): a phase that could not finish in time is skipped and
-# says so; the outputs are archived whatever ends the script.
-trap 'cd $OUT && tar czf r1a.tgz r && rm -rf r' EXIT
-room() {  # room SECONDS WHAT: whether WHAT, taking up to SECONDS, still fits
-  (( SECONDS + $1 < ${LIMIT:-560} )) && return 0
-  echo "skipped (no time left): $2" | tee -a $o/skipped.txt; return 1
-}
+archive_on_exit r1a
 nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee $o/gpu.txt
 echo "commit $FP4Q_COMMIT" | tee -a $o/gpu.txt
 timeout 150 $b/bin/fp4q_cuda_test --gtest_filter='*OnePass*:*Step*:*LeanSgd*:*Batches*' \

@@ -1,17 +1,11 @@
 #!/usr/bin/env bash
 # Device call 1b of one-pass steps (after run1a.sh; repository root, .bundle carried): steps 4
 # and 5 of run1a.sh's list, through fp4qd from C++ and Python. The copy bandwidth is measured
-# again here (fp4q_bench's copy row).
+# again here (fp4q_bench's copy row). One round of each model first, then Python's checks, then
+# the second rounds, each phase only if it fits in the call (room, overlap/env.sh).
 set -uo pipefail
 source bench/results/h200-step/overlap/env.sh
-# Within its share of the call (LIMIT seconds, default 560): a phase that could not finish in
-# time is skipped and says so; the outputs are archived whatever ends the script. One round of
-# each model first, then Python's checks, then the second rounds.
-trap 'cd $OUT && tar czf r1b.tgz r && rm -rf r' EXIT
-room() {  # room SECONDS WHAT: whether WHAT, taking up to SECONDS, still fits
-  (( SECONDS + $1 < ${LIMIT:-560} )) && return 0
-  echo "skipped (no time left): $2" | tee -a $o/skipped.txt; return 1
-}
+archive_on_exit r1b
 nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee $o/gpu.txt
 echo "commit $FP4Q_COMMIT" | tee -a $o/gpu.txt
 timeout 60 $b/bin/fp4q_bench --only copy --iters 20 --out $o/copy.json > $o/copy.txt 2>&1

@@ -13,3 +13,11 @@ export PYTHONPATH="$PWD/client/python:$PWD/tests/python"
 export FP4Q_PROTO_DESCRIPTOR="$b/python/fp4q_v1.binpb" PYTHONUNBUFFERED=1
 export FP4Q_COMMIT=$(cat "$b/COMMIT")
 o=$OUT/r; mkdir -p $o
+# A device call may run for 600 s. room SECONDS WHAT: whether WHAT, taking up to SECONDS, still
+# fits in this script's share (LIMIT seconds, default 560); a phase that does not fit is skipped
+# and says so. archive_on_exit NAME: $OUT/NAME.tgz holds $o whatever ends the script.
+room() {
+  (( SECONDS + $1 < ${LIMIT:-560} )) && return 0
+  echo "skipped (no time left): $2" | tee -a $o/skipped.txt; return 1
+}
+archive_on_exit() { trap "cd $OUT && tar czf $1.tgz r && rm -rf r" EXIT; }

@@ -10,13 +10,7 @@
 # contexts; and a cProfile of the Python client's step() for GPT-2 (trainloop.py PROFILE=1).
 set -uo pipefail
 source bench/results/h200-step/overlap/env.sh
-# The call's limit is 600 s: the outputs are archived whatever ends the script, and a phase
-# that could not finish by 560 s is skipped (it says so).
-trap 'cd $OUT && tar czf r.tgz r && rm -rf r' EXIT
-room() {  # room SECONDS WHAT: whether WHAT, taking up to SECONDS, still fits
-  (( SECONDS + $1 < 560 )) && return 0
-  echo "skipped (no time left): $2" | tee -a $o/skipped.txt; return 1
-}
+archive_on_exit r
 nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee $o/gpu.txt
 echo "commit $FP4Q_COMMIT" | tee -a $o/gpu.txt
 f='*DeviceWaits*:*StepRefusals*'
