@@ -23,7 +23,7 @@ step_pair() {  # step_pair MODEL ROUND ARGS...: two passes, then one
   local m=$1 r=$2; shift 2
   for p in two one; do
     flag=""; [[ $p == one ]] && flag="--one-pass"
-    room 120 "$m $p round $r" || return 0
+    room 80 "$m $p round $r" || return 0
     timeout 120 $S "$@" $flag --json $o/cpp-$m-$p-$r.json > $o/cpp-$m-$p-$r.log 2>&1
     echo "$m $p $r rc=$? $(python3 -c "import json;d=json.load(open('$o/cpp-$m-$p-$r.json'));print('wall p50 %.1f us, kernel p50 %.1f us, %% of copy (wall, kernel) %s' % (d['wall_us']['p50'], d['kernel_us']['p50'], d.get('pct_of_copy_bandwidth')))" 2>&1)"
   done
