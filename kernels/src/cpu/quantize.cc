@@ -28,11 +28,11 @@ Matrix DequantizeHost(const HostQuantized& q) {
   Matrix out(q.rows, q.cols);
   const int64_t block = BlockElems(q.format);
   const int64_t scale_cols = q.scale_cols();
+  const bool mx = q.format == Format::kMxfp4;
   const float s_dec = GlobalDecodeScale(q.s_enc);
   for (int64_t r = 0; r < q.rows; ++r) {
     for (int64_t c0 = 0; c0 < q.cols; c0 += block) {  // one scale per block
       const uint8_t scale = q.scales[static_cast<size_t>(r * scale_cols + c0 / block)];
-      const bool mx = q.format == Format::kMxfp4;
       const float sf = mx ? E8m0ToFloat(scale) : E4m3ToFloat(scale);
       const uint8_t* codes = &q.codes[static_cast<size_t>((r * q.cols + c0) / 2)];
       float* o = &out.at(r, c0);

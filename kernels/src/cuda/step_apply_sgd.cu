@@ -25,8 +25,12 @@ __global__ void __launch_bounds__(step_dev::kThreads) StepRestoreOutputsKernel(c
     const int64_t s0 = 2 * a.list[e].unit_begin;
     const int64_t item_end = 2 * a.list[e + 1].unit_begin;
     const int64_t run_end = item_end < run.end ? item_end : run.end;
-    const float s_dec = d.n_outs > 0 ? __frcp_rn(d.global[1]) : 0.0f;
-    for (int64_t t = s; t < run_end && d.n_outs > 0; ++t) {
+    if (d.n_outs == 0) {
+      s = run_end;
+      continue;
+    }
+    const float s_dec = __frcp_rn(d.global[1]);
+    for (int64_t t = s; t < run_end; ++t) {
       const int64_t at = (t - s0) * 256 + 8 * lane;
       if (at >= d.n) continue;
       float dq[8];

@@ -598,15 +598,14 @@ __global__ void __launch_bounds__(kThreads) StepDecideKernel(const StepDecideArg
                        *static_cast<const volatile uint32_t*>(a.cancel_word) ==
                            a.cancel_token) != 0;
   ok = __syncthreads_and(ok && !cancelled) != 0;
-  if (threadIdx.x == 0) {
-    step_ws::Header h{};
-    h.cancelled = cancelled ? 1 : 0;
-    h.ok = ok ? 1 : 0;
-    h.checked = step_ws::kCheckedMagic;
-    h.n_items = a.n_items;
-    h.n_updates = a.n_updates;
-    h.one_pass_ran = a.header->one_pass_ran;  // the one-pass apply's mark, for the restore
-    *a.header = h;
+  if (threadIdx.x == 0) {  // the fields it decides (QueueTable zeroed the header; a one-pass
+                           // apply before it may have set one_pass_ran, which the restore reads)
+    step_ws::Header* h = a.header;
+    h->cancelled = cancelled ? 1 : 0;
+    h->ok = ok ? 1 : 0;
+    h->checked = step_ws::kCheckedMagic;
+    h->n_items = a.n_items;
+    h->n_updates = a.n_updates;
   }
 }
 
