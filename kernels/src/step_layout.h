@@ -62,7 +62,8 @@ struct Header {
   int32_t n_updates;
   int32_t cancelled;  // 1: the StepCancel word held its token (ok is 0)
   int32_t one_pass_ran;  // 1: a one-pass apply ran past its cancellation gate (outputs written)
-  int32_t pad[10];
+  uint32_t arrived;      // CTAs of a one-pass step's last apply launch that are done
+  int32_t pad[9];
 };
 static_assert(sizeof(Header) == 64, "Header layout");
 

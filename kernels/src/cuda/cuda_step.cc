@@ -339,24 +339,20 @@ absl::Status CheckKernelLimits(const std::vector<StepItem>& items) {
 absl::Status QueueTable(int ordinal, const HostPlan& h, void* workspace, cudaStream_t s) {
   const Layout& l = h.layout;
   auto* ws = static_cast<uint8_t*>(workspace);
-  // The batch flag first: if a launch below fails, no stale "ok" of an earlier batch remains.
-  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(cudaMemsetAsync(ws, 0, sizeof(step_ws::Header), s)));
+  // The header and accumulators first (one kernel): if a launch below fails, no stale "ok" of
+  // an earlier batch remains.
+  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchStepInit(ws, l.idx_acc, l.ff_end, l.total, s)));
   PinnedPool& pool = PinnedPool::ForDevice(ordinal);
   FP4Q_ASSIGN_OR_RETURN(PinnedPool::Buffer pinned, pool.Acquire(h.table.size()));
   std::memcpy(pinned.data, h.table.data(), h.table.size());
   const cudaError_t copy =
       cudaMemcpyAsync(ws + l.descs, pinned.data, h.table.size(), cudaMemcpyHostToDevice, s);
   FP4Q_RETURN_IF_ERROR(pool.ReleaseAfter(pinned, s));
-  FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(copy));
-  FP4Q_RETURN_IF_ERROR(
-      FP4Q_CUDA_STATUS(cudaMemsetAsync(ws + l.idx_acc, 0xFF, l.ff_end - l.idx_acc, s)));
-  return FP4Q_CUDA_STATUS(cudaMemsetAsync(ws + l.max_acc, 0, l.total - l.max_acc, s));
+  return FP4Q_CUDA_STATUS(copy);
 }
 
-// The decide kernel over the accumulators of the batch in `workspace`.
-absl::Status QueueDecide(const Layout& l, void* workspace, cudaStream_t s,
-                         const StepCancel& cancel) {
-  auto* ws = static_cast<uint8_t*>(workspace);
+// The decision's parameters over the accumulators of the batch in `workspace`.
+StepDecideArgs DecideArgsFor(const Layout& l, uint8_t* ws, const StepCancel& cancel) {
   StepDecideArgs d;
   d.header = reinterpret_cast<step_ws::Header*>(ws);
   d.descs = reinterpret_cast<const ItemDesc*>(ws + l.descs);
@@ -372,7 +368,14 @@ absl::Status QueueDecide(const Layout& l, void* workspace, cudaStream_t s,
   d.fp_acc = reinterpret_cast<const uint64_t*>(ws + l.fp_acc);
   d.cancel_word = cancel.word;
   d.cancel_token = cancel.token;
-  return FP4Q_CUDA_STATUS(LaunchStepDecide(d, s));
+  return d;
+}
+
+// The decide kernel over the accumulators of the batch in `workspace`.
+absl::Status QueueDecide(const Layout& l, void* workspace, cudaStream_t s,
+                         const StepCancel& cancel) {
+  return FP4Q_CUDA_STATUS(
+      LaunchStepDecide(DecideArgsFor(l, static_cast<uint8_t*>(workspace), cancel), s));
 }
 
 // The check's work by the batch's plan `h`: the table, the check launches, the decide kernel.
@@ -434,35 +437,45 @@ absl::Status QueueApply(int prefetch_slots, const std::vector<StepItem>& items, 
 }
 
 // A one-pass step (every item with a StepNext, every one LeanSgdItem under delayed scaling):
-// the table, the one-pass apply (writing the new state beside the old and accumulating the
-// check's words), the decide kernel, the finish (into the new records and statistics), and the
-// restore of the outputs, which runs only when the batch was refused. Every launch is checked
-// before the first is queued; once an apply is queued, a later failure still queues the
-// restores (the header QueueTable zeroed refuses the batch for them), so that no output is left
-// holding DQ of a state that is never committed, and the first error is returned.
+// the table, the one-pass applies (writing the new state beside the old and accumulating the
+// check's words; the last one's last CTA decides and, for an accepted batch, writes the new
+// records and statistics), and the restore of the outputs, which runs only when the batch was
+// refused. A step whose applies have no warp-units to walk queues the decide and finish kernels
+// instead. Every launch is checked before the first is queued; once an apply is queued, a later
+// failure still queues the restores (the header QueueTable zeroed refuses the batch for them),
+// so that no output is left holding DQ of a state that is never committed, and the first error
+// is returned.
 absl::Status QueueOnePass(int ordinal, int prefetch_slots, const HostPlan& h, void* workspace,
                           cudaStream_t s, const StepCancel& cancel) {
   const Layout& l = h.layout;
   auto* ws = static_cast<uint8_t*>(workspace);
-  for (const Launch& launch : h.applies) {
+  size_t last = h.applies.size();  // the launch that decides (none: the kernels decide)
+  for (size_t i = 0; i < h.applies.size(); ++i) {
+    const Launch& launch = h.applies[i];
     if (launch.opt != step_ws::kOptSgdPlain || !launch.lean || launch.tile) {
       return absl::InternalError("one-pass step: an item the lean apply does not take");
     }
+    if (launch.total_units > 0) last = i;
   }
   FP4Q_RETURN_IF_ERROR(QueueTable(ordinal, h, workspace, s));
   absl::Status st;
   size_t queued = 0;  // the applies queued
-  for (const Launch& launch : h.applies) {
-    StepKernelArgs a = ArgsFor(l, ws, launch, prefetch_slots);
-    a.cancel_word = cancel.word;
-    a.cancel_token = cancel.token;
-    a.ran = &reinterpret_cast<step_ws::Header*>(ws)->one_pass_ran;
-    st = FP4Q_CUDA_STATUS(LaunchStepApplySgdOnePass(a, launch.sr, s));
+  for (size_t i = 0; i < h.applies.size(); ++i) {
+    StepOnePassArgs a;
+    a.apply = ArgsFor(l, ws, h.applies[i], prefetch_slots);
+    a.apply.cancel_word = cancel.word;
+    a.apply.cancel_token = cancel.token;
+    a.apply.ran = &reinterpret_cast<step_ws::Header*>(ws)->one_pass_ran;
+    a.decide_last = i == last;
+    if (a.decide_last) a.decide = DecideArgsFor(l, ws, cancel);
+    st = FP4Q_CUDA_STATUS(LaunchStepApplySgdOnePass(a, h.applies[i].sr, s));
     if (!st.ok()) break;
     ++queued;
   }
-  if (st.ok()) st = QueueDecide(l, workspace, s, cancel);
-  if (st.ok()) st = QueueFinish(l, workspace, s);
+  if (st.ok() && last == h.applies.size()) {
+    st = QueueDecide(l, workspace, s, cancel);
+    if (st.ok()) st = QueueFinish(l, workspace, s);
+  }
   for (size_t i = 0; i < queued; ++i) {
     if (!h.applies[i].outs) continue;  // nothing to restore
     const absl::Status r =

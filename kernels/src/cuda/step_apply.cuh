@@ -1,9 +1,9 @@
 // The apply of an optimizer step (NUMERICS 10.2 with the plan of the check): one grouped launch
 // per variant (optimizer, state dtype, rounding, block shape), gated on the batch flag that the
 // decide kernel wrote (a refused batch returns at once: nothing is written). A one-pass step's
-// apply (StepApplyLeanKernel<kSr, true>) comes before its decision instead: gated only on the
-// step's cancellation word, it writes the new state beside the old and the outputs, which a
-// refused batch's restore kernel (step_apply_sgd.cu) rewrites.
+// apply (StepApplyOnePassKernel) comes before its decision instead: gated only on the step's
+// cancellation word, it writes the new state beside the old and the outputs, which a refused
+// batch's restore kernel (step_apply_sgd.cu) rewrites, and the CTA that finishes last decides.
 //
 // Per element it moves exactly what the step must: the updates (2 or 4 bytes per rank), the
 // weight's codes and scale (0.5625 bytes, read and written), the residual (4 + 4), each moment
@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "launch.h"
+#include "step_decide.cuh"
 #include "step_device.cuh"
 #include "step_lean_check.cuh"
 #include "step_launch.h"
@@ -56,7 +57,7 @@ struct ApplyItem {
 
 // kFused (a one-pass step): no plan has been decided yet. Under delayed scaling (the only
 // scaling one pass takes) it is the statistics' NextAmax and the weight's record, which the
-// decide kernel after the apply plans the same way.
+// decision after the apply plans the same way.
 template <bool kFused = false>
 FP4Q_D void LoadApplyItem(const StepKernelArgs& a, int it, ApplyItem* c) {
   const ItemDesc& d = a.descs[it];
@@ -578,24 +579,10 @@ __global__ void __launch_bounds__(kThreads, 2) StepApplyKernel(const StepKernelA
   });
 }
 
-// A launch whose every item is LeanSgdItem (the host decides it by the same function): the lean
-// run alone. Without the generic loop's registers, RTN fits three CTAs an SM (80 registers);
-// SR keeps two (its Philox state would spill). kFused: a one-pass step's apply (step_launch.h
-// LaunchStepApplySgdOnePass), not gated on a decision but on the step's cancellation word; the
-// check's accumulators take registers, so it runs two CTAs an SM (three spilled under RTN).
-template <bool kSr, bool kFused = false>
-__global__ void __launch_bounds__(kThreads, kSr || kFused ? 2 : 3)
-    StepApplyLeanKernel(const StepKernelArgs a) {
-  if constexpr (kFused) {
-    // One read for the CTA (every thread reaches this barrier, and the kernel has no other), so
-    // that no warp's full-mask shuffles miss a lane that saw the word otherwise.
-    const bool cancelled = threadIdx.x == 0 && a.cancel_word != nullptr &&
-                           *static_cast<const volatile uint32_t*>(a.cancel_word) == a.cancel_token;
-    if (__syncthreads_or(cancelled)) return;
-    if (threadIdx.x == 0 && a.ran != nullptr) *static_cast<volatile int32_t*>(a.ran) = 1;
-  } else {
-    if (a.header->checked != step_ws::kCheckedMagic || a.header->ok != 1) return;
-  }
+// The lean run over a launch's warp-units: every CTA's work in a launch whose every item is
+// LeanSgdItem.
+template <bool kSr, bool kFused>
+FP4Q_D void LeanApplyWork(const StepKernelArgs& a) {
   using R = StepRing<step_ws::kOptSgdPlain, step_ws::kStF32>;
   extern __shared__ uint4 step_smem[];
   const auto ring = R::Ring::Of(reinterpret_cast<unsigned char*>(step_smem));
@@ -607,6 +594,59 @@ __global__ void __launch_bounds__(kThreads, kSr || kFused ? 2 : 3)
       });
 }
 
+// A launch whose every item is LeanSgdItem (the host decides it by the same function): the lean
+// run alone, gated on the batch flag. Without the generic loop's registers, RTN fits three CTAs
+// an SM (80 registers); SR keeps two (its Philox state would spill).
+template <bool kSr>
+__global__ void __launch_bounds__(kThreads, kSr ? 2 : 3)
+    StepApplyLeanKernel(const StepKernelArgs a) {
+  if (a.header->checked != step_ws::kCheckedMagic || a.header->ok != 1) return;
+  LeanApplyWork<kSr, false>(a);
+}
+
+// The decision of a one-pass step, by the CTA of its last apply launch that arrives last
+// (Header::arrived counts the CTAs that are done): the decide kernel's work and, for an
+// accepted batch, the finish kernel's (step_decide.cuh). Called by every thread of every CTA of
+// the launch. (Inlined: as a call, its parameters' copy took a 256-byte stack frame and the
+// kernel 116 and 128 registers, RTN and SR, against 105 and 125 inlined; ptxas -v.)
+FP4Q_D void OnePassDecideOnce(const StepDecideArgs& d) {
+  __threadfence();  // this thread's flushes (atomics into the accumulators) before the arrival
+  __syncthreads();  // every warp of the CTA has flushed
+  bool last = false;
+  if (threadIdx.x == 0) last = atomicAdd(&d.header->arrived, 1u) == gridDim.x - 1;
+  if (!__syncthreads_or(last)) return;
+  __threadfence();  // every other CTA's flushes before this CTA reads them
+  if (!DecideBatch(d)) return;
+  __syncthreads();
+  StepFinishArgs f;
+  f.header = d.header;
+  f.descs = d.descs;
+  f.n_items = d.n_items;
+  f.plans = d.plans;
+  f.max_acc = d.max_acc;
+  FinishBatch(f);
+}
+
+// A one-pass step's apply (step_launch.h LaunchStepApplySgdOnePass): not gated on a decision
+// but on the step's cancellation word, and in the step's last apply launch followed by its
+// decision (OnePassDecideOnce). The check's accumulators take registers, so it runs two CTAs an
+// SM (three spilled under RTN).
+template <bool kSr>
+__global__ void __launch_bounds__(kThreads, 2) StepApplyOnePassKernel(const StepOnePassArgs a) {
+  // One read for the CTA (every thread reaches this barrier), so that no warp's full-mask
+  // shuffles miss a lane that saw the word otherwise. A cancelled CTA still arrives below.
+  const bool cancelled = threadIdx.x == 0 && a.apply.cancel_word != nullptr &&
+                         *static_cast<const volatile uint32_t*>(a.apply.cancel_word) ==
+                             a.apply.cancel_token;
+  if (!__syncthreads_or(cancelled)) {
+    if (threadIdx.x == 0 && a.apply.ran != nullptr) {
+      *static_cast<volatile int32_t*>(a.apply.ran) = 1;
+    }
+    LeanApplyWork<kSr, true>(a.apply);
+  }
+  if (a.decide_last) OnePassDecideOnce(a.decide);
+}
+
 template <int kOpt, int kSt, bool kSr, bool kTile>
 cudaError_t LaunchApply(const StepKernelArgs& a, cudaStream_t s) {
   static std::atomic<int> resident[kMaxStepDevices];
@@ -614,11 +654,19 @@ cudaError_t LaunchApply(const StepKernelArgs& a, cudaStream_t s) {
                         resident, a, s);
 }
 
-template <bool kSr, bool kFused = false>
+template <bool kSr>
 cudaError_t LaunchApplyLean(const StepKernelArgs& a, cudaStream_t s) {
   static std::atomic<int> resident[kMaxStepDevices];
   using R = StepRing<step_ws::kOptSgdPlain, step_ws::kStF32>;
-  return LaunchStepGrid(StepApplyLeanKernel<kSr, kFused>, R::Ring::kBytes, resident, a, s);
+  return LaunchStepGrid(StepApplyLeanKernel<kSr>, R::Ring::kBytes, resident, a, s);
+}
+
+template <bool kSr>
+cudaError_t LaunchApplyOnePass(const StepOnePassArgs& a, cudaStream_t s) {
+  static std::atomic<int> resident[kMaxStepDevices];
+  using R = StepRing<step_ws::kOptSgdPlain, step_ws::kStF32>;
+  return LaunchStepGridOf(StepApplyOnePassKernel<kSr>, R::Ring::kBytes, resident,
+                          a.apply.total_units, a, s);
 }
 
 template <int kOpt, int kSt>

@@ -71,9 +71,9 @@ cudaError_t LaunchStepApplySgdLean(const StepKernelArgs& a, bool sr, cudaStream_
   return sr ? LaunchApplyLean<true>(a, s) : LaunchApplyLean<false>(a, s);
 }
 
-cudaError_t LaunchStepApplySgdOnePass(const StepKernelArgs& a, bool sr, cudaStream_t s) {
+cudaError_t LaunchStepApplySgdOnePass(const StepOnePassArgs& a, bool sr, cudaStream_t s) {
   using namespace step_dev;  // NOLINT
-  return sr ? LaunchApplyLean<true, true>(a, s) : LaunchApplyLean<false, true>(a, s);
+  return sr ? LaunchApplyOnePass<true>(a, s) : LaunchApplyOnePass<false>(a, s);
 }
 
 cudaError_t LaunchStepRestoreOutputs(const StepKernelArgs& a, cudaStream_t s) {

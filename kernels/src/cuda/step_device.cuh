@@ -555,20 +555,26 @@ int StepResidentCtas(Kernel k, int smem, std::atomic<int>* cache) {
   return n;
 }
 
-// A launch of step kernel `kernel` with `smem` bytes of dynamic shared memory over a launch of
-// a.total_units warp-units: a warp per warp-unit, at most as many CTAs as the device holds at
-// once (the warps walk the rest, WarpSlotsOf). `resident`: the kernel's StepResidentCtas cache.
-template <typename Kernel>
-cudaError_t LaunchStepGrid(Kernel kernel, int smem, std::atomic<int>* resident,
-                           const StepKernelArgs& a, cudaStream_t s) {
+// A launch of step kernel `kernel` with `smem` bytes of dynamic shared memory and parameters
+// `args` over `units` warp-units: a warp per warp-unit, at most as many CTAs as the device holds
+// at once (the warps walk the rest, WarpSlotsOf); none when `units` is 0. `resident`: the
+// kernel's StepResidentCtas cache. LaunchStepGrid: a launch of StepKernelArgs a.total_units.
+template <typename Kernel, typename Args>
+cudaError_t LaunchStepGridOf(Kernel kernel, int smem, std::atomic<int>* resident, int64_t units,
+                             const Args& args, cudaStream_t s) {
   const int per_sm = StepResidentCtas(kernel, smem, resident);
   if (per_sm == 0) return cudaErrorInvalidConfiguration;  // the ring does not fit the device
-  int64_t ctas = (a.total_units + kWarps - 1) / kWarps;
+  int64_t ctas = (units + kWarps - 1) / kWarps;
   const int64_t cap = static_cast<int64_t>(SmCount()) * per_sm;
   if (ctas > cap) ctas = cap;
   if (ctas == 0) return cudaSuccess;
-  kernel<<<static_cast<unsigned>(ctas), kThreads, smem, s>>>(a);
+  kernel<<<static_cast<unsigned>(ctas), kThreads, smem, s>>>(args);
   return cudaGetLastError();
+}
+template <typename Kernel>
+cudaError_t LaunchStepGrid(Kernel kernel, int smem, std::atomic<int>* resident,
+                           const StepKernelArgs& a, cudaStream_t s) {
+  return LaunchStepGridOf(kernel, smem, resident, a.total_units, a, s);
 }
 
 // Copies the raw words of a dense f32 / bf16 array's eight elements at `at` (lane h of its pair)
@@ -714,20 +720,27 @@ FP4Q_D void FlushSum(uint64_t* slot_base, uint64_t v) {
   }
 }
 
-// Reductions of the replicas (decide and finish kernels).
+// Reductions of the replicas (step_decide.cuh), read through L2: in a one-pass step's apply
+// (whose last CTA decides) other CTAs' atomics wrote them during the same kernel.
 FP4Q_D uint64_t MinCopies(const uint64_t* p) {
   uint64_t m = kNone;
-  for (int c = 0; c < step_ws::kAccCopies; ++c) m = p[c] < m ? p[c] : m;
+  for (int c = 0; c < step_ws::kAccCopies; ++c) {
+    const uint64_t v = __ldcg(p + c);
+    m = v < m ? v : m;
+  }
   return m;
 }
 FP4Q_D uint64_t SumCopies(const uint64_t* p) {
   uint64_t s = 0;
-  for (int c = 0; c < step_ws::kAccCopies; ++c) s += p[c];
+  for (int c = 0; c < step_ws::kAccCopies; ++c) s += __ldcg(p + c);
   return s;
 }
 FP4Q_D float MaxCopies(const uint32_t* p) {
   uint32_t m = 0;
-  for (int c = 0; c < step_ws::kAccCopies; ++c) m = p[c] > m ? p[c] : m;
+  for (int c = 0; c < step_ws::kAccCopies; ++c) {
+    const uint32_t v = __ldcg(p + c);
+    m = v > m ? v : m;
+  }
   return __uint_as_float(m);
 }
 

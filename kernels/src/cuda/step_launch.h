@@ -72,6 +72,11 @@ struct StepFinishArgs {
   const uint32_t* max_acc = nullptr;
 };
 
+// A batch's workspace set before its other work: the header zeroed, the first-index
+// accumulators [ff_begin, ff_end) to all ones (no index), the maxima and fingerprint sums
+// [ff_end, total) to zero (byte offsets of step_ws::Layout, multiples of 16).
+cudaError_t LaunchStepInit(void* workspace, size_t ff_begin, size_t ff_end, size_t total,
+                           cudaStream_t s);
 // Updates only (delayed scaling and check-only items): finiteness of every rank and of the
 // rank sum / mean, max |g|, fingerprints.
 cudaError_t LaunchStepCheckUpdates(const StepKernelArgs& a, cudaStream_t s);
@@ -92,12 +97,19 @@ cudaError_t LaunchStepApplyAdamW(const StepKernelArgs& a, int opt, int state_dty
 // with more CTAs an SM under RTN).
 cudaError_t LaunchStepApplySgdLean(const StepKernelArgs& a, bool sr, cudaStream_t s);
 // One-pass steps (step.h StepNext; every item LeanSgdItem, delayed scaling): the lean apply,
-// gated on the step's cancellation word alone (StepKernelArgs::cancel_word), writing each item's new state to its *_next pointers and accumulating what the
-// one-rank check does (first non-finite index, max |g|, fingerprints) from the words it reads,
-// for the decide kernel that follows it. Then, after the decide and finish kernels,
+// gated on the step's cancellation word alone (StepKernelArgs::cancel_word), writing each item's
+// new state to its *_next pointers and accumulating what the one-rank check does (first
+// non-finite index, max |g|, fingerprints) from the words it reads. In the step's last apply
+// launch (`decide_last`) the CTA that finishes last then does the decide kernel's work and, for
+// an accepted batch, the finish kernel's, in place of their launches. Then
 // LaunchStepRestoreOutputs: gated on a refused batch, it rewrites every item's dequantized
 // output with DQ(W) of the unchanged weight (step_apply_sgd.cu).
-cudaError_t LaunchStepApplySgdOnePass(const StepKernelArgs& a, bool sr, cudaStream_t s);
+struct StepOnePassArgs {
+  StepKernelArgs apply;
+  StepDecideArgs decide;  // read when decide_last
+  bool decide_last = false;
+};
+cudaError_t LaunchStepApplySgdOnePass(const StepOnePassArgs& a, bool sr, cudaStream_t s);
 cudaError_t LaunchStepRestoreOutputs(const StepKernelArgs& a, cudaStream_t s);
 
 // Plain SGD items of the common shape, which the apply's lean run takes (step_apply.cuh

@@ -1,7 +1,7 @@
 // One-pass steps (step.h StepNext) on the CUDA backend against the CPU backend, bit for bit: the
 // new state written beside the old one (which stays as it was), the outputs and the report,
 // over several steps of every one-pass variant (RTN / SR, error feedback, f32 / bf16, with and
-// without an output); a refused batch (a NaN or Inf in one item, found by the apply itself)
+// without an output), alone and together in one step; a refused batch (a NaN or Inf in one item, found by the apply itself)
 // keeps every item's state and leaves DQ(W) of the unchanged weight in every output; a
 // cancelled step writes no new state; an item large enough to spread over many warps reports
 // the first bad element. Device buffers start poisoned.
@@ -110,6 +110,52 @@ TEST_F(CudaStepOnePassTest, MatchesTheCpuOverStepsAndLeavesTheOldState) {
       next.outs = p.host_next.outs;  // the outputs are compared apart
       ASSERT_TRUE(SameState(next, p.host_next)) << "step " << step;
       EXPECT_EQ(outs, p.host.outs) << "step " << step;
+      p.Commit();
+    }
+  }
+}
+
+// Items of both roundings in one step: two apply launches, the second of which decides in its
+// last CTA; the large items spread each launch over every SM, so many CTAs arrive.
+TEST_F(CudaStepOnePassTest, ItemsOfBothRoundingsInOneStepMatchTheCpuOverSteps) {
+  std::vector<std::unique_ptr<OnePassItemPair>> pairs;
+  for (int i : {0, 1, 5, 6, 10, 15}) {
+    StepCase c = OnePassCase(i);
+    if (i == 0 || i == 5) {
+      c.rows = 1024;
+      c.cols = 1536;
+    }
+    pairs.push_back(
+        std::make_unique<OnePassItemPair>(gpu(), cpu(), c, 1300 + static_cast<uint32_t>(i)));
+  }
+  for (uint64_t step = 1; step <= 3; ++step) {
+    SCOPED_TRACE(step);
+    std::vector<StepItem> host_items, dev_items;
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      OnePassItemPair& p = *pairs[i];
+      p.c.step = step;
+      p.u = MakeUpdates(p.c, 7000 + 100 * static_cast<uint32_t>(i) + static_cast<uint32_t>(step),
+                        0.3f);
+      p.dev->updates.clear();
+      for (const auto& x : p.u) p.dev->updates.push_back(cuda_testing::Up(gpu(), x));
+      PoisonState(&p.host_next);
+      host_items.push_back(p.HostItem());
+      dev_items.push_back(p.DeviceItem());
+    }
+    StepReport rc, rg;
+    ASSERT_TRUE(RunOnePassStep(cpu(), host_items, &rc).ok());
+    ASSERT_TRUE(rc.ok);
+    const absl::Status s = RunOnePassStep(gpu(), dev_items, &rg);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(rg.ok);
+    EXPECT_TRUE(SameReport(rg, rc));
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      SCOPED_TRACE(pairs[i]->c.Name());
+      OnePassItemPair& p = *pairs[i];
+      StepState next = p.dev_next->Download(p.host_next);
+      next.outs = p.host_next.outs;  // the outputs are compared apart
+      ASSERT_TRUE(SameState(next, p.host_next));
+      EXPECT_EQ(p.dev->Download(p.host).outs, p.host.outs);
       p.Commit();
     }
   }
