@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device call 3 of one-pass steps (repository root, .bundle carried, with the CUDA module of the
-# commit before the change under test in .bundle/alt/): the one-pass apply's last CTA deciding
+# commit before the change under test gzipped in .bundle/alt/, for the carry limit): the one-pass apply's last CTA deciding
 # and finishing, and one init kernel for a step's header and accumulators.
 #   1. fp4q_cuda_test: the one-pass tests and the step tests (the module under test)
 #   2. the one-pass tests under compute-sanitizer memcheck
@@ -10,6 +10,7 @@
 # then run1b.sh (through fp4qd) with the rest of the call.
 set -uo pipefail
 source bench/results/h200-step/overlap/env.sh
+[[ -f $b/alt/libfp4q_cuda.so.gz ]] && gunzip -f $b/alt/libfp4q_cuda.so.gz
 nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee $o/gpu.txt
 echo "commit $FP4Q_COMMIT; alt module $(cat $b/alt/COMMIT 2>/dev/null)" | tee -a $o/gpu.txt
 timeout 150 $b/bin/fp4q_cuda_test --gtest_filter='*OnePass*:*Step*:*LeanSgd*:*Batches*' \
