@@ -618,13 +618,7 @@ FP4Q_D void OnePassDecideOnce(const StepDecideArgs& d) {
   __threadfence();  // every other CTA's flushes before this CTA reads them
   if (!DecideBatch(d)) return;
   __syncthreads();
-  StepFinishArgs f;
-  f.header = d.header;
-  f.descs = d.descs;
-  f.n_items = d.n_items;
-  f.plans = d.plans;
-  f.max_acc = d.max_acc;
-  FinishBatch(f);
+  FinishBatch(StepFinishArgs{d.header, d.descs, d.n_items, d.plans, d.max_acc});
 }
 
 // A one-pass step's apply (step_launch.h LaunchStepApplySgdOnePass): not gated on a decision
