@@ -1,9 +1,11 @@
 // The optimizer step on the CUDA backend (step.h): the host builds the batch's item table
 // (descriptors with the host scalars of step_scalars.h, the update and output tables, and one
 // list of items per kernel variant), copies it into the workspace once, and queues
-//   StepCheck:      one memset per accumulator kind, one grouped check launch per variant
-//                   (updates-only for delayed scaling and check-only items; the full recurrence
-//                   per optimizer x state dtype for current scaling), the decide kernel;
+//   StepCheck:      one kernel setting the header and accumulators, one grouped check launch
+//                   per variant
+//                   (updates-only for delayed scaling and check-only items; the full
+//                   recurrence per optimizer x state dtype for current scaling), the decide
+//                   kernel;
 //   StepApply:      one grouped apply launch per variant (optimizer x state dtype x rounding x
 //                   block shape), the epilogue (records, statistics), the swizzle padding of
 //                   swizzled weights; every kernel reads the batch flag and returns when the

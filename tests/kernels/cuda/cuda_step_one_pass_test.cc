@@ -1,10 +1,10 @@
 // One-pass steps (step.h StepNext) on the CUDA backend against the CPU backend, bit for bit: the
-// new state written beside the old one (which stays as it was), the outputs and the report,
-// over several steps of every one-pass variant (RTN / SR, error feedback, f32 / bf16, with and
-// without an output), alone and together in one step; a refused batch (a NaN or Inf in one item, found by the apply itself)
-// keeps every item's state and leaves DQ(W) of the unchanged weight in every output; a
-// cancelled step writes no new state; an item large enough to spread over many warps reports
-// the first bad element. Device buffers start poisoned.
+// new state written beside the old one (which stays as it was), the outputs and the report, over
+// several steps of every one-pass variant (RTN / SR, error feedback, f32 / bf16, with and
+// without an output), alone and together in one step (two apply launches); a refused batch (a
+// NaN or Inf in one item, found by the apply itself) keeps every item's state and leaves DQ(W)
+// of the unchanged weight in every output; a cancelled step writes no new state; an item large
+// enough to spread over many warps reports the first bad element. Device buffers start poisoned.
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -169,8 +169,9 @@ TEST_F(CudaStepOnePassTest, RefusedBatchRestoresTheOutputs) {
     pairs.push_back(std::make_unique<OnePassItemPair>(gpu(), cpu(), OnePassCase(i),
                                                       500 + static_cast<uint32_t>(i)));
   }
-  // Item 1 (OnePassCase(6): 33 x 80, bf16, no residual): an Inf at 200 and a NaN at 37: the NaN
-  // is reported. The others are fine.
+  // Item 1 (OnePassCase(6): 33 x 80, bf16, no residual, RTN): an Inf at 200 and a NaN at 37:
+  // the NaN is reported. The others are fine. Items of both roundings: two apply launches, the
+  // refusal decided by the last CTA of the last, both launches' outputs restored.
   OnePassItemPair& bad = *pairs[1];
   Set(&bad.u, bad.c, 0, 200, kInf);
   Set(&bad.u, bad.c, 0, 37, kNaN);
@@ -223,23 +224,29 @@ TEST_F(CudaStepOnePassTest, OverflowBoundFromTheOnePassMaxMatchesTheCpu) {
   EXPECT_TRUE(SameState(now, before));
 }
 
+// Two items, one of each rounding: two apply launches, both cancelled, the second deciding.
 TEST_F(CudaStepOnePassTest, CancelledStepWritesNoNewState) {
   OnePassItemPair p(gpu(), cpu(), OnePassCase(5), 700);
+  OnePassItemPair q(gpu(), cpu(), OnePassCase(0), 701);
   const StepState before = p.dev->Download(p.host);
   const StepState next_before = p.dev_next->Download(p.host_next);
+  const StepState q_before = q.dev->Download(q.host);
+  const StepState q_next_before = q.dev_next->Download(q.host_next);
   DeviceBuffer word(gpu(), 4);
   const uint32_t token = 0x2345;
   word.Upload(&token, 4);
   StepReport rg;
-  ASSERT_TRUE(RunOnePassStep(gpu(), {p.DeviceItem()}, &rg,
+  ASSERT_TRUE(RunOnePassStep(gpu(), {p.DeviceItem(), q.DeviceItem()}, &rg,
                              StepCancel{static_cast<const uint32_t*>(word.get()), token})
                   .ok());
   EXPECT_FALSE(rg.ok);
   EXPECT_TRUE(rg.cancelled);
-  // The apply returned before writing, so the restore did not run: the outputs hold what they
-  // held, and the next state is still the poison it started as.
+  // The applies returned before writing, so the restore did not run: the outputs hold what
+  // they held, and the next state is still the poison it started as.
   EXPECT_TRUE(SameState(p.dev->Download(p.host), before));
   EXPECT_TRUE(SameState(p.dev_next->Download(p.host_next), next_before));
+  EXPECT_TRUE(SameState(q.dev->Download(q.host), q_before));
+  EXPECT_TRUE(SameState(q.dev_next->Download(q.host_next), q_next_before));
 }
 
 TEST_F(CudaStepOnePassTest, LargeItemReportsTheFirstBadElementAndMatches) {

@@ -3,7 +3,8 @@
 # commit before the change under test gzipped in .bundle/alt/, for the carry limit): the one-pass apply's last CTA deciding
 # and finishing, and one init kernel for a step's header and accumulators.
 #   1. fp4q_cuda_test: the one-pass tests and the step tests (the module under test)
-#   2. the one-pass tests under compute-sanitizer memcheck
+#   2. the one-pass tests under compute-sanitizer memcheck, then synccheck (the barriers around
+#      the last CTA's decision)
 #   3. fp4q_bench's delayed SGD + EF step rows (apply, check + apply, one pass; GPT-2 and
 #      8192 x 8192) with the module under test and the one before, alternated twice, each run
 #      with its own copy row
@@ -20,6 +21,9 @@ cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 room 120 memcheck && timeout 120 $cs --tool memcheck $b/bin/fp4q_cuda_test \
   --gtest_filter='*OnePass*' > $o/memcheck.txt 2>&1
 echo "rc=$?" >> $o/memcheck.txt; grep -E "^\[ +(FAILED|PASSED) |ERROR SUMMARY|rc=" $o/memcheck.txt
+room 120 synccheck && timeout 100 $cs --tool synccheck $b/bin/fp4q_cuda_test \
+  --gtest_filter='*OnePass*' > $o/synccheck.txt 2>&1
+echo "rc=$?" >> $o/synccheck.txt; grep -E "^\[ +(FAILED|PASSED) |ERROR SUMMARY|rc=" $o/synccheck.txt
 for round in 1 2; do
   for m in new old; do
     mod=$b/bin/libfp4q_cuda.so; [[ $m == old ]] && mod=$b/alt/libfp4q_cuda.so
