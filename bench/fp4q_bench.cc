@@ -481,7 +481,30 @@ int Run(int argc, char** argv) {
   // scaling. AdamW (no EF) with bf16 moments 2 + 1.125 + 8 + 2, NVFP4 moments 2 + 1.125 +
   // 2.25 + 2 (the 8 bytes per tensor of records are left out).
   // --only selects the step rows by "step" or by (part of) a row's name.
-  if (want("step") || only.rfind("step ", 0) == 0) {
+  struct StepRow {
+    const char* name;
+    StepKind kind;
+    kernels::Scaling scaling;
+    bool apply_only;
+    double bytes_per_elem;
+    bool one_pass = false;  // step.h StepNext: StepCheckAndApply writes the state beside
+  };
+  const StepRow step_rows[] = {
+      {"step apply, SGD + EF, delayed", StepKind::kSgdEf, kernels::Scaling::kDelayed, true,
+       13.125},
+      {"step check + apply, SGD + EF, delayed", StepKind::kSgdEf, kernels::Scaling::kDelayed,
+       false, 15.125},
+      {"step check + apply, SGD + EF, current", StepKind::kSgdEf, kernels::Scaling::kCurrent,
+       false, 19.6875},
+      {"step one pass, SGD + EF, delayed", StepKind::kSgdEf, kernels::Scaling::kDelayed, false,
+       13.125, true},
+      {"step apply, AdamW bf16 moments, delayed", StepKind::kAdamWBf16,
+       kernels::Scaling::kDelayed, true, 13.125},
+      {"step apply, AdamW nvfp4 moments, delayed", StepKind::kAdamWNvfp4,
+       kernels::Scaling::kDelayed, true, 7.375},
+  };
+  if (std::any_of(std::begin(step_rows), std::end(step_rows),
+                  [&](const StepRow& r) { return want(r.name); })) {
     // --step-prefetch-sweep: one more backend per value, timed on the same weights.
     std::vector<std::pair<int, std::unique_ptr<Backend>>> sweep;
     for (int v : prefetch_sweep) {
@@ -491,28 +514,6 @@ int Run(int argc, char** argv) {
       Ok(b.status(), "creating a backend of the prefetch sweep");
       sweep.emplace_back(v, *std::move(b));
     }
-    struct StepRow {
-      const char* name;
-      StepKind kind;
-      kernels::Scaling scaling;
-      bool apply_only;
-      double bytes_per_elem;
-      bool one_pass = false;  // step.h StepNext: StepCheckAndApply writes the state beside
-    };
-    const StepRow step_rows[] = {
-        {"step apply, SGD + EF, delayed", StepKind::kSgdEf, kernels::Scaling::kDelayed, true,
-         13.125},
-        {"step check + apply, SGD + EF, delayed", StepKind::kSgdEf, kernels::Scaling::kDelayed,
-         false, 15.125},
-        {"step check + apply, SGD + EF, current", StepKind::kSgdEf, kernels::Scaling::kCurrent,
-         false, 19.6875},
-        {"step one pass, SGD + EF, delayed", StepKind::kSgdEf, kernels::Scaling::kDelayed, false,
-         13.125, true},
-        {"step apply, AdamW bf16 moments, delayed", StepKind::kAdamWBf16,
-         kernels::Scaling::kDelayed, true, 13.125},
-        {"step apply, AdamW nvfp4 moments, delayed", StepKind::kAdamWNvfp4,
-         kernels::Scaling::kDelayed, true, 7.375},
-    };
     const std::vector<std::pair<int64_t, int64_t>> big = {{8192, 8192}};
     for (const StepRow& sr : step_rows) {
       if (!want(sr.name)) continue;

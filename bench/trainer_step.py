@@ -320,10 +320,12 @@ def fp4q_row(server, model, label, kind, kw, fast, device, warmup, steps, tag):
             row.update(summary(timed(step, device, warmup, steps)))
             row["kernel_median_ms"] = statistics.median(kernels[warmup:])
             if kw.get("one_pass"):
-                # Steps fp4qd could not take in one pass (no budget for the copy) ran in two.
+                # Steps fp4qd could not take in one pass (no room for the copy) ran in two.
                 row["one_pass_steps"] = "%d of %d" % (opt.one_pass_steps, warmup + steps)
                 if opt.one_pass_steps != warmup + steps:
-                    row["name"] += " [ran in two passes]"
+                    row["two_pass_reasons"] = dict(opt.two_pass_reasons)
+                    row["name"] += " [ran in two passes: %s]" % ", ".join(
+                        "%s %d" % kv for kv in sorted(opt.two_pass_reasons.items()))
             row["stats"] = {k: v for k, v in c.stats.items() if k.startswith(("fast", "ipc",
                                                                               "inline"))}
             if row["stats"].get("ipc_fallbacks"):

@@ -299,8 +299,9 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
   }
   FP4Q_RETURN_IF_ERROR(env.CheckNoOverlap());
   bool one_pass = false;
+  const char* outcome = "";
   if (first.one_pass) {
-    const char* outcome =
+    outcome =
         barrier != nullptr                                                ? "devices"
         : !std::all_of(apply.begin(), apply.end(), [](bool a) { return a; }) ? "retry"
                                                    : PrepareOnePass(env, job, items, &kitems);
@@ -366,7 +367,10 @@ absl::Status Engine::RunStepPart(OpEnv& env, StepJob& job, const std::vector<siz
     std::swap(e.stats, e.next_stats);
     std::swap(e.residual, e.next_residual);
   }
-  for (StepResult& r : job.results) r.one_pass = one_pass;
+  for (StepResult& r : job.results) {
+    r.one_pass = one_pass;
+    r.one_pass_outcome = outcome;
+  }
   // A retried item writes nothing in the step; its outputs repeat the current weight.
   bool repeated = false;
   for (size_t k = 0; k < kitems.size(); ++k) {

@@ -422,6 +422,7 @@ void ToProto(StepResult&& r, v1::StepReply* m) {
   m->set_world_size(r.world_size);
   m->set_plan_id(r.plan_id);
   m->set_one_pass(r.one_pass);
+  m->set_one_pass_outcome(r.one_pass_outcome);
   if (r.brief) return;
   for (StepItemResult& it : r.items) {
     v1::StepItemResult* o = m->add_items();

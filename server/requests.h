@@ -382,6 +382,9 @@ struct StepResult {
   bool brief = false;  // the request's brief_reply: the reply carries applied_items only
   uint64_t plan_id = 0;  // keep_plan: the plan kept of the step's items
   bool one_pass = false;  // the step ran in one pass
+  // Why (observer.h kOnePassOutcomes; fp4q.v1.StepReply.one_pass_outcome); empty when the
+  // request did not ask for one pass.
+  const char* one_pass_outcome = "";
 };
 
 // ---------------------------------------------------------------- replica groups, namespaces

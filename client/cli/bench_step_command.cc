@@ -299,9 +299,10 @@ int RunBenchStep(const CommandContext& context) {
     }
     if (c.one_pass && !rep->one_pass()) {
       return Failure(kName, absl::FailedPreconditionError(absl::StrCat(
-          "--one-pass: step ", step, " ran in two passes (one pass takes plain SGD under "
-          "--scaling delayed, and room in fp4qd's --state_budget_bytes, ",
-          info->limits().state_budget_bytes(), ", for a second copy of each weight: ",
+          "--one-pass: step ", step, " ran in two passes (fp4qd's reason: \"",
+          rep->one_pass_outcome(), "\"; one pass takes plain SGD under --scaling delayed, and "
+          "room in fp4qd's --state_budget_bytes, ", info->limits().state_budget_bytes(),
+          ", and in the GPU's memory for a second copy of each weight: ",
           bench_step::OnePassCopyBytes(c.shapes, c.options), " more bytes)")));
     }
     if (req.keep_plan()) {

@@ -512,11 +512,14 @@ class OnePassTest(Assertions):
             p.grad = randn(48, 64, seed=70)
             opt.step()
             values.append(p.detach().clone())
-            runs.append((values, opt.one_pass_steps))
-        (one, one_count), (two, two_count) = runs
+            runs.append((values, opt.one_pass_steps, opt.two_pass_reasons))
+        (one, one_count, one_why), (two, two_count, two_why) = runs
         for step, (a, b) in enumerate(zip(one, two), 1):
             self.assertSameBits(a, b, "step %d" % step)
         self.assertEqual((one_count, two_count), (5, 0))
+        # fp4qd's reason for the two-pass step (StepResult.one_pass_outcome); none counted
+        # where one pass was not asked.
+        self.assertEqual((one_why, two_why), ({"items": 1}, {}))
         c.close()
 
     def test_a_refused_one_pass_step_changes_nothing(self):

@@ -249,12 +249,13 @@ TEST(E2eMetricsTest, OnePassStepsCountedByOutcome) {
     auto ctx = Context();
     const grpc::Status s = stub->Step(ctx.get(), r, &rep);
     EXPECT_TRUE(s.ok()) << s.error_message();
-    return rep.one_pass();
+    EXPECT_EQ(rep.one_pass(), rep.one_pass_outcome() == "one_pass") << rep.one_pass_outcome();
+    return rep.one_pass_outcome();
   };
-  EXPECT_TRUE(step("d", 16, 1));
-  EXPECT_FALSE(step("d", 16, 1));  // a retry
-  EXPECT_FALSE(step("c", 16, 1));
-  EXPECT_FALSE(step("big", 48, 1));
+  EXPECT_EQ(step("d", 16, 1), "one_pass");
+  EXPECT_EQ(step("d", 16, 1), "retry");
+  EXPECT_EQ(step("c", 16, 1), "items");
+  EXPECT_EQ(step("big", 48, 1), "budget");
   text = HttpGet(addr, "/metrics");
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_EQ(Metric(*text, "fp4q_step_one_pass_total", {{"outcome", "one_pass"}}), 1);

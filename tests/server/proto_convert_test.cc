@@ -351,10 +351,18 @@ TEST(ProtoConvertTest, RepliesMapBack) {
 
   StepResult st;
   st.one_pass = true;
+  st.one_pass_outcome = "one_pass";
   st.brief = true;
   v1::StepReply sm;
   ToProto(std::move(st), &sm);
   EXPECT_TRUE(sm.one_pass());
+  EXPECT_EQ(sm.one_pass_outcome(), "one_pass");
+  StepResult two;
+  two.one_pass_outcome = "memory";
+  v1::StepReply tm;
+  ToProto(std::move(two), &tm);
+  EXPECT_FALSE(tm.one_pass());
+  EXPECT_EQ(tm.one_pass_outcome(), "memory");
 }
 
 }  // namespace

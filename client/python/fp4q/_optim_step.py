@@ -66,6 +66,7 @@ class StepMixin:
     _ready_steps = None  # fp4q._overlap.ReadySteps: overlap=False's steps with ready signals
     _one_pass = False  # ask for one-pass steps (StepRequest.one_pass)
     one_pass_steps = 0  # steps fp4qd ran in one pass
+    two_pass_reasons = None  # {StepResult.one_pass_outcome: steps} of the others (one_pass=True)
 
     def _check_epoch(self):
         now = self.client.server_epoch
@@ -241,8 +242,16 @@ class StepMixin:
                 c._ensure_session()  # same server: its weights are intact
         if result is not None:
             self._check_reply_epoch(result.header, "Step")
-            self.one_pass_steps += int(result.one_pass)
+            self._count_passes(result)
         return result
+
+    def _count_passes(self, result):
+        """one_pass_steps, or two_pass_reasons when one pass was asked and fp4qd ran two."""
+        if result.one_pass:
+            self.one_pass_steps += 1
+        elif self._one_pass:
+            why = result.one_pass_outcome or "unknown"  # a server older than the field
+            self.two_pass_reasons[why] = self.two_pass_reasons.get(why, 0) + 1
 
     def _session_gone(self, step, e, retry):
         """None when `e` says this optimizer's session is gone and the step may be sent again

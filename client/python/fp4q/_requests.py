@@ -361,7 +361,8 @@ class Requests:
                                 "reply" % len(reply.items), "Step")
             return results.StepResult(items=[], world_size=reply.world_size, header=reply.header,
                                       applied_items=reply.applied_items,
-                                      one_pass=reply.one_pass)
+                                      one_pass=reply.one_pass,
+                                      one_pass_outcome=reply.one_pass_outcome)
         if len(reply.items) != len(items):
             raise Fp4qError(grpc.StatusCode.INTERNAL, "reply items: %d results for %d items"
                             % (len(reply.items), len(items)), "Step")
@@ -388,7 +389,8 @@ class Requests:
                         deq = deliver(d, plan, dev, target, "items[%d].dequantized" % i)
             append(result(r.name, r.applied, r.last_step, r.global_amax, deq))
         return results.StepResult(items=out, world_size=reply.world_size, header=reply.header,
-                                  applied_items=reply.applied_items, one_pass=reply.one_pass)
+                                  applied_items=reply.applied_items, one_pass=reply.one_pass,
+                                  one_pass_outcome=reply.one_pass_outcome)
 
     def update_weight(self, name, step, update, lr, kind, return_dequantized, dequantized_out):
         def build(tr):

@@ -76,6 +76,7 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
                 "block=%r): a one-pass step takes the previous step's amax" % (scaling, block))
         self._one_pass = one_pass
         self.one_pass_steps = 0  # steps fp4qd ran in one pass (StepResult.one_pass)
+        self.two_pass_reasons = {}  # and why the others ran in two (StepResult.one_pass_outcome)
         self._overlapped = None  # fp4q._overlap.OverlappedSteps with overlap=True
         self._rounding = _choice(rounding, _ROUNDINGS, "rounding")
         self._block = _choice(block, _BLOCKS, "block")
@@ -424,7 +425,7 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
         except Fp4qError as e:
             raise self._overlapped_error(step, e) from None
         self._check_reply_epoch(result.header, "Step")
-        self.one_pass_steps += int(result.one_pass)
+        self._count_passes(result)
         self._fp4q_steps = step
 
     # ------------------------------------------------------------------ state

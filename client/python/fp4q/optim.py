@@ -149,7 +149,8 @@ _FP4Q_DOC = """
         scales, residual: about 4.6 bytes a parameter with error feedback) in its budget. It
         takes steps of plain SGD (momentum 0, weight_decay 0, no replica group); others run in
         two passes, as does any step when the server has no room for the copy.
-        one_pass_steps counts the steps fp4qd ran in one pass. A refused step (a NaN or Inf
+        one_pass_steps counts the steps fp4qd ran in one pass, and two_pass_reasons the others
+        by fp4qd's reason ({"budget": 3}: StepResult.one_pass_outcome). A refused step (a NaN or Inf
         gradient) leaves DQ(W) of the unchanged weights in param.data, as it was.
 """
 

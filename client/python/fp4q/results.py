@@ -216,10 +216,13 @@ class StepResult:
     """Step's answer: per item in request order (none for a brief reply); world_size is the
     number of ranks whose updates were combined (1 without a replica group); header the reply's
     ReplyHeader; applied_items how many items applied the step (the others had already); one_pass
-    whether the server ran it in one pass (Client.step(one_pass=True))."""
+    whether the server ran it in one pass (Client.step(one_pass=True)), and one_pass_outcome
+    why not when it did not: "items", "retry", "devices", "budget" or "memory" (StepReply's
+    field; "one_pass" when it did, empty when one pass was not asked)."""
 
     items: typing.List[StepItemResult]
     world_size: int
     header: object
     applied_items: int = 0
     one_pass: bool = False
+    one_pass_outcome: str = ""

@@ -6,7 +6,7 @@
 # step, then synchronized), gpt2 (the GPT-2-shaped matrices, fixed gradients).
 # FP4QD_ARGS: more fp4qd flags (space-separated).
 # Env: B (bundle dir), LD_LIBRARY_PATH, FP4Q_CUDA_MODULE, FP4Q_PROTO_DESCRIPTOR. Run from repo root.
-# SCALING: fp4q.optim's scaling (default: its own). PROFILE=1: also a cProfile of opt.step() over steps 20.. (PHASES=0: without the phase timers).
+# SCALING: fp4q.optim's scaling (default: its own); ONE_PASS=1: one_pass=True (SCALING=delayed). PROFILE=1: also a cProfile of opt.step() over steps 20.. (PHASES=0: without the phase timers).
 import collections, os, statistics, subprocess, sys, time
 sys.path.insert(0, os.environ.get("CLIENT") or os.path.join(os.getcwd(), "client", "python"))
 sys.path.insert(0, os.path.join(os.getcwd(), "train"))
@@ -100,6 +100,8 @@ def run(mode, prefix):
     kw = dict(lr=1e-4) if mode == "gpt2" else dict(lr=0.01, momentum=0.9)
     if os.environ.get("SCALING"):
         kw["scaling"] = os.environ["SCALING"]
+    if os.environ.get("ONE_PASS") == "1":
+        kw["one_pass"] = True
     opt = fp4q.optim.SGD([{"params": stored, "weight_decay": 0.0}], error_feedback=True,
                          client=c, name_prefix=prefix, **kw)
     hdr = []
