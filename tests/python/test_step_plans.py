@@ -557,6 +557,31 @@ class StepPlanTest(unittest.TestCase):
         self.assertEqual((self.sent[-1].ready_signal.value, int(signal[4])), (2, 2))
         self.assertEqual((ready.sent, ready.idle, ready.fallbacks), (2, 1, 0))
 
+    def test_a_step_of_an_idle_stream_is_sent_without_the_hosts_wait_for_it(self):
+        # fp4q.optim's _send: ready() found the stream idle just before, so neither a ready
+        # signal nor a synchronize (nothing was queued on it since); a busy stream still
+        # gets its signal, and with the signal off the host waits again.
+        ready, signal, stream = self.ready_steps()
+        opt = self.optimizer_sending(ready)
+        groups = [fp4q.SgdHyperparameters(lr=0.1)]
+        stream.synchronize.reset_mock()
+        self.idle = True
+        self.assertEqual(opt._send(1, None, groups).applied_items, 3)
+        self.assertFalse(self.sent[-1].HasField("ready_signal"))
+        stream.synchronize.assert_not_called()
+        self.assertEqual((ready.idle, ready.was_idle, ready.sent), (1, True, 0))
+        self.idle = False
+        opt._send(2, None, groups)
+        self.assertEqual(self.sent[-1].ready_signal.value, 1)
+        stream.synchronize.assert_not_called()
+        self.assertEqual((ready.was_idle, ready.sent), (False, 1))
+        ready.off = "turned off"
+        self.idle = True
+        opt._send(3, None, groups)
+        self.assertFalse(self.sent[-1].HasField("ready_signal"))
+        stream.synchronize.assert_called_once_with()
+        self.assertEqual((ready.idle, ready.was_idle), (1, False))
+
     def optimizer_sending(self, ready):
         """A StepMixin whose steps go to this test's fake server, with `ready` as its
         ReadySteps."""

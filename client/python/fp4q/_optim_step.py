@@ -224,10 +224,12 @@ class StepMixin:
                                                    replica, one_pass=self._one_pass)
                 else:
                     ready = None if ready_steps is None else ready_steps.ready()
+                    idle = ready_steps.idle_order if ready is None and (
+                        ready_steps is not None and ready_steps.was_idle) else None
                     try:
                         result = c._requests.step_keyed(step, key, lambda: self._items()[0],
                                                         groups, replica, ready,
-                                                        one_pass=self._one_pass)
+                                                        one_pass=self._one_pass, order=idle)
                     except Fp4qError as e:
                         if ready is None or not ready_steps.retry_without(e):
                             raise

@@ -197,8 +197,9 @@ class ReadySteps:
     that the stream writes behind that work; fp4qd validates the request and queues the step's
     kernels behind a device-side wait on the word while the backward pass runs, so the client's
     and the server's host time before the kernels is off the GPU's path. When the stream is
-    already idle the host's wait costs nothing and the step is sent without one (the server's
-    device-side wait and its watching would only add to it).
+    already idle the step is sent without one (the server's device-side wait and its watching
+    would only add to it), and without the host's wait for that stream either: idle_order
+    orders it (the other devices' streams, if any, are still waited for).
 
     A ready word the stream did not write within the server's timeout (a backward pass queued
     further ahead than --step_ready_timeout_ms) refuses the step with nothing changed; step()
@@ -217,14 +218,18 @@ class ReadySteps:
         self.idle = 0        # steps sent without: the stream had nothing queued
         self.fallbacks = 0   # steps sent again after the ready word timed out
         self.off = None      # why the server's refusal turned the signal off
+        self.was_idle = False  # the last ready() found the stream idle
 
     def ready(self):
         """The `ready` argument of fp4q._requests.step_keyed for the next step: None when the
-        stream is idle (or the signal is off), else ((region_id, offset), value, order)."""
+        stream is idle (was_idle; idle_order then orders the step) or the signal is off, else
+        ((region_id, offset), value, order)."""
+        self.was_idle = False
         if self.off is not None:
             return None
         if torch.cuda.current_stream(self._device).query():
             self.idle += 1
+            self.was_idle = True
             return None
         if self._signal is None:
             self._signal = _new_signal(self._device)[0]
@@ -239,6 +244,11 @@ class ReadySteps:
 
     def _count(self):
         self.sent += 1
+
+    def idle_order(self, transfer):
+        """order(transfer) of a step sent just after ready() found the stream idle: nothing
+        was queued on it since, so only the other devices' streams are waited for."""
+        transfer.before_send(skip=self._device)
 
     def retry_without(self, error):
         """True when `error` (of a step sent with ready()) leaves the step unapplied because of

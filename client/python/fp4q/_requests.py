@@ -191,15 +191,18 @@ class Requests:
         return self._step(step, _step_plan_key(items), lambda: items, groups, kind, replica,
                           resend, brief_reply, one_pass=one_pass)
 
-    def step_keyed(self, step, key, make_items, groups, replica, ready=None, one_pass=False):
+    def step_keyed(self, step, key, make_items, groups, replica, ready=None, one_pass=False,
+                   order=None):
         """fp4q.optim's step, with its own key of its items in _step_plan_key's form (layout,
         pointers): the caller vouches that an equal layout means the same items apart from
         where their tensors are (names, groups, dtypes, shapes, contiguity), and `pointers`
         lists each item's update and dequantized_out addresses in item order, so that
         make_items() runs only when no plan holds. Sent once (resend=False); the reply is brief
-        when no output travels inline. `ready`: as step_begin's; `one_pass`: as step()'s."""
+        when no output travels inline. `ready`: as step_begin's; `one_pass`: as step()'s;
+        `order`: without `ready`, what orders the step after the updates' streams in place of
+        the host's wait for each (Transfer.before_send), as _begin_call's."""
         return self._step(step, key, make_items, groups, None, replica, False, True,
-                          ready=ready, one_pass=one_pass)
+                          ready=ready, one_pass=one_pass, order=order)
 
     def step_begin(self, step, key, make_items, groups, replica, signal, ready=None,
                    one_pass=False):
@@ -215,7 +218,7 @@ class Requests:
                           signal=signal, ready=ready, one_pass=one_pass)
 
     def _step(self, step, key, make_items, groups, kind, replica, resend, brief_reply,
-              signal=None, ready=None, one_pass=False):
+              signal=None, ready=None, one_pass=False, order=None):
         """The Step call of step(), step_keyed() and step_begin(). `key`: (layout, pointers) or
         None. A plan of the key is reused as it is; else, when the pointers all fall in the
         allocations of the layout's last plan (gradients made anew each step land at new
@@ -317,7 +320,7 @@ class Requests:
         for attempt in (0, 1):
             try:
                 return result(*self.call("Step", build, resend=resend,
-                                         order=None if ready is None else ready[2]))
+                                         order=order if ready is None else ready[2]))
             except Fp4qError as e:
                 # The server dropped the plan this step named (nothing changed): forget it and
                 # send the items again, once.

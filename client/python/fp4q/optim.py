@@ -70,7 +70,7 @@ into a ready word (fp4q.v1.ReadySignal) behind that work, the step is sent at on
 reads no gradient before the word holds the value: it validates the request and queues the
 step's kernels behind a device-side wait while the backward pass still runs. With overlap=True
 every step carries one. Without overlap a step carries one when the stream still has work
-queued (when it is idle the host's wait costs nothing), and step() still returns after the
+queued (when it is idle the step is sent at once without one), and step() still returns after the
 reply, with DQ(W) in param.data; a backward pass queued further ahead than the server's
 --step_ready_timeout_ms makes fp4qd refuse that step with nothing changed, and step() then
 waits on the host and sends it again without the signal. Not used in replica groups without
