@@ -12,21 +12,12 @@
 # then run1b.sh (through fp4qd) with the rest of the call.
 set -uo pipefail
 source bench/results/h200-step/overlap/env.sh
-[[ -f $b/alt/libfp4q_cuda.so.gz ]] && gunzip -f $b/alt/libfp4q_cuda.so.gz
-nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee $o/gpu.txt
-echo "commit $FP4Q_COMMIT; alt module $(cat $b/alt/COMMIT 2>/dev/null)" | tee -a $o/gpu.txt
+source bench/results/h200-step/one-pass/lib.sh
+gpu_header "alt module $(cat $b/alt/COMMIT 2>/dev/null)"
 timeout 150 $b/bin/fp4q_cuda_test --gtest_filter='*OnePass*:*Step*:*LeanSgd*:*Batches*' \
   > $o/cuda-tests.txt 2>&1
 echo "rc=$?" >> $o/cuda-tests.txt; grep -E "^\[ +(FAILED|PASSED|SKIPPED) |rc=" $o/cuda-tests.txt
-for round in 1 2; do
-  for m in new old; do
-    mod=$b/bin/libfp4q_cuda.so; [[ $m == old ]] && mod=$b/alt/libfp4q_cuda.so
-    room 45 "bench $m $round" || continue
-    FP4Q_CUDA_MODULE=$mod timeout 45 $b/bin/fp4q_bench --only "SGD + EF, delayed" \
-      --out $o/bench-$m-$round.json > $o/bench-$m-$round.txt 2>&1
-    echo "bench $m $round rc=$? ($SECONDS s)"; grep -E "^copy|^step" $o/bench-$m-$round.txt
-  done
-done
+for round in 1 2; do ab_bench $round 45 "SGD + EF, delayed"; done
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 for tool in memcheck synccheck; do
   room 90 $tool || continue

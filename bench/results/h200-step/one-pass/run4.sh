@@ -13,18 +13,9 @@
 set -uo pipefail
 source bench/results/h200-step/overlap/env.sh
 archive_on_exit r4
-[[ -f $b/alt/libfp4q_cuda.so.gz ]] && gunzip -f $b/alt/libfp4q_cuda.so.gz
-nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee $o/gpu.txt
-echo "commit $FP4Q_COMMIT; alt module $(cat $b/alt/COMMIT 2>/dev/null)" | tee -a $o/gpu.txt
-for round in 1 2; do
-  for m in new old; do
-    mod=$b/bin/libfp4q_cuda.so; [[ $m == old ]] && mod=$b/alt/libfp4q_cuda.so
-    room 60 "bench $m $round" || continue
-    FP4Q_CUDA_MODULE=$mod timeout 60 $b/bin/fp4q_bench --only "SGD + EF, delayed" \
-      --out $o/bench-$m-$round.json > $o/bench-$m-$round.txt 2>&1
-    echo "bench $m $round rc=$? ($SECONDS s)"; grep -E "^copy|step" $o/bench-$m-$round.txt
-  done
-done
+source bench/results/h200-step/one-pass/lib.sh
+gpu_header "alt module $(cat $b/alt/COMMIT 2>/dev/null)"
+for round in 1 2; do ab_bench $round 60 "SGD + EF, delayed"; done
 export B=$b
 for p in 1 0; do
   room 60 "phases one_pass=$p" || continue

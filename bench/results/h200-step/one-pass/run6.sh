@@ -6,8 +6,8 @@
 set -uo pipefail
 source bench/results/h200-step/overlap/env.sh
 archive_on_exit r6
-nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee $o/gpu.txt
-echo "commit $FP4Q_COMMIT" | tee -a $o/gpu.txt
+source bench/results/h200-step/one-pass/lib.sh
+gpu_header
 timeout 120 $b/bin/fp4q_cuda_test --gtest_filter='*OnePass*:*Step*:*LeanSgd*:*Batches*' \
   > $o/cuda-tests.txt 2>&1
 echo "rc=$?" >> $o/cuda-tests.txt; grep -E "^\[ +(FAILED|PASSED|SKIPPED) |rc=" $o/cuda-tests.txt

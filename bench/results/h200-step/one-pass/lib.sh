@@ -1,0 +1,42 @@
+# Sourced by this folder's device scripts after ../overlap/env.sh (which defines $b, $o, room).
+#   gpu_header [MORE]: the GPU's name, driver and UUID and the commit (and MORE) into $o/gpu.txt
+#   ab_bench ROUND SECONDS ONLY: fp4q_bench --only ONLY with the module under test ("new") and
+#     the one gzipped in $b/alt/ ("old"), each with its own copy row: $o/bench-{new,old}-ROUND.*
+#   start_fp4qd BANDWIDTH: fp4qd on the CUDA backend with its sockets in $d; sets $pid and $S
+#     (fp4q bench-step over the fast socket, kept plans, delayed scaling)
+#   step_pair MODEL ROUND ROOM SECONDS ARGS...: $S ARGS in two passes, then in one:
+#     $o/cpp-MODEL-{two,one}-ROUND.{json,log}, each only if ROOM seconds are left
+gpu_header() {
+  nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee $o/gpu.txt
+  echo "commit $FP4Q_COMMIT${1:+; $1}" | tee -a $o/gpu.txt
+}
+ab_bench() {
+  local round=$1 secs=$2 only=$3 m mod
+  [[ -f $b/alt/libfp4q_cuda.so.gz ]] && gunzip -f $b/alt/libfp4q_cuda.so.gz
+  for m in new old; do
+    mod=$b/bin/libfp4q_cuda.so; [[ $m == old ]] && mod=$b/alt/libfp4q_cuda.so
+    room $secs "bench $m $round" || continue
+    FP4Q_CUDA_MODULE=$mod timeout $secs stdbuf -oL $b/bin/fp4q_bench --only "$only" \
+      --out $o/bench-$m-$round.json > $o/bench-$m-$round.txt 2>&1
+    echo "bench $m $round rc=$? ($SECONDS s)"; grep -E "^copy|^step" $o/bench-$m-$round.txt
+  done
+}
+start_fp4qd() {
+  d=/tmp/fq; mkdir -p $d; rm -f $d/*.sock
+  $b/bin/fp4qd --listen 127.0.0.1:0 --metrics_listen "" --unix_socket $d/g.sock \
+    --fast_socket $d/f.sock --allow_cuda_ipc --backend cuda --log_format text \
+    --state_budget_bytes 110000000000 > $d/out 2>> $o/fp4qd.log &
+  pid=$!; for i in $(seq 400); do [[ -S $d/f.sock ]] && break; sleep 0.05; done
+  grep -o "step_signals[^ ]*" $o/fp4qd.log | tail -1
+  S="$b/bin/fp4q --server unix://$d/g.sock bench-step --fast-socket $d/f.sock --plan \
+    --scaling delayed --copy-bandwidth $1"
+}
+step_pair() {
+  local m=$1 r=$2 need=$3 secs=$4 p flag; shift 4
+  for p in two one; do
+    flag=""; [[ $p == one ]] && flag="--one-pass"
+    room $need "$m $p round $r" || return 0
+    timeout $secs $S "$@" $flag --json $o/cpp-$m-$p-$r.json > $o/cpp-$m-$p-$r.log 2>&1
+    echo "$m $p $r rc=$? $(python3 -c "import json;d=json.load(open('$o/cpp-$m-$p-$r.json'));print('wall p50 %.1f us, kernel p50 %.1f us, %% of copy (wall, kernel) %s' % (d['wall_us']['p50'], d['kernel_us']['p50'], d.get('pct_of_copy_bandwidth')))" 2>&1 | tail -1)"
+  done
+}
