@@ -32,6 +32,26 @@ class DescriptorTest(unittest.TestCase):
                 "_" + ch.lower() if ch.isupper() else ch for ch in rpc).lstrip("_")
             self.assertTrue(callable(getattr(fp4q.Client, name, None)), name)
 
+    def test_a_descriptor_older_than_the_checkouts_protos_is_stale(self):
+        import tempfile
+        from fp4q import _protogen
+        with tempfile.TemporaryDirectory() as root:
+            for rel in _protogen.PROTO_FILES:
+                os.makedirs(os.path.join(root, os.path.dirname(rel)), exist_ok=True)
+                with open(os.path.join(root, rel), "w") as f:
+                    f.write("syntax = \"proto3\";\n")
+                os.utime(os.path.join(root, rel), (1000, 1000))
+            out = os.path.join(root, "out.binpb")
+            self.assertFalse(_protogen.stale(out, root))  # none yet: generated, not stale
+            with open(out, "wb"):
+                pass
+            os.utime(out, (2000, 2000))
+            self.assertFalse(_protogen.stale(out, root))
+            os.utime(os.path.join(root, _protogen.PROTO_FILES[1]), (3000, 3000))
+            self.assertTrue(_protogen.stale(out, root))
+            # An installed package has no proto sources beside it: never stale.
+            self.assertFalse(_protogen.stale(out, os.path.join(root, "absent")))
+
     def test_messages_round_trip_with_optional_amax(self):
         m = pb.QuantizeRequest()
         m.options.amax = 2.5

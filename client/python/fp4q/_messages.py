@@ -5,7 +5,9 @@ time by `fp4q._protogen`; see that module for why this is a descriptor and not *
 Looked up, in order:
   1. $FP4Q_PROTO_DESCRIPTOR (a path),
   2. fp4q/_proto/fp4q_v1.binpb inside the package (pip install, or a generated checkout),
-  3. in a source checkout where protoc is available: generated on the spot into 2.
+  3. in a source checkout where protoc is available: generated on the spot into 2, and
+     generated again there when the checkout's proto files are newer than it (a stale one is
+     used, with a warning, where protoc is missing).
 The classes live in a private DescriptorPool, so they never clash with other copies of the same
 protos loaded by the application.
 
@@ -18,6 +20,7 @@ no grpc_health package is needed.
 
 import os
 import threading
+import warnings
 
 from google.protobuf import descriptor_pb2
 from google.protobuf import descriptor_pool
@@ -44,8 +47,9 @@ def descriptor_path():
 
 def _load_descriptor_bytes():
     path = descriptor_path()
+    explicit = os.environ.get("FP4Q_PROTO_DESCRIPTOR")
     if not os.path.isfile(path):
-        if os.environ.get("FP4Q_PROTO_DESCRIPTOR"):
+        if explicit:
             raise ImportError("fp4q: $FP4Q_PROTO_DESCRIPTOR=%s does not exist" % path)
         try:
             _protogen.generate(path)
@@ -54,6 +58,15 @@ def _load_descriptor_bytes():
                 "fp4q: the service descriptor %s is missing and could not be generated (%s). "
                 "Generate it where protoc exists: python3 client/python/fp4q/_protogen.py, "
                 "or install the package with pip." % (path, e)) from e
+    elif not explicit and _protogen.stale(path):
+        try:
+            _protogen.generate(path)
+        except (RuntimeError, OSError) as e:
+            warnings.warn(
+                "fp4q: the service descriptor %s is older than the checkout's proto files and "
+                "could not be generated again (%s); messages lack any field added since. Run "
+                "python3 client/python/fp4q/_protogen.py where protoc exists" % (path, e),
+                RuntimeWarning, stacklevel=2)
     with open(path, "rb") as f:
         return f.read()
 

@@ -39,6 +39,21 @@ def default_output():
     return os.path.join(here, "_proto", DESCRIPTOR_NAME)
 
 
+def stale(output=None, proto_root=None):
+    """True when `output` exists and a proto file of a source checkout (`proto_root`, by
+    default the repository's proto/ beside the package) is newer than it: a descriptor generated
+    before the protos changed (a pull, an edit) would load messages without their new fields.
+    False where there are no proto sources (an installed package)."""
+    proto_root = proto_root or default_proto_root()
+    output = output or default_output()
+    try:
+        made = os.path.getmtime(output)
+        return any(os.path.getmtime(os.path.join(proto_root, rel)) > made
+                   for rel in PROTO_FILES)
+    except OSError:
+        return False
+
+
 def _protoc_command():
     explicit = os.environ.get("FP4Q_PROTOC")
     if explicit:
