@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Device call 7 (repository root, .bundle carried): what the code after efc0571 changed, on a
+# GPU. Each phase only if it fits (room, LIMIT):
+#   1. fp4q_cuda_test's step and one-pass tests
+#   2. tests/python/gpu_ipc_check.py (the synchronous step with an idle stream now skips the
+#      host's synchronize of it: ea784ab; its overlap and ready-signal checks compare every
+#      step bit for bit with host-waited steps)
+#   3. bench/trainer_step.py over GPT-2 (fp4qd's own time per row now printed beside the
+#      kernels'), then the Python step's phases, one pass (python-client/trainloop.py)
+set -uo pipefail
+source bench/results/h200-step/overlap/env.sh
+archive_on_exit r7
+source bench/results/h200-step/one-pass/lib.sh
+gpu_header
+timeout 120 $b/bin/fp4q_cuda_test --gtest_filter='*OnePass*:*Step*:*LeanSgd*:*Batches*' \
+  > $o/cuda-tests.txt 2>&1
+echo "rc=$?" >> $o/cuda-tests.txt; grep -E "^\[ +(FAILED|PASSED|SKIPPED) |rc=" $o/cuda-tests.txt
+room 150 gpu_ipc_check && timeout 150 python3 tests/python/gpu_ipc_check.py --fp4qd $b/bin/fp4qd \
+  --out $o/ipc --steps 100 > $o/gpu_ipc_check.txt 2>&1
+echo "gpu_ipc_check rc=$?"; tail -1 $o/gpu_ipc_check.txt
+room 150 trainer_step && timeout 150 python3 bench/trainer_step.py --fp4qd $b/bin/fp4qd \
+  --models gpt2-small --behind-ms 0 --steps 100 --warmup 10 --json $o/trainer-step-gpt2.json \
+  > $o/trainer-step-gpt2.txt 2>&1
+echo "trainer_step rc=$?"; grep -E "row|delayed|foreach|floor|8192" $o/trainer-step-gpt2.txt | head -14
+export B=$b
+room 60 phases && SCALING=delayed ONE_PASS=1 MODES=gpt2 N=600 timeout 60 \
+  python3 bench/results/h200-step/python-client/trainloop.py > $o/phases-1.txt 2>&1
+echo "phases rc=$?"; grep -E "mode=|pre-send|per step" $o/phases-1.txt
