@@ -26,7 +26,11 @@ Reported, medians over --steps steps after --warmup:
     socket exchange and from the exchange's end to step()'s return;
   - the same run's floor: an empty ServerInfo round trip over the same fast socket.
 These are this machine's CPU times. On the GPU's host the same code runs, slower or faster as
-that CPU is, and with the CUDA backend's launches in place of the CPU kernels.
+that CPU is, and with the CUDA backend's launches in place of the CPU kernels. The fake CUDA
+tensors answer data_ptr(), device and is_cuda from Python, which costs more than torch's own
+answers: the client's step plan key check, which reads them for every parameter, takes about
+twice as long here as over real tensors of this CPU
+(bench/results/h200-step/one-pass/attr_cost.py times it over real ones).
 """
 
 import argparse
