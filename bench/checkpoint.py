@@ -3,7 +3,8 @@
 
     # GPU: fp4qd started by the benchmark, its --state_dir in a folder under --dir
     python3 bench/checkpoint.py --fp4qd build/bin/fp4qd --dir /tmp --json out.json
-    # no GPU: tiny shapes on a CPU fp4qd (what CI runs)
+    # no GPU: the same model on fp4qd's CPU backend (tensors inline), or tiny shapes (CI)
+    python3 bench/checkpoint.py --cpu --fp4qd build/bin/fp4qd
     python3 bench/checkpoint.py --dry-run --fp4qd build/bin/fp4qd
 
 The model: GPT-2 small's 50 matrices (124.3M parameters; --dry-run: 10 small ones) stored by
@@ -155,6 +156,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU, tiny shapes, inline tensors, few repeats")
+    ap.add_argument("--cpu", action="store_true",
+                    help="GPT-2's shapes on fp4qd's CPU backend, tensors inline")
     add_server_args(ap, 32 << 30)
     ap.add_argument("--dir", default=tempfile.gettempdir(),
                     help="where fp4qd's state folder is made (the file system measured)")
@@ -172,6 +175,8 @@ def main(argv=None):
         device = torch.device("cpu")
         args.repeats, args.steps = min(args.repeats, 2), min(args.steps, 4)
         args.state_budget_bytes = min(args.state_budget_bytes, 1 << 30)
+    elif args.cpu:
+        device = torch.device("cpu")
     else:
         if not torch.cuda.is_available():
             ap.error("no CUDA device: run with --dry-run here")

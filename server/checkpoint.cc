@@ -182,7 +182,9 @@ class File {
 };
 
 // A weight's version-2 extension (checkpoint.h "ext").
-std::string EncodeExtension(const CheckpointRecord& r) {
+// A weight record's extension up to its moments; each moment follows as its length (U64) and
+// bytes, written straight from the record (ExtensionBytes counts them).
+std::string EncodeExtensionHead(const CheckpointRecord& r) {
   Encoder e;
   e.U8(r.scaling);
   e.U8(r.optimizer);
@@ -197,11 +199,13 @@ std::string EncodeExtension(const CheckpointRecord& r) {
   e.U32(static_cast<uint32_t>(r.moments.size()));
   for (float v : r.stats) e.F32(v);
   for (uint64_t f : r.fingerprints) e.U64(f);
-  for (const std::string& m : r.moments) {
-    e.U64(m.size());
-    e.Bytes(m.data(), m.size());
-  }
   return e.str();
+}
+
+uint64_t ExtensionBytes(const CheckpointRecord& r, const std::string& head) {
+  uint64_t n = head.size();
+  for (const std::string& m : r.moments) n += 8 + m.size();
+  return n;
 }
 
 constexpr size_t kExtensionFixed = 8 + 8 + 8 + 4 + 4 + 8 * 4;
@@ -412,11 +416,19 @@ absl::Status CheckpointWriter::Add(const CheckpointRecord& r) {
   e.U64(r.codes.size());
   e.U64(r.scales.size());
   e.U64(r.residual.size());
-  const std::string ext = r.kind == 1 ? EncodeExtension(r) : std::string();
-  e.U64(ext.size());
+  // The moments (up to 8 bytes a parameter) are written from the record, not copied into the
+  // extension first.
+  const std::string ext = r.kind == 1 ? EncodeExtensionHead(r) : std::string();
+  e.U64(r.kind == 1 ? ExtensionBytes(r, ext) : 0);
   FP4Q_RETURN_IF_ERROR(Write(e.str().data(), e.str().size()));
   for (const std::string* part : {&r.name, &r.device, &r.codes, &r.scales, &r.residual, &ext}) {
     FP4Q_RETURN_IF_ERROR(Write(part->data(), part->size()));
+  }
+  for (size_t i = 0; r.kind == 1 && i < r.moments.size(); ++i) {
+    Encoder len;
+    len.U64(r.moments[i].size());
+    FP4Q_RETURN_IF_ERROR(Write(len.str().data(), len.str().size()));
+    FP4Q_RETURN_IF_ERROR(Write(r.moments[i].data(), r.moments[i].size()));
   }
   ++records_;
   return absl::OkStatus();
