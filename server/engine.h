@@ -305,7 +305,11 @@ class Engine {
   void SampleQuality(OpEnv& env, const kernels::ConstTensor& x, const kernels::QuantizedTensor& q);
   // Persistence (engine_persist.cc).
   absl::Status RestoreRecord(CheckpointRecord record);
-  absl::StatusOr<CheckpointRecord> Snapshot(const std::shared_ptr<StateEntry>& entry);
+  // The entry as a checkpoint record, copied under its lock on its device's executor. The
+  // byte buffers of `reuse` (the previous record's) hold the copies: their memory is already
+  // mapped, so a checkpoint pays its page faults once, not once per record.
+  absl::StatusOr<CheckpointRecord> Snapshot(const std::shared_ptr<StateEntry>& entry,
+                                            CheckpointRecord reuse = {});
   void MaintenanceLoop();
 
   const EngineOptions options_;

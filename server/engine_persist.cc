@@ -19,14 +19,22 @@ absl::Status Corrupt(const CheckpointRecord& r, absl::string_view what) {
 
 }  // namespace
 
-absl::StatusOr<CheckpointRecord> Engine::Snapshot(const std::shared_ptr<StateEntry>& e) {
+absl::StatusOr<CheckpointRecord> Engine::Snapshot(const std::shared_ptr<StateEntry>& e,
+                                                   CheckpointRecord reuse) {
   auto promise = std::make_shared<std::promise<absl::StatusOr<CheckpointRecord>>>();
   std::future<absl::StatusOr<CheckpointRecord>> future = promise->get_future();
-  auto copy = [e](kernels::Backend& backend,
-                  kernels::Stream stream) -> absl::StatusOr<CheckpointRecord> {
+  auto spare = std::make_shared<CheckpointRecord>(std::move(reuse));
+  auto copy = [e, spare](kernels::Backend& backend,
+                         kernels::Stream stream) -> absl::StatusOr<CheckpointRecord> {
     std::lock_guard<std::mutex> lock(e->op_mu);
     CheckpointRecord r;
     if (!e->live.load()) return r;  // deleted meanwhile: kind 0, skipped
+    // `n` bytes in the spare buffer `from` (its capacity kept), moved into `*to`.
+    const auto sized = [](std::string* to, std::string* from, size_t n) {
+      *to = std::move(*from);
+      to->clear();
+      to->resize(n);
+    };
     r.kind = static_cast<uint8_t>(e->kind);
     r.has_step = e->has_step.load();
     r.last_step = e->last_step.load();
@@ -42,8 +50,8 @@ absl::StatusOr<CheckpointRecord> Engine::Snapshot(const std::shared_ptr<StateEnt
       r.error_feedback = e->params.error_feedback;
       r.dtype = e->params.dtype == kernels::DType::kBF16 ? kRecordBF16 : kRecordF32;
       r.seed = e->params.seed;
-      r.codes.resize(e->sizes.codes);
-      r.scales.resize(e->sizes.scales);
+      sized(&r.codes, &spare->codes, e->sizes.codes);
+      sized(&r.scales, &spare->scales, e->sizes.scales);
       float g[kernels::kGlobalFloats];
       FP4Q_RETURN_IF_ERROR(
           backend.CopyToHost(r.codes.data(), e->codes.data(), r.codes.size(), stream));
@@ -70,8 +78,11 @@ absl::StatusOr<CheckpointRecord> Engine::Snapshot(const std::shared_ptr<StateEnt
       for (int i = 0; i < spec.moments(); ++i) {
         const OptimizerStorage::Moment& m = e->optimizer.moments()[static_cast<size_t>(i)];
         std::string bytes;
+        std::string unused;
+        std::string* from =
+            static_cast<size_t>(i) < spare->moments.size() ? &spare->moments[i] : &unused;
         if (spec.dtype == kernels::StateDType::kNvfp4) {
-          bytes.resize(m.codes.size() + m.scales.size() + m.global.size());
+          sized(&bytes, from, m.codes.size() + m.scales.size() + m.global.size());
           FP4Q_RETURN_IF_ERROR(
               backend.CopyToHost(bytes.data(), m.codes.data(), m.codes.size(), stream));
           FP4Q_RETURN_IF_ERROR(backend.CopyToHost(bytes.data() + m.codes.size(), m.scales.data(),
@@ -80,7 +91,7 @@ absl::StatusOr<CheckpointRecord> Engine::Snapshot(const std::shared_ptr<StateEnt
               backend.CopyToHost(bytes.data() + m.codes.size() + m.scales.size(), m.global.data(),
                                  m.global.size(), stream));
         } else {
-          bytes.resize(m.dense.size());
+          sized(&bytes, from, m.dense.size());
           FP4Q_RETURN_IF_ERROR(
               backend.CopyToHost(bytes.data(), m.dense.data(), m.dense.size(), stream));
         }
@@ -88,7 +99,7 @@ absl::StatusOr<CheckpointRecord> Engine::Snapshot(const std::shared_ptr<StateEnt
       }
     }
     if (!e->residual.empty()) {
-      r.residual.resize(e->sizes.residual);
+      sized(&r.residual, &spare->residual, e->sizes.residual);
       FP4Q_RETURN_IF_ERROR(
           backend.CopyToHost(r.residual.data(), e->residual.data(), r.residual.size(), stream));
     }
@@ -116,10 +127,12 @@ absl::StatusOr<CheckpointStats> Engine::CheckpointNow() {
   absl::StatusOr<CheckpointStats> result = [&]() -> absl::StatusOr<CheckpointStats> {
     FP4Q_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
                           CheckpointWriter::Begin(options_.state_dir, epoch_));
+    CheckpointRecord spare;  // the last record written: its buffers serve the next one
     for (const auto& e : store_->Entries()) {
-      FP4Q_ASSIGN_OR_RETURN(CheckpointRecord r, Snapshot(e));
+      FP4Q_ASSIGN_OR_RETURN(CheckpointRecord r, Snapshot(e, std::move(spare)));
       if (r.kind == 0) continue;
       FP4Q_RETURN_IF_ERROR(writer->Add(r));
+      spare = std::move(r);
     }
     return writer->Commit();
   }();
