@@ -1,5 +1,6 @@
 // Engine persistence: Checkpoint (snapshot every live entry under its lock, on its device's
-// executor, streamed into checkpoint.h's file) and Restore (verify, then load).
+// executor, streamed into checkpoint.h's file, each entry's copy overlapping the write of the one
+// before) and Restore (verify, then load).
 #include <chrono>
 #include <future>
 
@@ -19,8 +20,8 @@ absl::Status Corrupt(const CheckpointRecord& r, absl::string_view what) {
 
 }  // namespace
 
-absl::StatusOr<CheckpointRecord> Engine::Snapshot(const std::shared_ptr<StateEntry>& e,
-                                                   CheckpointRecord reuse) {
+std::future<absl::StatusOr<CheckpointRecord>> Engine::Snapshot(
+    const std::shared_ptr<StateEntry>& e, CheckpointRecord reuse) {
   auto promise = std::make_shared<std::promise<absl::StatusOr<CheckpointRecord>>>();
   std::future<absl::StatusOr<CheckpointRecord>> future = promise->get_future();
   auto spare = std::make_shared<CheckpointRecord>(std::move(reuse));
@@ -113,8 +114,8 @@ absl::StatusOr<CheckpointRecord> Engine::Snapshot(const std::shared_ptr<StateEnt
         promise->set_value(copy(*device->backend, stream));
       },
       [promise](absl::Status s) { promise->set_value(s); }, /*bypass_bound=*/true);
-  if (!queued.ok()) return queued;
-  return future.get();
+  if (!queued.ok()) promise->set_value(queued);  // then neither callback runs
+  return future;
 }
 
 absl::StatusOr<CheckpointStats> Engine::CheckpointNow() {
@@ -127,12 +128,19 @@ absl::StatusOr<CheckpointStats> Engine::CheckpointNow() {
   absl::StatusOr<CheckpointStats> result = [&]() -> absl::StatusOr<CheckpointStats> {
     FP4Q_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
                           CheckpointWriter::Begin(options_.state_dir, epoch_));
-    CheckpointRecord spare;  // the last record written: its buffers serve the next one
-    for (const auto& e : store_->Entries()) {
-      FP4Q_ASSIGN_OR_RETURN(CheckpointRecord r, Snapshot(e, std::move(spare)));
-      if (r.kind == 0) continue;
-      FP4Q_RETURN_IF_ERROR(writer->Add(r));
-      spare = std::move(r);
+    // Entry i + 1 is copied (on its device's executor) while entry i is written here; the
+    // copy of i + 2 reuses the buffers of i, written by then.
+    const std::vector<std::shared_ptr<StateEntry>> entries = store_->Entries();
+    CheckpointRecord spare;
+    std::future<absl::StatusOr<CheckpointRecord>> next;
+    if (!entries.empty()) next = Snapshot(entries[0]);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      absl::StatusOr<CheckpointRecord> r = next.get();
+      if (!r.ok()) return r.status();
+      if (i + 1 < entries.size()) next = Snapshot(entries[i + 1], std::move(spare));
+      if (r->kind == 0) continue;
+      FP4Q_RETURN_IF_ERROR(writer->Add(*r));
+      spare = std::move(*r);
     }
     return writer->Commit();
   }();
