@@ -1,5 +1,6 @@
 # Sourced by this folder's device scripts after ../overlap/env.sh (which defines $b, $o, room).
 #   gpu_header [MORE]: the GPU's name, driver and UUID and the commit (and MORE) into $o/gpu.txt
+#   step_tests SECONDS: fp4q_cuda_test's step and one-pass tests into $o/cuda-tests.txt
 #   ab_bench ROUND SECONDS ONLY: fp4q_bench --only ONLY with the module under test ("new") and
 #     the one gzipped in $b/alt/ ("old"), each with its own copy row: $o/bench-{new,old}-ROUND.*
 #   start_fp4qd BANDWIDTH: fp4qd on the CUDA backend with its sockets in $d; sets $pid and $S
@@ -9,6 +10,11 @@
 gpu_header() {
   nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee $o/gpu.txt
   echo "commit $FP4Q_COMMIT${1:+; $1}" | tee -a $o/gpu.txt
+}
+step_tests() {
+  timeout $1 $b/bin/fp4q_cuda_test --gtest_filter='*OnePass*:*Step*:*LeanSgd*:*Batches*' \
+    > $o/cuda-tests.txt 2>&1
+  echo "rc=$?" >> $o/cuda-tests.txt; grep -E "^\[ +(FAILED|PASSED|SKIPPED) |rc=" $o/cuda-tests.txt
 }
 ab_bench() {
   local round=$1 secs=$2 only=$3 m mod

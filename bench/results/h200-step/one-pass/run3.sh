@@ -14,9 +14,7 @@ set -uo pipefail
 source bench/results/h200-step/overlap/env.sh
 source bench/results/h200-step/one-pass/lib.sh
 gpu_header "alt module $(cat $b/alt/COMMIT 2>/dev/null)"
-timeout 150 $b/bin/fp4q_cuda_test --gtest_filter='*OnePass*:*Step*:*LeanSgd*:*Batches*' \
-  > $o/cuda-tests.txt 2>&1
-echo "rc=$?" >> $o/cuda-tests.txt; grep -E "^\[ +(FAILED|PASSED|SKIPPED) |rc=" $o/cuda-tests.txt
+step_tests 150
 for round in 1 2; do ab_bench $round 45 "SGD + EF, delayed"; done
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 for tool in memcheck synccheck; do

@@ -8,9 +8,7 @@ source bench/results/h200-step/overlap/env.sh
 archive_on_exit r6
 source bench/results/h200-step/one-pass/lib.sh
 gpu_header
-timeout 120 $b/bin/fp4q_cuda_test --gtest_filter='*OnePass*:*Step*:*LeanSgd*:*Batches*' \
-  > $o/cuda-tests.txt 2>&1
-echo "rc=$?" >> $o/cuda-tests.txt; grep -E "^\[ +(FAILED|PASSED|SKIPPED) |rc=" $o/cuda-tests.txt
+step_tests 120
 timeout 60 python3 bench/results/h200-step/one-pass/attr_cost.py > $o/attr-cost.txt 2>&1
 echo "attr_cost rc=$?"; cat $o/attr-cost.txt
 tl() {  # tl TAG BATCH ROUNDS SECONDS

@@ -16,9 +16,7 @@ source bench/results/h200-step/overlap/env.sh
 archive_on_exit r7
 source bench/results/h200-step/one-pass/lib.sh
 gpu_header
-timeout 120 $b/bin/fp4q_cuda_test --gtest_filter='*OnePass*:*Step*:*LeanSgd*:*Batches*' \
-  > $o/cuda-tests.txt 2>&1
-echo "rc=$?" >> $o/cuda-tests.txt; grep -E "^\[ +(FAILED|PASSED|SKIPPED) |rc=" $o/cuda-tests.txt
+step_tests 120
 room 150 gpu_ipc_check && timeout 150 python3 tests/python/gpu_ipc_check.py --fp4qd $b/bin/fp4qd \
   --out $o/ipc --steps 100 > $o/gpu_ipc_check.txt 2>&1
 echo "gpu_ipc_check rc=$?"; tail -1 $o/gpu_ipc_check.txt
