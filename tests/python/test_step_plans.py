@@ -569,18 +569,25 @@ class StepPlanTest(unittest.TestCase):
         self.assertEqual(opt._send(1, None, groups).applied_items, 3)
         self.assertFalse(self.sent[-1].HasField("ready_signal"))
         stream.synchronize.assert_not_called()
-        self.assertEqual((ready.idle, ready.was_idle, ready.sent), (1, True, 0))
+        self.assertEqual((ready.idle, ready.sent), (1, 0))
         self.idle = False
         opt._send(2, None, groups)
         self.assertEqual(self.sent[-1].ready_signal.value, 1)
         stream.synchronize.assert_not_called()
-        self.assertEqual((ready.was_idle, ready.sent), (False, 1))
+        self.assertEqual((ready.idle, ready.sent), (1, 1))
         ready.off = "turned off"
         self.idle = True
         opt._send(3, None, groups)
         self.assertFalse(self.sent[-1].HasField("ready_signal"))
         stream.synchronize.assert_called_once_with()
-        self.assertEqual((ready.idle, ready.was_idle), (1, False))
+        self.assertEqual((ready.idle, ready.sent), (1, 1))
+        # What ready_and_order gives in each state: the signal off, idle, busy.
+        self.assertEqual(ready.ready_and_order(), (None, None))
+        ready.off = None
+        self.assertEqual(ready.ready_and_order(), (None, ready.idle_order))
+        self.idle = False
+        signal_ready, order = ready.ready_and_order()
+        self.assertEqual((signal_ready[1], order), (2, None))
 
     def optimizer_sending(self, ready):
         """A StepMixin whose steps go to this test's fake server, with `ready` as its

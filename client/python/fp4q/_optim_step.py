@@ -223,9 +223,8 @@ class StepMixin:
                     result = self._overlapped.send(step, key, lambda: self._items()[0], groups,
                                                    replica, one_pass=self._one_pass)
                 else:
-                    ready = None if ready_steps is None else ready_steps.ready()
-                    idle = ready_steps.idle_order if ready is None and (
-                        ready_steps is not None and ready_steps.was_idle) else None
+                    ready, idle = ((None, None) if ready_steps is None
+                                   else ready_steps.ready_and_order())
                     try:
                         result = c._requests.step_keyed(step, key, lambda: self._items()[0],
                                                         groups, replica, ready,

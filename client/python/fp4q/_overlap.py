@@ -198,8 +198,8 @@ class ReadySteps:
     kernels behind a device-side wait on the word while the backward pass runs, so the client's
     and the server's host time before the kernels is off the GPU's path. When the stream is
     already idle the step is sent without one (the server's device-side wait and its watching
-    would only add to it), and without the host's wait for that stream either: idle_order
-    orders it (the other devices' streams, if any, are still waited for).
+    would only add to it), and without the host's wait for that stream either: ready_and_order
+    gives idle_order, which waits for the other devices' streams only.
 
     A ready word the stream did not write within the server's timeout (a backward pass queued
     further ahead than --step_ready_timeout_ms) refuses the step with nothing changed; step()
@@ -218,36 +218,39 @@ class ReadySteps:
         self.idle = 0        # steps sent without: the stream had nothing queued
         self.fallbacks = 0   # steps sent again after the ready word timed out
         self.off = None      # why the server's refusal turned the signal off
-        self.was_idle = False  # the last ready() found the stream idle
 
     def ready(self):
         """The `ready` argument of fp4q._requests.step_keyed for the next step: None when the
-        stream is idle (was_idle; idle_order then orders the step) or the signal is off, else
-        ((region_id, offset), value, order)."""
-        self.was_idle = False
+        stream is idle or the signal is off, else ((region_id, offset), value, order)."""
+        return self.ready_and_order()[0]
+
+    def ready_and_order(self):
+        """(ready, order): step_keyed's `ready` and `order` for the next step. While the stream
+        has work queued, the signal and None; when it is idle, None and idle_order (nothing was
+        queued on it since, so the host does not wait for it); with the signal off, None and
+        None (the host waits)."""
         if self.off is not None:
-            return None
+            return None, None
         if torch.cuda.current_stream(self._device).query():
             self.idle += 1
-            self.was_idle = True
-            return None
+            return None, self.idle_order
         if self._signal is None:
             self._signal = _new_signal(self._device)[0]
         try:
             slot = self._client._ipc.register_tensor(self._signal)
         except Fp4qError as e:  # e.g. the session's region limit: the host waits instead
             self._turn_off(e.message)
-            return None
+            return None, None
         value = self._value = (self._value + 1) & 0xFFFFFFFF
         return ((slot[0], slot[1] + 4 * READY_WORD), value,
-                _ready_order(self._signal, self._device, value, self._count))
+                _ready_order(self._signal, self._device, value, self._count)), None
 
     def _count(self):
         self.sent += 1
 
     def idle_order(self, transfer):
-        """order(transfer) of a step sent just after ready() found the stream idle: nothing
-        was queued on it since, so only the other devices' streams are waited for."""
+        """order(transfer) of a step sent just after ready_and_order() found the stream idle:
+        nothing was queued on it since, so only the other devices' streams are waited for."""
         transfer.before_send(skip=self._device)
 
     def retry_without(self, error):
