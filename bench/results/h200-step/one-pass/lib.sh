@@ -1,4 +1,6 @@
-# Sourced by this folder's device scripts after ../overlap/env.sh (which defines $b, $o, room).
+# Sourced by this folder's device scripts (repository root, .bundle carried); it sources
+# ../overlap/env.sh ($b, $o, room, archive_on_exit).
+#   begin NAME [MORE]: $OUT/NAME.tgz gets $o whatever ends the script; then gpu_header MORE
 #   gpu_header [MORE]: the GPU's name, driver and UUID and the commit (and MORE) into $o/gpu.txt
 #   step_tests SECONDS: fp4q_cuda_test's step and one-pass tests into $o/cuda-tests.txt
 #   ab_bench ROUND SECONDS ONLY: fp4q_bench --only ONLY with the module under test ("new") and
@@ -7,6 +9,12 @@
 #     (fp4q bench-step over the fast socket, kept plans, delayed scaling)
 #   step_pair MODEL ROUND ROOM SECONDS ARGS...: $S ARGS in two passes, then in one:
 #     $o/cpp-MODEL-{two,one}-ROUND.{json,log}, each only if ROOM seconds are left
+source bench/results/h200-step/overlap/env.sh
+begin() {
+  archive_on_exit $1
+  shift
+  gpu_header "$@"
+}
 gpu_header() {
   nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee $o/gpu.txt
   echo "commit $FP4Q_COMMIT${1:+; $1}" | tee -a $o/gpu.txt

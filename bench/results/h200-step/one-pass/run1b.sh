@@ -4,10 +4,8 @@
 # again here (fp4q_bench's copy row). One round of each model first, then Python's checks, then
 # the second rounds, each phase only if it fits in the call (room, overlap/env.sh).
 set -uo pipefail
-source bench/results/h200-step/overlap/env.sh
-archive_on_exit r1b
 source bench/results/h200-step/one-pass/lib.sh
-gpu_header
+begin r1b
 timeout 60 $b/bin/fp4q_bench --only copy --iters 20 --out $o/copy.json > $o/copy.txt 2>&1
 echo "copy rc=$?"; grep -i copy $o/copy.txt | head -2
 bw=$(python3 -c "import json;print(json.load(open('$o/copy.json'))['copy_gbps'])" || echo 4200)

@@ -11,7 +11,6 @@
 #      the last CTA's decision)
 # then run1b.sh (through fp4qd) with the rest of the call.
 set -uo pipefail
-source bench/results/h200-step/overlap/env.sh
 source bench/results/h200-step/one-pass/lib.sh
 gpu_header "alt module $(cat $b/alt/COMMIT 2>/dev/null)"
 step_tests 150

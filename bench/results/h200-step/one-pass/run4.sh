@@ -11,10 +11,8 @@
 #   3. Nsight Compute over the one-pass row's step kernels: each launch's time, instructions
 #      and DRAM bytes
 set -uo pipefail
-source bench/results/h200-step/overlap/env.sh
-archive_on_exit r4
 source bench/results/h200-step/one-pass/lib.sh
-gpu_header "alt module $(cat $b/alt/COMMIT 2>/dev/null)"
+begin r4 "alt module $(cat $b/alt/COMMIT 2>/dev/null)"
 for round in 1 2; do ab_bench $round 60 "SGD + EF, delayed"; done
 export B=$b
 for p in 1 0; do

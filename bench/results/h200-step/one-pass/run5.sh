@@ -7,10 +7,8 @@
 #   2. through fp4qd from C++ (fp4q bench-step --plan, delayed): Llama-3-8B's 32 layers, then
 #      GPT-2 and 8192 x 8192, two passes then one (run1b.sh's step_pair)
 set -uo pipefail
-source bench/results/h200-step/overlap/env.sh
-archive_on_exit r5
 source bench/results/h200-step/one-pass/lib.sh
-gpu_header "alt module $(cat $b/alt/COMMIT 2>/dev/null)"
+begin r5 "alt module $(cat $b/alt/COMMIT 2>/dev/null)"
 ab_bench 1 130 "SGD + EF, delayed"
 bw=$(python3 -c "import json;print(json.load(open('$o/bench-new-1.json'))['copy_gbps'])" || echo 4200)
 start_fp4qd $bw

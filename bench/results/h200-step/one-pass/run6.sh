@@ -4,10 +4,8 @@
 # reads of the Python client's step plan key); bench/train_loop.py's variants at batch 256,
 # then 64 (the train suite's model, 3 rounds each). Each phase only if it fits (room, LIMIT).
 set -uo pipefail
-source bench/results/h200-step/overlap/env.sh
-archive_on_exit r6
 source bench/results/h200-step/one-pass/lib.sh
-gpu_header
+begin r6
 step_tests 120
 timeout 60 python3 bench/results/h200-step/one-pass/attr_cost.py > $o/attr-cost.txt 2>&1
 echo "attr_cost rc=$?"; cat $o/attr-cost.txt

@@ -12,10 +12,8 @@
 #   5. bench/trainer_step.py over 8 of Llama-3-8B's 32 layers (torch's optimizers need fp32
 #      master weights beside fp4qd's state: the whole model does not fit one GPU with them)
 set -uo pipefail
-source bench/results/h200-step/overlap/env.sh
-archive_on_exit r7
 source bench/results/h200-step/one-pass/lib.sh
-gpu_header
+begin r7
 step_tests 120
 room 150 gpu_ipc_check && timeout 150 python3 tests/python/gpu_ipc_check.py --fp4qd $b/bin/fp4qd \
   --out $o/ipc --steps 100 > $o/gpu_ipc_check.txt 2>&1
