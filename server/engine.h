@@ -29,7 +29,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
-#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -306,12 +305,12 @@ class Engine {
   void SampleQuality(OpEnv& env, const kernels::ConstTensor& x, const kernels::QuantizedTensor& q);
   // Persistence (engine_persist.cc).
   absl::Status RestoreRecord(CheckpointRecord record);
-  // The entry as a checkpoint record, copied under its lock on its device's executor (the
-  // future is ready when it is; an entry deleted meanwhile gives kind 0). The byte buffers of
-  // `reuse` (a record already written) hold the copies: their memory is already mapped, so a
-  // checkpoint pays its page faults once, not once per record.
-  std::future<absl::StatusOr<CheckpointRecord>> Snapshot(const std::shared_ptr<StateEntry>& entry,
-                                                         CheckpointRecord reuse = {});
+  // The entry as a checkpoint record, copied under its lock on its device's executor (an
+  // entry deleted meanwhile gives kind 0). The byte buffers of `reuse` (a record already
+  // written) hold the copies: their memory is already mapped, so a checkpoint pays its page
+  // faults once, not once per record.
+  absl::StatusOr<CheckpointRecord> Snapshot(const std::shared_ptr<StateEntry>& entry,
+                                            CheckpointRecord reuse = {});
   void MaintenanceLoop();
 
   const EngineOptions options_;

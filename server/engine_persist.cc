@@ -1,6 +1,5 @@
 // Engine persistence: Checkpoint (snapshot every live entry under its lock, on its device's
-// executor, streamed into checkpoint.h's file, each entry's copy overlapping the write of the one
-// before) and Restore (verify, then load).
+// executor, streamed into checkpoint.h's file) and Restore (verify, then load).
 #include <chrono>
 #include <future>
 
@@ -20,8 +19,8 @@ absl::Status Corrupt(const CheckpointRecord& r, absl::string_view what) {
 
 }  // namespace
 
-std::future<absl::StatusOr<CheckpointRecord>> Engine::Snapshot(
-    const std::shared_ptr<StateEntry>& e, CheckpointRecord reuse) {
+absl::StatusOr<CheckpointRecord> Engine::Snapshot(const std::shared_ptr<StateEntry>& e,
+                                                   CheckpointRecord reuse) {
   auto promise = std::make_shared<std::promise<absl::StatusOr<CheckpointRecord>>>();
   std::future<absl::StatusOr<CheckpointRecord>> future = promise->get_future();
   auto spare = std::make_shared<CheckpointRecord>(std::move(reuse));
@@ -79,9 +78,8 @@ std::future<absl::StatusOr<CheckpointRecord>> Engine::Snapshot(
       for (int i = 0; i < spec.moments(); ++i) {
         const OptimizerStorage::Moment& m = e->optimizer.moments()[static_cast<size_t>(i)];
         std::string bytes;
-        std::string unused;
-        std::string* from =
-            static_cast<size_t>(i) < spare->moments.size() ? &spare->moments[i] : &unused;
+        if (spare->moments.size() <= static_cast<size_t>(i)) spare->moments.resize(i + 1);
+        std::string* from = &spare->moments[static_cast<size_t>(i)];
         if (spec.dtype == kernels::StateDType::kNvfp4) {
           sized(&bytes, from, m.codes.size() + m.scales.size() + m.global.size());
           FP4Q_RETURN_IF_ERROR(
@@ -114,8 +112,8 @@ std::future<absl::StatusOr<CheckpointRecord>> Engine::Snapshot(
         promise->set_value(copy(*device->backend, stream));
       },
       [promise](absl::Status s) { promise->set_value(s); }, /*bypass_bound=*/true);
-  if (!queued.ok()) promise->set_value(queued);  // then neither callback runs
-  return future;
+  if (!queued.ok()) return queued;
+  return future.get();
 }
 
 absl::StatusOr<CheckpointStats> Engine::CheckpointNow() {
@@ -128,19 +126,12 @@ absl::StatusOr<CheckpointStats> Engine::CheckpointNow() {
   absl::StatusOr<CheckpointStats> result = [&]() -> absl::StatusOr<CheckpointStats> {
     FP4Q_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
                           CheckpointWriter::Begin(options_.state_dir, epoch_));
-    // Entry i + 1 is copied (on its device's executor) while entry i is written here; the
-    // copy of i + 2 reuses the buffers of i, written by then.
-    const std::vector<std::shared_ptr<StateEntry>> entries = store_->Entries();
-    CheckpointRecord spare;
-    std::future<absl::StatusOr<CheckpointRecord>> next;
-    if (!entries.empty()) next = Snapshot(entries[0]);
-    for (size_t i = 0; i < entries.size(); ++i) {
-      absl::StatusOr<CheckpointRecord> r = next.get();
-      if (!r.ok()) return r.status();
-      if (i + 1 < entries.size()) next = Snapshot(entries[i + 1], std::move(spare));
-      if (r->kind == 0) continue;
-      FP4Q_RETURN_IF_ERROR(writer->Add(*r));
-      spare = std::move(*r);
+    CheckpointRecord spare;  // the last record written: its buffers serve the next one
+    for (const auto& e : store_->Entries()) {
+      FP4Q_ASSIGN_OR_RETURN(CheckpointRecord r, Snapshot(e, std::move(spare)));
+      if (r.kind == 0) continue;
+      FP4Q_RETURN_IF_ERROR(writer->Add(r));
+      spare = std::move(r);
     }
     return writer->Commit();
   }();
