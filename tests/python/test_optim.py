@@ -4,6 +4,7 @@ each step's exact values against tests/python/fp4q_reference.py, training the ex
 schedulers, torch-side parameters, validation, steps over the fast socket. state_dict round trips
 and restarts: test_optim_state.py; replica groups, namespaces and retries: test_optim_groups.py."""
 
+import inspect
 import os
 import shutil
 import unittest
@@ -11,6 +12,7 @@ import unittest
 import grpc
 import numpy as np
 import torch
+from torch.optim import optimizer as torch_optimizer
 
 import fp4q
 import fp4q_reference as R
@@ -83,8 +85,6 @@ class ConstructionTest(Assertions):
         bad = [
             (lambda: fp4q.optim.SGD(p, lr=-0.1, client=c), r"^lr: -0\.1 must be >= 0 "
              r"\(Invalid learning rate\)$"),
-            (lambda: fp4q.optim.SGD(p, client=c), r"^lr: required \(torch\.optim\.SGD has no "
-             r"default; give lr= or each param group's 'lr'\)$"),
             (lambda: fp4q.optim.SGD(p, lr=float("nan"), client=c), r"^lr: nan is not finite$"),
             (lambda: fp4q.optim.SGD(p, lr=0.1, momentum=-1, client=c),
              r"^momentum: -1\.0 must be >= 0 \(Invalid momentum value\)$"),
@@ -118,6 +118,11 @@ class ConstructionTest(Assertions):
              r"client \(fp4qd --allow_cuda_ipc on the CUDA backend, reached over its Unix "
              r"socket\); it lists \['adamw', "),
         ]
+        if inspect.signature(torch.optim.SGD).parameters["lr"].default in (
+                inspect.Parameter.empty, torch_optimizer.required):
+            # this torch has no default learning rate (newer ones have 1e-3, and so has fp4q then)
+            bad.append((lambda: fp4q.optim.SGD(p, client=c), r"^lr: required \(torch\.optim\."
+                        r"SGD has no default; give lr= or each param group's 'lr'\)$"))
         for fn, pattern in bad:
             with self.subTest(pattern):
                 self.assertClientRefused(pattern, fn)
@@ -380,6 +385,49 @@ class StepValuesTest(Assertions):
         loss = opt.step(closure)
         self.assertEqual(float(loss), float((before * before).sum()))
         self.assertEqual(c.get_weight("param0", dequantized=False).info.last_step, 1)
+        c.close()
+
+    def test_step_runs_hooks_without_grad_and_names_itself_to_the_profiler(self):
+        c = client()
+        p = torch.nn.Parameter(randn(16, 32, seed=61))
+        opt = fp4q.optim.SGD([p], lr=0.1, client=c, name_prefix="hooks_")
+        self.assertIs(type(opt).step, fp4q.optim.SGD.step)  # not wrapped again by torch
+        seen = []
+
+        def closure():
+            seen.append(("closure", torch.is_grad_enabled()))
+            return torch.tensor(3.0)
+        p.grad = torch.ones(16, 32)
+        if hasattr(opt, "register_step_pre_hook"):  # torch >= 2.0
+            def pre(o, args, kwargs):
+                seen.append(("pre", o is opt, len(args), torch.is_grad_enabled()))
+                return (), {"closure": closure}  # the hook replaces the arguments
+            opt.register_step_pre_hook(pre)
+            opt.register_step_post_hook(
+                lambda o, args, kwargs: seen.append(("post", sorted(kwargs))))
+            loss = opt.step(lambda: self.fail("the pre hook replaced this closure"))
+            self.assertEqual(seen, [("pre", True, 1, True), ("closure", True), ("post", ["closure"])])
+        else:
+            loss = opt.step(closure)
+            self.assertEqual(seen, [("closure", True)])
+        self.assertEqual(float(loss), 3.0)
+        self.assertTrue(torch.is_grad_enabled())  # restored after the step
+        self.assertEqual(c.get_weight("hooks_param0", dequantized=False).info.last_step, 1)
+
+        seen.clear()
+        with torch.autograd.profiler.profile() as prof:
+            opt.step(closure)
+        self.assertIn("Optimizer.step#SGD.step", [e.name for e in prof.function_events])
+        self.assertEqual(c.get_weight("hooks_param0", dequantized=False).info.last_step, 2)
+
+        def bad(o, args, kwargs):
+            return "no"
+        if hasattr(opt, "register_step_pre_hook"):
+            handle = opt.register_step_pre_hook(bad)
+            with self.assertRaisesRegex(RuntimeError, "must return None or a tuple"):
+                opt.step()
+            handle.remove()
+            self.assertEqual(c.get_weight("hooks_param0", dequantized=False).info.last_step, 2)
         c.close()
 
 

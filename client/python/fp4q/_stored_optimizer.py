@@ -41,6 +41,9 @@ class _Stored:
     spec: opts.OptimizerSpec
 
 
+_set_grad_enabled = torch._C._set_grad_enabled  # torch.set_grad_enabled without its object
+
+
 def _choice(value, allowed, field):
     if value not in allowed:
         raise ClientArgumentError("%s: %r is not one of %s" % (field, value, list(allowed)))
@@ -389,9 +392,61 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ the step
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        """One optimizer step (see fp4q.optim's docstring). Returns closure's loss, if given."""
+    def step(self, *args, **kwargs):
+        """One optimizer step, step(closure=None) (see fp4q.optim's docstring). Returns
+        closure's loss, if given.
+
+        torch.optim.Optimizer wraps a subclass's step() for its profiler and hooks; that wrapper
+        enters a profiler range on every call, which costs more than a step's own checks
+        (17 us on the development VM), so this one is marked as already wrapped and does the
+        same: the step's pre hooks (torch's global ones, then this optimizer's; either may
+        replace the arguments), the step, then its post hooks, inside torch's
+        "Optimizer.step#<class>.step" range only while torch's profiler records. The step runs
+        without autograd (torch's optimizers run under no_grad), its closure with it."""
+        pre = self._step_pre_hooks()
+        for hook in pre:
+            result = hook(self, args, kwargs)
+            if result is not None:
+                if not (isinstance(result, tuple) and len(result) == 2):
+                    raise RuntimeError("%r must return None or a tuple of (new_args, new_kwargs), "
+                                       "but got %r" % (hook, result))
+                args, kwargs = result
+        if torch.autograd._profiler_enabled():
+            with torch.autograd.profiler.record_function(
+                    "Optimizer.step#%s.step" % type(self).__name__):
+                loss = self._step_without_grad(*args, **kwargs)
+        else:
+            loss = self._step_without_grad(*args, **kwargs)
+        self._optimizer_step_code()
+        for hook in self._step_post_hooks():
+            hook(self, args, kwargs)
+        return loss
+
+    step.hooked = True  # torch.optim.Optimizer leaves it unwrapped
+
+    def _step_pre_hooks(self):
+        hooks = getattr(self, "_optimizer_step_pre_hooks", None)  # torch >= 2.0
+        glob = getattr(_torch_optimizer, "_global_optimizer_pre_hooks", None)
+        if not hooks and not glob:
+            return ()
+        return list(glob.values() if glob else ()) + list(hooks.values() if hooks else ())
+
+    def _step_post_hooks(self):
+        hooks = getattr(self, "_optimizer_step_post_hooks", None)
+        glob = getattr(_torch_optimizer, "_global_optimizer_post_hooks", None)
+        if not hooks and not glob:
+            return ()
+        return list(hooks.values() if hooks else ()) + list(glob.values() if glob else ())
+
+    def _step_without_grad(self, closure=None):
+        enabled = torch.is_grad_enabled()
+        _set_grad_enabled(False)
+        try:
+            return self._step(closure)
+        finally:
+            _set_grad_enabled(enabled)
+
+    def _step(self, closure):
         loss = None
         if closure is not None:
             with torch.enable_grad():
