@@ -7,7 +7,9 @@
 #   3. perf's sampled call graphs: fp4qd while `fp4q bench-step` runs GPT-2 in one pass from
 #      C++, then the Python client and fp4qd while python-client/trainloop.py steps GPT-2
 #      (python3 -X perf: the Python functions named in the samples)
-#   4. bench/trainer_step.py over GPT-2 (fp4qd's own time per row beside the kernels')
+#   4. the Python step's phases, the client sleeping for the reply or busy-polling for it
+#   5. bench/trainer_step.py over GPT-2 (fp4qd's own time per row beside the kernels'), then
+#      with the client busy-polling for replies (--spin-us 3000)
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
 begin r8
@@ -42,10 +44,23 @@ if command -v perf > /dev/null && room 90 "perf python"; then
   echo "perf python rc=$?"; grep -E "mode=|pre-send" $o/phases-perf.txt
   report py
 fi
-room 60 phases && SCALING=delayed ONE_PASS=1 MODES=gpt2 N=600 timeout 60 \
-  python3 bench/results/h200-step/python-client/trainloop.py > $o/phases-1.txt 2>&1
-echo "phases rc=$?"; grep -E "mode=|pre-send|per step" $o/phases-1.txt
+# The Python step's phases with the client sleeping in recv (default) or busy-polling for the
+# reply (SPIN_US), and with fp4qd's threads busy-polling too
+phases() {  # phases NAME SPIN_US FP4QD_ARGS
+  room 45 "phases $1" || return 0
+  SPIN_US=$2 FP4QD_ARGS="$3" SCALING=delayed ONE_PASS=1 MODES=gpt2 N=1500 timeout 45 \
+    python3 bench/results/h200-step/python-client/trainloop.py > $o/phases-$1.txt 2>&1
+  echo "phases $1 rc=$?"; grep -E "mode=|pre-send|per step" $o/phases-$1.txt
+}
+phases sleep 0 ""
+phases spin 3000 ""
+phases spin-both 3000 "--fast_socket_spin_us=3000 --worker_spin_us=3000"
+phases sleep-2 0 ""
 room 150 trainer_step && timeout 150 python3 bench/trainer_step.py --fp4qd $b/bin/fp4qd \
   --models gpt2-small --behind-ms 0 --steps 100 --warmup 10 --json $o/trainer-step-gpt2.json \
   > $o/trainer-step-gpt2.txt 2>&1
 echo "trainer_step rc=$?"; grep -E "row|delayed|foreach|floor|8192" $o/trainer-step-gpt2.txt | head -14
+room 150 "trainer_step spin" && timeout 150 python3 bench/trainer_step.py --fp4qd $b/bin/fp4qd \
+  --models gpt2-small --behind-ms 0 --steps 100 --warmup 10 --spin-us 3000 \
+  --json $o/trainer-step-gpt2-spin.json > $o/trainer-step-gpt2-spin.txt 2>&1
+echo "trainer_step spin rc=$?"; grep -E "delayed|foreach|8192" $o/trainer-step-gpt2-spin.txt | head -8
