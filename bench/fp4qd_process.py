@@ -36,9 +36,10 @@ def add_server_args(ap, state_budget_bytes):
                     help="its --fast_socket path")
     ap.add_argument("--state-budget-bytes", type=int, default=state_budget_bytes,
                     help="--state_budget_bytes of the fp4qd started here")
-    ap.add_argument("--spin-us", type=int, default=0,
+    ap.add_argument("--spin-us", type=int, default=None,
                     help="the fast socket client's busy-poll of each reply (fp4q.Client "
-                         "fast_socket_spin_us; default 0: it sleeps until the reply)")
+                         "fast_socket_spin_us; default: the client's own, which busy-polls for "
+                         "steps expected within 2 ms; 0: it sleeps until every reply)")
 
 
 class Fp4qd:

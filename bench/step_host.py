@@ -195,7 +195,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=50, help="untimed steps first (default 50)")
     ap.add_argument("--fp4qd-arg", action="append", default=[],
                     help="one more fp4qd flag (repeatable)")
-    ap.add_argument("--spin-us", type=int, default=0, help="fp4q.Client fast_socket_spin_us")
+    ap.add_argument("--spin-us", type=int, default=None,
+                    help="fp4q.Client fast_socket_spin_us (default: the client's own)")
     ap.add_argument("--json", help="also write the report there")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="then a cProfile of --steps more steps: its N costliest functions")

@@ -136,6 +136,29 @@ class SpinTest(Counting):
             spinning._fast._spin = 1e-6
             self.assertSameTensor(spinning.qdq(x), GRPC.qdq(x))
 
+    def test_default_spin_polls_only_for_steps_expected_within_its_bound(self):
+        from fp4q import _fast_socket as fs
+        with fp4q.Client(SERVER.target, timeout=60, fast_socket=FAST_PATH) as c:
+            f = c._fast
+            self.assertIsNone(f._spin)
+            self.assertEqual((f._spin_for("Quantize"), f._spin_for("Step")), (0.0, 2e-3))
+            f._last_round_trip["Step"] = 0.6e-3
+            self.assertEqual((f._spin_for("Step"), f._spin_for("UpdateWeight")), (1.2e-3, 2e-3))
+            f._last_round_trip["Step"] = 1.5e-3
+            self.assertEqual(f._spin_for("Step"), fs.AUTO_SPIN_MAX)
+            f._last_round_trip["Step"] = 2.5e-3  # a step too long to poll for: it sleeps
+            self.assertEqual(f._spin_for("Step"), 0.0)
+            c.quantize(randn(8, 32, seed=9))
+            self.assertNotIn("Quantize", f._last_round_trip)  # only the polled rpcs are timed
+        with fp4q.Client(SERVER.target, timeout=60, fast_socket=FAST_PATH,
+                         fast_socket_spin_us=0) as c:
+            self.assertEqual((c._fast._spin_for("Step"), c._fast._spin_for("Quantize")),
+                             (0.0, 0.0))
+        with fp4q.Client(SERVER.target, timeout=60, fast_socket=FAST_PATH,
+                         fast_socket_spin_us=250) as c:
+            self.assertEqual((c._fast._spin_for("Step"), c._fast._spin_for("Quantize")),
+                             (250e-6, 250e-6))
+
     def test_bad_spin_values_are_refused(self):
         for bad in (-1, 1000001, 1.5, True, "10"):
             with self.subTest(bad=bad), self.assertRaises(fp4q.ClientArgumentError) as cm:

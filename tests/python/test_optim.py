@@ -619,6 +619,8 @@ class FastSocketTest(Assertions):
                 before = dict(c.stats)
                 M.train(model, opt, M.mlp_loss, x, y, 5)
                 results.append((model, {k: c.stats[k] - before.get(k, 0) for k in c.stats}))
+                if fast:
+                    fast_round_trip = dict(c._fast._last_round_trip)
                 c.close()
             (fm, fstats), (gm, gstats) = results
             self.assertSameBits(fm.w1.detach(), gm.w1.detach())
@@ -626,6 +628,8 @@ class FastSocketTest(Assertions):
             self.assertEqual((fstats.get("fast_socket_calls"), fstats.get("fast_socket_fallbacks",
                                                                           0)), (5, 0))
             self.assertEqual(gstats.get("fast_socket_calls", 0), 0)
+            # The default client busy-polls for a step's reply: it timed each (the last kept).
+            self.assertGreater(fast_round_trip["Step"], 0.0)
         finally:
             server.stop()
             shutil.rmtree(os.path.dirname(fast_path), ignore_errors=True)

@@ -34,7 +34,7 @@ Contract
     rebuilt and sent once more by fp4q._requests (only it can rebuild a request).
 - Errors: fp4q.Fp4qError with the gRPC code and the server's message, `rpc` set (a gRPC error
   through errors.from_rpc_error; the fast socket's own as documented there). A
-  fast_socket_spin_us outside [0, 1000000] is a ClientArgumentError at construction.
+  fast_socket_spin_us neither None nor in [0, 1000000] is a ClientArgumentError at construction.
 - Thread safety: any number of threads; each call is independent (the fast socket gives each
   concurrent call its own connection).
 """
@@ -70,10 +70,13 @@ class Transport:
 
     def __init__(self, target, *, session, timeout, token, channel_options, fast_socket,
                  fast_socket_spin_us, count):
-        if (isinstance(fast_socket_spin_us, bool) or not isinstance(fast_socket_spin_us, int) or
+        if fast_socket_spin_us is not None and (
+                isinstance(fast_socket_spin_us, bool) or
+                not isinstance(fast_socket_spin_us, int) or
                 not 0 <= fast_socket_spin_us <= 1000000):
             raise tensors.ClientArgumentError(
-                "fast_socket_spin_us: %r is not an int in [0, 1000000]" % (fast_socket_spin_us,))
+                "fast_socket_spin_us: %r is not None or an int in [0, 1000000]"
+                % (fast_socket_spin_us,))
         self._session = session
         self._timeout = timeout
         self._token = token or None
@@ -88,7 +91,8 @@ class Transport:
             HEALTH_CHECK_PATH, request_serializer=loaded().health_request.SerializeToString,
             response_deserializer=loaded().health_response.FromString)
         self.fast = (_fast_socket.FastSocket(os.fspath(fast_socket), count,
-                                             spin=fast_socket_spin_us * 1e-6)
+                                             spin=None if fast_socket_spin_us is None
+                                             else fast_socket_spin_us * 1e-6)
                      if fast_socket else None)
         self._count = count
 

@@ -81,11 +81,14 @@ class Client:
         Default $FP4Q_FAST_SOCKET.
       fast_socket_spin_us: busy-poll each fast-socket reply this long (0-1000000 microseconds)
         before sleeping: saves the thread's wake-up for a CPU core kept busy while waiting.
+        None (the default): only the replies of Step and UpdateWeight, up to twice the last
+        such call's round trip when it took at most 2 ms (a trainer's repeated step; see
+        fp4q._fast_socket.AUTO_SPIN); 0: never.
     """
 
     def __init__(self, target=None, *, ipc="auto", client_name="fp4q-python", timeout=None,
                  max_regions=256, channel_options=(), bearer_token=None, fast_socket=None,
-                 fast_socket_spin_us=0, namespace=None):
+                 fast_socket_spin_us=None, namespace=None):
         self.target = target or os.environ.get("FP4Q_SERVER") or DEFAULT_TARGET
         if bearer_token is None:
             bearer_token = os.environ.get("FP4Q_TOKEN") or None
