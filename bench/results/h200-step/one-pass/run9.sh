@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Device call 9 (repository root, .bundle carried): the Python GPT-2 step with the client's
+# default busy-polling of step replies (fast_socket_spin_us=None), with fp4qd sleeping and
+# busy-polling; the Python step's phases; a GPT-2 checkpoint through fp4qd. Each phase only if it
+# fits (room, LIMIT):
+#   1. bench/trainer_step.py over GPT-2, fp4qd as it starts by default
+#   2. the same with fp4qd's --worker_spin_us=3000 --fast_socket_spin_us=3000
+#   3. python-client/trainloop.py's phases: the client sleeping for replies (SPIN_US=0), its
+#      default, and its default with fp4qd busy-polling
+#   4. bench/checkpoint.py: GPT-2's stored state checkpointed through fp4qd, beside the disk's
+#      floor and torch.save, and the restart read back
+set -uo pipefail
+source bench/results/h200-step/one-pass/lib.sh
+begin r9
+spin="--worker_spin_us=3000 --fast_socket_spin_us=3000"
+trainer() {  # trainer NAME [FP4QD ARGS]
+  local name=$1 a args=(); shift
+  for a in "$@"; do args+=("--fp4qd-arg=$a"); done
+  room 130 "trainer_step $name" || return 0
+  timeout 130 python3 bench/trainer_step.py --fp4qd $b/bin/fp4qd --models gpt2-small \
+    --behind-ms 0 --steps 100 --warmup 10 "${args[@]}" --json $o/trainer-step-$name.json \
+    > $o/trainer-step-$name.txt 2>&1
+  echo "trainer_step $name rc=$?"
+  grep -E "^copy|delayed scaling|foreach|8192" $o/trainer-step-$name.txt | head -9
+}
+trainer default
+trainer fp4qd-spin $spin
+phases() {  # phases NAME SPIN_US FP4QD_ARGS
+  room 40 "phases $1" || return 0
+  SPIN_US=$2 FP4QD_ARGS="$3" SCALING=delayed ONE_PASS=1 MODES=gpt2 N=1500 timeout 40 \
+    python3 bench/results/h200-step/python-client/trainloop.py > $o/phases-$1.txt 2>&1
+  echo "phases $1 rc=$?"; grep -E "mode=|pre-send" $o/phases-$1.txt
+}
+phases sleep 0 ""
+phases default "" ""
+phases default-fp4qd-spin "" "$spin"
+room 150 checkpoint && timeout 150 python3 bench/checkpoint.py --fp4qd $b/bin/fp4qd --dir /tmp \
+  --json $o/checkpoint-gpt2.json > $o/checkpoint-gpt2.txt 2>&1
+echo "checkpoint rc=$?"; tail -8 $o/checkpoint-gpt2.txt
