@@ -258,13 +258,14 @@ def check_optim_ipc_equals_inline(ipc, inline):
     in the messages) give bit-identical parameters, step after step; the parameters are
     poisoned between steps, so a step that did not write them shows. Steps 0-3: gradients are
     new tensors each step (zero_grad(set_to_none=True)); steps 4-7: views of one buffer at
-    other offsets each step, in another order, so that every IPC step re-slices its plan."""
+    other offsets each step, in another order, so that every IPC step re-slices its plan. The
+    odd steps find the stream idle (sent without a ready signal or a wait for the stream)."""
     import fp4q.optim
     g = torch.Generator(device="cuda").manual_seed(5)
     shapes = [(64, 128), (128, 64), (32, 256)]
     start = [torch.randn(s, device="cuda", generator=g).mul_(0.05).to(torch.bfloat16)
              for s in shapes]
-    runs = {}
+    runs, idle = {}, {}
     for label, client in (("ipc", ipc), ("inline", inline)):
         params = [torch.nn.Parameter(w.clone()) for w in start]
         opt = fp4q.optim.SGD(params, lr=0.05, momentum=0.9, error_feedback=True, client=client,
@@ -289,11 +290,18 @@ def check_optim_ipc_equals_inline(ipc, inline):
                 p.grad = g
             for p in params:  # the server must write every parameter
                 p.data.fill_(float("nan"))
+            if step % 2:
+                # The stream idle when step() asks: sent without a ready signal or the host's
+                # wait for the stream (ReadySteps.idle_order); the other steps may find the
+                # poison still queued and send a ready word.
+                torch.cuda.synchronize()
             opt.step()
             torch.cuda.synchronize()
             history.append([p.detach().clone() for p in params])
             opt.zero_grad(set_to_none=True)
         stored = [client.get_weight(n).dequantized for n in opt.stored_names.values()]
+        rs = opt._ready_steps
+        idle[label] = (rs.idle, rs.sent) if rs is not None else None
         runs[label] = (history, stored, client.stats["step_plans_reused"] - reused0,
                        client.stats["step_plans_resliced"] - resliced0)
         for n in opt.stored_names.values():
@@ -305,11 +313,13 @@ def check_optim_ipc_equals_inline(ipc, inline):
     stored_equal = all(same(a.cpu(), b.cpu()) for a, b in zip(s_ipc, h_ipc[-1])) and all(
         same(a.cpu(), b.cpu()) for a, b in zip(s_inline, h_inline[-1]))
     moved = not all(same(a, b) for a, b in zip(h_ipc[-1], start))
+    idle_ok = idle["ipc"] is not None and idle["ipc"][0] >= 4  # at least the odd steps
     return {"ok": all(steps_equal) and finite and stored_equal and moved and reused >= 3 and
-            resliced >= 3 and reused_inline == 0, "steps_bit_identical": steps_equal,
+            resliced >= 3 and reused_inline == 0 and idle_ok, "steps_bit_identical": steps_equal,
             "all_finite": finite, "params_equal_stored_dq": stored_equal, "weights_moved": moved,
             "ipc_step_plans_reused": reused, "ipc_step_plans_resliced": resliced,
-            "inline_step_plans_reused": reused_inline}
+            "inline_step_plans_reused": reused_inline,
+            "ready_steps_idle_and_signalled": idle}
 
 
 def check_optim_one_pass(ipc):
