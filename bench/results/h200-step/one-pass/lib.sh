@@ -9,6 +9,9 @@
 #     (fp4q bench-step over the fast socket, kept plans, delayed scaling)
 #   step_pair MODEL ROUND ROOM SECONDS ARGS...: $S ARGS in two passes, then in one:
 #     $o/cpp-MODEL-{two,one}-ROUND.{json,log}, each only if ROOM seconds are left
+#   phases NAME SPIN_US FP4QD_ARGS: python-client/trainloop.py's phases of the Python GPT-2
+#     step (one pass, 1500 steps), the client's fast_socket_spin_us SPIN_US (empty: its
+#     default), fp4qd with FP4QD_ARGS: $o/phases-NAME.txt
 source bench/results/h200-step/overlap/env.sh
 begin() {
   archive_on_exit $1
@@ -53,4 +56,10 @@ step_pair() {
     timeout $secs $S "$@" $flag --json $o/cpp-$m-$p-$r.json > $o/cpp-$m-$p-$r.log 2>&1
     echo "$m $p $r rc=$? $(python3 -c "import json;d=json.load(open('$o/cpp-$m-$p-$r.json'));print('wall p50 %.1f us, kernel p50 %.1f us, %% of copy (wall, kernel) %s' % (d['wall_us']['p50'], d['kernel_us']['p50'], d.get('pct_of_copy_bandwidth')))" 2>&1 | tail -1)"
   done
+}
+phases() {
+  room 45 "phases $1" || return 0
+  SPIN_US=$2 FP4QD_ARGS="$3" SCALING=delayed ONE_PASS=1 MODES=gpt2 N=1500 timeout 45 \
+    python3 bench/results/h200-step/python-client/trainloop.py > $o/phases-$1.txt 2>&1
+  echo "phases $1 rc=$?"; grep -E "mode=|pre-send|per step" $o/phases-$1.txt
 }

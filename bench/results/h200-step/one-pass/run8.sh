@@ -44,14 +44,8 @@ if command -v perf > /dev/null && room 90 "perf python"; then
   echo "perf python rc=$?"; grep -E "mode=|pre-send" $o/phases-perf.txt
   report py
 fi
-# The Python step's phases with the client sleeping in recv (default) or busy-polling for the
+# The Python step's phases with the client sleeping in recv (SPIN_US=0) or busy-polling for the
 # reply (SPIN_US), and with fp4qd's threads busy-polling too
-phases() {  # phases NAME SPIN_US FP4QD_ARGS
-  room 45 "phases $1" || return 0
-  SPIN_US=$2 FP4QD_ARGS="$3" SCALING=delayed ONE_PASS=1 MODES=gpt2 N=1500 timeout 45 \
-    python3 bench/results/h200-step/python-client/trainloop.py > $o/phases-$1.txt 2>&1
-  echo "phases $1 rc=$?"; grep -E "mode=|pre-send|per step" $o/phases-$1.txt
-}
 phases sleep 0 ""
 phases spin 3000 ""
 phases spin-both 3000 "--fast_socket_spin_us=3000 --worker_spin_us=3000"

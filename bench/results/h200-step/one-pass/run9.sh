@@ -26,12 +26,6 @@ trainer() {  # trainer NAME [FP4QD ARGS]
 }
 trainer default
 trainer fp4qd-spin $spin
-phases() {  # phases NAME SPIN_US FP4QD_ARGS
-  room 40 "phases $1" || return 0
-  SPIN_US=$2 FP4QD_ARGS="$3" SCALING=delayed ONE_PASS=1 MODES=gpt2 N=1500 timeout 40 \
-    python3 bench/results/h200-step/python-client/trainloop.py > $o/phases-$1.txt 2>&1
-  echo "phases $1 rc=$?"; grep -E "mode=|pre-send" $o/phases-$1.txt
-}
 phases sleep 0 ""
 phases default "" ""
 phases default-fp4qd-spin "" "$spin"
