@@ -141,6 +141,7 @@ class SpinTest(Counting):
         with fp4q.Client(SERVER.target, timeout=60, fast_socket=FAST_PATH) as c:
             f = c._fast
             self.assertIsNone(f._spin)
+            self.assertFalse(f.server_on_cpu)  # until a reply says so
             self.assertEqual((f._spin_for("Quantize"), f._spin_for("Step")), (0.0, 2e-3))
             f._last_round_trip["Step"] = 0.6e-3
             self.assertEqual((f._spin_for("Step"), f._spin_for("UpdateWeight")), (1.2e-3, 2e-3))
@@ -150,6 +151,12 @@ class SpinTest(Counting):
             self.assertEqual(f._spin_for("Step"), 0.0)
             c.quantize(randn(8, 32, seed=9))
             self.assertNotIn("Quantize", f._last_round_trip)  # only the polled rpcs are timed
+            self.assertFalse(f.server_on_cpu)  # a Quantize's header does not count
+            # This server's backend is the CPU one: its steps need this host's cores, so its
+            # replies are slept for (learnt from ServerInfo, or a polled rpc's reply header).
+            c.server_info()
+            self.assertTrue(f.server_on_cpu)
+            self.assertEqual(f._spin_for("Step"), 0.0)
         with fp4q.Client(SERVER.target, timeout=60, fast_socket=FAST_PATH,
                          fast_socket_spin_us=0) as c:
             self.assertEqual((c._fast._spin_for("Step"), c._fast._spin_for("Quantize")),

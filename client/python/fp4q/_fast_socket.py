@@ -53,7 +53,8 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 _SEND_GONE = (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.ECONNREFUSED)
 
 # FastSocket(spin=None): the replies of these rpcs are busy-polled for, up to twice the last
-# one's round trip when that took at most AUTO_SPIN_MAX seconds. A trainer's step repeats at the
+# one's round trip when that took at most AUTO_SPIN_MAX seconds, unless the server runs on the
+# CPU backend (its work needs this host's cores). A trainer's step repeats at the
 # same size, and the thread sending it has nothing else to do until its reply: sleeping in recv
 # costs the thread's wake-up and a core that idles down meanwhile (GPT-2's step from Python on
 # an H100, bench/results/h200-step/one-pass call 8: 1.33 ms sleeping, 1.09 ms busy-polling).
@@ -138,6 +139,9 @@ class FastSocket:
         # Seconds of busy-polling for each reply before blocking, or None: AUTO_SPIN's policy.
         self._spin = spin
         self._last_round_trip = {}  # rpc -> seconds of its last call() (AUTO_SPIN's rpcs)
+        # The server's backend is the CPU one (set by fp4q._transport from its replies): its
+        # steps run on this host's cores, which a busy-polling client would take from it.
+        self.server_on_cpu = False
         self._count = count or (lambda key, n=1: None)
         self._max_idle = max_idle
         self._lock = threading.Lock()
@@ -305,10 +309,10 @@ class FastSocket:
         """Seconds to busy-poll for the reply of a call() of `rpc`: the fixed spin, or with
         spin=None AUTO_SPIN's: up to twice the last round trip of the same rpc (AUTO_SPIN_MAX
         before the first), nothing once that round trip took longer than AUTO_SPIN_MAX or for
-        other rpcs."""
+        other rpcs, and none for a server on the CPU backend."""
         if self._spin is not None:
             return self._spin
-        if rpc not in AUTO_SPIN:
+        if rpc not in AUTO_SPIN or self.server_on_cpu:
             return 0.0
         last = self._last_round_trip.get(rpc)
         if last is None:

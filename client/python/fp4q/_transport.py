@@ -126,8 +126,12 @@ class Transport:
         if reply is None:
             reply = self._send_grpc(rpc, request, resend)
         self._session.see_header(reply)
-        if rpc == "ServerInfo" and self.fast is not None:
-            self.fast.set_limits(reply)
+        if self.fast is not None:
+            if rpc == "ServerInfo":
+                self.fast.set_limits(reply)
+                self.fast.server_on_cpu = reply.backend == "cpu"
+            elif rpc in _fast_socket.AUTO_SPIN:
+                self.fast.server_on_cpu = reply.header.backend == "cpu"
         return reply
 
     def begin(self, rpc, request):

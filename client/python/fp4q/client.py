@@ -83,7 +83,7 @@ class Client:
         before sleeping: saves the thread's wake-up for a CPU core kept busy while waiting.
         None (the default): only the replies of Step and UpdateWeight, up to twice the last
         such call's round trip when it took at most 2 ms (a trainer's repeated step; see
-        fp4q._fast_socket.AUTO_SPIN); 0: never.
+        fp4q._fast_socket.AUTO_SPIN), and never from a server on the CPU backend; 0: never.
     """
 
     def __init__(self, target=None, *, ipc="auto", client_name="fp4q-python", timeout=None,
