@@ -540,6 +540,10 @@ def main(argv=None):
     try:
         bandwidth = copy_bandwidth(device, args.dry_run)
         print("copy bandwidth (read + write): %.1f GB/s" % (bandwidth / 1e9), flush=True)
+        print("fast socket client: %s" % (
+            "busy-polls each reply %d us" % args.spin_us if args.spin_us else
+            "sleeps for every reply" if args.spin_us == 0 else
+            "its default (busy-polls step replies expected within 2 ms)"), flush=True)
         results = {
             "command": [sys.executable] + sys.argv if argv is None else ["trainer_step.py"] + argv,
             "fp4qd_command": server.command, "commit": commit(), "torch": torch.__version__,
