@@ -127,14 +127,20 @@ class SpinTest(Counting):
         x = randn(32, 64, seed=5)
         with fp4q.Client(SERVER.target, timeout=60, fast_socket=FAST_PATH,
                          fast_socket_spin_us=2000) as spinning:
+            polled = ("fast_socket_polled", "fast_socket_polled_then_slept")
             for kwargs in (dict(), dict(rounding="stochastic", seed=3)):
                 before = self.snapshot(spinning)
+                waits = [spinning.stats[k] for k in polled]
                 f = spinning.quantize(x, **kwargs)
                 self.assertCounts(spinning, before, calls=1, connects=1 if not kwargs else 0)
                 self.assertSameQuantized(f.rowwise, GRPC.quantize(x, **kwargs).rowwise)
+                # The reply was busy-polled for (within the 2 ms or after them; the hello not).
+                self.assertEqual(sum(spinning.stats[k] for k in polled) - sum(waits), 1)
             # A reply slower than the spin (a 1 us spin) still arrives, by the blocking path.
             spinning._fast._spin = 1e-6
+            slept = spinning.stats["fast_socket_polled_then_slept"]
             self.assertSameTensor(spinning.qdq(x), GRPC.qdq(x))
+            self.assertEqual(spinning.stats["fast_socket_polled_then_slept"], slept + 1)
 
     def test_default_spin_polls_only_for_steps_expected_within_its_bound(self):
         from fp4q import _fast_socket as fs
@@ -157,6 +163,8 @@ class SpinTest(Counting):
             c.server_info()
             self.assertTrue(f.server_on_cpu)
             self.assertEqual(f._spin_for("Step"), 0.0)
+            self.assertEqual((c.stats["fast_socket_polled"],
+                              c.stats["fast_socket_polled_then_slept"]), (0, 0))
         with fp4q.Client(SERVER.target, timeout=60, fast_socket=FAST_PATH,
                          fast_socket_spin_us=0) as c:
             self.assertEqual((c._fast._spin_for("Step"), c._fast._spin_for("Quantize")),

@@ -633,6 +633,8 @@ class FastSocketTest(Assertions):
             # this server's steps run on the CPU backend, whose replies it does not poll for.
             self.assertGreater(fast_round_trip["Step"], 0.0)
             self.assertTrue(fast_on_cpu)
+            self.assertEqual((fstats.get("fast_socket_polled", 0),
+                              fstats.get("fast_socket_polled_then_slept", 0)), (0, 0))
         finally:
             server.stop()
             shutil.rmtree(os.path.dirname(fast_path), ignore_errors=True)

@@ -414,7 +414,11 @@ class FastSocket:
         if spin is None:
             spin = self._spin or 0.0
         try:
-            data = self._spin_recv(conn, spin) if spin > 0 else None
+            data = None
+            if spin > 0:
+                data = self._spin_recv(conn, spin)
+                self._count("fast_socket_polled" if data is not None else
+                            "fast_socket_polled_then_slept")
             if data is None:
                 conn.settimeout(_remaining(deadline, rpc))
                 data = sock.recv(max_frame + 1)
