@@ -403,8 +403,7 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
         replace the arguments), the step, then its post hooks, inside torch's
         "Optimizer.step#<class>.step" range only while torch's profiler records. The step runs
         without autograd (torch's optimizers run under no_grad), its closure with it."""
-        pre = self._step_pre_hooks()
-        for hook in pre:
+        for hook in self._step_hooks("pre"):
             result = hook(self, args, kwargs)
             if result is not None:
                 if not (isinstance(result, tuple) and len(result) == 2):
@@ -418,25 +417,21 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
         else:
             loss = self._step_without_grad(*args, **kwargs)
         self._optimizer_step_code()
-        for hook in self._step_post_hooks():
+        for hook in self._step_hooks("post"):
             hook(self, args, kwargs)
         return loss
 
     step.hooked = True  # torch.optim.Optimizer leaves it unwrapped
 
-    def _step_pre_hooks(self):
-        hooks = getattr(self, "_optimizer_step_pre_hooks", None)  # torch >= 2.0
-        glob = getattr(_torch_optimizer, "_global_optimizer_pre_hooks", None)
-        if not hooks and not glob:
+    def _step_hooks(self, when):
+        """torch's step hooks to run `when` ("pre": the global ones, then this optimizer's;
+        "post": the other way round), as torch >= 2.0 keeps them (none before)."""
+        mine = getattr(self, "_optimizer_step_%s_hooks" % when, None)
+        glob = getattr(_torch_optimizer, "_global_optimizer_%s_hooks" % when, None)
+        if not mine and not glob:
             return ()
-        return list(glob.values() if glob else ()) + list(hooks.values() if hooks else ())
-
-    def _step_post_hooks(self):
-        hooks = getattr(self, "_optimizer_step_post_hooks", None)
-        glob = getattr(_torch_optimizer, "_global_optimizer_post_hooks", None)
-        if not hooks and not glob:
-            return ()
-        return list(hooks.values() if hooks else ()) + list(glob.values() if glob else ())
+        order = (glob, mine) if when == "pre" else (mine, glob)
+        return [hook for hooks in order if hooks for hook in hooks.values()]
 
     def _step_without_grad(self, closure=None):
         enabled = torch.is_grad_enabled()
