@@ -297,7 +297,10 @@ std::string ReportJson(const Report& r) {
   }
   std::string out = absl::StrCat(
       "{\n  \"tool\": \"fp4q bench-step\",\n  \"server\": ", Quote(r.server),
-      ",\n  \"transport\": ", Quote(r.transport), ",\n  \"spin_us\": ", r.spin_us,
+      ",\n  \"transport\": ", Quote(r.transport), ",\n  \"spin_us\": ",
+      r.spin_us.has_value() ? absl::StrCat(*r.spin_us) : std::string("\"auto\""),
+      ",\n  \"replies_polled\": ", r.polled,
+      ",\n  \"replies_polled_then_slept\": ", r.polled_then_slept,
       ",\n  \"step_plan\": ", r.plan ? "true" : "false",
       ",\n  \"one_pass\": ", r.one_pass ? "true" : "false",
       ",\n  \"backend\": ", Quote(r.backend), ",\n  \"server_version\": ", Quote(r.server_version),

@@ -137,7 +137,8 @@ struct Report {
   StepOptions options;
   std::string init;  // "ipc" or "inline"
   uint64_t align = 16;
-  uint64_t spin_us = 0;
+  std::optional<uint64_t> spin_us;  // unset: the client's automatic spin
+  uint64_t polled = 0, polled_then_slept = 0;  // FastSocketStats over every step
   bool plan = false;  // the steps named a server step plan (--plan)
   bool one_pass = false;  // the steps ran in one pass (--one-pass)
   uint64_t iters = 0, warmup = 0;

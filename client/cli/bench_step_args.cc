@@ -67,7 +67,8 @@ const char kUsage[] =
     "  --json FILE        also write the report there\n"
     "  --fast-socket P    step over fp4qd's --fast_socket P instead of gRPC (the session,\n"
     "                     regions and weights still come from gRPC)\n"
-    "  --spin-us N        with --fast-socket: busy-poll each reply this long (default 0)\n"
+    "  --spin-us N        with --fast-socket: busy-poll each reply N us (0: sleep for it);\n"
+    "                     default: the client's automatic spin (FastSocketOptions::spin)\n"
     "  --plan             send the items once, kept as a step plan of the session\n"
     "                     (StepRequest.keep_plan), then each step as its plan_id alone\n"
     "  --one-pass         ask for one-pass steps (StepRequest.one_pass: plain SGD, delayed\n"
@@ -81,7 +82,9 @@ const char kUsage[] =
     "13.125 B per parameter for SGD with EF; --no-ef drops 8; AdamW adds 16 for f32 m and v,\n"
     "8 for bf16, 2.25 for nvfp4; rounding and scaling add nothing, though current scaling\n"
     "reads the inputs twice) and achieved_gbps = floor bytes / p50 time of the wall and of the\n"
-    "kernels; with --copy-bandwidth, floor_us_at_copy_bandwidth and pct_of_copy_bandwidth.\n"
+    "kernels; with --copy-bandwidth, floor_us_at_copy_bandwidth and pct_of_copy_bandwidth;\n"
+    "spin_us (\"auto\": the automatic spin), replies_polled and replies_polled_then_slept\n"
+    "(the replies that came while busy-polling, and after the spin ran out).\n"
     "Progress goes to stderr.\n"
     "Exit code 0 when every step succeeded; 1 on any error, or without a GPU (said why); 2 on\n"
     "bad usage.\n";
@@ -193,11 +196,13 @@ absl::Status ParseConfig(const ParsedArgs& args, Config* c) {
   c->json = GetString(args, "json", "");
   c->fast_socket = GetString(args, "fast-socket", "");
   c->cuda_runtime = GetString(args, "cuda-runtime", "");
-  absl::StatusOr<uint64_t> spin = GetUint64(args, "spin-us", 0);
-  if (!spin.ok() || *spin > 1000000 || (*spin > 0 && c->fast_socket.empty())) {
-    return absl::InvalidArgumentError("option '--spin-us': 0-1000000, with --fast-socket");
+  if (args.values.count("spin-us") != 0) {
+    absl::StatusOr<uint64_t> spin = GetUint64(args, "spin-us", 0);
+    if (!spin.ok() || *spin > 1000000 || c->fast_socket.empty()) {
+      return absl::InvalidArgumentError("option '--spin-us': 0-1000000, with --fast-socket");
+    }
+    c->spin_us = *spin;
   }
-  c->spin_us = *spin;
   c->plan = args.flags.count("plan") != 0;
   c->one_pass = args.flags.count("one-pass") != 0;
   if (c->one_pass && (o.optimizer != bench_step::Optimizer::kSgd || o.momentum > 0.0f ||

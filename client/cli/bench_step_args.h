@@ -21,7 +21,8 @@ struct Config {
   int layers = 0;
   std::vector<WeightShape> shapes;
   StepOptions options;
-  uint64_t iters = 100, warmup = 10, align = 16, spin_us = 0;
+  uint64_t iters = 100, warmup = 10, align = 16;
+  std::optional<uint64_t> spin_us;  // --spin-us; unset: the client's automatic spin
   std::string init = "ipc", prefix, json, fast_socket, cuda_runtime;
   std::optional<double> copy_bandwidth;
   bool plan = false;  // --plan: the items kept as a server step plan after the first step

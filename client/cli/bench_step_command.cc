@@ -267,7 +267,7 @@ int RunBenchStep(const CommandContext& context) {
     FastSocketOptions fo;
     fo.path = c.fast_socket;
     fo.auth_token = context.client.bearer_token;
-    fo.spin = absl::Microseconds(static_cast<int64_t>(c.spin_us));
+    if (c.spin_us.has_value()) fo.spin = absl::Microseconds(static_cast<int64_t>(*c.spin_us));
     absl::StatusOr<std::unique_ptr<FastSocket>> f = FastSocket::Connect(fo, (*session)->id());
     if (!f.ok()) return Failure(kName, WithContext(f.status(), "--fast-socket"));
     fast = *std::move(f);
@@ -324,6 +324,7 @@ int RunBenchStep(const CommandContext& context) {
     overhead.push_back(us - h.kernel_micros());
     client_side.push_back(us - h.server_micros());
   }
+  const FastSocketStats polled = fast != nullptr ? fast->stats() : FastSocketStats{};
   fast.reset();
   if (absl::Status s = created.DeleteAll(); !s.ok()) return Failure(kName, s);
   absl::StatusOr<uint32_t> closed = (*session)->Close();
@@ -333,6 +334,8 @@ int RunBenchStep(const CommandContext& context) {
   r.server = context.client.address;
   r.transport = c.fast_socket.empty() ? "grpc" : "fast_socket";
   r.spin_us = c.spin_us;
+  r.polled = polled.polled;
+  r.polled_then_slept = polled.polled_then_slept;
   r.plan = c.plan;
   r.one_pass = c.one_pass;
   r.backend = info->backend();
@@ -367,6 +370,13 @@ int RunBenchStep(const CommandContext& context) {
                kName, r.wall.p50, r.kernel.p50, static_cast<double>(floor.total()) / 1e6,
                bench_step::GigabytesPerSecond(floor.total(), r.wall.p50),
                bench_step::GigabytesPerSecond(floor.total(), r.kernel.p50));
+  if (!c.fast_socket.empty()) {
+    std::fprintf(stderr, "fp4q %s: replies busy-polled for %llu, slept for after a spin %llu (%s)\n",
+                 kName, static_cast<unsigned long long>(r.polled),
+                 static_cast<unsigned long long>(r.polled_then_slept),
+                 c.spin_us.has_value() ? absl::StrCat("--spin-us ", *c.spin_us).c_str()
+                                       : "the automatic spin");
+  }
   const std::string text = bench_step::ReportJson(r);
   std::fputs(text.c_str(), stdout);
   if (!c.json.empty()) {

@@ -42,10 +42,14 @@ absl::StatusOr<std::unique_ptr<FastSocket>> FastSocket::Connect(const FastSocket
                                                    "' is empty or over ",
                                                    sizeof(addr.sun_path) - 1, " bytes"));
   }
-  if (options.timeout <= absl::ZeroDuration() || options.spin < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "FastSocketOptions: timeout must be > 0 and spin >= 0, got ",
-        absl::FormatDuration(options.timeout), " and ", absl::FormatDuration(options.spin)));
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("FastSocketOptions.timeout: must be > 0, got ",
+                                                   absl::FormatDuration(options.timeout)));
+  }
+  if (options.spin.has_value() && *options.spin < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FastSocketOptions.spin: must be >= 0 (or unset: the automatic spin), got ",
+                     absl::FormatDuration(*options.spin)));
   }
   if (session_id.empty()) {
     return absl::InvalidArgumentError("session_id: empty (open a Session first)");
@@ -87,7 +91,9 @@ absl::StatusOr<v1::FastReply> FastSocket::Call(v1::FastRequest& request) {
   }
   buffer_.resize(kMaxFrameBytes + 1);
   request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(buffer_.data()));
-  const absl::Time deadline = absl::Now() + options_.timeout;
+  const absl::Duration spin = SpinForLocked(request.method());
+  const absl::Time sent = absl::Now();
+  const absl::Time deadline = sent + options_.timeout;
   while (true) {
     const ssize_t n = ::send(fd_, buffer_.data(), size, MSG_NOSIGNAL);
     if (n == static_cast<ssize_t>(size)) break;
@@ -97,7 +103,7 @@ absl::StatusOr<v1::FastReply> FastSocket::Call(v1::FastRequest& request) {
   }
   v1::FastReply reply;
   while (true) {
-    if (absl::Status s = Receive(deadline, &reply); !s.ok()) return s;
+    if (absl::Status s = Receive(deadline, spin, &reply); !s.ok()) return s;
     // Replies to earlier calls that timed out here may still arrive: skip them.
     if (reply.call_id() == id || reply.call_id() == 0) break;
     if (reply.call_id() > id) {
@@ -106,6 +112,9 @@ absl::StatusOr<v1::FastReply> FastSocket::Call(v1::FastRequest& request) {
                                               reply.call_id(), " to call ", id,
                                               " that was never sent"));
     }
+  }
+  if (const int slot = AutoSlot(request.method()); slot >= 0 && !options_.spin.has_value()) {
+    last_round_trip_[slot] = absl::Now() - sent;
   }
   if (absl::Status s = StatusOf(reply); !s.ok()) return s;
   if (request.has_hello() != reply.has_hello()) {
@@ -116,11 +125,52 @@ absl::StatusOr<v1::FastReply> FastSocket::Call(v1::FastRequest& request) {
   return reply;
 }
 
-absl::Status FastSocket::Receive(absl::Time deadline, v1::FastReply* reply) {
-  const absl::Time spin_until = absl::Now() + options_.spin;
+int FastSocket::AutoSlot(absl::string_view method) {
+  if (method == "Step") return 0;
+  if (method == "UpdateWeight") return 1;
+  return -1;
+}
+
+absl::Duration FastSocket::SpinForLocked(absl::string_view method) const {
+  if (options_.spin.has_value()) return *options_.spin;
+  const int slot = AutoSlot(method);
+  if (slot < 0 || server_on_cpu_) return absl::ZeroDuration();
+  const absl::Duration last = last_round_trip_[slot];
+  if (last < absl::ZeroDuration()) return kAutoSpinMax;
+  return last > kAutoSpinMax ? absl::ZeroDuration() : std::min(2 * last, kAutoSpinMax);
+}
+
+absl::Duration FastSocket::SpinFor(absl::string_view method) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return SpinForLocked(method);
+}
+
+FastSocketStats FastSocket::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void FastSocket::SeeBackend(const google::protobuf::Message& reply) {
+  const std::string* backend = nullptr;
+  if (const auto* info = dynamic_cast<const v1::ServerInfoReply*>(&reply)) {
+    backend = &info->backend();
+  } else if (const auto* step = dynamic_cast<const v1::StepReply*>(&reply)) {
+    if (step->has_header()) backend = &step->header().backend();
+  } else if (const auto* update = dynamic_cast<const v1::UpdateWeightReply*>(&reply)) {
+    if (update->has_header()) backend = &update->header().backend();
+  }
+  if (backend == nullptr || backend->empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  server_on_cpu_ = *backend == "cpu";
+}
+
+absl::Status FastSocket::Receive(absl::Time deadline, absl::Duration spin, v1::FastReply* reply) {
+  const absl::Time spin_until = absl::Now() + spin;
+  bool slept = false;
   while (true) {
     const bool spinning = absl::Now() < spin_until;
     if (!spinning) {
+      slept = true;
       const absl::Duration left = deadline - absl::Now();
       if (left <= absl::ZeroDuration()) {
         return absl::DeadlineExceededError(absl::StrCat(
@@ -151,6 +201,7 @@ absl::Status FastSocket::Receive(absl::Time deadline, v1::FastReply* reply) {
       return absl::InternalError(absl::StrCat("fast socket ", options_.path, ": a reply of ", n,
                                               " bytes is not a fp4q.v1.FastReply"));
     }
+    if (spin > absl::ZeroDuration()) ++(slept ? stats_.polled_then_slept : stats_.polled);
     return absl::OkStatus();
   }
 }
@@ -170,6 +221,7 @@ absl::Status FastSocket::Invoke(absl::string_view method, const google::protobuf
                                             method, " is not a ",
                                             reply->GetDescriptor()->full_name()));
   }
+  SeeBackend(*reply);
   return absl::OkStatus();
 }
 

@@ -10,9 +10,16 @@
 //   reply: the same request and reply messages, and the same error codes and messages, as the
 //   gRPC method of the same name. A request whose frame would exceed kMaxFrameBytes is refused
 //   here with INVALID_ARGUMENT (use gRPC or regions for large inline tensors).
-// - Waiting: the reply is busy-polled for FastSocketOptions::spin, then waited for in poll()
+// - Waiting: the reply is busy-polled (FastSocketOptions::spin), then waited for in poll()
 //   until `timeout` (DEADLINE_EXCEEDED; the server gets the same deadline). A lost connection
 //   is UNAVAILABLE; the object is then unusable (Connect again).
+// - The automatic spin (spin unset, the default), as the Python client's: the replies of Step
+//   and UpdateWeight are busy-polled for up to twice the last such call's round trip when that
+//   took at most kAutoSpinMax (kAutoSpinMax before the first), and never once it took longer,
+//   for other methods, or while the server runs on the CPU backend (its work needs this host's
+//   cores; learnt from the replies of ServerInfo, Step and UpdateWeight). A trainer's thread
+//   has nothing else to do until its step's reply: sleeping costs its wake-up, and its core
+//   idles down meanwhile.
 // - Thread safety: calls may come from any thread; they are serialised (one frame in flight).
 #ifndef FP4Q_CLIENT_FAST_SOCKET_H_
 #define FP4Q_CLIENT_FAST_SOCKET_H_
@@ -21,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,12 +43,21 @@ struct FastSocketOptions {
   std::string path;        // fp4qd --fast_socket
   std::string auth_token;  // fp4qd --auth_token_file's token; empty when it has none
   absl::Duration timeout = absl::Seconds(60);  // per call
-  absl::Duration spin = absl::ZeroDuration();  // busy-poll for the reply this long first
+  // Busy-poll each reply this long before sleeping in poll() (zero: always sleep); unset: the
+  // automatic spin (see above).
+  std::optional<absl::Duration> spin;
+};
+
+// Replies a FastSocket waited for, by how (counted only when it busy-polled first).
+struct FastSocketStats {
+  uint64_t polled = 0;              // the reply came while the thread busy-polled
+  uint64_t polled_then_slept = 0;   // the spin ran out and the thread slept for it
 };
 
 class FastSocket {
  public:
   static constexpr size_t kMaxFrameBytes = v1::FAST_SOCKET_MAX_FRAME_BYTES;
+  static constexpr absl::Duration kAutoSpinMax = absl::Milliseconds(2);
 
   static absl::StatusOr<std::unique_ptr<FastSocket>> Connect(const FastSocketOptions& options,
                                                              absl::string_view session_id);
@@ -60,6 +77,10 @@ class FastSocket {
   absl::StatusOr<v1::ServerInfoReply> ServerInfo();
 
   uint32_t lease_seconds() const { return lease_seconds_; }
+  FastSocketStats stats() const;
+  // How long the next call of `method` busy-polls for its reply (the fixed spin, or the
+  // automatic spin's choice now).
+  absl::Duration SpinFor(absl::string_view method) const;
 
   // Any method of service Fp4q by name ("Step"): `reply` receives the reply message.
   absl::Status Invoke(absl::string_view method, const google::protobuf::Message& request,
@@ -69,17 +90,26 @@ class FastSocket {
   FastSocket(int fd, FastSocketOptions options) : fd_(fd), options_(std::move(options)) {}
   // Sends `request` (its call_id is set here) and returns the matching reply, or its error.
   absl::StatusOr<v1::FastReply> Call(v1::FastRequest& request);
-  absl::Status Receive(absl::Time deadline, v1::FastReply* reply);
+  absl::Status Receive(absl::Time deadline, absl::Duration spin, v1::FastReply* reply);
+  // The automatic spin's slot of `method` (0 Step, 1 UpdateWeight), or -1.
+  static int AutoSlot(absl::string_view method);
+  absl::Duration SpinForLocked(absl::string_view method) const;
+  void SeeBackend(const google::protobuf::Message& reply);
   template <typename Reply>
   absl::StatusOr<Reply> Typed(absl::string_view method, const google::protobuf::Message& request);
 
   const int fd_;
   const FastSocketOptions options_;
   uint32_t lease_seconds_ = 0;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   uint64_t next_call_id_ = 1;    // mu_
   bool broken_ = false;          // mu_: the connection was lost
   std::vector<char> buffer_;     // mu_
+  // The automatic spin's state (mu_): each slot's last round trip (negative: none yet), and
+  // whether the server runs on the CPU backend.
+  absl::Duration last_round_trip_[2] = {-absl::InfiniteDuration(), -absl::InfiniteDuration()};
+  bool server_on_cpu_ = false;
+  FastSocketStats stats_;        // mu_
 };
 
 }  // namespace fp4q::client
