@@ -9,6 +9,8 @@
 #     (fp4q bench-step over the fast socket, kept plans, delayed scaling)
 #   step_pair MODEL ROUND ROOM SECONDS ARGS...: $S ARGS in two passes, then in one:
 #     $o/cpp-MODEL-{two,one}-ROUND.{json,log}, each only if ROOM seconds are left
+#   trainer NAME [FP4QD ARGS...]: bench/trainer_step.py over GPT-2 (one step's rows, 100 steps),
+#     fp4qd started with FP4QD ARGS: $o/trainer-step-NAME.{txt,json}
 #   phases NAME SPIN_US FP4QD_ARGS: python-client/trainloop.py's phases of the Python GPT-2
 #     step (one pass, 1500 steps), the client's fast_socket_spin_us SPIN_US (empty: its
 #     default), fp4qd with FP4QD_ARGS: $o/phases-NAME.txt
@@ -62,4 +64,14 @@ phases() {
   SPIN_US=$2 FP4QD_ARGS="$3" SCALING=delayed ONE_PASS=1 MODES=gpt2 N=1500 timeout 45 \
     python3 bench/results/h200-step/python-client/trainloop.py > $o/phases-$1.txt 2>&1
   echo "phases $1 rc=$?"; grep -E "mode=|pre-send|per step" $o/phases-$1.txt
+}
+trainer() {
+  local name=$1 a args=(); shift
+  for a in "$@"; do args+=("--fp4qd-arg=$a"); done
+  room 130 "trainer_step $name" || return 0
+  timeout 130 python3 bench/trainer_step.py --fp4qd $b/bin/fp4qd --models gpt2-small \
+    --behind-ms 0 --steps 100 --warmup 10 "${args[@]}" --json $o/trainer-step-$name.json \
+    > $o/trainer-step-$name.txt 2>&1
+  echo "trainer_step $name rc=$?"
+  grep -E "^copy|wait|delayed scaling|foreach|8192" $o/trainer-step-$name.txt | head -10
 }

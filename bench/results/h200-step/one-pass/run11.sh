@@ -15,16 +15,6 @@ set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
 begin r11
 spin="--worker_spin_us=3000 --fast_socket_spin_us=3000"
-trainer() {  # trainer NAME [FP4QD ARGS]
-  local name=$1 a args=(); shift
-  for a in "$@"; do args+=("--fp4qd-arg=$a"); done
-  room 130 "trainer_step $name" || return 0
-  timeout 130 python3 bench/trainer_step.py --fp4qd $b/bin/fp4qd --models gpt2-small \
-    --behind-ms 0 --steps 100 --warmup 10 "${args[@]}" --json $o/trainer-step-$name.json \
-    > $o/trainer-step-$name.txt 2>&1
-  echo "trainer_step $name rc=$?"
-  grep -E "^copy|wait|delayed scaling|foreach|8192" $o/trainer-step-$name.txt | head -10
-}
 trainer default
 trainer fp4qd-spin $spin
 bw=$(python3 -c "import json;print(json.load(open('$o/trainer-step-default.json'))[
