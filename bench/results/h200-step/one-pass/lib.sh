@@ -61,7 +61,7 @@ step_pair() {
 }
 phases() {
   room 45 "phases $1" || return 0
-  SPIN_US=$2 FP4QD_ARGS="$3" SCALING=delayed ONE_PASS=1 MODES=gpt2 N=1500 timeout 45 \
+  B=$b SPIN_US=$2 FP4QD_ARGS="$3" SCALING=delayed ONE_PASS=1 MODES=gpt2 N=1500 timeout 45 \
     python3 bench/results/h200-step/python-client/trainloop.py > $o/phases-$1.txt 2>&1
   echo "phases $1 rc=$?"; grep -E "mode=|pre-send|per step" $o/phases-$1.txt
 }
