@@ -36,9 +36,11 @@ twice as long here as over real tensors of this CPU
 import argparse
 import contextlib
 import json
+import math
 import mmap
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -197,6 +199,14 @@ def main():
                     help="one more fp4qd flag (repeatable)")
     ap.add_argument("--spin-us", type=int, default=None,
                     help="fp4q.Client fast_socket_spin_us (default: the client's own)")
+    ap.add_argument("--lr-schedule", action="store_true",
+                    help="change the learning rate before every step, as a scheduler does")
+    ap.add_argument("--fresh-grads", action="store_true",
+                    help="new gradient tensors (at the same addresses) before every step, as "
+                         "zero_grad(set_to_none=True) and a backward pass give")
+    ap.add_argument("--shuffle-grads", action="store_true",
+                    help="with --fresh-grads: the new gradients at shuffled places of the same "
+                         "buffer (the allocator giving each gradient another block)")
     ap.add_argument("--json", help="also write the report there")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="then a cProfile of --steps more steps: its N costliest functions")
@@ -236,7 +246,18 @@ def main():
             model.append(p)
         opt = fp4q.optim.SGD(model, lr=1e-3, momentum=args.momentum, client=client)
         params.map[:per * args.params] = b"\xff" * (per * args.params)  # poison: NaN bf16
-        for _ in range(args.warmup):
+        def before_step(k):
+            if args.lr_schedule:
+                opt.param_groups[0]["lr"] = 1e-3 * (1.0 + 0.5 * math.cos(k / 100.0))
+            if args.fresh_grads:
+                order = list(range(len(model)))
+                if args.shuffle_grads:
+                    random.Random(k).shuffle(order)
+                for i, p in zip(order, model):
+                    p.grad = FakeCudaTensor(gbase + i * per, (args.rows, 16))
+
+        for k in range(args.warmup):
+            before_step(k)
             opt.step()
             client.server_info()
         wall, server_us, kernel_us, empty, before, after = [], [], [], [], [], []
@@ -246,6 +267,7 @@ def main():
             t = time.perf_counter()
             client.server_info()
             empty.append((time.perf_counter() - t) * 1e6)
+            before_step(args.warmup + k)
             with timed_exchanges(exchanges):
                 t = time.perf_counter()
                 opt.step()
@@ -263,7 +285,7 @@ def main():
         if poisoned:
             raise RuntimeError("%d DQ(W) values were not written by the steps" % poisoned)
         stats = dict(client.stats)
-        if stats.get("step_plans_on_server", 0) < args.steps:
+        if stats.get("step_plans_on_server", 0) < args.steps and not args.shuffle_grads:
             raise RuntimeError("the steps did not go as server step plans: %s" % stats)
         report = {
             "tool": "bench/step_host.py",
@@ -282,6 +304,7 @@ def main():
             "stats": {k: stats[k] for k in sorted(stats)
                       if k.startswith(("step_plans", "fast_socket_polled"))},
             "client_spin_us": args.spin_us,
+            "lr_schedule": args.lr_schedule, "fresh_grads": args.fresh_grads,
         }
         print("%d matrices of %dx16, SGD momentum %g: step() p50 %.1f us (min %.1f); fp4qd %.0f "
               "us, its kernels %.0f us; client and transport %.1f us (before the send %.1f, "
@@ -300,7 +323,8 @@ def main():
             import pstats
             prof = cProfile.Profile()
             prof.enable()
-            for _ in range(args.steps):
+            for k in range(args.steps):
+                before_step(k)
                 opt.step()
             prof.disable()
             pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
