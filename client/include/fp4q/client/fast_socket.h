@@ -19,7 +19,8 @@
 //   for other methods, or while the server runs on the CPU backend (its work needs this host's
 //   cores; learnt from the replies of ServerInfo, Step and UpdateWeight). A trainer's thread
 //   has nothing else to do until its step's reply: sleeping costs its wake-up, and its core
-//   idles down meanwhile.
+//   idles down meanwhile (GPT-2's one-pass step on the H200: 0.757 ms sleeping, 0.713 ms with
+//   the automatic spin; bench/results/h200-step/one-pass call 11).
 // - Thread safety: calls may come from any thread; they are serialised (one frame in flight).
 #ifndef FP4Q_CLIENT_FAST_SOCKET_H_
 #define FP4Q_CLIENT_FAST_SOCKET_H_
