@@ -8,7 +8,8 @@
 
 Models (the parameters of their linear layers, as [rows, cols]; bf16 params and bf16 gradients
 on the GPU, each model's tensors views of one flat params buffer and one flat grads buffer, so
-CUDA IPC registers two allocations):
+CUDA IPC registers two allocations; --layout tensors: each a tensor of its own, as an
+nn.Module's, so the large ones are allocations of their own):
   gpt2-small   12 x ([768, 2304], [768, 768], [768, 3072], [3072, 768]) + [50257, 768] +
                [1024, 768]: 50 matrices, 124,318,464 parameters
   llama3-8b    --llama-layers (default 32) x (q [4096, 4096], k [1024, 4096], v [1024, 4096],
@@ -84,29 +85,40 @@ def llama_shapes(dry, layers):
 
 
 class Model:
-    """Parameters and gradients as views of two flat buffers (one allocation each)."""
+    """The parameters and their gradients. layout "flat": views of two flat buffers (one
+    allocation each); "tensors": each parameter and each gradient a tensor of its own, as an
+    nn.Module's parameters and autograd's gradients are (torch's caching allocator then puts
+    the large ones in allocations of their own)."""
 
-    def __init__(self, shapes, device, dtype, seed):
+    def __init__(self, shapes, device, dtype, seed, layout="flat"):
         self.shapes = shapes
+        self.layout = layout
         self.numel = sum(r * c for r, c in shapes)
         g = torch.Generator(device=device).manual_seed(seed)
-        self.flat = torch.empty(self.numel, dtype=dtype, device=device)
-        self.flat_grad = torch.empty(self.numel, dtype=dtype, device=device)
+        if layout == "flat":
+            self.flat = torch.empty(self.numel, dtype=dtype, device=device)
+            self.flat_grad = torch.empty(self.numel, dtype=dtype, device=device)
         self.params = []
         off = 0
         for i, (r, c) in enumerate(shapes):
             n = r * c
-            view = self.flat[off:off + n].view(r, c)
+            if layout == "flat":
+                view = self.flat[off:off + n].view(r, c)
+                grad = self.flat_grad[off:off + n].view(r, c)
+            else:
+                view = torch.empty(r, c, dtype=dtype, device=device)
+                grad = torch.empty(r, c, dtype=dtype, device=device)
             view.normal_(0.0, 0.02, generator=g)
             p = torch.nn.Parameter(view)
-            p.grad = self.flat_grad[off:off + n].view(r, c)
+            p.grad = grad
             self.params.append(("l%d" % i, p))
             off += n
         self.randomize_grads(seed + 1)
 
     def randomize_grads(self, seed):
-        g = torch.Generator(device=self.flat_grad.device).manual_seed(seed)
-        self.flat_grad.normal_(0.0, 1e-2, generator=g)
+        g = torch.Generator(device=self.params[0][1].device).manual_seed(seed)
+        for _, p in self.params:
+            p.grad.normal_(0.0, 1e-2, generator=g)
 
 
 # ---------------------------------------------------------------------- timing
@@ -341,9 +353,10 @@ def fp4q_row(server, model, label, kind, kw, fast, device, warmup, steps, tag):
 
 def model_section(name, shapes, server, args, device, bandwidth):
     dtype = torch.bfloat16
-    model = Model(shapes, device, dtype, seed=1)
+    model = Model(shapes, device, dtype, seed=1, layout=args.layout)
     n = model.numel
-    print("\n== %s: %d matrices, %d parameters" % (name, len(shapes), n), flush=True)
+    print("\n== %s: %d matrices, %d parameters (%s layout)" % (name, len(shapes), n, args.layout),
+          flush=True)
     rows = []
     for kind in ("foreach SGD", "fused AdamW"):
         rows.extend(torch_rows(model, kind, device, args.warmup, args.steps))
@@ -513,6 +526,10 @@ def main(argv=None):
     add_server_args(ap, 130 << 30)
     ap.add_argument("--models", default="gpt2-small,llama3-8b")
     ap.add_argument("--llama-layers", type=int, default=32)
+    ap.add_argument("--layout", choices=("flat", "tensors"), default="flat",
+                    help="flat (default): every parameter and gradient a view of two flat "
+                         "buffers; tensors: each its own tensor, as an nn.Module's (one CUDA "
+                         "allocation per large tensor, which the client's per-step checks visit)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--json", help="write the results here")
@@ -550,7 +567,7 @@ def main(argv=None):
             "device": (torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
             "dry_run": args.dry_run, "steps": args.steps, "warmup": args.warmup,
             "client_spin_us": args.spin_us,
-            "copy_bandwidth_bytes_per_s": bandwidth, "models": {}}
+            "copy_bandwidth_bytes_per_s": bandwidth, "layout": args.layout, "models": {}}
         wanted = [m.strip() for m in args.models.split(",") if m.strip()]
         for name in wanted:
             if name == "gpt2-small":
