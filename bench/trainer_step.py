@@ -92,7 +92,6 @@ class Model:
 
     def __init__(self, shapes, device, dtype, seed, layout="flat"):
         self.shapes = shapes
-        self.layout = layout
         self.numel = sum(r * c for r, c in shapes)
         g = torch.Generator(device=device).manual_seed(seed)
         if layout == "flat":

@@ -44,8 +44,8 @@ struct FastSocketOptions {
   std::string path;        // fp4qd --fast_socket
   std::string auth_token;  // fp4qd --auth_token_file's token; empty when it has none
   absl::Duration timeout = absl::Seconds(60);  // per call
-  // Busy-poll each reply this long before sleeping in poll() (zero: always sleep); unset: the
-  // automatic spin (see above).
+  // Busy-poll each call's reply this long before sleeping in poll() (zero: always sleep; the
+  // hello of Connect is always slept for); unset: the automatic spin (see above).
   std::optional<absl::Duration> spin;
 };
 
