@@ -1,14 +1,15 @@
 // fp4q_bench: measures, in one run on one GPU, the device copy bandwidth (the ceiling), cuBLAS
 // bf16 GEMM on the GEMM rows' shapes, and the CUDA backend (loaded through CudaModule, called
 // through the public Backend API on a caller stream) for every row of the kernel target table,
-// plus a few informative rows and the trainer's step (GPT-2 small's weights and one 8192x8192
-// weight, beside its bytes floor). Random non-zero data; CUDA events; warm-up; medians; rotating
+// plus a few informative rows and the trainer's step (GPT-2 small's weights, one 8192x8192
+// weight and the train suite's 16 matrices, beside its bytes floor). Random non-zero data; CUDA events; warm-up; medians; rotating
 // buffer sets larger than the L2 cache.
 //
 //   fp4q_bench --out results.json [--commit SHA] [--iters N] [--only SUBSTRING]
 //              [--rows-only] [--bf16-block-ctas 3|4] [--step-prefetch N]
-//              [--step-prefetch-sweep N,N,...] [--gemm-m M,M,...]
-// (--only: run just the rows whose name contains SUBSTRING, e.g. under a profiler; --gemm-m: the
+//              [--step-prefetch-sweep N,N,...] [--gemm-m M,M,...] [--step-models gpt2,8192,train]
+// (--only: run just the rows whose name contains SUBSTRING, e.g. under a profiler; --step-models:
+// the step rows' models, default all three; --gemm-m: the
 // GEMM rows' M values, default 1,16,32,64,128,256,512,8192; the tuning
 // flags set the backend's kernel knobs, kernel_choice.h; the sweep times the step rows again on
 // one more backend per prefetch distance.)
@@ -25,6 +26,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -113,7 +115,7 @@ struct StepWeight {
   kernels::StepItem item;
 };
 
-enum class StepKind { kSgdEf, kAdamWBf16, kAdamWNvfp4 };
+enum class StepKind { kSgdEf, kSgdMomentumEf, kAdamWBf16, kAdamWNvfp4 };
 
 // A weight of [rows, cols] quantized from random values, its bf16 gradient, a bf16 DQ output,
 // the residual (SGD + EF) or AdamW moments, statistics as weight creation sets them.
@@ -141,13 +143,22 @@ std::unique_ptr<StepWeight> MakeStepWeight(Backend& gpu, int64_t rows, int64_t c
   it.scaling = scaling;
   it.updates = {ConstTensor{w->grad->get(), DType::kBF16, rows, cols}};
   it.dequantized_out = {MutTensor{w->out->get(), DType::kBF16, rows, cols, n * 2}};
-  if (kind == StepKind::kSgdEf) {
+  if (kind == StepKind::kSgdEf || kind == StepKind::kSgdMomentumEf) {
     const std::vector<float> r = RandomF32(n, seed + 2, 0.001f);
     w->residual = std::make_unique<DevMem>(n * 4);
     Check(cudaMemcpy(w->residual->get(), r.data(), n * 4, cudaMemcpyHostToDevice), "residual");
     for (float v : r) stats[kernels::kStatMaxResidual] = std::max(stats[1], std::fabs(v));
     it.residual = static_cast<float*>(w->residual->get());
     it.hyper.lr = 0.01f;
+    if (kind == StepKind::kSgdMomentumEf) {  // torch.optim.SGD(momentum=0.9), an f32 buffer
+      const std::vector<float> m = RandomF32(n, seed + 3, 0.01f);
+      w->m_dense[0] = std::make_unique<DevMem>(n * 4);
+      Check(cudaMemcpy(w->m_dense[0]->get(), m.data(), n * 4, cudaMemcpyHostToDevice), "momentum");
+      it.state.momentum = true;
+      it.state.moment1.dense = w->m_dense[0]->get();
+      it.hyper.momentum = 0.9f;
+      for (float v : m) stats[2] = std::max(stats[2], std::fabs(v));
+    }
   } else {
     it.state.kind = kernels::OptimizerKind::kAdamW;
     it.hyper.lr = 1e-3f;
@@ -213,12 +224,26 @@ std::vector<std::pair<int64_t, int64_t>> Gpt2SmallShapes() {
   return v;
 }
 
+// The train suite's transformer (train/, --preset gpu: 4 layers, d_model 384): the 16 block
+// matrices fp4q.optim stores, 7.1M parameters (qkv, attention projection, MLP up and down).
+std::vector<std::pair<int64_t, int64_t>> TrainSuiteShapes() {
+  std::vector<std::pair<int64_t, int64_t>> v;
+  for (int l = 0; l < 4; ++l) {
+    v.push_back({1152, 384});
+    v.push_back({384, 384});
+    v.push_back({1536, 384});
+    v.push_back({384, 1536});
+  }
+  return v;
+}
+
 int Run(int argc, char** argv) {
   std::string out_path, commit = "unknown", only;
   int iters = 30;
   kernels::CudaBackendOptions tuning;  // A/B knobs of the kernels (kernel_choice.h)
   std::vector<int> prefetch_sweep;     // step rows: also timed at these prefetch distances
   std::vector<int64_t> gemm_ms = {1, 16, 32, 64, 128, 256, 512, 8192};
+  std::set<std::string> step_models = {"gpt2", "8192", "train"};  // the step rows' models
   std::string command;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
   for (int i = 1; i < argc; ++i) {
@@ -231,6 +256,16 @@ int Run(int argc, char** argv) {
       iters = std::atoi(argv[++i]);
     } else if (a == "--only" && i + 1 < argc) {
       only = argv[++i];
+    } else if (a == "--step-models" && i + 1 < argc) {
+      step_models.clear();
+      for (absl::string_view v : absl::StrSplit(argv[++i], ',')) {
+        if (v != "gpt2" && v != "8192" && v != "train") {
+          std::fprintf(stderr, "fp4q_bench: --step-models: '%s' is not gpt2, 8192 or train\n",
+                       std::string(v).c_str());
+          return 2;
+        }
+        step_models.insert(std::string(v));
+      }
     } else if (a == "--rows-only") {
       tuning.rows_only = true;
     } else if (a == "--bf16-block-ctas" && i + 1 < argc) {
@@ -262,7 +297,8 @@ int Run(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: fp4q_bench --out results.json [--commit SHA] [--iters N] [--only S]\n"
                    "                  [--rows-only] [--bf16-block-ctas 3|4] [--step-prefetch N]\n"
-                   "                  [--step-prefetch-sweep N,N,...] [--gemm-m M,M,...]\n");
+                   "                  [--step-prefetch-sweep N,N,...] [--gemm-m M,M,...]\n"
+                   "                  [--step-models gpt2,8192,train]\n");
       return 2;
     }
   }
@@ -498,6 +534,11 @@ int Run(int argc, char** argv) {
        false, 19.6875},
       {"step one pass, SGD + EF, delayed", StepKind::kSgdEf, kernels::Scaling::kDelayed, false,
        13.125, true},
+      // The train suite's stored SGD (momentum 0.9, f32 buffer): the check reads the gradient,
+      // weight, residual and momentum (10.5625 B), the apply reads them again and writes the
+      // weight, residual, momentum and the bf16 DQ (21.125 B).
+      {"step check + apply, SGD momentum + EF, current", StepKind::kSgdMomentumEf,
+       kernels::Scaling::kCurrent, false, 31.6875},
       {"step apply, AdamW bf16 moments, delayed", StepKind::kAdamWBf16,
        kernels::Scaling::kDelayed, true, 13.125},
       {"step apply, AdamW nvfp4 moments, delayed", StepKind::kAdamWNvfp4,
@@ -515,10 +556,14 @@ int Run(int argc, char** argv) {
       sweep.emplace_back(v, *std::move(b));
     }
     const std::vector<std::pair<int64_t, int64_t>> big = {{8192, 8192}};
+    const char* const kModelName[3] = {"GPT-2 small", "8192x8192", "train suite"};
+    const char* const kModelKey[3] = {"gpt2", "8192", "train"};
     for (const StepRow& sr : step_rows) {
       if (!want(sr.name)) continue;
-      for (int model = 0; model < 2; ++model) {
-        const auto shapes = model == 0 ? Gpt2SmallShapes() : big;
+      for (int model = 0; model < 3; ++model) {
+        if (step_models.count(kModelKey[model]) == 0) continue;
+        const auto shapes =
+            model == 0 ? Gpt2SmallShapes() : model == 1 ? big : TrainSuiteShapes();
         std::vector<std::unique_ptr<StepWeight>> ws;
         std::vector<kernels::StepItem> items;
         double elems = 0;
@@ -565,8 +610,9 @@ int Run(int argc, char** argv) {
           Row r;
           r.name = v == 0 ? std::string(sr.name)
                           : absl::StrCat(sr.name, " [prefetch ", prefetch, "]");
-          r.shape = model == 0 ? "GPT-2 small, 50 weights, bf16 grad -> bf16 DQ"
-                               : "8192x8192, bf16 grad -> bf16 DQ";
+          r.shape = model == 0   ? "GPT-2 small, 50 weights, bf16 grad -> bf16 DQ"
+                    : model == 1 ? "8192x8192, bf16 grad -> bf16 DQ"
+                                 : "train suite, 16 weights (7.1M), bf16 grad -> bf16 DQ";
           r.us = tm.median_us;
           r.bytes = sr.bytes_per_elem * elems;
           r.note = absl::StrFormat("floor %.4g B/elem; prefetch %d slots", sr.bytes_per_elem,
@@ -593,7 +639,7 @@ int Run(int argc, char** argv) {
           }
           rows.push_back(r);
           std::printf("%-58s %-12s %9.2f us %7.0f GB/s (floor %.4g B/elem, copy %.0f GB/s%s)\n",
-                      r.name.c_str(), model == 0 ? "GPT-2 small" : "8192x8192", tm.median_us,
+                      r.name.c_str(), kModelName[model], tm.median_us,
                       r.bytes / tm.median_us / 1e3, sr.bytes_per_elem, copy_gbps, wall.c_str());
         }
       }

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Device call 15 (repository root, .bundle carried): where the one-pass 8192 x 8192 step's 24 us
+# over its apply go, and why the train suite's 16 small matrices take 4-7x their bytes floor.
+# Each only if it fits (room, LIMIT):
+#   1. fp4q_bench's step rows over GPT-2, 8192 x 8192 and the train suite's matrices (the new
+#      row: SGD momentum 0.9 + EF, current scaling, two passes, as the suite steps them)
+#   2. Nsight Compute: each step kernel's time and DRAM bytes (one pass: 8192^2 and the train
+#      suite; the suite's momentum step), so that the event-timed step less its kernels is the
+#      launches' gaps and the table's copy
+#   3. Nsight Compute's full set on the 8192^2 lean apply, the 8192^2 one-pass apply, and the
+#      train suite's momentum check and apply
+#   4. the train suite's matrices through fp4qd from C++ (momentum + current, two passes; plain
+#      SGD + delayed, one pass)
+#   5. pointer_attrs.py (the Python client's per-allocation plan check)
+#   6. run14's GPT-2 from Python, flat buffers and one tensor a parameter, one round each
+set -uo pipefail
+source bench/results/h200-step/one-pass/lib.sh
+begin r15
+ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+room 120 bench && timeout 120 $b/bin/fp4q_bench --only step --iters 60 --out $o/bench.json \
+  > $o/bench.txt 2>&1
+echo "bench rc=$?"; grep -E "^copy|^step" $o/bench.txt
+m="gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size"
+m="$m,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active"
+for row in "one pass:8192,train" "momentum:train"; do
+  only=${row%%:*}; models=${row##*:}; tag=${only// /-}
+  room 90 "ncu times $only" || continue
+  timeout 90 $ncu --clock-control none --kernel-name regex:Step --metrics $m --csv \
+    $b/bin/fp4q_bench --only "$only" --step-models $models --iters 15 --out /tmp/ncu.json \
+    > $o/ncu-times-$tag.csv 2> $o/ncu-times-$tag.err
+  echo "ncu times $only rc=$? $(grep -c Step $o/ncu-times-$tag.csv) rows"
+done
+for row in "step apply, SGD:8192:StepApplyLean" "one pass:8192:StepApplyOnePass" \
+    "momentum:train:StepCheckFull|StepApplyKernel"; do
+  IFS=: read -r only models k <<< "$row"; tag=${k//|/-}
+  room 120 "ncu full $k" || continue
+  timeout 120 $ncu --clock-control none --set full --kernel-name regex:"$k" --launch-skip 2 \
+    --launch-count 2 $b/bin/fp4q_bench --only "$only" --step-models $models --iters 6 \
+    --out /tmp/ncu.json > $o/ncu-full-$tag.txt 2>&1
+  echo "ncu full $k rc=$?"; grep -E "^  [A-Za-z].*\(|Duration|DRAM Throughput|Registers" \
+    $o/ncu-full-$tag.txt | head -12
+done
+copy=$(grep -oP "^copy: .*: \K[0-9]+" $o/bench.txt)
+[[ -z "$copy" || "$copy" == 0 ]] && copy=4200
+start_fp4qd $copy
+shapes=$(python3 -c "print(','.join(['1152x384','384x384','1536x384','384x1536']*4))")
+for v in "momentum-current:--momentum 0.9 --scaling current" "plain-delayed-one:--one-pass"; do
+  tag=${v%%:*}; args=${v#*:}
+  room 40 "cpp train $tag" || continue
+  timeout 40 $S --shapes $shapes --iters 300 --warmup 20 $args --json $o/cpp-train-$tag.json \
+    > $o/cpp-train-$tag.log 2>&1
+  echo "cpp train $tag rc=$? $(python3 -c "import json;d=json.load(open('$o/cpp-train-$tag.json'));print('wall p50 %.1f us, kernel p50 %.1f us, server %.1f' % (d['wall_us']['p50'], d['kernel_us']['p50'], d['server_us']['p50']))" 2>&1 | tail -1)"
+done
+kill $pid 2>/dev/null; wait $pid 2>/dev/null
+room 60 pointer_attrs && timeout 60 python3 bench/results/h200-step/one-pass/pointer_attrs.py \
+  > $o/pointer-attrs.txt 2>&1
+echo "pointer_attrs rc=$?"; cat $o/pointer-attrs.txt | tail -8
+for layout in flat tensors; do
+  room 100 "trainer_step $layout" || continue
+  timeout 100 python3 bench/trainer_step.py --fp4qd $b/bin/fp4qd --models gpt2-small \
+    --behind-ms 0 --steps 100 --warmup 10 --layout $layout \
+    --json $o/trainer-step-$layout.json > $o/trainer-step-$layout.txt 2>&1
+  echo "$layout rc=$? $(grep -E 'one pass, fast' $o/trainer-step-$layout.txt)"
+done
