@@ -81,9 +81,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<DeviceSet
         "step_ready_timeout: ", absl::FormatDuration(options.step_ready_timeout),
         " is not in [1ms, 60s]"));
   }
-  if (options.worker_spin < absl::ZeroDuration() || options.worker_spin > absl::Seconds(1)) {
+  if (options.worker_spin.has_value() &&
+      (*options.worker_spin < absl::ZeroDuration() || *options.worker_spin > absl::Seconds(1))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "worker_spin: ", absl::FormatDuration(options.worker_spin), " is not in [0, 1s]"));
+        "worker_spin: ", absl::FormatDuration(*options.worker_spin), " is not in [0, 1s]"));
   }
   if (options.streams_per_gpu < 1 || options.streams_per_gpu > 64) {
     return absl::InvalidArgumentError(
@@ -120,6 +121,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<DeviceSet
     xo.spin = e->options_.worker_spin;
     std::vector<kernels::Stream> streams;
     if (d.host_memory) {
+      // The CPU backend's workers run the kernels on the cores a spin would hold.
+      if (!xo.spin.has_value()) xo.spin = absl::ZeroDuration();
       const int hw = static_cast<int>(std::thread::hardware_concurrency());
       xo.threads = e->options_.cpu_workers > 0 ? e->options_.cpu_workers : std::max(1, hw);
     } else {

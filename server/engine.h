@@ -32,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -65,8 +66,9 @@ struct EngineOptions {
   // Requests touching the same state name still run one at a time, in arrival order.
   int streams_per_gpu = 4;
   // An idle device worker busy-polls this long for new work before sleeping (Executor::Options::
-  // spin; one worker per device at a time). Zero: always sleep.
-  absl::Duration worker_spin = absl::ZeroDuration();
+  // spin; one worker per device at a time). Zero: always sleep. Unset: automatic on GPUs
+  // (spin_policy.h), never on the CPU backend, whose workers run the kernels on those cores.
+  std::optional<absl::Duration> worker_spin = absl::ZeroDuration();
   // Request scratch buffers kept cached per device (ScratchPool); 0: none.
   uint64_t scratch_cache_bytes = uint64_t{256} << 20;
   int max_open_handles = 1024;

@@ -21,7 +21,8 @@ Executor::Executor(Options options, EngineObserver* observer)
         options.max_queue_depth = std::max(1, options.max_queue_depth);
         return options;
       }()),
-      observer_(observer) {
+      observer_(observer),
+      spin_(options_.spin) {
   if (observer_ != nullptr) {
     observer_->QueueCapacity(options_.device, options_.max_queue_depth);
     observer_->QueueDepth(options_.device, 0);
@@ -52,6 +53,7 @@ absl::Status Executor::Submit(const RequestContext& ctx, Work work, Reject rejec
                                                        options_.max_queue_depth, " queued)"));
     }
     queue_.push_back(Task{ctx, std::move(work), std::move(reject), std::move(keys)});
+    spin_.Arrived(std::chrono::steady_clock::now());
     depth = static_cast<int64_t>(queue_.size());
   }
   submitted_.fetch_add(1, std::memory_order_release);
@@ -122,12 +124,12 @@ void Executor::WorkerLoop(kernels::Stream stream) {
     {
       std::unique_lock<std::mutex> lock(mu_);
       int next = -1;
-      if (options_.spin > absl::ZeroDuration() && !stopping_ && NextRunnable() < 0 &&
-          !spinning_.exchange(true)) {
+      const auto spin = spin_.Budget();
+      if (spin > spin.zero() && !stopping_ && NextRunnable() < 0 && !spinning_.exchange(true)) {
         // Busy-poll (without the lock) until a task is submitted or the spin time is over.
         const uint64_t seen = submitted_.load(std::memory_order_acquire);
         lock.unlock();
-        const auto until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(options_.spin);
+        const auto until = std::chrono::steady_clock::now() + spin;
         while (submitted_.load(std::memory_order_acquire) == seen &&
                std::chrono::steady_clock::now() < until) {
 #if defined(__x86_64__)

@@ -14,10 +14,11 @@
 //   run in parallel, each in FIFO order among the tasks it could run with. So two UpdateWeight
 //   calls of one name queued back to back run one after the other, in order, whichever worker
 //   picks them up.
-// - Spinning: with `spin` > 0 an idle worker busy-polls for new work that long before it sleeps
-//   on the condition variable, at most one worker of an executor at a time: a task submitted
-//   while one spins starts without a thread wake-up (tens of microseconds on a VM), for one
-//   CPU core per device kept busy while requests keep coming.
+// - Spinning: an idle worker busy-polls for new work before it sleeps on the condition
+//   variable, at most one worker of an executor at a time: a task submitted while one spins
+//   starts without a thread wake-up (tens of microseconds on a VM), for one CPU core per device
+//   kept busy while requests keep coming. How long: `spin` (zero: never), or with `spin` unset
+//   twice the last gap between two submissions when it was at most 2 ms (spin_policy.h).
 // - Shutdown() stops accepting (UNAVAILABLE), runs what is queued, and joins the workers.
 #ifndef FP4Q_SERVER_EXECUTOR_H_
 #define FP4Q_SERVER_EXECUTOR_H_
@@ -28,6 +29,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,6 +41,7 @@
 #include "fp4q/kernels/backend.h"
 #include "server/observer.h"
 #include "server/requests.h"
+#include "server/spin_policy.h"
 
 namespace fp4q::server {
 
@@ -50,7 +53,7 @@ class Executor {
     int max_queue_depth = 64;    // >= 1
     // Stream of worker i (not owned; outlives the executor). Missing entries: nullptr.
     std::vector<kernels::Stream> streams;
-    absl::Duration spin = absl::ZeroDuration();  // see "Spinning" above
+    std::optional<absl::Duration> spin = absl::ZeroDuration();  // see "Spinning" above
   };
   using Work = std::function<void(kernels::Stream)>;
   using Reject = std::function<void(absl::Status)>;
@@ -102,6 +105,7 @@ class Executor {
   bool stopping_ = false;
   std::atomic<uint64_t> submitted_{0};  // tasks ever queued: what a spinning worker watches
   std::atomic<bool> spinning_{false};   // one worker spins at a time
+  SpinPolicy spin_;                     // how long it spins
   std::vector<std::thread> workers_;
 };
 

@@ -42,7 +42,7 @@ void Drain(int fd) {
 class FastSocketServer::Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(FastSocketServer* server, int fd, int wake_fd, PeerInfo peer)
-      : server_(server), fd_(fd), wake_fd_(wake_fd), peer_(peer) {}
+      : server_(server), fd_(fd), wake_fd_(wake_fd), peer_(peer), spin_(server->options_.spin) {}
   ~Connection() {
     ::close(fd_);
     ::close(wake_fd_);
@@ -69,6 +69,7 @@ class FastSocketServer::Connection : public std::enable_shared_from_this<Connect
   const int fd_;
   const int wake_fd_;  // eventfd: the outbox has replies, or a call slot freed up
   const PeerInfo peer_;
+  SpinPolicy spin_;  // connection thread only, but for Budget's reads
   std::string session_id_;  // bound by hello; connection thread only
   std::string bound_namespace_;  // the namespace the hello's token binds (with namespace_bound_)
   bool namespace_bound_ = false;
@@ -88,7 +89,6 @@ class FastSocketServer::Connection : public std::enable_shared_from_this<Connect
 void FastSocketServer::Connection::Run(int stop_fd) {
   std::vector<char> buf(kMaxFrameBytes + 1);
   const int max = server_->options_.max_in_flight;
-  const absl::Duration spin = server_->options_.spin;
   bool open = true;
   while (open) {
     bool can_read = false, want_write = false;
@@ -97,14 +97,23 @@ void FastSocketServer::Connection::Run(int stop_fd) {
       can_read = in_flight_ < max && outbox_.size() < static_cast<size_t>(max);
       want_write = !outbox_.empty();
     }
-    if (can_read && !want_write && spin > absl::ZeroDuration()) {
-      const absl::Time until = absl::Now() + spin;
+    const auto spin = can_read && !want_write ? spin_.Budget()
+                                              : std::chrono::steady_clock::duration::zero();
+    // Under the automatic spin at most kMaxAutoSpinners connections busy-poll at once.
+    const bool capped = spin_.automatic();
+    if (spin > spin.zero() &&
+        (!capped || server_->auto_spinners_.fetch_add(1) < kMaxAutoSpinners)) {
+      const auto until = std::chrono::steady_clock::now() + spin;
       Read r = Read::kNone;
       do {
         r = ReadFrame(&buf);
-      } while (r == Read::kNone && absl::Now() < until && !server_->stopping_.load());
+      } while (r == Read::kNone && std::chrono::steady_clock::now() < until &&
+               !server_->stopping_.load());
+      if (capped) server_->auto_spinners_.fetch_sub(1);
       if (r == Read::kClosed) break;
       if (r == Read::kFrame) continue;
+    } else if (spin > spin.zero()) {
+      server_->auto_spinners_.fetch_sub(1);  // the cap was reached: sleep in poll()
     }
     pollfd fds[3] = {{fd_, static_cast<short>((can_read ? POLLIN : 0) | (want_write ? POLLOUT : 0)), 0},
                      {wake_fd_, POLLIN, 0},
@@ -164,6 +173,7 @@ FastSocketServer::Connection::Read FastSocketServer::Connection::ReadFrame(std::
 
 void FastSocketServer::Connection::HandleFrame(const char* data, size_t n, size_t real_size) {
   const auto arrival = std::chrono::steady_clock::now();
+  spin_.Arrived(arrival);
   if (real_size == 0) {
     return ReplyError(0,
                       absl::InvalidArgumentError(
@@ -387,10 +397,12 @@ absl::StatusOr<std::unique_ptr<FastSocketServer>> FastSocketServer::Create(
         "--fast_socket_max_connections (", options.max_connections,
         ") and the per-connection call limit (", options.max_in_flight, ") must be >= 1"));
   }
-  if (options.spin < absl::ZeroDuration() || options.spin > absl::Seconds(1)) {
+  if (options.spin.has_value() &&
+      (*options.spin < absl::ZeroDuration() || *options.spin > absl::Seconds(1))) {
     return absl::InvalidArgumentError(absl::StrCat("--fast_socket_spin_us: ",
-                                                   absl::FormatDuration(options.spin),
-                                                   " is outside 0..1000000 us"));
+                                                   absl::FormatDuration(*options.spin),
+                                                   " is outside 0..1000000 us (or -1: "
+                                                   "automatic)"));
   }
   const bool owner_only =
       options.allowed_uids.size() == 1 && *options.allowed_uids.begin() == ::geteuid();

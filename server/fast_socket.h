@@ -49,6 +49,7 @@
 #include "server/call_layer.h"
 #include "server/logging.h"
 #include "server/metrics.h"
+#include "server/spin_policy.h"
 
 namespace fp4q::server {
 
@@ -58,13 +59,18 @@ struct FastSocketOptions {
   int max_connections = 64;
   int max_in_flight = 64;  // per connection
   // Busy-poll the connection for this long before sleeping in poll(): trades a CPU core per
-  // busy connection for the wake-up latency of the reading thread. Zero: always sleep.
-  absl::Duration spin = absl::ZeroDuration();
+  // busy connection for the wake-up latency of the reading thread. Zero: always sleep. Unset:
+  // automatic (spin_policy.h: twice the last gap between two of the connection's frames when it
+  // was at most 2 ms), for at most kMaxAutoSpinners connections at a time.
+  std::optional<absl::Duration> spin = absl::ZeroDuration();
 };
 
 class FastSocketServer {
  public:
   static constexpr size_t kMaxFrameBytes = v1::FAST_SOCKET_MAX_FRAME_BYTES;
+  // Connections busy-polling at once under the automatic spin (a fixed spin has no such cap:
+  // the operator gave the cores).
+  static constexpr int kMaxAutoSpinners = 2;
 
   // `layer`, `metrics` (may be null) and `logger` are not owned and outlive the server.
   static absl::StatusOr<std::unique_ptr<FastSocketServer>> Create(CallLayer* layer,
@@ -107,6 +113,7 @@ class FastSocketServer {
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> open_{0};
   std::atomic<int64_t> refused_{0};
+  std::atomic<int> auto_spinners_{0};  // connections busy-polling under the automatic spin
   absl::Time last_refusal_log_ = absl::InfinitePast();  // accept thread only
 };
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -45,9 +46,11 @@ ABSL_FLAG(std::string, fast_socket, "",
           "also serve every fp4q.v1 method but OpenSession on this Unix socket path "
           "(SOCK_SEQPACKET, one protobuf frame per message, no gRPC: see FastRequest in "
           "fp4q.proto); peers checked like --unix_socket; empty = off");
-ABSL_FLAG(int32_t, fast_socket_spin_us, 0,
+ABSL_FLAG(int32_t, fast_socket_spin_us, -1,
           "busy-poll each --fast_socket connection this long before sleeping (lower latency "
-          "for a CPU core per busy connection); 0-1000000");
+          "for a CPU core per busy connection); 0-1000000, or -1: automatic (twice the gap "
+          "between the connection's last two requests when it was at most 2 ms, at most 2 "
+          "connections at a time; never on the CPU backend)");
 ABSL_FLAG(int32_t, fast_socket_max_connections, 64, "cap on open --fast_socket connections");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9450",
           "Prometheus /metrics address HOST:PORT; empty disables; port 0 picks one");
@@ -77,10 +80,11 @@ ABSL_FLAG(int32_t, workers, 0, "CPU backend worker threads (0 = hardware threads
 ABSL_FLAG(int32_t, streams_per_gpu, 4,
           "CUDA backend: workers per GPU, each with its own CUDA stream, so requests on one GPU "
           "overlap (requests on the same state name still run one at a time, in order); 1-64");
-ABSL_FLAG(int32_t, worker_spin_us, 0,
+ABSL_FLAG(int32_t, worker_spin_us, -1,
           "an idle device worker busy-polls this long for new work before sleeping (one per "
           "device at a time): saves a thread wake-up per request for a CPU core while requests "
-          "keep coming; 0-1000000");
+          "keep coming; 0-1000000, or -1: automatic (twice the gap between the device's last "
+          "two requests when it was at most 2 ms; never on the CPU backend)");
 ABSL_FLAG(int32_t, step_ready_timeout_ms, 5000,
           "the longest a Step polls its ready signal (the worker's gradients complete) before "
           "refusing with DEADLINE_EXCEEDED, and the wait of a request that names none; the "
@@ -186,7 +190,12 @@ ServerOptions OptionsFromFlags() {
   e.max_queue_depth = absl::GetFlag(FLAGS_max_queue_depth);
   e.cpu_workers = absl::GetFlag(FLAGS_workers);
   e.streams_per_gpu = absl::GetFlag(FLAGS_streams_per_gpu);
-  e.worker_spin = absl::Microseconds(absl::GetFlag(FLAGS_worker_spin_us));
+  const int32_t worker_spin_us = absl::GetFlag(FLAGS_worker_spin_us);
+  if (worker_spin_us == -1) {
+    e.worker_spin = std::nullopt;  // automatic
+  } else {
+    e.worker_spin = absl::Microseconds(worker_spin_us);  // ValidateServerOptions checks it
+  }
   e.step_ready_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_ready_timeout_ms));
   e.step_device_signals = absl::GetFlag(FLAGS_step_device_signals);
   const int64_t scratch_mb = absl::GetFlag(FLAGS_scratch_cache_mb);

@@ -553,7 +553,8 @@ absl::Status Engine::WaitReadySignals(OpEnv& env, const StepJob& job, bool side)
         // A read is a few microseconds. After the first 200 us (or --worker_spin_us, where
         // the operator gave fp4qd cores to busy-poll) a short sleep between reads keeps the
         // wait from holding a core through a long backward pass.
-        if (now - start > std::max(absl::Microseconds(200), options_.worker_spin)) {
+        if (now - start > std::max(absl::Microseconds(200),
+                                   options_.worker_spin.value_or(absl::ZeroDuration()))) {
           absl::SleepFor(absl::Microseconds(20));
         }
       }

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -180,9 +181,10 @@ struct Listeners {
   int metrics_port = 0;
 };
 
-absl::Status StartListeners(const ServerOptions& o, CallLayer* layer, Metrics* metrics,
-                            std::shared_ptr<prometheus::Registry> registry, Logger& log,
-                            Listeners* l) {
+// `cpu_backend`: the devices are the CPU backend's (no automatic spin: its workers need the cores).
+absl::Status StartListeners(const ServerOptions& o, bool cpu_backend, CallLayer* layer,
+                            Metrics* metrics, std::shared_ptr<prometheus::Registry> registry,
+                            Logger& log, Listeners* l) {
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = TcpCredentials(o);
   if (!creds.ok()) return creds.status();
   std::set<uid_t> allowed = {::geteuid()};
@@ -204,7 +206,11 @@ absl::Status StartListeners(const ServerOptions& o, CallLayer* layer, Metrics* m
     fo.path = o.fast_socket;
     fo.allowed_uids = allowed;
     fo.max_connections = o.fast_socket_max_connections;
-    fo.spin = absl::Microseconds(o.fast_socket_spin_us);
+    if (o.fast_socket_spin_us >= 0) {
+      fo.spin = absl::Microseconds(o.fast_socket_spin_us);
+    } else {  // automatic
+      fo.spin = cpu_backend ? std::optional<absl::Duration>(absl::ZeroDuration()) : std::nullopt;
+    }
     absl::StatusOr<std::unique_ptr<FastSocketServer>> f =
         FastSocketServer::Create(layer, metrics, std::move(fo), &log);
     if (!f.ok()) return f.status();
@@ -269,13 +275,15 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   if (s.ok()) s = InRange(e.cpu_workers, 0, 4096, "workers");
   if (s.ok()) s = InRange(e.streams_per_gpu, 1, 64, "streams_per_gpu");
   if (s.ok()) {
-    s = InRange(absl::ToInt64Microseconds(e.worker_spin), 0, 1000000, "worker_spin_us");
+    s = e.worker_spin.has_value()
+            ? InRange(absl::ToInt64Microseconds(*e.worker_spin), -1, 1000000, "worker_spin_us")
+            : absl::OkStatus();
   }
   if (s.ok()) {
     s = InRange(absl::ToInt64Milliseconds(e.step_ready_timeout), 1, 60000,
                 "step_ready_timeout_ms");
   }
-  if (s.ok()) s = InRange(o.fast_socket_spin_us, 0, 1000000, "fast_socket_spin_us");
+  if (s.ok()) s = InRange(o.fast_socket_spin_us, -1, 1000000, "fast_socket_spin_us");
   if (s.ok()) s = InRange(o.fast_socket_max_connections, 1, 65536, "fast_socket_max_connections");
   if (s.ok()) {
     s = InRange(static_cast<int64_t>(e.scratch_cache_bytes >> 20), 0, int64_t{1} << 20,
@@ -381,7 +389,9 @@ int RunServer(const ServerOptions& o, Logger& log) {
 
   CallLayer layer(&engine, &metrics, *std::move(layer_options));
   Listeners l;
-  if (absl::Status s = StartListeners(o, &layer, &metrics, registry, log, &l); !s.ok()) {
+  if (absl::Status s =
+          StartListeners(o, backend_kind == "cpu", &layer, &metrics, registry, log, &l);
+      !s.ok()) {
     log.Error("cannot listen", {{"error", s.ToString()}});
     if (l.grpc_server != nullptr) l.grpc_server->Shutdown();
     return kExitFailure;

@@ -32,7 +32,7 @@ struct ServerOptions {
   std::string unix_socket;                 // empty: none
   std::string unix_socket_allowed_uids;    // comma-separated; empty: fp4qd's own uid
   std::string fast_socket;                 // empty: none
-  int fast_socket_spin_us = 0;
+  int fast_socket_spin_us = -1;  // -1: automatic (FastSocketOptions::spin unset)
   int fast_socket_max_connections = 64;
   std::string metrics_listen = "127.0.0.1:9450";  // empty: none
   int64_t max_message_bytes = 536870912;

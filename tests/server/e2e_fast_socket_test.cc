@@ -571,7 +571,8 @@ TEST(E2eFastSocketTest, PeerUidTokenAndConnectionCapAreChecked) {
     }
     EXPECT_NE(c, nullptr);
   }
-  for (const char* bad : {"--fast_socket_spin_us=-1", "--fast_socket_max_connections=0"}) {
+  for (const char* bad : {"--fast_socket_spin_us=-2", "--worker_spin_us=-2",
+                          "--fast_socket_spin_us=1000001", "--fast_socket_max_connections=0"}) {
     std::string log;
     EXPECT_EQ(RunServerToExit({"--fast_socket=" + sock, bad}, &log), 1) << bad;
     EXPECT_THAT(log, HasSubstr(std::string(bad).substr(0, std::string(bad).find('=')))) << bad;

@@ -247,9 +247,17 @@ TEST(ExecutorTest, AWaitingKeyedTaskDoesNotBlockOthers) {
 
 // Spinning (Options::spin): work submitted while a worker spins, and long after its spin ran
 // out, runs exactly once, same-key order holds, and Shutdown does not wait out a long spin.
-TEST(ExecutorTest, SpinningWorkersRunEverythingOnceAndShutDownPromptly) {
+// Fixed at the flag's maximum (1 s), and automatic (spin_policy.h: the submissions below come
+// within 2 ms of each other, so a worker spins between them).
+class ExecutorSpinTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ExecutorSpinTest, SpinningWorkersRunEverythingOnceAndShutDownPromptly) {
   Executor::Options o{"cpu", /*threads=*/3, /*max_queue_depth=*/512};
-  o.spin = absl::Seconds(1);  // the maximum the flag allows
+  if (GetParam()) {
+    o.spin = std::nullopt;  // automatic
+  } else {
+    o.spin = absl::Seconds(1);  // the maximum the flag allows
+  }
   Executor x(o, nullptr);
   const uint64_t k = Executor::KeyOf("w");
   std::mutex mu;
@@ -284,6 +292,11 @@ TEST(ExecutorTest, SpinningWorkersRunEverythingOnceAndShutDownPromptly) {
   EXPECT_THAT(x.Submit({}, [](kernels::Stream) {}, [](absl::Status) {}),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
 }
+
+INSTANTIATE_TEST_SUITE_P(FixedAndAutomatic, ExecutorSpinTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "Automatic" : "Fixed";
+                         });
 
 }  // namespace
 }  // namespace fp4q::server

@@ -12,7 +12,6 @@
 #   4. the train suite's matrices through fp4qd from C++ (momentum + current, two passes; plain
 #      SGD + delayed, one pass)
 #   5. pointer_attrs.py (the Python client's per-allocation plan check)
-#   6. run14's GPT-2 from Python, flat buffers and one tensor a parameter, one round each
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
 begin r15
@@ -55,10 +54,3 @@ kill $pid 2>/dev/null; wait $pid 2>/dev/null
 room 60 pointer_attrs && timeout 60 python3 bench/results/h200-step/one-pass/pointer_attrs.py \
   > $o/pointer-attrs.txt 2>&1
 echo "pointer_attrs rc=$?"; cat $o/pointer-attrs.txt | tail -8
-for layout in flat tensors; do
-  room 100 "trainer_step $layout" || continue
-  timeout 100 python3 bench/trainer_step.py --fp4qd $b/bin/fp4qd --models gpt2-small \
-    --behind-ms 0 --steps 100 --warmup 10 --layout $layout \
-    --json $o/trainer-step-$layout.json > $o/trainer-step-$layout.txt 2>&1
-  echo "$layout rc=$? $(grep -E 'one pass, fast' $o/trainer-step-$layout.txt)"
-done

@@ -1,0 +1,60 @@
+// How long an idle server thread (a device worker, a fast-socket connection) busy-polls for its
+// next piece of work before it sleeps: a fixed time the operator gave (--worker_spin_us,
+// --fast_socket_spin_us), or automatic.
+//
+// Automatic: twice the last gap between two arrivals (tasks submitted to the executor, frames
+// read on the connection) when that gap was at most kAutoCap, else none. A caller that comes back
+// within 2 ms (steps back to back, a fast inner loop) finds the thread awake, which saves it a
+// thread wake-up per request (tens of microseconds on a VM); one that comes back every 10 ms (a
+// training loop's step) costs no CPU. The client's automatic busy-poll of replies follows the
+// same rule (client/cpp/fast_socket.h, fp4q._fast_socket).
+#ifndef FP4Q_SERVER_SPIN_POLICY_H_
+#define FP4Q_SERVER_SPIN_POLICY_H_
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+
+#include "absl/time/time.h"
+
+namespace fp4q::server {
+
+class SpinPolicy {
+ public:
+  static constexpr absl::Duration kAutoCap = absl::Milliseconds(2);
+
+  // `fixed`: that long every time; nullopt: automatic.
+  explicit SpinPolicy(std::optional<absl::Duration> fixed) : fixed_(fixed) {}
+
+  bool automatic() const { return !fixed_.has_value(); }
+
+  // Work arrived at `now` (steady clock); the gap since the previous arrival sets the automatic
+  // spin. Thread-safe.
+  void Arrived(std::chrono::steady_clock::time_point now) {
+    if (!automatic()) return;
+    const int64_t t = now.time_since_epoch().count();
+    const int64_t prev = last_arrival_.exchange(t, std::memory_order_relaxed);
+    if (prev != 0) last_gap_.store(t - prev, std::memory_order_relaxed);
+  }
+
+  // How long to busy-poll for the next arrival, from now.
+  std::chrono::steady_clock::duration Budget() const {
+    if (fixed_.has_value()) return absl::ToChronoNanoseconds(*fixed_);
+    const int64_t gap = last_gap_.load(std::memory_order_relaxed);
+    const auto cap = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        absl::ToChronoNanoseconds(kAutoCap));
+    if (gap <= 0 || gap > cap.count()) return std::chrono::steady_clock::duration::zero();
+    return std::min(cap, std::chrono::steady_clock::duration(2 * gap));
+  }
+
+ private:
+  const std::optional<absl::Duration> fixed_;
+  std::atomic<int64_t> last_arrival_{0};  // steady clock ticks; 0: none yet
+  std::atomic<int64_t> last_gap_{-1};     // ticks between the last two arrivals; -1: none yet
+};
+
+}  // namespace fp4q::server
+
+#endif  // FP4Q_SERVER_SPIN_POLICY_H_
