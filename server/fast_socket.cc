@@ -91,14 +91,18 @@ void FastSocketServer::Connection::Run(int stop_fd) {
   const int max = server_->options_.max_in_flight;
   bool open = true;
   while (open) {
-    bool can_read = false, want_write = false;
+    bool can_read = false, want_write = false, idle = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       can_read = in_flight_ < max && outbox_.size() < static_cast<size_t>(max);
       want_write = !outbox_.empty();
+      idle = in_flight_ == 0;
     }
-    const auto spin = can_read && !want_write ? spin_.Budget()
-                                              : std::chrono::steady_clock::duration::zero();
+    // The automatic spin waits for the peer's next request once every reply is out (a caller
+    // waiting for a reply sends nothing): ReleaseLocked wakes this thread for it.
+    const auto spin = can_read && !want_write && (idle || !spin_.automatic())
+                          ? spin_.Budget()
+                          : std::chrono::steady_clock::duration::zero();
     // Under the automatic spin at most kMaxAutoSpinners connections busy-poll at once.
     const bool capped = spin_.automatic();
     if (spin > spin.zero() &&
@@ -382,7 +386,14 @@ void FastSocketServer::Connection::ReleaseLocked(bool counted) {
   if (!counted) return;
   const int max = server_->options_.max_in_flight;
   if (in_flight_-- == max) Poke(wake_fd_);  // a reader held back by back-pressure may go on
-  if (in_flight_ == 0) idle_cv_.notify_all();
+  if (in_flight_ == 0) {
+    idle_cv_.notify_all();
+    // The automatic spin: the thread wakes now, off the reply's path, and busy-polls for the
+    // next request.
+    if (spin_.automatic() && spin_.Budget() > std::chrono::steady_clock::duration::zero()) {
+      Poke(wake_fd_);
+    }
+  }
 }
 
 // ---------------------------------------------------------------- the server

@@ -7,7 +7,10 @@
 // within 2 ms (steps back to back, a fast inner loop) finds the thread awake, which saves it a
 // thread wake-up per request (tens of microseconds on a VM); one that comes back every 10 ms (a
 // training loop's step) costs no CPU. The client's automatic busy-poll of replies follows the
-// same rule (client/cpp/fast_socket.h, fp4q._fast_socket).
+// same rule (client/cpp/fast_socket.h, fp4q._fast_socket). Never on a machine of fewer than
+// kAutoMinThreads hardware threads: on the 2-core development VM the spinning threads took the
+// cores the client and fp4qd's own work needed, and a step took 2.5 times as long
+// (bench/results/cpu-step-host.md).
 #ifndef FP4Q_SERVER_SPIN_POLICY_H_
 #define FP4Q_SERVER_SPIN_POLICY_H_
 
@@ -16,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <thread>
 
 #include "absl/time/time.h"
 
@@ -24,9 +28,12 @@ namespace fp4q::server {
 class SpinPolicy {
  public:
   static constexpr absl::Duration kAutoCap = absl::Milliseconds(2);
+  static constexpr int kAutoMinThreads = 8;
 
-  // `fixed`: that long every time; nullopt: automatic.
-  explicit SpinPolicy(std::optional<absl::Duration> fixed) : fixed_(fixed) {}
+  // `fixed`: that long every time; nullopt: automatic, on a machine of `hardware_threads`.
+  explicit SpinPolicy(std::optional<absl::Duration> fixed,
+                      int hardware_threads = static_cast<int>(std::thread::hardware_concurrency()))
+      : fixed_(fixed), auto_allowed_(hardware_threads >= kAutoMinThreads) {}
 
   bool automatic() const { return !fixed_.has_value(); }
 
@@ -42,6 +49,7 @@ class SpinPolicy {
   // How long to busy-poll for the next arrival, from now.
   std::chrono::steady_clock::duration Budget() const {
     if (fixed_.has_value()) return absl::ToChronoNanoseconds(*fixed_);
+    if (!auto_allowed_) return std::chrono::steady_clock::duration::zero();
     const int64_t gap = last_gap_.load(std::memory_order_relaxed);
     const auto cap = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         absl::ToChronoNanoseconds(kAutoCap));
@@ -51,6 +59,7 @@ class SpinPolicy {
 
  private:
   const std::optional<absl::Duration> fixed_;
+  const bool auto_allowed_;
   std::atomic<int64_t> last_arrival_{0};  // steady clock ticks; 0: none yet
   std::atomic<int64_t> last_gap_{-1};     // ticks between the last two arrivals; -1: none yet
 };

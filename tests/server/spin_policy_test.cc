@@ -30,7 +30,7 @@ TEST(SpinPolicyTest, FixedSpinsItsTimeWhateverTheArrivals) {
 // Automatic: twice the gap between the last two arrivals while it is at most 2 ms, capped at
 // 2 ms; nothing before two arrivals or after a longer gap.
 TEST(SpinPolicyTest, AutomaticFollowsTheLastGap) {
-  SpinPolicy p(std::nullopt);
+  SpinPolicy p(std::nullopt, /*hardware_threads=*/16);
   EXPECT_TRUE(p.automatic());
   EXPECT_EQ(Us(p.Budget()), microseconds(0)) << "no arrival yet";
   const Clock::time_point t0 = Clock::now();
@@ -46,6 +46,17 @@ TEST(SpinPolicyTest, AutomaticFollowsTheLastGap) {
   EXPECT_EQ(Us(p.Budget()), microseconds(0)) << "a training loop's 10 ms gap: no spin";
   p.Arrived(t0 + microseconds(13800 + 40));
   EXPECT_EQ(Us(p.Budget()), microseconds(80)) << "back to back again";
+}
+
+// Below kAutoMinThreads hardware threads the automatic policy never spins; a fixed one does.
+TEST(SpinPolicyTest, AutomaticNeverSpinsOnASmallMachine) {
+  SpinPolicy p(std::nullopt, /*hardware_threads=*/SpinPolicy::kAutoMinThreads - 1);
+  SpinPolicy fixed(absl::Microseconds(50), /*hardware_threads=*/2);
+  const Clock::time_point t0 = Clock::now();
+  p.Arrived(t0);
+  p.Arrived(t0 + microseconds(100));
+  EXPECT_EQ(Us(p.Budget()), microseconds(0));
+  EXPECT_EQ(Us(fixed.Budget()), microseconds(50));
 }
 
 }  // namespace
