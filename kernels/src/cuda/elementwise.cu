@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cfloat>
+#include <cstdlib>
 
 #include "device_numerics.cuh"
 #include "launch.h"
@@ -341,6 +342,31 @@ int SmCount() {
   }
   cache[dev].store(v, std::memory_order_relaxed);
   return v;
+}
+
+bool StepPdl() {
+  static const bool off = [] {
+    const char* v = std::getenv("FP4Q_STEP_PDL");
+    return v != nullptr && v[0] == '0' && v[1] == '\0';
+  }();
+  if (off) return false;
+  static std::atomic<int> cache[64];  // 0: not asked yet, 1: no, 2: yes
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+    cudaGetLastError();
+    return false;
+  }
+  int v = cache[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    v = major >= 9 ? 2 : 1;
+    cache[dev].store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
 }
 
 uint32_t RhtSignMask(int mode, uint64_t rht_seed) {

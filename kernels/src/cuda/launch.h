@@ -286,6 +286,10 @@ cudaError_t LaunchWgmmaMatmul(const SmallMParams& p, cudaStream_t s);
 
 // Multiprocessors of the current device (cached per device).
 int SmCount();
+// Whether the optimizer step's kernels are launched as programmatic dependent launches on the
+// current device (compute capability 9.0 or later, unless FP4Q_STEP_PDL=0 in the environment,
+// the A/B switch): step_device.cuh StepLaunch.
+bool StepPdl();
 
 // Host helpers shared with the .cc side (defined in device_numerics, usable on the host).
 uint32_t RhtSignMask(int mode /*kRhtDefaultSigns or kRhtSeeded*/, uint64_t rht_seed);

@@ -516,6 +516,7 @@ FP4Q_D void WalkApplyRuns(const StepKernelArgs& a, Run&& run) {
 // common shape take the lean run.
 template <int kOpt, int kSt, bool kSr, bool kTile>
 __global__ void __launch_bounds__(kThreads, 2) StepApplyKernel(const StepKernelArgs a) {
+  StepGridEnter();
   if (a.header->checked != step_ws::kCheckedMagic || a.header->ok != 1) return;
   using R = StepRing<kOpt, kSt>;
   constexpr int kD = R::kDepth;
@@ -600,6 +601,7 @@ FP4Q_D void LeanApplyWork(const StepKernelArgs& a) {
 template <bool kSr>
 __global__ void __launch_bounds__(kThreads, kSr ? 2 : 3)
     StepApplyLeanKernel(const StepKernelArgs a) {
+  StepGridEnter();
   if (a.header->checked != step_ws::kCheckedMagic || a.header->ok != 1) return;
   LeanApplyWork<kSr, false>(a);
 }
@@ -627,6 +629,7 @@ FP4Q_D void OnePassDecideOnce(const StepDecideArgs& d) {
 // SM (three spilled under RTN).
 template <bool kSr>
 __global__ void __launch_bounds__(kThreads, 2) StepApplyOnePassKernel(const StepOnePassArgs a) {
+  StepGridEnter();
   // One read for the CTA (every thread reaches this barrier), so that no warp's full-mask
   // shuffles miss a lane that saw the word otherwise. A cancelled CTA still arrives below.
   const bool cancelled = threadIdx.x == 0 && a.apply.cancel_word != nullptr &&

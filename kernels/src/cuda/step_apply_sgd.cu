@@ -14,6 +14,7 @@ __global__ void ModuleAnchorKernel() {}  // names this file's CUDA module (StepA
 // in the lean run's slot mapping.
 __global__ void __launch_bounds__(step_dev::kThreads) StepRestoreOutputsKernel(const StepKernelArgs a) {
   using namespace step_dev;  // NOLINT
+  StepGridEnter();
   if (a.header->checked == step_ws::kCheckedMagic && a.header->ok == 1) return;
   if (a.header->one_pass_ran != 1) return;  // no apply wrote an output
   const int lane = threadIdx.x & 31;

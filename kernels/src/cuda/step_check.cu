@@ -261,6 +261,7 @@ constexpr int CheckMinCtas() {
 // slots ahead in flight within a run in one item.
 template <bool kCurrent, int kOpt, int kSt>
 __global__ void __launch_bounds__(kThreads, (CheckMinCtas<kCurrent, kOpt>())) StepCheckKernel(const StepKernelArgs a) {
+  StepGridEnter();
   using R = CheckRing<kCurrent, kOpt, kSt>;
   constexpr int kD = R::kDepth;
   // The L2 prefetch (past the ring) serves the current-scaling check of SGD: AdamW's check and
@@ -340,6 +341,7 @@ __global__ void __launch_bounds__(kThreads, (CheckMinCtas<kCurrent, kOpt>())) St
 // LaunchStepInit in 16-byte words: the header's, then [ff_begin, total).
 __global__ void __launch_bounds__(kThreads)
     StepInitKernel(uint4* ws, int64_t ff_begin, int64_t ff_end, int64_t total) {
+  StepGridEnter();
   constexpr int64_t kHeader = sizeof(step_ws::Header) / 16;
   const int64_t n = kHeader + (total - ff_begin);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
@@ -353,10 +355,12 @@ __global__ void __launch_bounds__(kThreads)
 // ---------------------------------------------------------------- decide, finish (step_decide.cuh)
 
 __global__ void __launch_bounds__(kThreads) StepDecideKernel(const StepDecideArgs a) {
+  StepGridEnter();
   DecideBatch(a);
 }
 
 __global__ void __launch_bounds__(kThreads) StepFinishKernel(const StepFinishArgs a) {
+  StepGridEnter();
   if (a.header->checked != step_ws::kCheckedMagic || a.header->ok != 1) return;
   FinishBatch(a);
 }
@@ -414,20 +418,17 @@ cudaError_t LaunchStepInit(void* workspace, size_t ff_begin, size_t ff_end, size
   }
   const int64_t words = static_cast<int64_t>(sizeof(step_ws::Header) + (total - ff_begin)) / 16;
   const int64_t ctas = std::min<int64_t>((words + kThreads - 1) / kThreads, 1024);
-  StepInitKernel<<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(
-      static_cast<uint4*>(workspace), static_cast<int64_t>(ff_begin / 16),
-      static_cast<int64_t>(ff_end / 16), static_cast<int64_t>(total / 16));
-  return cudaGetLastError();
+  return StepLaunch(StepInitKernel, static_cast<unsigned>(ctas), 0, s,
+                    static_cast<uint4*>(workspace), static_cast<int64_t>(ff_begin / 16),
+                    static_cast<int64_t>(ff_end / 16), static_cast<int64_t>(total / 16));
 }
 
 cudaError_t LaunchStepDecide(const StepDecideArgs& a, cudaStream_t s) {
-  StepDecideKernel<<<1, kThreads, 0, s>>>(a);
-  return cudaGetLastError();
+  return StepLaunch(StepDecideKernel, 1, 0, s, a);
 }
 
 cudaError_t LaunchStepFinish(const StepFinishArgs& a, cudaStream_t s) {
-  StepFinishKernel<<<1, kThreads, 0, s>>>(a);
-  return cudaGetLastError();
+  return StepLaunch(StepFinishKernel, 1, 0, s, a);
 }
 
 const void* StepCheckModule() { return reinterpret_cast<const void*>(&StepDecideKernel); }

@@ -46,6 +46,7 @@ FP4Q_D void LeanRun(const LeanItem& c, int64_t k, int64_t k_end, int lane, LeanA
 
 // Warps own contiguous runs of slots (two a warp-unit), as StepCheckKernel does.
 __global__ void __launch_bounds__(kThreads, 3) StepCheckLeanKernel(const StepKernelArgs a) {
+  StepGridEnter();
   const int lane = threadIdx.x & 31;
   const WarpSlots run = WarpSlotsOf(a.total_units);
   int64_t s = run.begin;

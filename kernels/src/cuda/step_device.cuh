@@ -555,6 +555,43 @@ int StepResidentCtas(Kernel k, int smem, std::atomic<int>* cache) {
   return n;
 }
 
+// Programmatic dependent launch (compute capability 9.0+): every step kernel is launched
+// allowed to start while the stream's previous kernel finishes (StepLaunch), and begins here:
+// it waits for that kernel's completion and memory (griddepcontrol.wait) before it reads or
+// writes anything, then lets the stream's next kernel launch (griddepcontrol.launch_dependents),
+// so that a launch and its CTAs' start overlap the previous kernel's last CTAs instead of
+// following them. Both are no-ops in a kernel launched without the attribute, and a kernel
+// after a non-kernel operation (a copy, a stream wait) waits for it as ever.
+FP4Q_D void StepGridEnter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launches step kernel `kernel` (which calls StepGridEnter first) on `ctas` CTAs of kThreads
+// threads with `smem` bytes of dynamic shared memory, as a programmatic dependent launch where
+// the device takes one (StepPdl).
+template <typename... Params, typename... Args>
+cudaError_t StepLaunch(void (*kernel)(Params...), unsigned ctas, int smem, cudaStream_t s,
+                       const Args&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(ctas);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (StepPdl()) {
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  if (e != cudaSuccess) cudaGetLastError();  // not sticky: clear it
+  return e;
+}
+
 // A launch of step kernel `kernel` with `smem` bytes of dynamic shared memory and parameters
 // `args` over `units` warp-units: a warp per warp-unit, at most as many CTAs as the device holds
 // at once (the warps walk the rest, WarpSlotsOf); none when `units` is 0. `resident`: the
@@ -568,8 +605,7 @@ cudaError_t LaunchStepGridOf(Kernel kernel, int smem, std::atomic<int>* resident
   const int64_t cap = static_cast<int64_t>(SmCount()) * per_sm;
   if (ctas > cap) ctas = cap;
   if (ctas == 0) return cudaSuccess;
-  kernel<<<static_cast<unsigned>(ctas), kThreads, smem, s>>>(args);
-  return cudaGetLastError();
+  return StepLaunch(kernel, static_cast<unsigned>(ctas), smem, s, args);
 }
 template <typename Kernel>
 cudaError_t LaunchStepGrid(Kernel kernel, int smem, std::atomic<int>* resident,
