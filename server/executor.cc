@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <utility>
 
 #include "absl/hash/hash.h"
@@ -22,7 +23,9 @@ Executor::Executor(Options options, EngineObserver* observer)
         return options;
       }()),
       observer_(observer),
-      spin_(options_.spin) {
+      spin_(options_.spin, options_.hardware_threads > 0
+                               ? options_.hardware_threads
+                               : static_cast<int>(std::thread::hardware_concurrency())) {
   if (observer_ != nullptr) {
     observer_->QueueCapacity(options_.device, options_.max_queue_depth);
     observer_->QueueDepth(options_.device, 0);
@@ -135,6 +138,9 @@ void Executor::WorkerLoop(kernels::Stream stream) {
 #if defined(__x86_64__)
           __builtin_ia32_pause();
 #endif
+        }
+        if (submitted_.load(std::memory_order_acquire) != seen) {
+          spin_pickups_.fetch_add(1, std::memory_order_relaxed);
         }
         spinning_.store(false);
         lock.lock();

@@ -54,6 +54,8 @@ class Executor {
     // Stream of worker i (not owned; outlives the executor). Missing entries: nullptr.
     std::vector<kernels::Stream> streams;
     std::optional<absl::Duration> spin = absl::ZeroDuration();  // see "Spinning" above
+    // The machine's hardware threads, for the automatic spin (SpinPolicy; 0: the machine's own).
+    int hardware_threads = 0;
   };
   using Work = std::function<void(kernels::Stream)>;
   using Reject = std::function<void(absl::Status)>;
@@ -81,6 +83,8 @@ class Executor {
   // Tasks queued or running.
   int64_t load() const;
   int capacity() const { return options_.max_queue_depth; }
+  // Spins that ended with a task submitted (its worker started it without a wake-up).
+  int64_t spin_pickups() const { return spin_pickups_.load(std::memory_order_relaxed); }
   int threads() const { return options_.threads; }
   const std::string& device() const { return options_.device; }
 
@@ -106,6 +110,7 @@ class Executor {
   std::atomic<uint64_t> submitted_{0};  // tasks ever queued: what a spinning worker watches
   std::atomic<bool> spinning_{false};   // one worker spins at a time
   SpinPolicy spin_;                     // how long it spins
+  std::atomic<int64_t> spin_pickups_{0};
   std::vector<std::thread> workers_;
 };
 
