@@ -141,6 +141,7 @@ void Executor::WorkerLoop(kernels::Stream stream) {
         }
         if (submitted_.load(std::memory_order_acquire) != seen) {
           spin_pickups_.fetch_add(1, std::memory_order_relaxed);
+          if (observer_ != nullptr) observer_->SpinPickup(options_.device);
         }
         spinning_.store(false);
         lock.lock();

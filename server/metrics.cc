@@ -180,6 +180,11 @@ Metrics::Metrics(prometheus::Registry& registry, const std::string& version,
                           .Name("fp4q_queue_rejected_total")
                           .Help("Requests refused with RESOURCE_EXHAUSTED: queue full")
                           .Register(registry)),
+      spin_pickups_(BuildCounter()
+                        .Name("fp4q_worker_spin_pickups_total")
+                        .Help("Requests a busy-polling device worker started without a thread "
+                              "wake-up (--worker_spin_us)")
+                        .Register(registry)),
       queue_wait_(BuildHistogram()
                       .Name("fp4q_queue_wait_seconds")
                       .Help("Time a request waited in a device executor's queue before its "
@@ -302,6 +307,7 @@ Metrics::DeviceSeries& Metrics::Device(absl::string_view device) {
     s->depth = &queue_depth_.Add({{"device", S(device)}});
     s->capacity = &queue_capacity_.Add({{"device", S(device)}});
     s->rejected = &queue_rejected_.Add({{"device", S(device)}});
+    s->spin_pickups = &spin_pickups_.Add({{"device", S(device)}});
     s->wait = &queue_wait_.Add({{"device", S(device)}}, LatencyBuckets());
     it = devices_.emplace(S(device), std::move(s)).first;
   }
@@ -366,6 +372,8 @@ void Metrics::QueueCapacity(absl::string_view device, int64_t capacity) {
   Device(device).capacity->Set(static_cast<double>(capacity));
 }
 void Metrics::QueueRejected(absl::string_view device) { Device(device).rejected->Increment(); }
+
+void Metrics::SpinPickup(absl::string_view device) { Device(device).spin_pickups->Increment(); }
 void Metrics::QueueWait(absl::string_view device, double seconds) {
   Device(device).wait->Observe(seconds);
 }

@@ -49,6 +49,7 @@ class Metrics final : public EngineObserver {
   void QueueDepth(absl::string_view device, int64_t depth) override;
   void QueueCapacity(absl::string_view device, int64_t capacity) override;
   void QueueRejected(absl::string_view device) override;
+  void SpinPickup(absl::string_view device) override;
   void QueueWait(absl::string_view device, double seconds) override;
   void Sessions(int64_t open) override;
   void CudaRegions(int64_t registered) override;
@@ -75,6 +76,7 @@ class Metrics final : public EngineObserver {
     prometheus::Gauge* depth = nullptr;
     prometheus::Gauge* capacity = nullptr;
     prometheus::Counter* rejected = nullptr;
+    prometheus::Counter* spin_pickups = nullptr;
     prometheus::Histogram* wait = nullptr;
     prometheus::Counter* kernels = nullptr;
     prometheus::Counter* kernel_seconds = nullptr;
@@ -99,6 +101,7 @@ class Metrics final : public EngineObserver {
   prometheus::Family<prometheus::Gauge>& queue_depth_;
   prometheus::Family<prometheus::Gauge>& queue_capacity_;
   prometheus::Family<prometheus::Counter>& queue_rejected_;
+  prometheus::Family<prometheus::Counter>& spin_pickups_;
   prometheus::Family<prometheus::Histogram>& queue_wait_;
   prometheus::Gauge& sessions_;
   prometheus::Gauge& fast_socket_connections_;

@@ -33,6 +33,8 @@ class EngineObserver {
   virtual void QueueRejected(absl::string_view /*device*/) {}
   // A request waited `seconds` in the device's executor queue before its work started.
   virtual void QueueWait(absl::string_view /*device*/, double /*seconds*/) {}
+  // A busy-polling worker of the device picked up a request without a thread wake-up.
+  virtual void SpinPickup(absl::string_view /*device*/) {}
   // Sessions and CUDA IPC.
   virtual void Sessions(int64_t /*open*/) {}
   virtual void CudaRegions(int64_t /*registered*/) {}

@@ -265,6 +265,32 @@ TEST(E2eMetricsTest, OnePassStepsCountedByOutcome) {
   EXPECT_EQ(Metric(*text, "fp4q_step_one_pass_total", {{"outcome", "memory"}}), 0);
 }
 
+// A busy-polling worker (a fixed --worker_spin_us: the automatic spin never runs on the CPU
+// backend) picks up the calls of a client that comes straight back, and counts them.
+TEST(E2eMetricsTest, SpinPickupsCounted) {
+  auto server = ServerProcess::Start({"--workers=1", "--worker_spin_us=200000"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = (*server)->Stub();
+  constexpr int kCalls = 10;
+  for (int i = 0; i < kCalls; ++i) {
+    v1::QuantizeRequest q;
+    *q.mutable_input() = InlineTensor(RandomF32(4 * 32, 40 + i), 4, 32);
+    v1::QuantizeReply rep;
+    auto ctx = Context();
+    ASSERT_TRUE(stub->Quantize(ctx.get(), q, &rep).ok());
+    // Long enough for the worker to be back in its spin (a call that arrives while the worker
+    // is still finishing the last one is queued and taken without a spin: not counted).
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  auto text = HttpGet((*server)->metrics_address(), "/metrics");
+  ASSERT_TRUE(text.ok());
+  // Each call arrives within the worker's 200 ms spin (the first too when it comes within 200
+  // ms of fp4qd's start, as its idle worker spins from there).
+  const double picked = Metric(*text, "fp4q_worker_spin_pickups_total", {{"device", "cpu"}});
+  EXPECT_GE(picked, kCalls / 2);
+  EXPECT_LE(picked, kCalls);
+}
+
 TEST(E2eMetricsTest, QueueBoundAnswersResourceExhausted) {
   auto server = ServerProcess::Start({"--workers=1", "--max_queue_depth=1"});
   ASSERT_TRUE(server.ok()) << server.status();
