@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -34,6 +35,7 @@
 #include "server/grpc_service.h"
 #include "server/metrics.h"
 #include "server/request_checks.h"
+#include "server/spin_policy.h"
 #include "server/unix_listener.h"
 
 namespace fp4q::server {
@@ -181,6 +183,20 @@ struct Listeners {
   int metrics_port = 0;
 };
 
+// How an fp4qd thread waits for work, for the start-up log: a flag value of -1 (automatic), 0 or
+// a fixed spin in microseconds.
+std::string SpinDescription(int64_t us, bool cpu_backend) {
+  if (us > 0) return absl::StrCat("busy-polls ", us, " us");
+  if (us == 0) return "sleeps";
+  if (cpu_backend) return "sleeps (automatic: never on the CPU backend)";
+  const int threads = static_cast<int>(std::thread::hardware_concurrency());
+  if (threads < SpinPolicy::kAutoMinThreads) {
+    return absl::StrCat("sleeps (automatic: never below ", SpinPolicy::kAutoMinThreads,
+                        " hardware threads; this machine has ", threads, ")");
+  }
+  return "automatic (busy-polls for a caller back within 2 ms)";
+}
+
 // `cpu_backend`: the devices are the CPU backend's (no automatic spin: its workers need the cores).
 absl::Status StartListeners(const ServerOptions& o, bool cpu_backend, CallLayer* layer,
                             Metrics* metrics, std::shared_ptr<prometheus::Registry> registry,
@@ -247,7 +263,9 @@ absl::Status StartListeners(const ServerOptions& o, bool cpu_backend, CallLayer*
   }
   if (l->fast_socket != nullptr) {
     l->fast_socket->Start();
-    log.Info("listening on the fast socket", {{"path", l->fast_socket->path()}});
+    log.Info("listening on the fast socket",
+             {{"path", l->fast_socket->path()},
+              {"spin", SpinDescription(o.fast_socket_spin_us, cpu_backend)}});
   }
   return absl::OkStatus();
 }
@@ -404,6 +422,11 @@ int RunServer(const ServerOptions& o, Logger& log) {
   if (l.exposer != nullptr) PrintAddress("metrics", HostOf(o.metrics_listen), l.metrics_port);
   log.Info("serving", {{"listen", absl::StrCat(HostOf(o.listen), ":", l.port)},
                        {"backend", backend_kind},
+                       {"worker_spin", SpinDescription(o.engine.worker_spin.has_value()
+                                                           ? absl::ToInt64Microseconds(
+                                                                 *o.engine.worker_spin)
+                                                           : -1,
+                                                       backend_kind == "cpu")},
                        {"version", o.version},
                        {"epoch", absl::StrCat(engine.epoch())}});
 
