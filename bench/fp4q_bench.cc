@@ -2,8 +2,8 @@
 // bf16 GEMM on the GEMM rows' shapes, and the CUDA backend (loaded through CudaModule, called
 // through the public Backend API on a caller stream) for every row of the kernel target table,
 // plus a few informative rows and the trainer's step (GPT-2 small's weights, one 8192x8192
-// weight and the train suite's 16 matrices, beside its bytes floor). Random non-zero data; CUDA events; warm-up; medians; rotating
-// buffer sets larger than the L2 cache.
+// weight and the train suite's 16 matrices, beside its bytes floor). Random non-zero data; CUDA
+// events; warm-up; medians; rotating buffer sets larger than the L2 cache.
 //
 //   fp4q_bench --out results.json [--commit SHA] [--iters N] [--only SUBSTRING]
 //              [--rows-only] [--bf16-block-ctas 3|4] [--step-prefetch N]

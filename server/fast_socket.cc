@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -42,7 +43,14 @@ void Drain(int fd) {
 class FastSocketServer::Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(FastSocketServer* server, int fd, int wake_fd, PeerInfo peer)
-      : server_(server), fd_(fd), wake_fd_(wake_fd), peer_(peer), spin_(server->options_.spin) {}
+      : server_(server),
+        fd_(fd),
+        wake_fd_(wake_fd),
+        peer_(peer),
+        spin_(server->options_.spin,
+              server->options_.hardware_threads > 0
+                  ? server->options_.hardware_threads
+                  : static_cast<int>(std::thread::hardware_concurrency())) {}
   ~Connection() {
     ::close(fd_);
     ::close(wake_fd_);
@@ -115,7 +123,10 @@ void FastSocketServer::Connection::Run(int stop_fd) {
                !server_->stopping_.load());
       if (capped) server_->auto_spinners_.fetch_sub(1);
       if (r == Read::kClosed) break;
-      if (r == Read::kFrame) continue;
+      if (r == Read::kFrame) {
+        server_->spin_pickups_.fetch_add(1);
+        continue;
+      }
     } else if (spin > spin.zero()) {
       server_->auto_spinners_.fetch_sub(1);  // the cap was reached: sleep in poll()
     }

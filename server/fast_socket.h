@@ -63,6 +63,8 @@ struct FastSocketOptions {
   // automatic (spin_policy.h: twice the last gap between two of the connection's frames when it
   // was at most 2 ms), for at most kMaxAutoSpinners connections at a time.
   std::optional<absl::Duration> spin = absl::ZeroDuration();
+  // The machine's hardware threads, for the automatic spin (SpinPolicy; 0: the machine's own).
+  int hardware_threads = 0;
 };
 
 class FastSocketServer {
@@ -86,6 +88,8 @@ class FastSocketServer {
 
   int64_t connections() const { return open_.load(); }
   int64_t refused() const { return refused_.load(); }
+  // Frames a busy-polling connection thread read without a wake-up.
+  int64_t spin_pickups() const { return spin_pickups_.load(); }
   const std::string& path() const { return options_.path; }
 
  private:
@@ -114,6 +118,7 @@ class FastSocketServer {
   std::atomic<int64_t> open_{0};
   std::atomic<int64_t> refused_{0};
   std::atomic<int> auto_spinners_{0};  // connections busy-polling under the automatic spin
+  std::atomic<int64_t> spin_pickups_{0};
   absl::Time last_refusal_log_ = absl::InfinitePast();  // accept thread only
 };
 
