@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Device call 17 (repository root, .bundle carried): run15's A/B again with its output line-
-# buffered and fewer models (call 15's runs timed out with nothing written): fp4q_bench's step
-# rows over 8192 x 8192 and the train suite's 16 matrices, the step kernels as programmatic
-# dependent launches (the default) and plain (FP4Q_STEP_PDL=0), alternating; then the train
+# buffered (call 15's runs timed out with nothing written while fp4q_bench built its inputs on
+# one thread; it uses every core now): fp4q_bench's step rows over GPT-2, 8192 x 8192 and the
+# train suite's 16 matrices, the step kernels as programmatic dependent launches (the default)
+# and plain (FP4Q_STEP_PDL=0), alternating; then the train
 # suite's matrices through fp4qd from C++ as the suite steps them (momentum 0.9 + EF, current
 # scaling). Each only if it fits (room, LIMIT).
 set -uo pipefail
@@ -12,8 +13,8 @@ for r in 1 2; do
   for v in pdl plain; do
     room 100 "bench $v $r" || continue
     env=""; [[ $v == plain ]] && env="FP4Q_STEP_PDL=0"
-    env $env timeout 100 stdbuf -oL $b/bin/fp4q_bench --only step --step-models 8192,train \
-      --iters 60 --out $o/bench-$v-$r.json > $o/bench-$v-$r.txt 2>&1
+    env $env timeout 100 stdbuf -oL $b/bin/fp4q_bench --only step --iters 60 \
+      --out $o/bench-$v-$r.json > $o/bench-$v-$r.txt 2>&1
     echo "bench $v $r rc=$? ($SECONDS s)"; grep -E "^copy|^step" $o/bench-$v-$r.txt
   done
 done
