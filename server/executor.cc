@@ -23,9 +23,7 @@ Executor::Executor(Options options, EngineObserver* observer)
         return options;
       }()),
       observer_(observer),
-      spin_(options_.spin, options_.hardware_threads > 0
-                               ? options_.hardware_threads
-                               : static_cast<int>(std::thread::hardware_concurrency())) {
+      spin_(options_.spin, options_.usable_cpus) {
   if (observer_ != nullptr) {
     observer_->QueueCapacity(options_.device, options_.max_queue_depth);
     observer_->QueueDepth(options_.device, 0);

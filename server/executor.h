@@ -54,8 +54,8 @@ class Executor {
     // Stream of worker i (not owned; outlives the executor). Missing entries: nullptr.
     std::vector<kernels::Stream> streams;
     std::optional<absl::Duration> spin = absl::ZeroDuration();  // see "Spinning" above
-    // The machine's hardware threads, for the automatic spin (SpinPolicy; 0: the machine's own).
-    int hardware_threads = 0;
+    // The CPUs fp4qd may use, for the automatic spin (SpinPolicy; 0: UsableCpus()).
+    int usable_cpus = 0;
   };
   using Work = std::function<void(kernels::Stream)>;
   using Reject = std::function<void(absl::Status)>;

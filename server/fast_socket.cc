@@ -47,10 +47,7 @@ class FastSocketServer::Connection : public std::enable_shared_from_this<Connect
         fd_(fd),
         wake_fd_(wake_fd),
         peer_(peer),
-        spin_(server->options_.spin,
-              server->options_.hardware_threads > 0
-                  ? server->options_.hardware_threads
-                  : static_cast<int>(std::thread::hardware_concurrency())) {}
+        spin_(server->options_.spin, server->options_.usable_cpus) {}
   ~Connection() {
     ::close(fd_);
     ::close(wake_fd_);

@@ -63,8 +63,8 @@ struct FastSocketOptions {
   // automatic (spin_policy.h: twice the last gap between two of the connection's frames when it
   // was at most 2 ms), for at most kMaxAutoSpinners connections at a time.
   std::optional<absl::Duration> spin = absl::ZeroDuration();
-  // The machine's hardware threads, for the automatic spin (SpinPolicy; 0: the machine's own).
-  int hardware_threads = 0;
+  // The CPUs fp4qd may use, for the automatic spin (SpinPolicy; 0: UsableCpus()).
+  int usable_cpus = 0;
 };
 
 class FastSocketServer {

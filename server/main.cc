@@ -50,7 +50,8 @@ ABSL_FLAG(int32_t, fast_socket_spin_us, -1,
           "busy-poll each --fast_socket connection this long before sleeping (lower latency "
           "for a CPU core per busy connection); 0-1000000, or -1: automatic (twice the gap "
           "between the connection's last two requests when it was at most 2 ms, at most 2 "
-          "connections at a time; never on the CPU backend)");
+          "connections at a time; never on the CPU backend or where fp4qd may use fewer than 8 "
+          "CPUs)");
 ABSL_FLAG(int32_t, fast_socket_max_connections, 64, "cap on open --fast_socket connections");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9450",
           "Prometheus /metrics address HOST:PORT; empty disables; port 0 picks one");
@@ -84,7 +85,8 @@ ABSL_FLAG(int32_t, worker_spin_us, -1,
           "an idle device worker busy-polls this long for new work before sleeping (one per "
           "device at a time): saves a thread wake-up per request for a CPU core while requests "
           "keep coming; 0-1000000, or -1: automatic (twice the gap between the device's last "
-          "two requests when it was at most 2 ms; never on the CPU backend)");
+          "two requests when it was at most 2 ms; never on the CPU backend or where fp4qd may "
+          "use fewer than 8 CPUs)");
 ABSL_FLAG(int32_t, step_ready_timeout_ms, 5000,
           "the longest a Step polls its ready signal (the worker's gradients complete) before "
           "refusing with DEADLINE_EXCEEDED, and the wait of a request that names none; the "

@@ -189,10 +189,10 @@ std::string SpinDescription(int64_t us, bool cpu_backend) {
   if (us > 0) return absl::StrCat("busy-polls ", us, " us");
   if (us == 0) return "sleeps";
   if (cpu_backend) return "sleeps (automatic: never on the CPU backend)";
-  const int threads = static_cast<int>(std::thread::hardware_concurrency());
-  if (threads < SpinPolicy::kAutoMinThreads) {
+  const int cpus = UsableCpus();
+  if (cpus < SpinPolicy::kAutoMinThreads) {
     return absl::StrCat("sleeps (automatic: never below ", SpinPolicy::kAutoMinThreads,
-                        " hardware threads; this machine has ", threads, ")");
+                        " usable CPUs; fp4qd may use ", cpus, ")");
   }
   return "automatic (busy-polls for a caller back within 2 ms)";
 }

@@ -7,8 +7,9 @@
 // within 2 ms (steps back to back, a fast inner loop) finds the thread awake, which saves it a
 // thread wake-up per request (tens of microseconds on a VM); one that comes back every 10 ms (a
 // training loop's step) costs no CPU. The client's automatic busy-poll of replies follows the
-// same rule (client/cpp/fast_socket.h, fp4q._fast_socket). Never on a machine of fewer than
-// kAutoMinThreads hardware threads: on the 2-core development VM the spinning threads took the
+// same rule (client/cpp/fast_socket.h, fp4q._fast_socket). Never where fp4qd may use fewer than
+// kAutoMinThreads CPUs (UsableCpus: its affinity mask and its cgroup's CPU quota, as a
+// Kubernetes CPU limit sets it): on the 2-core development VM the spinning threads took the
 // cores the client and fp4qd's own work needed, and a step took 2.5 times as long
 // (bench/results/cpu-step-host.md).
 #ifndef FP4Q_SERVER_SPIN_POLICY_H_
@@ -19,21 +20,29 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
-#include <thread>
+#include <string>
 
 #include "absl/time/time.h"
 
 namespace fp4q::server {
+
+// The CPUs this process may run on: the CPUs of its affinity mask, fewer when its cgroup (v2)
+// sets a CPU quota (cpu.max, rounded up); at least 1.
+int UsableCpus();
+// A cgroup v2 cpu.max ("QUOTA PERIOD", QUOTA "max" for none) as whole CPUs, rounded up; 0 when it
+// sets no quota or does not parse.
+int CpusOfCpuMax(const std::string& cpu_max);
 
 class SpinPolicy {
  public:
   static constexpr absl::Duration kAutoCap = absl::Milliseconds(2);
   static constexpr int kAutoMinThreads = 8;
 
-  // `fixed`: that long every time; nullopt: automatic, on a machine of `hardware_threads`.
-  explicit SpinPolicy(std::optional<absl::Duration> fixed,
-                      int hardware_threads = static_cast<int>(std::thread::hardware_concurrency()))
-      : fixed_(fixed), auto_allowed_(hardware_threads >= kAutoMinThreads) {}
+  // `fixed`: that long every time; nullopt: automatic, where `cpus` CPUs are usable (0: ask
+  // UsableCpus).
+  explicit SpinPolicy(std::optional<absl::Duration> fixed, int cpus = 0)
+      : fixed_(fixed),
+        auto_allowed_(!fixed.has_value() && (cpus > 0 ? cpus : UsableCpus()) >= kAutoMinThreads) {}
 
   bool automatic() const { return !fixed_.has_value(); }
 

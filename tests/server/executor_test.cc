@@ -249,15 +249,15 @@ TEST(ExecutorTest, AWaitingKeyedTaskDoesNotBlockOthers) {
 // Spinning (Options::spin): work submitted while a worker spins, and long after its spin ran
 // out, runs exactly once, same-key order holds, and Shutdown does not wait out a long spin.
 // Fixed at the flag's maximum (1 s), and automatic (spin_policy.h: the submissions below come
-// within 2 ms of each other, so a worker spins between them; the test says the machine has 16
-// hardware threads, so that it does on a small CI machine too).
+// within 2 ms of each other, so a worker spins between them; the test says fp4qd may use 16
+// CPUs, so that it does on a small CI machine too).
 class ExecutorSpinTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(ExecutorSpinTest, SpinningWorkersRunEverythingOnceAndShutDownPromptly) {
   Executor::Options o{"cpu", /*threads=*/3, /*max_queue_depth=*/512};
   if (GetParam()) {
     o.spin = std::nullopt;     // automatic,
-    o.hardware_threads = 16;   // as on a machine where it spins (not below 8 threads)
+    o.usable_cpus = 16;        // as on a machine where it spins (not below 8 CPUs)
   } else {
     o.spin = absl::Seconds(1);  // the maximum the flag allows
   }
@@ -302,7 +302,7 @@ TEST_P(ExecutorSpinTest, SpinningWorkersRunEverythingOnceAndShutDownPromptly) {
 TEST(ExecutorTest, AutomaticSpinPicksUpACallerThatComesBackWithin2Ms) {
   Executor::Options o{"gpu", /*threads=*/2, /*max_queue_depth=*/64};
   o.spin = std::nullopt;
-  o.hardware_threads = 16;
+  o.usable_cpus = 16;
   Executor x(o, nullptr);
   std::atomic<int> ran{0};
   const auto submit_every = [&](std::chrono::microseconds gap, int n) {

@@ -2,7 +2,7 @@
 // backend: the connection thread's automatic spin (spin_policy.h) against a caller that comes
 // back quickly and one that does not. (The end-to-end tests start fp4qd on the CPU backend,
 // where the automatic spin never runs, and on a 2-core CI machine it would not either: here the
-// server is told the machine has 16 hardware threads.)
+// server is told it may use 16 CPUs.)
 #include "server/fast_socket.h"
 
 #include <poll.h>
@@ -83,7 +83,7 @@ TEST(FastSocketServerTest, AutomaticSpinPicksUpACallerThatComesBackWithin2Ms) {
   o.path = absl::StrCat("/tmp/fp4q-fast-spin-", ::getpid(), ".sock");
   o.allowed_uids = {::geteuid()};
   o.spin = std::nullopt;  // automatic
-  o.hardware_threads = 16;
+  o.usable_cpus = 16;
   auto server = FastSocketServer::Create(&layer, nullptr, o, &logger);
   ASSERT_TRUE(server.ok()) << server.status();
   (*server)->Start();

@@ -1,6 +1,7 @@
 #include "server/spin_policy.h"
 
 #include <chrono>
+#include <thread>
 
 #include "gtest/gtest.h"
 
@@ -30,7 +31,7 @@ TEST(SpinPolicyTest, FixedSpinsItsTimeWhateverTheArrivals) {
 // Automatic: twice the gap between the last two arrivals while it is at most 2 ms, capped at
 // 2 ms; nothing before two arrivals or after a longer gap.
 TEST(SpinPolicyTest, AutomaticFollowsTheLastGap) {
-  SpinPolicy p(std::nullopt, /*hardware_threads=*/16);
+  SpinPolicy p(std::nullopt, /*cpus=*/16);
   EXPECT_TRUE(p.automatic());
   EXPECT_EQ(Us(p.Budget()), microseconds(0)) << "no arrival yet";
   const Clock::time_point t0 = Clock::now();
@@ -48,15 +49,35 @@ TEST(SpinPolicyTest, AutomaticFollowsTheLastGap) {
   EXPECT_EQ(Us(p.Budget()), microseconds(80)) << "back to back again";
 }
 
-// Below kAutoMinThreads hardware threads the automatic policy never spins; a fixed one does.
+// Below kAutoMinThreads usable CPUs the automatic policy never spins; a fixed one does.
 TEST(SpinPolicyTest, AutomaticNeverSpinsOnASmallMachine) {
-  SpinPolicy p(std::nullopt, /*hardware_threads=*/SpinPolicy::kAutoMinThreads - 1);
-  SpinPolicy fixed(absl::Microseconds(50), /*hardware_threads=*/2);
+  SpinPolicy p(std::nullopt, /*cpus=*/SpinPolicy::kAutoMinThreads - 1);
+  SpinPolicy fixed(absl::Microseconds(50), /*cpus=*/2);
   const Clock::time_point t0 = Clock::now();
   p.Arrived(t0);
   p.Arrived(t0 + microseconds(100));
   EXPECT_EQ(Us(p.Budget()), microseconds(0));
   EXPECT_EQ(Us(fixed.Budget()), microseconds(50));
+}
+
+// A cgroup's cpu.max as whole CPUs (a Kubernetes CPU limit of 1.5 is "150000 100000").
+TEST(SpinPolicyTest, CpuMaxReadsAsWholeCpus) {
+  EXPECT_EQ(CpusOfCpuMax("max 100000\n"), 0) << "no quota";
+  EXPECT_EQ(CpusOfCpuMax("200000 100000\n"), 2);
+  EXPECT_EQ(CpusOfCpuMax("150000 100000"), 2) << "rounded up";
+  EXPECT_EQ(CpusOfCpuMax("50000 100000"), 1);
+  EXPECT_EQ(CpusOfCpuMax("1600000 100000"), 16);
+  for (const char* bad : {"", "max", "100000", "x 100000", "100000 0", "-5 100000", "10 y"}) {
+    EXPECT_EQ(CpusOfCpuMax(bad), 0) << "'" << bad << "'";
+  }
+}
+
+// This machine's answer: at least one CPU, at most its hardware threads.
+TEST(SpinPolicyTest, UsableCpusIsBetweenOneAndTheHardwareThreads) {
+  const int cpus = UsableCpus();
+  EXPECT_GE(cpus, 1);
+  const unsigned hw = std::thread::hardware_concurrency();
+  if (hw > 0) EXPECT_LE(cpus, static_cast<int>(hw));
 }
 
 }  // namespace
