@@ -330,18 +330,31 @@ cudaError_t LaunchSwizzleScales(const uint8_t* plain, int64_t rows, int64_t scal
   return cudaGetLastError();
 }
 
-int SmCount() {
-  static std::atomic<int> cache[64];
+namespace {
+
+// Positive attribute `attr` of the current device, kept in `cache` (64 entries, one a device);
+// `fallback` when the device or its attribute cannot be asked.
+int CachedDeviceAttribute(cudaDeviceAttr attr, std::atomic<int>* cache, int fallback) {
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+    cudaGetLastError();
+    return fallback;
+  }
   int v = cache[dev].load(std::memory_order_relaxed);
   if (v > 0) return v;
-  if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) {
+  if (cudaDeviceGetAttribute(&v, attr, dev) != cudaSuccess || v <= 0) {
     cudaGetLastError();
-    return 132;
+    return fallback;
   }
   cache[dev].store(v, std::memory_order_relaxed);
   return v;
+}
+
+}  // namespace
+
+int SmCount() {
+  static std::atomic<int> cache[64];
+  return CachedDeviceAttribute(cudaDevAttrMultiProcessorCount, cache, 132);
 }
 
 bool StepPdl() {
@@ -349,24 +362,8 @@ bool StepPdl() {
     const char* v = std::getenv("FP4Q_STEP_PDL");
     return v != nullptr && v[0] == '0' && v[1] == '\0';
   }();
-  if (off) return false;
-  static std::atomic<int> cache[64];  // 0: not asked yet, 1: no, 2: yes
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-    cudaGetLastError();
-    return false;
-  }
-  int v = cache[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    v = major >= 9 ? 2 : 1;
-    cache[dev].store(v, std::memory_order_relaxed);
-  }
-  return v == 2;
+  static std::atomic<int> cache[64];
+  return !off && CachedDeviceAttribute(cudaDevAttrComputeCapabilityMajor, cache, 0) >= 9;
 }
 
 uint32_t RhtSignMask(int mode, uint64_t rht_seed) {
