@@ -372,7 +372,6 @@ void Metrics::QueueCapacity(absl::string_view device, int64_t capacity) {
   Device(device).capacity->Set(static_cast<double>(capacity));
 }
 void Metrics::QueueRejected(absl::string_view device) { Device(device).rejected->Increment(); }
-
 void Metrics::SpinPickup(absl::string_view device) { Device(device).spin_pickups->Increment(); }
 void Metrics::QueueWait(absl::string_view device, double seconds) {
   Device(device).wait->Observe(seconds);

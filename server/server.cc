@@ -183,11 +183,13 @@ struct Listeners {
   int metrics_port = 0;
 };
 
-// How an fp4qd thread waits for work, for the start-up log: a flag value of -1 (automatic), 0 or
-// a fixed spin in microseconds.
-std::string SpinDescription(int64_t us, bool cpu_backend) {
-  if (us > 0) return absl::StrCat("busy-polls ", us, " us");
-  if (us == 0) return "sleeps";
+// How an fp4qd thread waits for work, for the start-up log: `spin` a fixed spin (zero: none), or
+// unset, automatic.
+std::string SpinDescription(std::optional<absl::Duration> spin, bool cpu_backend) {
+  if (spin.has_value() && *spin > absl::ZeroDuration()) {
+    return absl::StrCat("busy-polls ", absl::FormatDuration(*spin));
+  }
+  if (spin.has_value()) return "sleeps";
   if (cpu_backend) return "sleeps (automatic: never on the CPU backend)";
   const int cpus = UsableCpus();
   if (cpus < SpinPolicy::kAutoMinThreads) {
@@ -217,16 +219,17 @@ absl::Status StartListeners(const ServerOptions& o, bool cpu_backend, CallLayer*
     if (!u.ok()) return u.status();
     l->unix_listener = *std::move(u);
   }
+  // The fast socket's spin: -1 is automatic (unset), which never spins on the CPU backend.
+  const std::optional<absl::Duration> fast_spin =
+      o.fast_socket_spin_us >= 0
+          ? std::optional<absl::Duration>(absl::Microseconds(o.fast_socket_spin_us))
+          : std::nullopt;
   if (!o.fast_socket.empty()) {
     FastSocketOptions fo;
     fo.path = o.fast_socket;
     fo.allowed_uids = allowed;
     fo.max_connections = o.fast_socket_max_connections;
-    if (o.fast_socket_spin_us >= 0) {
-      fo.spin = absl::Microseconds(o.fast_socket_spin_us);
-    } else {  // automatic
-      fo.spin = cpu_backend ? std::optional<absl::Duration>(absl::ZeroDuration()) : std::nullopt;
-    }
+    fo.spin = fast_spin.has_value() || !cpu_backend ? fast_spin : absl::ZeroDuration();
     absl::StatusOr<std::unique_ptr<FastSocketServer>> f =
         FastSocketServer::Create(layer, metrics, std::move(fo), &log);
     if (!f.ok()) return f.status();
@@ -265,7 +268,7 @@ absl::Status StartListeners(const ServerOptions& o, bool cpu_backend, CallLayer*
     l->fast_socket->Start();
     log.Info("listening on the fast socket",
              {{"path", l->fast_socket->path()},
-              {"spin", SpinDescription(o.fast_socket_spin_us, cpu_backend)}});
+              {"spin", SpinDescription(fast_spin, cpu_backend)}});
   }
   return absl::OkStatus();
 }
@@ -422,11 +425,8 @@ int RunServer(const ServerOptions& o, Logger& log) {
   if (l.exposer != nullptr) PrintAddress("metrics", HostOf(o.metrics_listen), l.metrics_port);
   log.Info("serving", {{"listen", absl::StrCat(HostOf(o.listen), ":", l.port)},
                        {"backend", backend_kind},
-                       {"worker_spin", SpinDescription(o.engine.worker_spin.has_value()
-                                                           ? absl::ToInt64Microseconds(
-                                                                 *o.engine.worker_spin)
-                                                           : -1,
-                                                       backend_kind == "cpu")},
+                       {"worker_spin",
+                        SpinDescription(o.engine.worker_spin, backend_kind == "cpu")},
                        {"version", o.version},
                        {"epoch", absl::StrCat(engine.epoch())}});
 
