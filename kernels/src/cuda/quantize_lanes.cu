@@ -26,6 +26,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cfloat>
 
 #include "launch.h"
@@ -237,6 +238,21 @@ __global__ void __launch_bounds__(kThreads, 2) QuantizeLanesKernel(const LanePar
 
 // ---------------------------------------------------------------- one block per lane
 
+// Blocks a lane takes per grid step (each step's loads in flight during the step before): two
+// for bf16 x under 3 CTAs an SM, one where the registers are short (f32 x, 4 CTAs an SM, and
+// stochastic rounding, whose Philox rounds the compiler interleaves across blocks).
+template <typename In, bool kSr, int kCtas>
+constexpr int BlocksPerStep() {
+  return (sizeof(In) == 2 && kCtas < 4 && !kSr) ? 2 : 1;
+}
+
+// Whether ForLaneBlocks unrolls over two register sets: not where the registers are short
+// (f32 x, or 4 CTAs an SM, under stochastic rounding: the copy costs less than the spills).
+template <typename In, bool kSr, int kCtas>
+constexpr bool PingPong() {
+  return !(kSr && (sizeof(In) == 4 || kCtas == 4));
+}
+
 template <typename In>
 struct Block16 {
   uint4 x[sizeof(In) == 2 ? 2 : 4];
@@ -256,12 +272,186 @@ FP4Q_D void WidenBlock(const Block16<In>& b, float* v) {
   WidenWords<In>(b.x, sizeof(In) == 2 ? 2 : 4, v);
 }
 
-// Quantize and QDQ without error feedback, and their amax-only pass: lane l of a warp owns
-// block 32 * u + l of each step (kU blocks a lane per step, the next step's loads in flight).
+// Max of |element| over a bf16 block's 16 elements from its packed words: 7 two-lane maxima of
+// magnitudes (max.xorsign.abs: the magnitude of the larger, a sign nobody reads) and one f32
+// max of the two halves, where 16 f32 maxima were needed. kNaN: a NaN element makes the result
+// NaN (max.NaN); otherwise NaN elements are ignored as fmaxf ignores them (BlockAmax16).
+template <bool kNaN>
+FP4Q_D float Bf16BlockAbsMax(const uint4* w) {
+  uint32_t m[8] = {w[0].x, w[0].y, w[0].z, w[0].w, w[1].x, w[1].y, w[1].z, w[1].w};
+#pragma unroll
+  for (int width = 4; width >= 1; width >>= 1) {
+#pragma unroll
+    for (int i = 0; i < width; ++i) {
+      if constexpr (kNaN) {
+        asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(m[i]) : "r"(m[i]), "r"(m[i + width]));
+      } else {
+        asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(m[i]) : "r"(m[i]), "r"(m[i + width]));
+      }
+    }
+  }
+  const float lo = fabsf(Bf16Lo(m[0]));
+  const float hi = fabsf(Bf16Hi(m[0]));
+  if constexpr (kNaN) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(lo), "f"(hi));
+    return r;
+  }
+  return fmaxf(fmaxf(lo, hi), 0.0f);
+}
+
+// A lane's block amax as BlockAmax16 gives it over v (the block widened, after the RHT if any),
+// and whether an element is NaN; from the packed bf16 words where v is the input itself.
+template <typename In, bool kRht>
+FP4Q_D float LaneBlockAmax(const Block16<In>& blk, const float* v, bool* any_nan) {
+  if constexpr (sizeof(In) == 2 && !kRht) {
+    const float m = Bf16BlockAbsMax<true>(blk.x);
+    *any_nan = isnan(m);
+    return *any_nan ? BlockAmax16(v) : m;
+  } else {
+    return BlockAmax16Flagged(v, any_nan);
+  }
+}
+
+// Codes 0x7 without a sign for the NaN elements of a block (Codes8's fix-up, once a block).
+FP4Q_D void ClearNanSigns(const float* v, uint32_t* w0, uint32_t* w1) {
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    if (isnan(v[e])) *(e < 8 ? w0 : w1) &= ~(8u << (4 * (e & 7)));
+  }
+}
+
+// The element multiplier InvScale(E4M3Value(sf), s_dec) of every scale byte a non-negative
+// block amax can round to (E4M3Rn gives 0..0x7E, 0x7F for NaN), built by a CTA's first 128
+// threads: a block then looks its multiplier up instead of decoding its scale and rounding a
+// reciprocal (about 18 instructions a block with the range check of __frcp_rn).
+constexpr int kScaleBytes = 128;
+
+FP4Q_D void BuildInvScaleTable(const UnitCtx& ctx, float* table) {
+  if (threadIdx.x < kScaleBytes) table[threadIdx.x] = InvScale(E4M3Value(threadIdx.x), ctx.g.s_dec);
+  __syncthreads();
+}
+
+// Quantizes lane block b (its 16 elements in `blk`) and stores its codes and scale byte
+// (want_codes) and DQ(x) (p.dq); inv_of_sf from BuildInvScaleTable.
+template <typename In, bool kSr, bool kRht>
+FP4Q_D void QuantizeLaneBlock(const LaneParams& lp, const UnitCtx& ctx, const float* inv_of_sf,
+                              const Block16<In>& blk, uint32_t b, bool want_codes) {
+  const RowParams& p = lp.p;
+  // Groups of four lanes are valid together (the block count is a multiple of 4).
+  const bool valid = b < lp.n_blocks;
+  float v[16];
+  WidenBlock<In>(blk, v);
+  if (kRht) Rht16(v, p.q.rht_signs, sizeof(In) == 2);
+  bool any_nan;
+  const uint32_t sf = E4M3Rn(__fmul_rn(LaneBlockAmax<In, kRht>(blk, v, &any_nan), ctx.g.t));
+  const float inv = inv_of_sf[sf & (kScaleBytes - 1)];
+  uint32_t w0 = Codes8<kSr>(v, inv, ctx, p.q.sr_keys, uint64_t{b} * 2, false);
+  uint32_t w1 = Codes8<kSr>(v + 8, inv, ctx, p.q.sr_keys, uint64_t{b} * 2 + 1, false);
+  if (any_nan) ClearNanSigns(v, &w0, &w1);
+  if (!valid) return;
+  if (want_codes) {
+    reinterpret_cast<uint2*>(p.out.codes)[b] = make_uint2(w0, w1);
+    // One byte a lane: a warp's 32 scale bytes are contiguous in the plain layout (one
+    // 32-byte store) and four runs of 8 in the swizzled one.
+    uint64_t at = b;
+    if (p.out.swizzled) {
+      const uint64_t row = __umul64hi(lp.row_magic, uint64_t{b});
+      at = static_cast<uint64_t>(SwizzleOffset(static_cast<int64_t>(row),
+                                               static_cast<int64_t>(b - row * lp.scale_cols),
+                                               lp.scale_cols / 4));
+    }
+    p.out.scales[at] = static_cast<uint8_t>(sf);
+  }
+  if (p.dq != nullptr) {
+    const float sfv = E4M3Value(sf);
+    float d[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      const uint32_t code = ((e < 8 ? w0 : w1) >> (4 * (e & 7))) & 0xFu;
+      d[e] = __fmul_rn(__fmul_rn(E2M1Value(code), sfv), ctx.g.s_dec);
+    }
+    if (p.dq_dtype == kF32) {
+      float4* q = reinterpret_cast<float4*>(p.dq) + uint64_t{b} * 4;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        q[k] = make_float4(d[4 * k], d[4 * k + 1], d[4 * k + 2], d[4 * k + 3]);
+      }
+    } else {
+      uint4* q = reinterpret_cast<uint4*>(p.dq) + uint64_t{b} * 2;
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        q[k] = make_uint4(PackBf16x2(d[8 * k], d[8 * k + 1]),
+                          PackBf16x2(d[8 * k + 2], d[8 * k + 3]),
+                          PackBf16x2(d[8 * k + 4], d[8 * k + 5]),
+                          PackBf16x2(d[8 * k + 6], d[8 * k + 7]));
+      }
+    }
+  }
+}
+
+// The kU blocks a lane owns in grid step `step`: block (step * kU + u) * 32 + lane.
+template <typename In, int kU>
+FP4Q_D void LoadLaneBlocks(const void* x, uint32_t n_blocks, uint32_t step, int lane,
+                           Block16<In>* out) {
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const uint32_t b = (step * kU + u) * 32 + lane;
+    LoadBlock<In>(x, b, b < n_blocks, &out[u]);
+  }
+}
+
+// Runs body(block, b) over the lane's blocks b of grid steps first, first + stride, ... < steps
+// (kU blocks a lane per step), with each step's loads issued before the step before computes.
+// kPingPong: the loop is unrolled twice over two register sets, so that no copy moves the loaded
+// blocks from one set to the other (16 moves per 32 elements); without it the loaded set is
+// copied, which needs fewer live registers where the body is register-bound.
+template <typename In, int kU, bool kPingPong, typename Body>
+FP4Q_D void ForLaneBlocks(const void* x, uint32_t n_blocks, uint32_t first, uint32_t stride,
+                          uint32_t steps, int lane, Body&& body) {
+  uint32_t step = first;
+  Block16<In> even[kU], odd[kU];
+  if (step < steps) LoadLaneBlocks<In, kU>(x, n_blocks, step, lane, even);
+  while (step < steps) {
+    const uint32_t s1 = step + stride;
+    if (s1 < steps) LoadLaneBlocks<In, kU>(x, n_blocks, s1, lane, odd);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) body(even[u], (step * kU + u) * 32 + lane);
+    if constexpr (kPingPong) {
+      if (s1 >= steps) break;
+      const uint32_t s2 = s1 + stride;
+      if (s2 < steps) LoadLaneBlocks<In, kU>(x, n_blocks, s2, lane, even);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) body(odd[u], (s1 * kU + u) * 32 + lane);
+      step = s2;
+    } else {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) even[u] = odd[u];
+      step = s1;
+    }
+  }
+}
+
+// Max of |element| over lane block `blk` (after the RHT if any), as BlockAmax16 gives it.
+template <typename In, bool kRht>
+FP4Q_D float LaneAbsMax(const LaneParams& lp, const Block16<In>& blk) {
+  if constexpr (sizeof(In) == 2 && !kRht) {
+    return Bf16BlockAbsMax<false>(blk.x);
+  } else {
+    float v[16];
+    WidenBlock<In>(blk, v);
+    if (kRht) Rht16(v, lp.p.q.rht_signs, sizeof(In) == 2);
+    return BlockAmax16(v);
+  }
+}
+
+// Quantize and QDQ without error feedback: lane l of a warp owns block 32 * u + l of each grid
+// step (kU blocks a lane per step). The loop is unrolled twice over two register sets, so that
+// the next step's loads are in flight while a step computes with no copy between the sets.
 // kCtas: CTAs per SM the registers allow (launch bounds); with 4, one block a lane per step.
 template <typename In, bool kSr, bool kRht, int kCtas>
 __global__ void __launch_bounds__(kThreads, kCtas) QuantizeBlocksKernel(const LaneParams lp) {
-  constexpr int kU = (sizeof(In) == 2 && kCtas < 4) ? 2 : 1;
+  constexpr int kU = BlocksPerStep<In, kSr, kCtas>();
   const RowParams& p = lp.p;
   const int lane = threadIdx.x & 31;
   const uint32_t n_blocks = lp.n_blocks;
@@ -269,123 +459,62 @@ __global__ void __launch_bounds__(kThreads, kCtas) QuantizeBlocksKernel(const La
   const uint32_t warps = gridDim.x * (kThreads / 32);
   const uint32_t steps = (n_blocks + 32 * kU - 1) / (32 * kU);
 
-  const bool amax_only = p.amax_out != nullptr;
-  UnitCtx ctx{};
-  if (!amax_only) {
-    float amax;
-    if (lp.fused_amax != nullptr) {
-      // The global amax in this launch (a cooperative one, one wave): every lane reduces its
-      // blocks, then two grid barriers around the atomic max into *fused_amax, which this
-      // launch zeroes itself. Small tensors only (the data is read twice, the second time from
-      // L2), to save the separate reduction's launches.
-      float m = 0.0f;
-      for (uint32_t st = gtid >> 5; st < steps; st += warps) {
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const uint32_t b = (st * kU + u) * 32 + lane;
-          Block16<In> blk;
-          LoadBlock<In>(p.x, b, b < n_blocks, &blk);
-          float v[16];
-          WidenBlock<In>(blk, v);
-          if (kRht) Rht16(v, p.q.rht_signs, sizeof(In) == 2);
-          m = fmaxf(m, BlockAmax16(v));
-        }
-      }
-      cg::grid_group grid = cg::this_grid();
-      if (gtid == 0) *lp.fused_amax = 0.0f;
-      grid.sync();
-      WarpAtomicMax(lp.fused_amax, m);
-      grid.sync();
-      amax = __ldcg(lp.fused_amax);
-    } else {
-      amax = p.out.amax_ptr != nullptr ? *p.out.amax_ptr : p.out.amax_value;
-    }
-    ctx = MakeUnitCtx(p.q, amax);
-    if (gtid == 0 && p.out.global != nullptr) {
-      if (p.out.write_amax) p.out.global[0] = amax;
-      p.out.global[1] = ctx.g.s_enc;
-    }
+  float amax;
+  if (lp.fused_amax != nullptr) {
+    // The global amax in this launch (a cooperative one, one wave): every lane reduces its
+    // blocks, then two grid barriers around the atomic max into *fused_amax, which this
+    // launch zeroes itself. Small tensors only (the data is read twice, the second time from
+    // L2), to save the separate reduction's launches.
+    float m = 0.0f;
+    ForLaneBlocks<In, kU, false>(p.x, n_blocks, gtid >> 5, warps, steps, lane,
+                                 [&](const Block16<In>& blk, uint32_t) {
+                                   m = fmaxf(m, LaneAbsMax<In, kRht>(lp, blk));
+                                 });
+    cg::grid_group grid = cg::this_grid();
+    if (gtid == 0) *lp.fused_amax = 0.0f;
+    grid.sync();
+    WarpAtomicMax(lp.fused_amax, m);
+    grid.sync();
+    amax = __ldcg(lp.fused_amax);
+  } else {
+    amax = p.out.amax_ptr != nullptr ? *p.out.amax_ptr : p.out.amax_value;
   }
-  const bool want_codes = !amax_only && p.out.codes != nullptr;
-  const bool want_dq = !amax_only && p.dq != nullptr;
-  float thread_max = 0.0f;
+  const UnitCtx ctx = MakeUnitCtx(p.q, amax);
+  if (gtid == 0 && p.out.global != nullptr) {
+    if (p.out.write_amax) p.out.global[0] = amax;
+    p.out.global[1] = ctx.g.s_enc;
+  }
+  const bool want_codes = p.out.codes != nullptr;
+  __shared__ float inv_of_sf[kScaleBytes];
+  BuildInvScaleTable(ctx, inv_of_sf);
 
-  uint32_t step = gtid >> 5;  // warp-uniform
-  Block16<In> cur[kU];
-  if (step < steps) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const uint32_t b = (step * kU + u) * 32 + lane;
-      LoadBlock<In>(p.x, b, b < n_blocks, &cur[u]);
-    }
-  }
-  for (; step < steps; step += warps) {
-    const uint32_t next = step + warps;
-    Block16<In> nxt[kU];
-    if (next < steps) {
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const uint32_t b = (next * kU + u) * 32 + lane;
-        LoadBlock<In>(p.x, b, b < n_blocks, &nxt[u]);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const uint32_t b = (step * kU + u) * 32 + lane;
-      // Groups of four lanes are valid together (the block count is a multiple of 4).
-      const bool valid = b < n_blocks;
-      float v[16];
-      WidenBlock<In>(cur[u], v);
-      if (kRht) Rht16(v, p.q.rht_signs, sizeof(In) == 2);
-      if (amax_only) {
-        thread_max = fmaxf(thread_max, BlockAmax16(v));
-        continue;
-      }
-      bool any_nan;
-      const uint32_t sf = E4M3Rn(__fmul_rn(BlockAmax16Flagged(v, &any_nan), ctx.g.t));
-      const float sfv = E4M3Value(sf);
-      const float inv = InvScale(sfv, ctx.g.s_dec);
-      const uint32_t w0 = Codes8<kSr>(v, inv, ctx, p.q.sr_keys, uint64_t{b} * 2, any_nan);
-      const uint32_t w1 = Codes8<kSr>(v + 8, inv, ctx, p.q.sr_keys, uint64_t{b} * 2 + 1, any_nan);
-      if (want_codes && valid) {
-        reinterpret_cast<uint2*>(p.out.codes)[b] = make_uint2(w0, w1);
-        // One byte a lane: a warp's 32 scale bytes are contiguous in the plain layout (one
-        // 32-byte store) and four runs of 8 in the swizzled one.
-        uint64_t at = b;
-        if (p.out.swizzled) {
-          const uint64_t row = __umul64hi(lp.row_magic, uint64_t{b});
-          at = static_cast<uint64_t>(SwizzleOffset(static_cast<int64_t>(row),
-                                                   static_cast<int64_t>(b - row * lp.scale_cols),
-                                                   lp.scale_cols / 4));
-        }
-        p.out.scales[at] = static_cast<uint8_t>(sf);
-      }
-      if (want_dq && valid) {
-        float d[16];
-#pragma unroll
-        for (int e = 0; e < 16; ++e) {
-          const uint32_t code = ((e < 8 ? w0 : w1) >> (4 * (e & 7))) & 0xFu;
-          d[e] = __fmul_rn(__fmul_rn(E2M1Value(code), sfv), ctx.g.s_dec);
-        }
-        if (p.dq_dtype == kF32) {
-          float4* q = reinterpret_cast<float4*>(p.dq) + uint64_t{b} * 4;
-#pragma unroll
-          for (int k = 0; k < 4; ++k) q[k] = make_float4(d[4 * k], d[4 * k + 1], d[4 * k + 2], d[4 * k + 3]);
-        } else {
-          uint4* q = reinterpret_cast<uint4*>(p.dq) + uint64_t{b} * 2;
-#pragma unroll
-          for (int k = 0; k < 2; ++k) {
-            q[k] = make_uint4(PackBf16x2(d[8 * k], d[8 * k + 1]), PackBf16x2(d[8 * k + 2], d[8 * k + 3]),
-                              PackBf16x2(d[8 * k + 4], d[8 * k + 5]),
-                              PackBf16x2(d[8 * k + 6], d[8 * k + 7]));
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) cur[u] = nxt[u];
-  }
-  if (amax_only) WarpAtomicMax(p.amax_out, thread_max);
+  ForLaneBlocks<In, kU, PingPong<In, kSr, kCtas>()>(
+      p.x, n_blocks, gtid >> 5, warps, steps, lane, [&](const Block16<In>& blk, uint32_t b) {
+        QuantizeLaneBlock<In, kSr, kRht>(lp, ctx, inv_of_sf, blk, b, want_codes);
+      });
+}
+
+// The amax-only pass of QuantizeBlocksKernel's requests (the global amax of x, or of its RHT):
+// the same lanes and steps, the block maxima into one atomic max a warp.
+template <typename In, bool kRht, int kCtas>
+__global__ void __launch_bounds__(kThreads, kCtas) BlocksAmaxKernel(const LaneParams lp) {
+  constexpr int kU = BlocksPerStep<In, false, kCtas>();
+  const int lane = threadIdx.x & 31;
+  const uint32_t n_blocks = lp.n_blocks;
+  const uint32_t warps = gridDim.x * (kThreads / 32);
+  const uint32_t steps = (n_blocks + 32 * kU - 1) / (32 * kU);
+  float thread_max = 0.0f;
+  ForLaneBlocks<In, kU, true>(lp.p.x, n_blocks, (blockIdx.x * kThreads + threadIdx.x) >> 5,
+                              warps, steps, lane, [&](const Block16<In>& blk, uint32_t) {
+                                thread_max = fmaxf(thread_max, LaneAbsMax<In, kRht>(lp, blk));
+                              });
+  WarpAtomicMax(lp.p.amax_out, thread_max);
+}
+
+// CTAs for a warp per grid step of kU blocks a lane (before the one-wave cap).
+inline uint64_t LaneStepCtas(uint32_t n_blocks, int k_u) {
+  const uint64_t per_cta = uint64_t{32} * static_cast<uint64_t>(k_u) * (kThreads / 32);
+  return (uint64_t{n_blocks} + per_cta - 1) / per_cta;
 }
 
 // CTAs per SM the kernel reaches (registers), asked once per kernel; the grid is one wave.
@@ -401,12 +530,20 @@ int ResidentCtas(Kernel k) {
 
 template <typename In, bool kSr, bool kRht, int kCtas>
 cudaError_t LaunchBlocksWith(const LaneParams& lp, cudaStream_t s) {
-  constexpr int kU = (sizeof(In) == 2 && kCtas < 4) ? 2 : 1;
-  static const int per_sm = ResidentCtas(QuantizeBlocksKernel<In, kSr, kRht, kCtas>);
+  if (lp.p.amax_out != nullptr) {
+    const uint64_t wanted = LaneStepCtas(lp.n_blocks, BlocksPerStep<In, false, kCtas>());
+    static const int amax_per_sm = ResidentCtas(BlocksAmaxKernel<In, kRht, kCtas>);
+    const uint64_t ctas = std::min(wanted, static_cast<uint64_t>(SmCount()) * amax_per_sm);
+    if (ctas == 0) return cudaSuccess;
+    BlocksAmaxKernel<In, kRht, kCtas><<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(lp);
+    return cudaGetLastError();
+  }
+  constexpr int kU = BlocksPerStep<In, kSr, kCtas>();
   const uint64_t steps = (uint64_t{lp.n_blocks} + 32 * kU - 1) / (32 * kU);
-  uint64_t ctas = (steps + kThreads / 32 - 1) / (kThreads / 32);
+  const uint64_t wanted = LaneStepCtas(lp.n_blocks, kU);
+  static const int per_sm = ResidentCtas(QuantizeBlocksKernel<In, kSr, kRht, kCtas>);
   const uint64_t cap = static_cast<uint64_t>(SmCount()) * per_sm;
-  if (ctas > cap) ctas = cap;
+  const uint64_t ctas = std::min(wanted, cap);
   if (ctas == 0) return cudaSuccess;
   if (lp.fused_amax != nullptr) {
     // Every CTA must be resident at once for the grid barriers: the caller checked that the
