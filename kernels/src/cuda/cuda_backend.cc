@@ -137,11 +137,11 @@ absl::Status CudaBackend::Healthy() const {
 absl::StatusOr<void*> CudaBackend::Allocate(size_t bytes) {
   FP4Q_RETURN_IF_ERROR(Enter());
   void* p = nullptr;
-  const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
+  absl::Status status = FP4Q_CUDA_STATUS(cudaMalloc(&p, bytes == 0 ? 1 : bytes));
   // A failed allocation (out of memory) is also this thread's last error: cleared, or the next
   // launch's cudaGetLastError() check on this thread would report it as its own.
-  if (e != cudaSuccess) cudaGetLastError();
-  FP4Q_RETURN_IF_ERROR(Track(FP4Q_CUDA_STATUS(e)));
+  if (!status.ok()) cudaGetLastError();
+  FP4Q_RETURN_IF_ERROR(Track(std::move(status)));
   return p;
 }
 
