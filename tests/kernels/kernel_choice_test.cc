@@ -25,9 +25,6 @@ TEST(KernelChoiceTest, LaneKernelsTakeNvfp4OneBySixteenMapToSixOnRowsOfSixtyFour
   // Everything else: the general row kernel.
   EXPECT_EQ(ChooseRowKernel(Nv(16, 48), t), RowKernel::kRows);   // cols % 64 != 0
   EXPECT_EQ(ChooseRowKernel(Nv(0, 64), t), RowKernel::kRows);
-  RowPass mx = Nv(64, 64);
-  mx.fmt = kFmtMx;
-  EXPECT_EQ(ChooseRowKernel(mx, t), RowKernel::kRows);
   RowPass tile = Nv(64, 64);
   tile.fmt = kFmtNv16x16;
   EXPECT_EQ(ChooseRowKernel(tile, t), RowKernel::kRows);
@@ -38,6 +35,28 @@ TEST(KernelChoiceTest, LaneKernelsTakeNvfp4OneBySixteenMapToSixOnRowsOfSixtyFour
   EXPECT_EQ(ChooseRowKernel(Nv(int64_t{1} << 20, int64_t{1} << 15), t), RowKernel::kRows);
   EXPECT_EQ(ChooseRowKernel(Nv((int64_t{1} << 20) - 1, int64_t{1} << 15), t),
             RowKernel::kLanesBlocks);
+}
+
+TEST(KernelChoiceTest, MxfpFourTakesTheBlockLanesWithoutErrorFeedback) {
+  const KernelTuning t;
+  RowPass mx = Nv(64, 64);
+  mx.fmt = kFmtMx;
+  EXPECT_EQ(ChooseRowKernel(mx, t), RowKernel::kLanesBlocks);
+  mx.rht = true;
+  EXPECT_EQ(ChooseRowKernel(mx, t), RowKernel::kLanesBlocks);
+  mx.rht = false;
+  mx.scale_sel = kSelMse;  // four-over-six is NVFP4's: the MXFP4 choice ignores it
+  EXPECT_EQ(ChooseRowKernel(mx, t), RowKernel::kLanesBlocks);
+  KernelTuning four;
+  four.bf16_block_ctas = 4;
+  EXPECT_EQ(ChooseRowKernel(mx, four), RowKernel::kLanesBlocksFourCtas);
+  EXPECT_FALSE(FusedAmaxFits(mx, t));  // no global scale to compute
+  RowPass ef = mx;
+  ef.residual = true;  // error feedback: the row kernel
+  EXPECT_EQ(ChooseRowKernel(ef, t), RowKernel::kRows);
+  RowPass odd = Nv(16, 96);
+  odd.fmt = kFmtMx;  // rows of 32 * 3: not a whole number of four-lane groups
+  EXPECT_EQ(ChooseRowKernel(odd, t), RowKernel::kRows);
 }
 
 TEST(KernelChoiceTest, ErrorFeedbackPassesTakeTheResidualLanesAndTheGuardItsOwn) {

@@ -5,7 +5,11 @@ namespace fp4q::kernels::cuda {
 namespace {
 
 bool LanesCover(const RowPass& p) {
-  if (p.fmt != kFmtNv1x16 || p.scale_sel != kSelMapTo6) return false;
+  if (p.fmt == kFmtMx) {
+    if (p.residual || p.amax_only) return false;  // one block a lane pair: Quantize and QDQ
+  } else if (p.fmt != kFmtNv1x16 || p.scale_sel != kSelMapTo6) {
+    return false;
+  }
   if (p.residual && p.rht) return false;
   if (p.rows <= 0 || p.cols <= 0 || p.cols % 64 != 0) return false;
   // Block indices stay below 2^31 (32-bit block arithmetic, the swizzled layout's row division).
@@ -25,7 +29,7 @@ RowKernel ChooseRowKernel(const RowPass& p, const KernelTuning& t) {
 bool FusedAmaxFits(const RowPass& p, const KernelTuning& t) {
   const RowKernel k = ChooseRowKernel(p, t);
   if (k != RowKernel::kLanesBlocks && k != RowKernel::kLanesBlocksFourCtas) return false;
-  return !p.amax_only &&
+  return !p.amax_only && p.fmt != kFmtMx &&  // MXFP4 has no global scale
          static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) <= kFusedAmaxMaxElems;
 }
 

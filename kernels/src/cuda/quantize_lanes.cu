@@ -1,8 +1,8 @@
-// Row-wise NVFP4 1x16 quantization with map-to-6 scales, lane-granular (the fast path of
-// LaunchQuantizeRows): Quantize, QDQ and error feedback, RTN or SR, with or without RHT, and
-// the amax-only pass of those (for error feedback also the guarded one of a FiniteGuard: first
-// non-finite x and v). Other requests (MXFP4, 16x16 tiles, four-over-six, rows whose length is
-// not a multiple of 64) take quantize_rows.cu.
+// Row-wise NVFP4 1x16 quantization with map-to-6 scales, and MXFP4 without error feedback,
+// lane-granular (the fast path of LaunchQuantizeRows): Quantize, QDQ and error feedback, RTN or
+// SR, with or without RHT, and the amax-only pass of those (for error feedback also the guarded
+// one of a FiniteGuard: first non-finite x and v). Other requests (16x16 tiles, four-over-six,
+// MXFP4 with error feedback, rows whose length is not a multiple of 64) take quantize_rows.cu.
 //
 // The tensor is seen as one flat sequence of granules (a row's length is a multiple of 64, so
 // no 16-element block and no group of four blocks crosses a row); lane l of a warp owns granule
@@ -48,6 +48,9 @@ struct LaneParams {
   float* fused_amax = nullptr;
   uint64_t row_magic = 0;  // floor((2^64 - 1) / scale_cols) + 1: block -> row (swizzled)
   uint32_t scale_cols = 0;
+  // The RHT's signs (q.rht_signs) as sign bits of packed bf16 pairs: word k flips elements 2k
+  // (bit 15) and 2k + 1 (bit 31) of a block.
+  uint32_t rht_sign_words[8] = {};
 };
 
 // Granules per lane per step: 4 for bf16 x; 2 when each granule is 32 bytes of f32 x or carries
@@ -247,10 +250,11 @@ constexpr int BlocksPerStep() {
 }
 
 // Whether ForLaneBlocks unrolls over two register sets: not where the registers are short
-// (f32 x, or 4 CTAs an SM, under stochastic rounding: the copy costs less than the spills).
-template <typename In, bool kSr, int kCtas>
+// under stochastic rounding (4 CTAs an SM, or f32 x with the RHT: ptxas spills there, and the
+// copy costs less than the spills).
+template <typename In, bool kSr, bool kRht, int kCtas>
 constexpr bool PingPong() {
-  return !(kSr && (sizeof(In) == 4 || kCtas == 4));
+  return !(kSr && (kCtas == 4 || (sizeof(In) == 4 && kRht)));
 }
 
 template <typename In>
@@ -277,8 +281,10 @@ FP4Q_D void WidenBlock(const Block16<In>& b, float* v) {
 // max of the two halves, where 16 f32 maxima were needed. kNaN: a NaN element makes the result
 // NaN (max.NaN); otherwise NaN elements are ignored as fmaxf ignores them (BlockAmax16).
 template <bool kNaN>
-FP4Q_D float Bf16BlockAbsMax(const uint4* w) {
-  uint32_t m[8] = {w[0].x, w[0].y, w[0].z, w[0].w, w[1].x, w[1].y, w[1].z, w[1].w};
+FP4Q_D float Bf16BlockAbsMax(const uint32_t* w) {
+  uint32_t m[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m[i] = w[i];
 #pragma unroll
   for (int width = 4; width >= 1; width >>= 1) {
 #pragma unroll
@@ -300,12 +306,45 @@ FP4Q_D float Bf16BlockAbsMax(const uint4* w) {
   return fmaxf(fmaxf(lo, hi), 0.0f);
 }
 
-// A lane's block amax as BlockAmax16 gives it over v (the block widened, after the RHT if any),
-// and whether an element is NaN; from the packed bf16 words where v is the input itself.
+// A lane block's 16 values as the quantizer takes them, in v: x widened, then its RHT if any.
+// For bf16 x also as 8 packed bf16 pairs in `pairs` (the RHT of bf16 x is rounded back to bf16),
+// from which the block amax is taken two elements at a time. The RHT's signs flip the sign bits
+// of the packed input (one XOR for two elements where Rht16 multiplies each by +-1; both exact,
+// and a NaN input gives the canonical NaN out of the butterfly either way).
 template <typename In, bool kRht>
-FP4Q_D float LaneBlockAmax(const Block16<In>& blk, const float* v, bool* any_nan) {
-  if constexpr (sizeof(In) == 2 && !kRht) {
-    const float m = Bf16BlockAbsMax<true>(blk.x);
+FP4Q_D void LaneBlockValues(const LaneParams& lp, const Block16<In>& blk, float* v,
+                            uint32_t* pairs) {
+  if constexpr (sizeof(In) == 2) {
+    const uint32_t x[8] = {blk.x[0].x, blk.x[0].y, blk.x[0].z, blk.x[0].w,
+                           blk.x[1].x, blk.x[1].y, blk.x[1].z, blk.x[1].w};
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t w = kRht ? x[k] ^ lp.rht_sign_words[k] : x[k];
+      v[2 * k] = Bf16Lo(w);
+      v[2 * k + 1] = Bf16Hi(w);
+      pairs[k] = w;
+    }
+    if constexpr (kRht) {
+      Butterfly16(v);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        pairs[k] = PackBf16x2(v[2 * k], v[2 * k + 1]);
+        v[2 * k] = Bf16Lo(pairs[k]);
+        v[2 * k + 1] = Bf16Hi(pairs[k]);
+      }
+    }
+  } else {
+    WidenBlock<In>(blk, v);
+    if (kRht) Rht16(v, lp.p.q.rht_signs, false);
+  }
+}
+
+// A lane's block amax as BlockAmax16 gives it over v (LaneBlockValues), and whether an element
+// is NaN; from the packed pairs for bf16 x.
+template <typename In>
+FP4Q_D float LaneBlockAmax(const float* v, const uint32_t* pairs, bool* any_nan) {
+  if constexpr (sizeof(In) == 2) {
+    const float m = Bf16BlockAbsMax<true>(pairs);
     *any_nan = isnan(m);
     return *any_nan ? BlockAmax16(v) : m;
   } else {
@@ -333,43 +372,60 @@ FP4Q_D void BuildInvScaleTable(const UnitCtx& ctx, float* table) {
 }
 
 // Quantizes lane block b (its 16 elements in `blk`) and stores its codes and scale byte
-// (want_codes) and DQ(x) (p.dq); inv_of_sf from BuildInvScaleTable.
-template <typename In, bool kSr, bool kRht>
+// (want_codes) and DQ(x) (p.dq); inv_of_sf from BuildInvScaleTable (NVFP4). kFmt: kFmtNv1x16,
+// or kFmtMx, where lanes 2m and 2m + 1 hold the halves of one 32-element block: the block amax
+// is one shuffle, and the even lane stores the scale byte. thread_max: the max of |v| over the
+// lane's blocks (MXFP4 records the global amax).
+template <typename In, int kFmt, bool kSr, bool kRht>
 FP4Q_D void QuantizeLaneBlock(const LaneParams& lp, const UnitCtx& ctx, const float* inv_of_sf,
-                              const Block16<In>& blk, uint32_t b, bool want_codes) {
+                              const Block16<In>& blk, uint32_t b, bool want_codes,
+                              float* thread_max) {
+  constexpr bool kMx = kFmt == kFmtMx;
   const RowParams& p = lp.p;
   // Groups of four lanes are valid together (the block count is a multiple of 4).
   const bool valid = b < lp.n_blocks;
   float v[16];
-  WidenBlock<In>(blk, v);
-  if (kRht) Rht16(v, p.q.rht_signs, sizeof(In) == 2);
+  uint32_t pairs[8];
+  LaneBlockValues<In, kRht>(lp, blk, v, pairs);
   bool any_nan;
-  const uint32_t sf = E4M3Rn(__fmul_rn(LaneBlockAmax<In, kRht>(blk, v, &any_nan), ctx.g.t));
-  const float inv = inv_of_sf[sf & (kScaleBytes - 1)];
-  uint32_t w0 = Codes8<kSr>(v, inv, ctx, p.q.sr_keys, uint64_t{b} * 2, false);
-  uint32_t w1 = Codes8<kSr>(v + 8, inv, ctx, p.q.sr_keys, uint64_t{b} * 2 + 1, false);
+  float bamax = LaneBlockAmax<In>(v, pairs, &any_nan);
+  uint32_t sf;
+  float mul;
+  if constexpr (kMx) {
+    *thread_max = fmaxf(*thread_max, bamax);
+    bamax = fmaxf(bamax, __shfl_xor_sync(kFull, bamax, 1));
+    sf = MxScaleByte(bamax, ctx.mx_rule);
+    mul = E8M0Inverse(sf);
+  } else {
+    sf = E4M3Rn(__fmul_rn(bamax, ctx.g.t));
+    mul = inv_of_sf[sf & (kScaleBytes - 1)];
+  }
+  uint32_t w0 = Codes8<kSr>(v, mul, ctx, p.q.sr_keys, uint64_t{b} * 2, false);
+  uint32_t w1 = Codes8<kSr>(v + 8, mul, ctx, p.q.sr_keys, uint64_t{b} * 2 + 1, false);
   if (any_nan) ClearNanSigns(v, &w0, &w1);
   if (!valid) return;
   if (want_codes) {
     reinterpret_cast<uint2*>(p.out.codes)[b] = make_uint2(w0, w1);
-    // One byte a lane: a warp's 32 scale bytes are contiguous in the plain layout (one
-    // 32-byte store) and four runs of 8 in the swizzled one.
-    uint64_t at = b;
+    // One byte a lane (NVFP4) or lane pair (MXFP4): a warp's scale bytes are contiguous in the
+    // plain layout and runs of 8 (NVFP4) or 4 (MXFP4) in the swizzled one.
+    const uint64_t blk_index = kMx ? b >> 1 : b;
+    uint64_t at = blk_index;
     if (p.out.swizzled) {
-      const uint64_t row = __umul64hi(lp.row_magic, uint64_t{b});
-      at = static_cast<uint64_t>(SwizzleOffset(static_cast<int64_t>(row),
-                                               static_cast<int64_t>(b - row * lp.scale_cols),
-                                               lp.scale_cols / 4));
+      const uint64_t row = __umul64hi(lp.row_magic, blk_index);
+      const int64_t col = static_cast<int64_t>(blk_index - row * lp.scale_cols);
+      at = static_cast<uint64_t>(
+          SwizzleOffset(static_cast<int64_t>(row), col, (lp.scale_cols + 3) / 4));
     }
-    p.out.scales[at] = static_cast<uint8_t>(sf);
+    if (!kMx || (b & 1) == 0) p.out.scales[at] = static_cast<uint8_t>(sf);
   }
   if (p.dq != nullptr) {
-    const float sfv = E4M3Value(sf);
+    const float sfv = kMx ? E8M0Value(sf) : E4M3Value(sf);
     float d[16];
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
       const uint32_t code = ((e < 8 ? w0 : w1) >> (4 * (e & 7))) & 0xFu;
-      d[e] = __fmul_rn(__fmul_rn(E2M1Value(code), sfv), ctx.g.s_dec);
+      const float dq = __fmul_rn(E2M1Value(code), sfv);
+      d[e] = kMx ? dq : __fmul_rn(dq, ctx.g.s_dec);
     }
     if (p.dq_dtype == kF32) {
       float4* q = reinterpret_cast<float4*>(p.dq) + uint64_t{b} * 4;
@@ -435,21 +491,18 @@ FP4Q_D void ForLaneBlocks(const void* x, uint32_t n_blocks, uint32_t first, uint
 // Max of |element| over lane block `blk` (after the RHT if any), as BlockAmax16 gives it.
 template <typename In, bool kRht>
 FP4Q_D float LaneAbsMax(const LaneParams& lp, const Block16<In>& blk) {
-  if constexpr (sizeof(In) == 2 && !kRht) {
-    return Bf16BlockAbsMax<false>(blk.x);
-  } else {
-    float v[16];
-    WidenBlock<In>(blk, v);
-    if (kRht) Rht16(v, lp.p.q.rht_signs, sizeof(In) == 2);
-    return BlockAmax16(v);
-  }
+  float v[16];
+  uint32_t pairs[8];
+  LaneBlockValues<In, kRht>(lp, blk, v, pairs);
+  if constexpr (sizeof(In) == 2) return Bf16BlockAbsMax<false>(pairs);
+  return BlockAmax16(v);
 }
 
 // Quantize and QDQ without error feedback: lane l of a warp owns block 32 * u + l of each grid
 // step (kU blocks a lane per step). The loop is unrolled twice over two register sets, so that
 // the next step's loads are in flight while a step computes with no copy between the sets.
 // kCtas: CTAs per SM the registers allow (launch bounds); with 4, one block a lane per step.
-template <typename In, bool kSr, bool kRht, int kCtas>
+template <typename In, int kFmt, bool kSr, bool kRht, int kCtas>
 __global__ void __launch_bounds__(kThreads, kCtas) QuantizeBlocksKernel(const LaneParams lp) {
   constexpr int kU = BlocksPerStep<In, kSr, kCtas>();
   const RowParams& p = lp.p;
@@ -482,16 +535,20 @@ __global__ void __launch_bounds__(kThreads, kCtas) QuantizeBlocksKernel(const La
   const UnitCtx ctx = MakeUnitCtx(p.q, amax);
   if (gtid == 0 && p.out.global != nullptr) {
     if (p.out.write_amax) p.out.global[0] = amax;
-    p.out.global[1] = ctx.g.s_enc;
+    p.out.global[1] = GlobalSecond(kFmt, ctx);
   }
   const bool want_codes = p.out.codes != nullptr;
   __shared__ float inv_of_sf[kScaleBytes];
-  BuildInvScaleTable(ctx, inv_of_sf);
+  if constexpr (kFmt != kFmtMx) BuildInvScaleTable(ctx, inv_of_sf);
+  float thread_max = 0.0f;
 
-  ForLaneBlocks<In, kU, PingPong<In, kSr, kCtas>()>(
+  ForLaneBlocks<In, kU, PingPong<In, kSr, kRht, kCtas>()>(
       p.x, n_blocks, gtid >> 5, warps, steps, lane, [&](const Block16<In>& blk, uint32_t b) {
-        QuantizeLaneBlock<In, kSr, kRht>(lp, ctx, inv_of_sf, blk, b, want_codes);
+        QuantizeLaneBlock<In, kFmt, kSr, kRht>(lp, ctx, inv_of_sf, blk, b, want_codes,
+                                                &thread_max);
       });
+  // MXFP4 records the global amax of what it quantized (zeroed by the caller).
+  if (kFmt == kFmtMx && p.out.global != nullptr) WarpAtomicMax(p.out.global, thread_max);
 }
 
 // The amax-only pass of QuantizeBlocksKernel's requests (the global amax of x, or of its RHT):
@@ -528,7 +585,7 @@ int ResidentCtas(Kernel k) {
   return n;
 }
 
-template <typename In, bool kSr, bool kRht, int kCtas>
+template <typename In, int kFmt, bool kSr, bool kRht, int kCtas>
 cudaError_t LaunchBlocksWith(const LaneParams& lp, cudaStream_t s) {
   if (lp.p.amax_out != nullptr) {
     const uint64_t wanted = LaneStepCtas(lp.n_blocks, BlocksPerStep<In, false, kCtas>());
@@ -541,7 +598,7 @@ cudaError_t LaunchBlocksWith(const LaneParams& lp, cudaStream_t s) {
   constexpr int kU = BlocksPerStep<In, kSr, kCtas>();
   const uint64_t steps = (uint64_t{lp.n_blocks} + 32 * kU - 1) / (32 * kU);
   const uint64_t wanted = LaneStepCtas(lp.n_blocks, kU);
-  static const int per_sm = ResidentCtas(QuantizeBlocksKernel<In, kSr, kRht, kCtas>);
+  static const int per_sm = ResidentCtas(QuantizeBlocksKernel<In, kFmt, kSr, kRht, kCtas>);
   const uint64_t cap = static_cast<uint64_t>(SmCount()) * per_sm;
   const uint64_t ctas = std::min(wanted, cap);
   if (ctas == 0) return cudaSuccess;
@@ -552,21 +609,28 @@ cudaError_t LaunchBlocksWith(const LaneParams& lp, cudaStream_t s) {
     LaneParams copy = lp;
     void* args[] = {&copy};
     const cudaError_t e = cudaLaunchCooperativeKernel(
-        reinterpret_cast<const void*>(&QuantizeBlocksKernel<In, kSr, kRht, kCtas>),
+        reinterpret_cast<const void*>(&QuantizeBlocksKernel<In, kFmt, kSr, kRht, kCtas>),
         dim3(static_cast<unsigned>(ctas)), dim3(kThreads), args, 0, s);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
   }
-  QuantizeBlocksKernel<In, kSr, kRht, kCtas><<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(lp);
+  QuantizeBlocksKernel<In, kFmt, kSr, kRht, kCtas>
+      <<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(lp);
   return cudaGetLastError();
+}
+
+template <typename In, int kFmt, bool kSr, bool kRht>
+cudaError_t LaunchBlocksOf(const LaneParams& lp, bool four_ctas, cudaStream_t s) {
+  if constexpr (sizeof(In) == 2) {
+    if (four_ctas) return LaunchBlocksWith<In, kFmt, kSr, kRht, 4>(lp, s);
+  }
+  return LaunchBlocksWith<In, kFmt, kSr, kRht, 3>(lp, s);
 }
 
 template <typename In, bool kSr, bool kRht>
 cudaError_t LaunchBlocks(const LaneParams& lp, bool four_ctas, cudaStream_t s) {
-  if constexpr (sizeof(In) == 2) {
-    if (four_ctas) return LaunchBlocksWith<In, kSr, kRht, 4>(lp, s);
-  }
-  return LaunchBlocksWith<In, kSr, kRht, 3>(lp, s);
+  if (lp.p.q.fmt == kFmtMx) return LaunchBlocksOf<In, kFmtMx, kSr, kRht>(lp, four_ctas, s);
+  return LaunchBlocksOf<In, kFmtNv1x16, kSr, kRht>(lp, four_ctas, s);
 }
 
 template <typename In, bool kSr, bool kTrack = false>
@@ -611,8 +675,12 @@ LaneParams LaneParamsOf(const RowParams& p) {
   lp.p = p;
   lp.n_gran = static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) / 8;
   lp.n_blocks = static_cast<uint32_t>(lp.n_gran / 2);
-  lp.scale_cols = static_cast<uint32_t>(p.cols / 16);
+  lp.scale_cols = static_cast<uint32_t>(p.cols / (p.q.fmt == kFmtMx ? 32 : 16));
   lp.row_magic = ~uint64_t{0} / lp.scale_cols + 1;
+  for (int k = 0; k < 8; ++k) {
+    const uint32_t signs = p.q.rht_signs >> (2 * k);
+    lp.rht_sign_words[k] = ((signs & 1u) << 15) | ((signs & 2u) << 30);
+  }
   return lp;
 }
 

@@ -260,6 +260,48 @@ TEST_F(LargeQuantizeTest, GridStrideLoopsMatchCpuBitForBit) {
   }
 }
 
+// MXFP4 on rows whose length is a multiple of 64 (the one-block-a-lane kernel, a lane pair per
+// 32-element block): every dtype, scale layout, scale rule, rounding and RHT mode, on a small
+// tensor with special values and on one large enough for several grid steps a warp; the global
+// amax record and the codes and scales bit for bit against the CPU.
+TEST_F(LargeQuantizeTest, MxfpFourOnTheBlockLanesMatchesCpuBitForBit) {
+  int i = 0;
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    for (ScaleLayout layout : {ScaleLayout::kPlain, ScaleLayout::kSwizzled}) {
+      for (MxScaleRule rule : {MxScaleRule::kRceil, MxScaleRule::kFloor}) {
+        for (Rounding rounding : {Rounding::kNearest, Rounding::kStochastic}) {
+          for (RhtMode rht : {RhtMode::kOff, RhtMode::kDefaultSigns, RhtMode::kSeeded}) {
+            ++i;
+            const bool big = i % 3 == 0;
+            const int64_t rows = big ? 1536 : 37, cols = big ? 4096 : 192;
+            auto rng = Rng(9500 + i);
+            QuantizeOptions o;
+            o.format = Format::kMxfp4;
+            o.block = BlockShape::k1x32;
+            o.scale_layout = layout;
+            o.mx_rule = rule;
+            o.rounding = rounding;
+            o.rht = rht;
+            o.seed = (static_cast<uint64_t>(rng()) << 32) | rng();
+            o.step = rng();
+            o.rht_seed = rng();
+            const Dist dist = big ? Dist::kOutliers : (i % 2 ? Dist::kSpecial : Dist::kNormal);
+            DenseInput x = cuda_testing::MakeInput(gpu(), dtype, rows, cols, dist, rng);
+            SCOPED_TRACE(absl::StrCat(i, ": ", rows, "x", cols, " ", cuda_testing::OptionsName(o),
+                                      dtype == DType::kF32 ? " f32" : " bf16"));
+            QuantPair q(gpu(), o.format, o.block, layout, rows, cols);
+            ASSERT_TRUE(cpu().Quantize(x.host_view(), o, nullptr, &q.host, nullptr, nullptr).ok());
+            const absl::Status s =
+                gpu().Quantize(x.dev_view(), o, nullptr, &q.dev, nullptr, nullptr);
+            ASSERT_TRUE(s.ok()) << s;
+            EXPECT_TRUE(q.Matches("mxfp4 lanes"));
+          }
+        }
+      }
+    }
+  }
+}
+
 // Stochastic rounding where it turns: values k/65536 of the way through each grid cell (and one
 // ulp either side), subnormals and grid values, with y = x exactly; Philox's 16 bits land on
 // or next to an element's threshold k about once in 20,000 elements, so 4M elements meet it
