@@ -29,7 +29,8 @@ import sys
 _INS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
 _BRA = re.compile(r"@(!?)(P\d) BRA (0x[0-9a-f]+)")
 # QuantizeBlocksKernel<In, kFmt, kSr, kRht, kCtas> (kFmt: 0 NVFP4 1x16, 2 MXFP4).
-_TEMPLATE = re.compile(r"I(13__nv_bfloat16|f)Li(\d)ELb(\d)ELb(\d)ELi(\d)E")
+# Modules before 09e3e6b had no kFmt (NVFP4 only).
+_TEMPLATE = re.compile(r"I(13__nv_bfloat16|f)(?:Li(\d)E)?Lb(\d)ELb(\d)ELi(\d)E")
 _FORMATS = {"0": "NVFP4", "1": "NVFP4 16x16", "2": "MXFP4"}
 
 
@@ -96,7 +97,7 @@ def describe(name):
     if not m:
         return name
     x = "bf16" if m.group(1) != "f" else "f32"
-    fmt = _FORMATS.get(m.group(2), "format " + m.group(2))
+    fmt = _FORMATS.get(m.group(2) or "0", "format %s" % m.group(2))
     rounding = "SR" if m.group(3) == "1" else "RTN"
     return "%s %s %s%s, %s CTAs/SM" % (fmt, x, rounding, " + RHT" if m.group(4) == "1" else "",
                                        m.group(5))

@@ -92,21 +92,22 @@ FP4Q_D float E2M1RnMagnitude(float y) {
 // (2a is exact; RU(1 + a) <= 2a from 1 up and > 2a below.) Adding 2^22 - 1 - 64 * r16 to K
 // carries into bit 22 exactly when the element rounds up: the code is (K + 2^22 - 1 - 64 r16)
 // >> 22. The word returned is that sum times 4, the code in byte 3 and bits 27-31 zero:
-// 4 * bits(m) + nb, nb = kSrCodeBias - (r16 << 8) from SrNoise. NaN gives code 7.
+// 4 * bits(m) + kSrCodeBias - (r16 << 8), computed as 4 * bits(m) - noise with noise =
+// (r16 << 8) - kSrCodeBias from SrNoise (one IMAD with a negated addend). NaN gives code 7.
 inline constexpr uint32_t kSrCodeBias = 4u * (0x3FFFFFu - 0x3F800000u);  // 0x02FFFFFC (wraps)
-FP4Q_D uint32_t E2M1SrCodeWord(float y, uint32_t nb) {
+FP4Q_D uint32_t E2M1SrCodeWord(float y, uint32_t noise) {
   const float a = fminf(fabsf(y), 6.0f);
   const float m = fmaxf(__fmul_rn(a, 2.0f), __fadd_ru(a, 1.0f));
-  return __float_as_uint(m) * 4u + nb;
+  return __float_as_uint(m) * 4u - noise;
 }
 
-// kSrCodeBias - (r16 << 8) for element e of a Philox group, from the group's words inverted
-// (`nw` = ~w): kSrCodeBias has bytes FC 00 00 02 from the low end, the inverted bits are
-// 0xFFFF - r16, so it is those two bytes in the middle of 0x020000FC (one PRMT).
-inline constexpr uint32_t kSrNoiseFrame = 0x020000FCu;
-static_assert(kSrNoiseFrame + (0xFFFFu << 8) == kSrCodeBias, "SrNoise frame");
-FP4Q_HD uint32_t SrNoise(const uint4& nw, int e) {
-  const uint32_t word = (e >> 1) == 0 ? nw.x : (e >> 1) == 1 ? nw.y : (e >> 1) == 2 ? nw.z : nw.w;
+// (r16 << 8) - kSrCodeBias (mod 2^32) for element e of a Philox group, from the group's words
+// w: -kSrCodeBias is 0xFD000004, bytes 04 00 00 FD from the low end, and r16 << 8 fills the two
+// zero bytes without a carry, so the noise is one PRMT of w into that frame.
+inline constexpr uint32_t kSrNoiseFrame = 0xFD000004u;
+static_assert(kSrNoiseFrame + kSrCodeBias == 0u, "SrNoise frame");
+FP4Q_HD uint32_t SrNoise(const uint4& w, int e) {
+  const uint32_t word = (e >> 1) == 0 ? w.x : (e >> 1) == 1 ? w.y : (e >> 1) == 2 ? w.z : w.w;
 #ifdef __CUDA_ARCH__
   return __byte_perm(word, kSrNoiseFrame, (e & 1) ? 0x7324 : 0x7104);
 #else

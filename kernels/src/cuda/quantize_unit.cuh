@@ -103,10 +103,7 @@ FP4Q_D uint32_t Codes8(const float* v, float inv, const UnitCtx& c, const Keys& 
                        uint64_t group, bool any_nan) {
   constexpr uint32_t kCodeByte = kSr ? 3u : 0u;
   uint4 r = make_uint4(0u, 0u, 0u, 0u);
-  if (kSr) {
-    r = SrBits(group, keys, c.step);
-    r = make_uint4(~r.x, ~r.y, ~r.z, ~r.w);  // SrNoise's operand (folds into Philox's last XORs)
-  }
+  if (kSr) r = SrBits(group, keys, c.step);
   uint32_t m[8], y[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
