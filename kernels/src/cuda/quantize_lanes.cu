@@ -277,23 +277,36 @@ FP4Q_D void WidenBlock(const Block16<In>& b, float* v) {
 }
 
 // Max of |element| over a bf16 block's 16 elements from its packed words: 7 two-lane maxima of
-// magnitudes (max.xorsign.abs: the magnitude of the larger, a sign nobody reads) and one f32
-// max of the two halves, where 16 f32 maxima were needed. kNaN: a NaN element makes the result
+// magnitudes (max.xorsign.abs: the magnitude of the larger, a sign nobody reads; before sm_86
+// the signs are cleared first) and one f32 max of the two halves, where 16 f32 maxima were
+// needed. kNaN: a NaN element makes the result
 // NaN (max.NaN); otherwise NaN elements are ignored as fmaxf ignores them (BlockAmax16).
 template <bool kNaN>
 FP4Q_D float Bf16BlockAbsMax(const uint32_t* w) {
   uint32_t m[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) m[i] = w[i];
+#if __CUDA_ARCH__ < 860  // no .xorsign.abs before sm_86: clear the signs first
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m[i] &= 0x7FFF7FFFu;
+#endif
 #pragma unroll
   for (int width = 4; width >= 1; width >>= 1) {
 #pragma unroll
     for (int i = 0; i < width; ++i) {
+#if __CUDA_ARCH__ >= 860
       if constexpr (kNaN) {
         asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(m[i]) : "r"(m[i]), "r"(m[i + width]));
       } else {
         asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(m[i]) : "r"(m[i]), "r"(m[i + width]));
       }
+#else
+      if constexpr (kNaN) {
+        asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(m[i]) : "r"(m[i]), "r"(m[i + width]));
+      } else {
+        asm("max.bf16x2 %0, %1, %2;" : "=r"(m[i]) : "r"(m[i]), "r"(m[i + width]));
+      }
+#endif
     }
   }
   const float lo = fabsf(Bf16Lo(m[0]));

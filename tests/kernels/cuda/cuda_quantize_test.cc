@@ -50,8 +50,8 @@ struct Shape {
   int64_t rows, cols;
 };
 const std::vector<Shape>& ShapesFor(int row_mult, int col_mult) {
-  // Row lengths that are multiples of 64 take the lane kernel (quantize_lanes.cu) for 1x16
-  // row-wise output; the others quantize_rows.cu.
+  // Row lengths that are multiples of 64 take the lane kernel (quantize_lanes.cu) for 1x16 and
+  // MXFP4 row-wise output without four-over-six; the others quantize_rows.cu.
   static const std::vector<Shape> nv_any = {{1, 16},    {7, 48},   {3, 400},   {217, 256},
                                             {33, 144},  {130, 528}, {5, 4096}, {64, 80},
                                             {1, 64},    {3, 192},  {130, 320}, {9, 1088},
@@ -295,6 +295,49 @@ TEST_F(LargeQuantizeTest, MxfpFourOnTheBlockLanesMatchesCpuBitForBit) {
                 gpu().Quantize(x.dev_view(), o, nullptr, &q.dev, nullptr, nullptr);
             ASSERT_TRUE(s.ok()) << s;
             EXPECT_TRUE(q.Matches("mxfp4 lanes"));
+          }
+        }
+      }
+    }
+  }
+}
+
+// NVFP4 16x16 tiles (quantize_rows.cu) on rows a multiple of 64 long: every dtype, scale layout,
+// rounding and RHT mode, with the amax given or computed, on small tensors with special values
+// and on one large enough for several grid steps a warp; bit for bit against the CPU.
+TEST_F(LargeQuantizeTest, SixteenBySixteenTilesMatchCpuBitForBit) {
+  int i = 0;
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    for (ScaleLayout layout : {ScaleLayout::kPlain, ScaleLayout::kSwizzled}) {
+      for (Rounding rounding : {Rounding::kNearest, Rounding::kStochastic}) {
+        for (RhtMode rht : {RhtMode::kOff, RhtMode::kDefaultSigns, RhtMode::kSeeded}) {
+          for (bool has_amax : {false, true}) {
+            ++i;
+            const bool big = i % 4 == 0;
+            const int64_t rows = big ? 1024 : (i % 2 ? 48 : 16), cols = big ? 4096 : 320;
+            auto rng = Rng(9700 + i);
+            QuantizeOptions o;
+            o.block = BlockShape::k16x16;
+            o.scale_layout = layout;
+            o.rounding = rounding;
+            o.rht = rht;
+            o.seed = (static_cast<uint64_t>(rng()) << 32) | rng();
+            o.step = rng();
+            o.rht_seed = rng();
+            const Dist dist = big ? Dist::kOutliers : (i % 3 ? Dist::kSpecial : Dist::kNormal);
+            DenseInput x = cuda_testing::MakeInput(gpu(), dtype, rows, cols, dist, rng);
+            if (has_amax) {
+              o.has_amax = true;
+              o.amax = 4.0f;
+            }
+            SCOPED_TRACE(absl::StrCat(i, ": ", rows, "x", cols, " ", cuda_testing::OptionsName(o),
+                                      dtype == DType::kF32 ? " f32" : " bf16"));
+            QuantPair q(gpu(), o.format, o.block, layout, rows, cols);
+            ASSERT_TRUE(cpu().Quantize(x.host_view(), o, nullptr, &q.host, nullptr, nullptr).ok());
+            const absl::Status s =
+                gpu().Quantize(x.dev_view(), o, nullptr, &q.dev, nullptr, nullptr);
+            ASSERT_TRUE(s.ok()) << s;
+            EXPECT_TRUE(q.Matches("16x16"));
           }
         }
       }
