@@ -188,7 +188,25 @@ INSTANTIATE_TEST_SUITE_P(AllModes, QuantizeTest, ::testing::ValuesIn(AllCases())
 // Tensors large enough that every warp of the row kernels' grid-stride loops runs several
 // iterations (and the register prefetch of the next one), for each mode of the lane kernel and
 // once through quantize_rows.cu (a row length that is not a multiple of 64).
-using LargeQuantizeTest = cuda_testing::CudaTest;
+class LargeQuantizeTest : public cuda_testing::CudaTest {
+ protected:
+  // Quantizes a rows x cols tensor of `dtype` drawn from `dist` with `o` (its seeds drawn from
+  // rng) on both backends; the row-wise outputs must match bit for bit.
+  void ExpectRowwiseMatch(QuantizeOptions o, DType dtype, int64_t rows, int64_t cols, Dist dist,
+                          std::mt19937& rng, const std::string& what) {
+    o.seed = (static_cast<uint64_t>(rng()) << 32) | rng();
+    o.step = rng();
+    o.rht_seed = rng();
+    DenseInput x = cuda_testing::MakeInput(gpu(), dtype, rows, cols, dist, rng);
+    SCOPED_TRACE(absl::StrCat(what, ": ", rows, "x", cols, " ", cuda_testing::OptionsName(o),
+                              dtype == DType::kF32 ? " f32" : " bf16"));
+    QuantPair q(gpu(), o.format, o.block, o.scale_layout, rows, cols);
+    ASSERT_TRUE(cpu().Quantize(x.host_view(), o, nullptr, &q.host, nullptr, nullptr).ok());
+    const absl::Status s = gpu().Quantize(x.dev_view(), o, nullptr, &q.dev, nullptr, nullptr);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(q.Matches(what));
+  }
+};
 
 TEST_F(LargeQuantizeTest, GridStrideLoopsMatchCpuBitForBit) {
   struct Big {
@@ -273,7 +291,6 @@ TEST_F(LargeQuantizeTest, MxfpFourOnTheBlockLanesMatchesCpuBitForBit) {
           for (RhtMode rht : {RhtMode::kOff, RhtMode::kDefaultSigns, RhtMode::kSeeded}) {
             ++i;
             const bool big = i % 3 == 0;
-            const int64_t rows = big ? 1536 : 37, cols = big ? 4096 : 192;
             auto rng = Rng(9500 + i);
             QuantizeOptions o;
             o.format = Format::kMxfp4;
@@ -282,19 +299,9 @@ TEST_F(LargeQuantizeTest, MxfpFourOnTheBlockLanesMatchesCpuBitForBit) {
             o.mx_rule = rule;
             o.rounding = rounding;
             o.rht = rht;
-            o.seed = (static_cast<uint64_t>(rng()) << 32) | rng();
-            o.step = rng();
-            o.rht_seed = rng();
             const Dist dist = big ? Dist::kOutliers : (i % 2 ? Dist::kSpecial : Dist::kNormal);
-            DenseInput x = cuda_testing::MakeInput(gpu(), dtype, rows, cols, dist, rng);
-            SCOPED_TRACE(absl::StrCat(i, ": ", rows, "x", cols, " ", cuda_testing::OptionsName(o),
-                                      dtype == DType::kF32 ? " f32" : " bf16"));
-            QuantPair q(gpu(), o.format, o.block, layout, rows, cols);
-            ASSERT_TRUE(cpu().Quantize(x.host_view(), o, nullptr, &q.host, nullptr, nullptr).ok());
-            const absl::Status s =
-                gpu().Quantize(x.dev_view(), o, nullptr, &q.dev, nullptr, nullptr);
-            ASSERT_TRUE(s.ok()) << s;
-            EXPECT_TRUE(q.Matches("mxfp4 lanes"));
+            ExpectRowwiseMatch(o, dtype, big ? 1536 : 37, big ? 4096 : 192, dist, rng,
+                               absl::StrCat("mxfp4 ", i));
           }
         }
       }
@@ -314,30 +321,19 @@ TEST_F(LargeQuantizeTest, SixteenBySixteenTilesMatchCpuBitForBit) {
           for (bool has_amax : {false, true}) {
             ++i;
             const bool big = i % 4 == 0;
-            const int64_t rows = big ? 1024 : (i % 2 ? 48 : 16), cols = big ? 4096 : 320;
             auto rng = Rng(9700 + i);
             QuantizeOptions o;
             o.block = BlockShape::k16x16;
             o.scale_layout = layout;
             o.rounding = rounding;
             o.rht = rht;
-            o.seed = (static_cast<uint64_t>(rng()) << 32) | rng();
-            o.step = rng();
-            o.rht_seed = rng();
-            const Dist dist = big ? Dist::kOutliers : (i % 3 ? Dist::kSpecial : Dist::kNormal);
-            DenseInput x = cuda_testing::MakeInput(gpu(), dtype, rows, cols, dist, rng);
             if (has_amax) {
               o.has_amax = true;
               o.amax = 4.0f;
             }
-            SCOPED_TRACE(absl::StrCat(i, ": ", rows, "x", cols, " ", cuda_testing::OptionsName(o),
-                                      dtype == DType::kF32 ? " f32" : " bf16"));
-            QuantPair q(gpu(), o.format, o.block, layout, rows, cols);
-            ASSERT_TRUE(cpu().Quantize(x.host_view(), o, nullptr, &q.host, nullptr, nullptr).ok());
-            const absl::Status s =
-                gpu().Quantize(x.dev_view(), o, nullptr, &q.dev, nullptr, nullptr);
-            ASSERT_TRUE(s.ok()) << s;
-            EXPECT_TRUE(q.Matches("16x16"));
+            const Dist dist = big ? Dist::kOutliers : (i % 3 ? Dist::kSpecial : Dist::kNormal);
+            ExpectRowwiseMatch(o, dtype, big ? 1024 : (i % 2 ? 48 : 16), big ? 4096 : 320, dist,
+                               rng, absl::StrCat("16x16 ", i));
           }
         }
       }

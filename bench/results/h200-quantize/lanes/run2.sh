@@ -6,10 +6,12 @@
 #   2. compute-sanitizer memcheck over the lane kernels' large tests and MXFP4's
 #   3. fp4q_bench --only quantize: new, old, new, old
 #   4. Nsight Compute's instruction counts of the SR, RHT + SR and MXFP4 rows, new and old
-# Each only if it fits (room, LIMIT).
+# Each only if it fits (room, LIMIT). run3.sh and run4.sh run this with other settings: ARCHIVE
+# (the archive's name, default q2), MEMCHECK_S (memcheck's limit, default 100), NCU_ROWS (the
+# rows Nsight Compute counts, '|'-separated) and NCU_MODULES ("new old" or "new").
 set -uo pipefail
 source bench/results/h200-step/overlap/env.sh
-archive_on_exit q2
+archive_on_exit ${ARCHIVE:-q2}
 nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee $o/gpu.txt
 echo "commit $FP4Q_COMMIT" | tee -a $o/gpu.txt
 gunzip -f $b/alt/libfp4q_cuda.so.gz
@@ -17,7 +19,8 @@ new=$b/bin/libfp4q_cuda.so; old=$b/alt/libfp4q_cuda.so
 room 180 tests && timeout 180 $b/bin/fp4q_cuda_test > $o/cuda-test.txt 2>&1
 echo "tests rc=$?"; grep -E "^\[ +(FAILED|PASSED|SKIPPED) |tests ran" $o/cuda-test.txt | head -20
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-room 100 memcheck && timeout 100 $cs --tool memcheck $b/bin/fp4q_cuda_test \
+ms=${MEMCHECK_S:-100}
+room $ms memcheck && timeout $ms $cs --tool memcheck $b/bin/fp4q_cuda_test \
   --gtest_filter='LargeQuantizeTest.*:CudaTest.Qdq*' > $o/memcheck.txt 2>&1
 echo "memcheck rc=$?"; grep -E "^\[ +(FAILED|PASSED) |ERROR SUMMARY" $o/memcheck.txt
 for r in 1 2; do
@@ -31,10 +34,11 @@ for r in 1 2; do
 done
 ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 metrics=gpu__time_duration.sum,launch__registers_per_thread,sm__inst_issued.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,smsp__warps_eligible.avg.per_cycle_active,dram__throughput.avg.pct_of_peak_sustained_elapsed
+IFS='|' read -ra rows <<< "${NCU_ROWS:-1x16 SR, amax given|1x16 RHT+SR, amax given|mxfp4 RTN}"
 i=0
-for row in "1x16 SR, amax given" "1x16 RHT+SR, amax given" "mxfp4 RTN"; do
+for row in "${rows[@]}"; do
   i=$((i + 1))
-  for m in new old; do
+  for m in ${NCU_MODULES:-new old}; do
     mod=$new; [[ $m == old ]] && mod=$old
     room 30 "ncu $i $m" || continue
     FP4Q_CUDA_MODULE=$mod timeout 30 $ncu --clock-control none --kernel-name regex:"Quantize" \

@@ -3,6 +3,9 @@
 #   begin NAME [MORE]: $OUT/NAME.tgz gets $o whatever ends the script; then gpu_header MORE
 #   gpu_header [MORE]: the GPU's name, driver and UUID and the commit (and MORE) into $o/gpu.txt
 #   step_tests SECONDS: fp4q_cuda_test's step and one-pass tests into $o/cuda-tests.txt
+#   pdl_bench ROUND SECONDS ORDER...: fp4q_bench's step rows (60 iterations) with the step kernels
+#     as programmatic launches ("pdl") and plain (FP4Q_STEP_PDL=0, "plain"), in ORDER:
+#     $o/bench-{pdl,plain}-ROUND.*
 #   ab_bench ROUND SECONDS ONLY: fp4q_bench --only ONLY with the module under test ("new") and
 #     the one gzipped in $b/alt/ ("old"), each with its own copy row: $o/bench-{new,old}-ROUND.*
 #   start_fp4qd BANDWIDTH: fp4qd on the CUDA backend with its sockets in $d; sets $pid and $S
@@ -28,6 +31,16 @@ step_tests() {
   timeout $1 $b/bin/fp4q_cuda_test --gtest_filter='*OnePass*:*Step*:*LeanSgd*:*Batches*' \
     > $o/cuda-tests.txt 2>&1
   echo "rc=$?" >> $o/cuda-tests.txt; grep -E "^\[ +(FAILED|PASSED|SKIPPED) |rc=" $o/cuda-tests.txt
+}
+pdl_bench() {
+  local round=$1 secs=$2 v env; shift 2
+  for v in "$@"; do
+    room $secs "bench $v $round" || continue
+    env=""; [[ $v == plain ]] && env="FP4Q_STEP_PDL=0"
+    env $env timeout $secs stdbuf -oL $b/bin/fp4q_bench --only step --iters 60 \
+      --out $o/bench-$v-$round.json > $o/bench-$v-$round.txt 2>&1
+    echo "bench $v $round rc=$? ($SECONDS s)"; grep -E "^copy|^step" $o/bench-$v-$round.txt
+  done
 }
 ab_bench() {
   local round=$1 secs=$2 only=$3 m mod

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call 19 (repository root, .bundle carried): run18's checks of the step kernels as
+# Device call 19 (repository root, .bundle carried): the checks of the step kernels as
 # programmatic dependent launches (compute-sanitizer memcheck and synccheck over the step and
 # one-pass tests, then gpu_ipc_check.py), then one round of run17's A/B: fp4q_bench's step
 # rows (GPT-2, 8192 x 8192, the train suite) with programmatic launches (the default) and plain
@@ -17,10 +17,4 @@ done
 room 90 gpu_ipc_check && timeout 90 python3 tests/python/gpu_ipc_check.py --fp4qd $b/bin/fp4qd \
   --out $o/ipc --steps 100 > $o/gpu_ipc_check.txt 2>&1
 echo "gpu_ipc_check rc=$?"; tail -1 $o/gpu_ipc_check.txt
-for v in pdl plain; do
-  room 90 "bench $v 1" || continue
-  env=""; [[ $v == plain ]] && env="FP4Q_STEP_PDL=0"
-  env $env timeout 90 stdbuf -oL $b/bin/fp4q_bench --only step --iters 60 \
-    --out $o/bench-$v-1.json > $o/bench-$v-1.txt 2>&1
-  echo "bench $v 1 rc=$? ($SECONDS s)"; grep -E "^copy|^step" $o/bench-$v-1.txt
-done
+pdl_bench 1 90 pdl plain

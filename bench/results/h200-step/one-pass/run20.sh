@@ -7,12 +7,6 @@
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
 begin r20 "alt: decide-reads 862419d"
-for v in plain pdl; do
-  room 90 "bench $v 2" || continue
-  env=""; [[ $v == plain ]] && env="FP4Q_STEP_PDL=0"
-  env $env timeout 90 stdbuf -oL $b/bin/fp4q_bench --only step --iters 60 \
-    --out $o/bench-$v-2.json > $o/bench-$v-2.txt 2>&1
-  echo "bench $v 2 rc=$? ($SECONDS s)"; grep -E "^copy|^step" $o/bench-$v-2.txt
-done
+pdl_bench 2 90 plain pdl
 ab_bench dr 90 step
 trainer auto-1
