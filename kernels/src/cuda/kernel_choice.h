@@ -10,10 +10,11 @@
 //                       non-finite x and v; no rounding).
 //   kLanesResidual      quantize_lanes.cu, a lane pair per block with the f32 residual (error
 //                       feedback, QDQ and Quantize).
-//   kLanesBlocks        quantize_lanes.cu, one block a lane (no residual), 3 CTAs per SM.
+//   kLanesBlocks        quantize_lanes.cu, one block a lane (no residual; MXFP4 a lane pair per
+//                       block), 3 CTAs per SM.
 //   kLanesBlocksFourCtas the same for bf16 input at 4 CTAs per SM (KernelTuning).
-// The lane kernels cover NVFP4 1x16 with map-to-6 scales, rows whose length is a multiple of
-// 64, no RHT with a residual, and fewer than 2^31 blocks.
+// The lane kernels cover NVFP4 1x16 with map-to-6 scales and MXFP4 without a residual, rows
+// whose length is a multiple of 64, no RHT with a residual, and fewer than 2^31 blocks.
 #ifndef FP4Q_KERNELS_SRC_CUDA_KERNEL_CHOICE_H_
 #define FP4Q_KERNELS_SRC_CUDA_KERNEL_CHOICE_H_
 
