@@ -8,9 +8,9 @@
 // no 16-element block and no group of four blocks crosses a row); lane l of a warp owns granule
 // 32 * u + l of each step u, so a warp's loads and stores cover contiguous memory (four
 // consecutive blocks of a row have consecutive scale bytes in both layouts). Two granule sizes:
-//   - 16 elements (one NVFP4 block per lane: Quantize and QDQ without error feedback). The
-//     block amax, the RHT and the scale are computed by the lane alone, which stores its scale
-//     byte itself; measured on the H200
+//   - 16 elements (one NVFP4 block per lane, or half an MXFP4 block: Quantize and QDQ without
+//     error feedback). The block amax, the RHT and the scale are computed by the lane alone
+//     (MXFP4: the lane pair, one shuffle), which stores its scale byte itself; measured on the H200
 //     (bench/NOTES.md v5) this needs fewer instructions per element than lane pairs, and these
 //     requests are bound by instruction issue, not by memory.
 //   - 8 elements (a lane pair per block: error feedback). The block amax is a shuffle and
@@ -512,9 +512,9 @@ FP4Q_D float LaneAbsMax(const LaneParams& lp, const Block16<In>& blk) {
 }
 
 // Quantize and QDQ without error feedback: lane l of a warp owns block 32 * u + l of each grid
-// step (kU blocks a lane per step). The loop is unrolled twice over two register sets, so that
-// the next step's loads are in flight while a step computes with no copy between the sets.
-// kCtas: CTAs per SM the registers allow (launch bounds); with 4, one block a lane per step.
+// step (kU blocks a lane per step, BlocksPerStep), the next step's loads in flight while a step
+// computes (ForLaneBlocks; over two register sets where PingPong allows). kFmt: kFmtNv1x16 or
+// kFmtMx. kCtas: CTAs per SM the registers allow (launch bounds).
 template <typename In, int kFmt, bool kSr, bool kRht, int kCtas>
 __global__ void __launch_bounds__(kThreads, kCtas) QuantizeBlocksKernel(const LaneParams lp) {
   constexpr int kU = BlocksPerStep<In, kSr, kCtas>();
