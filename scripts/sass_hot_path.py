@@ -52,8 +52,12 @@ def functions(sass):
 def cold_kind(body):
     """What an optional region does, from its instructions; None when it is common-path work."""
     text = " ".join(body)
-    if "LDG" in text or "STG.E.64" in text or len(body) > 150:
-        return None  # the next step's loads, the codes stores, a whole skipped step
+    if "LDG" in text or "STG.E.64" in text or "STG.E.U16" in text:
+        return None  # the next step's loads, the codes stores
+    if ("STG.E.128" in text or "F2FP.BF16" in text) and "FMNMX" not in text:
+        return "dq"  # DQ(x) of a block or two: decode and store, no rounding
+    if len(body) > 150:
+        return None  # a whole skipped step
     if "FSETP.GTU" in text and "+INF" in text:
         return "nan-codes"
     if re.search(r"FMNMX R\d+, RZ, \|", text) and "NAN" not in text:
@@ -122,8 +126,11 @@ def main():
         hot, cold = hot_path(ins)
         if not hot:
             continue
+        # A codes store: 8 bytes for a block (STG.E.64), or a tile pair's two scale bytes
+        # (STG.E.U16) beside its 16 bytes of codes.
         stores = sum(1 for _, i in hot if re.match(r"(@!?P\d )?STG\.E\.64 ", i))
-        elements = 16 * stores
+        pairs = sum(1 for _, i in hot if re.match(r"(@!?P\d )?STG\.E\.U16 ", i))
+        elements = 16 * stores + 32 * pairs
         mix = collections.Counter(opcode(i) for _, i in hot)
         rows.append({"kernel": describe(name), "mangled": name, "hot_instructions": len(hot),
                      "elements_per_iteration": elements,
