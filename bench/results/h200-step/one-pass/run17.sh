@@ -9,15 +9,7 @@
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
 begin r17
-for r in 1 2; do
-  for v in pdl plain; do
-    room 100 "bench $v $r" || continue
-    env=""; [[ $v == plain ]] && env="FP4Q_STEP_PDL=0"
-    env $env timeout 100 stdbuf -oL $b/bin/fp4q_bench --only step --iters 60 \
-      --out $o/bench-$v-$r.json > $o/bench-$v-$r.txt 2>&1
-    echo "bench $v $r rc=$? ($SECONDS s)"; grep -E "^copy|^step" $o/bench-$v-$r.txt
-  done
-done
+for r in 1 2; do pdl_bench $r 100 pdl plain; done
 copy=$(grep -oP "^copy: .*: \K[0-9]+" $o/bench-pdl-1.txt)
 [[ -z "$copy" || "$copy" == 0 ]] && copy=3000
 start_fp4qd $copy
