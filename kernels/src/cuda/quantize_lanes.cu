@@ -51,6 +51,10 @@ struct LaneParams {
   // The RHT's signs (q.rht_signs) as sign bits of packed bf16 pairs: word k flips elements 2k
   // (bit 15) and 2k + 1 (bit 31) of a block.
   uint32_t rht_sign_words[8] = {};
+  // NVFP4 16x16 (LaneBlockIndex): a warp step covers 16 rows by 2 * kU blocks, units_per_row
+  // steps a row of tiles; unit_magic = floor((2^64 - 1) / units_per_row) + 1.
+  uint32_t units_per_row = 0;
+  uint64_t unit_magic = 0;
 };
 
 // Granules per lane per step: 4 for bf16 x; 2 when each granule is 32 bytes of f32 x or carries
@@ -410,6 +414,7 @@ FP4Q_D void QuantizeLaneBlock(const LaneParams& lp, const UnitCtx& ctx, const fl
     sf = MxScaleByte(bamax, ctx.mx_rule);
     mul = E8M0Inverse(sf);
   } else {
+    if constexpr (kFmt == kFmtNv16x16) bamax = TileMax<0>(bamax);  // the tile's 16 lanes
     sf = E4M3Rn(__fmul_rn(bamax, ctx.g.t));
     mul = inv_of_sf[sf & (kScaleBytes - 1)];
   }
@@ -460,13 +465,30 @@ FP4Q_D void QuantizeLaneBlock(const LaneParams& lp, const UnitCtx& ctx, const fl
 }
 
 // The kU blocks a lane owns in grid step `step`: block (step * kU + u) * 32 + lane.
-template <typename In, int kU>
-FP4Q_D void LoadLaneBlocks(const void* x, uint32_t n_blocks, uint32_t step, int lane,
-                           Block16<In>* out) {
+// The 1x16 block (its index in row-major order, as NVFP4 1x16 numbers them) that `lane` takes
+// as its block u of grid step `step`. kTiles = false: block (step * kU + u) * 32 + lane, so a
+// warp's loads and stores are contiguous. kTiles (NVFP4 16x16): a step is 16 rows of a row of
+// tiles by 2 * kU blocks; lane l takes row l % 16 of tile column 2u + l / 16, so a tile's 16
+// rows are the 16 lanes of a half-warp (its amax is four shuffles) and lanes l and l + 16
+// store adjacent codes and scale bytes of a row.
+template <bool kTiles, int kU>
+FP4Q_D uint32_t LaneBlockIndex(const LaneParams& lp, uint32_t step, int u, int lane) {
+  if constexpr (!kTiles) {
+    return (step * kU + u) * 32 + lane;
+  } else {
+    const uint32_t tile_row = static_cast<uint32_t>(__umul64hi(lp.unit_magic, step));
+    const uint32_t unit_col = step - tile_row * lp.units_per_row;
+    const uint32_t row = tile_row * 16 + (lane & 15);
+    return row * lp.scale_cols + unit_col * (2 * kU) + 2 * u + (lane >> 4);
+  }
+}
+
+template <typename In, int kU, bool kTiles>
+FP4Q_D void LoadLaneBlocks(const LaneParams& lp, uint32_t step, int lane, Block16<In>* out) {
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
-    const uint32_t b = (step * kU + u) * 32 + lane;
-    LoadBlock<In>(x, b, b < n_blocks, &out[u]);
+    const uint32_t b = LaneBlockIndex<kTiles, kU>(lp, step, u, lane);
+    LoadBlock<In>(lp.p.x, b, b < lp.n_blocks, &out[u]);
   }
 }
 
@@ -475,23 +497,23 @@ FP4Q_D void LoadLaneBlocks(const void* x, uint32_t n_blocks, uint32_t step, int 
 // kPingPong: the loop is unrolled twice over two register sets, so that no copy moves the loaded
 // blocks from one set to the other (16 moves per 32 elements); without it the loaded set is
 // copied, which needs fewer live registers where the body is register-bound.
-template <typename In, int kU, bool kPingPong, typename Body>
-FP4Q_D void ForLaneBlocks(const void* x, uint32_t n_blocks, uint32_t first, uint32_t stride,
-                          uint32_t steps, int lane, Body&& body) {
+template <typename In, int kU, bool kTiles, bool kPingPong, typename Body>
+FP4Q_D void ForLaneBlocks(const LaneParams& lp, uint32_t first, uint32_t stride, uint32_t steps,
+                          int lane, Body&& body) {
   uint32_t step = first;
   Block16<In> even[kU], odd[kU];
-  if (step < steps) LoadLaneBlocks<In, kU>(x, n_blocks, step, lane, even);
+  if (step < steps) LoadLaneBlocks<In, kU, kTiles>(lp, step, lane, even);
   while (step < steps) {
     const uint32_t s1 = step + stride;
-    if (s1 < steps) LoadLaneBlocks<In, kU>(x, n_blocks, s1, lane, odd);
+    if (s1 < steps) LoadLaneBlocks<In, kU, kTiles>(lp, s1, lane, odd);
 #pragma unroll
-    for (int u = 0; u < kU; ++u) body(even[u], (step * kU + u) * 32 + lane);
+    for (int u = 0; u < kU; ++u) body(even[u], LaneBlockIndex<kTiles, kU>(lp, step, u, lane));
     if constexpr (kPingPong) {
       if (s1 >= steps) break;
       const uint32_t s2 = s1 + stride;
-      if (s2 < steps) LoadLaneBlocks<In, kU>(x, n_blocks, s2, lane, even);
+      if (s2 < steps) LoadLaneBlocks<In, kU, kTiles>(lp, s2, lane, even);
 #pragma unroll
-      for (int u = 0; u < kU; ++u) body(odd[u], (s1 * kU + u) * 32 + lane);
+      for (int u = 0; u < kU; ++u) body(odd[u], LaneBlockIndex<kTiles, kU>(lp, s1, u, lane));
       step = s2;
     } else {
 #pragma unroll
@@ -518,6 +540,7 @@ FP4Q_D float LaneAbsMax(const LaneParams& lp, const Block16<In>& blk) {
 template <typename In, int kFmt, bool kSr, bool kRht, int kCtas>
 __global__ void __launch_bounds__(kThreads, kCtas) QuantizeBlocksKernel(const LaneParams lp) {
   constexpr int kU = BlocksPerStep<In, kSr, kCtas>();
+  constexpr bool kTiles = kFmt == kFmtNv16x16;
   const RowParams& p = lp.p;
   const int lane = threadIdx.x & 31;
   const uint32_t n_blocks = lp.n_blocks;
@@ -532,8 +555,8 @@ __global__ void __launch_bounds__(kThreads, kCtas) QuantizeBlocksKernel(const La
     // launch zeroes itself. Small tensors only (the data is read twice, the second time from
     // L2), to save the separate reduction's launches.
     float m = 0.0f;
-    ForLaneBlocks<In, kU, false>(p.x, n_blocks, gtid >> 5, warps, steps, lane,
-                                 [&](const Block16<In>& blk, uint32_t) {
+    ForLaneBlocks<In, kU, kTiles, false>(lp, gtid >> 5, warps, steps, lane,
+                                         [&](const Block16<In>& blk, uint32_t) {
                                    m = fmaxf(m, LaneAbsMax<In, kRht>(lp, blk));
                                  });
     cg::grid_group grid = cg::this_grid();
@@ -555,8 +578,8 @@ __global__ void __launch_bounds__(kThreads, kCtas) QuantizeBlocksKernel(const La
   if constexpr (kFmt != kFmtMx) BuildInvScaleTable(ctx, inv_of_sf);
   float thread_max = 0.0f;
 
-  ForLaneBlocks<In, kU, PingPong<In, kSr, kRht, kCtas>()>(
-      p.x, n_blocks, gtid >> 5, warps, steps, lane, [&](const Block16<In>& blk, uint32_t b) {
+  ForLaneBlocks<In, kU, kTiles, PingPong<In, kSr, kRht, kCtas>()>(
+      lp, gtid >> 5, warps, steps, lane, [&](const Block16<In>& blk, uint32_t b) {
         QuantizeLaneBlock<In, kFmt, kSr, kRht>(lp, ctx, inv_of_sf, blk, b, want_codes,
                                                 &thread_max);
       });
@@ -574,8 +597,8 @@ __global__ void __launch_bounds__(kThreads, kCtas) BlocksAmaxKernel(const LanePa
   const uint32_t warps = gridDim.x * (kThreads / 32);
   const uint32_t steps = (n_blocks + 32 * kU - 1) / (32 * kU);
   float thread_max = 0.0f;
-  ForLaneBlocks<In, kU, true>(lp.p.x, n_blocks, (blockIdx.x * kThreads + threadIdx.x) >> 5,
-                              warps, steps, lane, [&](const Block16<In>& blk, uint32_t) {
+  ForLaneBlocks<In, kU, false, true>(lp, (blockIdx.x * kThreads + threadIdx.x) >> 5, warps,
+                                     steps, lane, [&](const Block16<In>& blk, uint32_t) {
                                 thread_max = fmaxf(thread_max, LaneAbsMax<In, kRht>(lp, blk));
                               });
   WarpAtomicMax(lp.p.amax_out, thread_max);
@@ -615,11 +638,15 @@ cudaError_t LaunchBlocksWith(const LaneParams& lp, cudaStream_t s) {
   const uint64_t cap = static_cast<uint64_t>(SmCount()) * per_sm;
   const uint64_t ctas = std::min(wanted, cap);
   if (ctas == 0) return cudaSuccess;
+  LaneParams copy = lp;
+  if constexpr (kFmt == kFmtNv16x16) {  // a step: 16 rows by 32 * kU columns (LaneBlockIndex)
+    copy.units_per_row = static_cast<uint32_t>(lp.p.cols / (32 * kU));
+    copy.unit_magic = ~uint64_t{0} / copy.units_per_row + 1;
+  }
   if (lp.fused_amax != nullptr) {
     // Every CTA must be resident at once for the grid barriers: the caller checked that the
     // tensor needs no more than one wave (FusedAmaxFits), and the launch refuses otherwise.
     if (steps > cap * (kThreads / 32)) return cudaErrorCooperativeLaunchTooLarge;
-    LaneParams copy = lp;
     void* args[] = {&copy};
     const cudaError_t e = cudaLaunchCooperativeKernel(
         reinterpret_cast<const void*>(&QuantizeBlocksKernel<In, kFmt, kSr, kRht, kCtas>),
@@ -628,7 +655,7 @@ cudaError_t LaunchBlocksWith(const LaneParams& lp, cudaStream_t s) {
     return cudaGetLastError();
   }
   QuantizeBlocksKernel<In, kFmt, kSr, kRht, kCtas>
-      <<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(lp);
+      <<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(copy);
   return cudaGetLastError();
 }
 
@@ -643,6 +670,9 @@ cudaError_t LaunchBlocksOf(const LaneParams& lp, bool four_ctas, cudaStream_t s)
 template <typename In, bool kSr, bool kRht>
 cudaError_t LaunchBlocks(const LaneParams& lp, bool four_ctas, cudaStream_t s) {
   if (lp.p.q.fmt == kFmtMx) return LaunchBlocksOf<In, kFmtMx, kSr, kRht>(lp, four_ctas, s);
+  if (lp.p.q.fmt == kFmtNv16x16) {
+    return LaunchBlocksOf<In, kFmtNv16x16, kSr, kRht>(lp, four_ctas, s);
+  }
   return LaunchBlocksOf<In, kFmtNv1x16, kSr, kRht>(lp, four_ctas, s);
 }
 
