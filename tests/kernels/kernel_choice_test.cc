@@ -25,9 +25,6 @@ TEST(KernelChoiceTest, LaneKernelsTakeNvfp4OneBySixteenMapToSixOnRowsOfSixtyFour
   // Everything else: the general row kernel.
   EXPECT_EQ(ChooseRowKernel(Nv(16, 48), t), RowKernel::kRows);   // cols % 64 != 0
   EXPECT_EQ(ChooseRowKernel(Nv(0, 64), t), RowKernel::kRows);
-  RowPass tile = Nv(64, 64);
-  tile.fmt = kFmtNv16x16;
-  EXPECT_EQ(ChooseRowKernel(tile, t), RowKernel::kRows);
   RowPass four = Nv(64, 64);
   four.scale_sel = kSelMse;
   EXPECT_EQ(ChooseRowKernel(four, t), RowKernel::kRows);
@@ -57,6 +54,30 @@ TEST(KernelChoiceTest, MxfpFourTakesTheBlockLanesWithoutErrorFeedback) {
   RowPass odd = Nv(16, 96);
   odd.fmt = kFmtMx;  // rows of 32 * 3: not a whole number of four-lane groups
   EXPECT_EQ(ChooseRowKernel(odd, t), RowKernel::kRows);
+}
+
+TEST(KernelChoiceTest, SixteenBySixteenTilesTakeTheBlockLanesWithMapToSix) {
+  const KernelTuning t;
+  RowPass tile = Nv(64, 64);
+  tile.fmt = kFmtNv16x16;
+  EXPECT_EQ(ChooseRowKernel(tile, t), RowKernel::kLanesBlocks);
+  tile.rht = true;
+  EXPECT_EQ(ChooseRowKernel(tile, t), RowKernel::kLanesBlocks);
+  EXPECT_TRUE(FusedAmaxFits(tile, t));
+  RowPass odd_rows = Nv(40, 64);  // not whole tiles (never asked of the kernels; still refused)
+  odd_rows.fmt = kFmtNv16x16;
+  EXPECT_EQ(ChooseRowKernel(odd_rows, t), RowKernel::kRows);
+  RowPass narrow = Nv(48, 96);  // rows of 96: not a whole number of 64-column steps
+  narrow.fmt = kFmtNv16x16;
+  EXPECT_EQ(ChooseRowKernel(narrow, t), RowKernel::kRows);
+  RowPass four = Nv(64, 64);
+  four.fmt = kFmtNv16x16;
+  four.scale_sel = kSelMae;  // four-over-six sums errors over the tile: the row kernel
+  EXPECT_EQ(ChooseRowKernel(four, t), RowKernel::kRows);
+  RowPass ef = Nv(64, 64);
+  ef.fmt = kFmtNv16x16;
+  ef.residual = true;
+  EXPECT_EQ(ChooseRowKernel(ef, t), RowKernel::kRows);
 }
 
 TEST(KernelChoiceTest, ErrorFeedbackPassesTakeTheResidualLanesAndTheGuardItsOwn) {

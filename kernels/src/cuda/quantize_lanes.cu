@@ -261,6 +261,13 @@ constexpr bool PingPong() {
   return !(kSr && (kCtas == 4 || (sizeof(In) == 4 && kRht)));
 }
 
+// Blocks a lane takes per step of QuantizeBlocksKernel: NVFP4 16x16 always two (adjacent ones
+// of a row, QuantizeTilePair).
+template <typename In, int kFmt, bool kSr, int kCtas>
+constexpr int StepBlocks() {
+  return kFmt == kFmtNv16x16 ? 2 : BlocksPerStep<In, kSr, kCtas>();
+}
+
 template <typename In>
 struct Block16 {
   uint4 x[sizeof(In) == 2 ? 2 : 4];
@@ -388,6 +395,44 @@ FP4Q_D void BuildInvScaleTable(const UnitCtx& ctx, float* table) {
   __syncthreads();
 }
 
+// DQ(x) of block b from its codes and scale byte into p.dq (f32 or bf16).
+template <bool kMx>
+FP4Q_D void StoreBlockDq(const RowParams& p, const UnitCtx& ctx, uint32_t sf, uint32_t w0,
+                         uint32_t w1, uint32_t b) {
+  const float sfv = kMx ? E8M0Value(sf) : E4M3Value(sf);
+  float d[16];
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    const uint32_t code = ((e < 8 ? w0 : w1) >> (4 * (e & 7))) & 0xFu;
+    const float dq = __fmul_rn(E2M1Value(code), sfv);
+    d[e] = kMx ? dq : __fmul_rn(dq, ctx.g.s_dec);
+  }
+  if (p.dq_dtype == kF32) {
+    float4* q = reinterpret_cast<float4*>(p.dq) + uint64_t{b} * 4;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      q[k] = make_float4(d[4 * k], d[4 * k + 1], d[4 * k + 2], d[4 * k + 3]);
+    }
+  } else {
+    uint4* q = reinterpret_cast<uint4*>(p.dq) + uint64_t{b} * 2;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      q[k] = make_uint4(PackBf16x2(d[8 * k], d[8 * k + 1]), PackBf16x2(d[8 * k + 2], d[8 * k + 3]),
+                        PackBf16x2(d[8 * k + 4], d[8 * k + 5]),
+                        PackBf16x2(d[8 * k + 6], d[8 * k + 7]));
+    }
+  }
+}
+
+// Byte offset of block index `blk` (row-major over [rows, scale_cols]) in the scale layout.
+FP4Q_D uint64_t ScaleAt(const LaneParams& lp, uint64_t blk) {
+  if (!lp.p.out.swizzled) return blk;
+  const uint64_t row = __umul64hi(lp.row_magic, blk);
+  const int64_t col = static_cast<int64_t>(blk - row * lp.scale_cols);
+  return static_cast<uint64_t>(
+      SwizzleOffset(static_cast<int64_t>(row), col, (lp.scale_cols + 3) / 4));
+}
+
 // Quantizes lane block b (its 16 elements in `blk`) and stores its codes and scale byte
 // (want_codes) and DQ(x) (p.dq); inv_of_sf from BuildInvScaleTable (NVFP4). kFmt: kFmtNv1x16,
 // or kFmtMx, where lanes 2m and 2m + 1 hold the halves of one 32-element block: the block amax
@@ -414,7 +459,6 @@ FP4Q_D void QuantizeLaneBlock(const LaneParams& lp, const UnitCtx& ctx, const fl
     sf = MxScaleByte(bamax, ctx.mx_rule);
     mul = E8M0Inverse(sf);
   } else {
-    if constexpr (kFmt == kFmtNv16x16) bamax = TileMax<0>(bamax);  // the tile's 16 lanes
     sf = E4M3Rn(__fmul_rn(bamax, ctx.g.t));
     mul = inv_of_sf[sf & (kScaleBytes - 1)];
   }
@@ -426,51 +470,74 @@ FP4Q_D void QuantizeLaneBlock(const LaneParams& lp, const UnitCtx& ctx, const fl
     reinterpret_cast<uint2*>(p.out.codes)[b] = make_uint2(w0, w1);
     // One byte a lane (NVFP4) or lane pair (MXFP4): a warp's scale bytes are contiguous in the
     // plain layout and runs of 8 (NVFP4) or 4 (MXFP4) in the swizzled one.
-    const uint64_t blk_index = kMx ? b >> 1 : b;
-    uint64_t at = blk_index;
-    if (p.out.swizzled) {
-      const uint64_t row = __umul64hi(lp.row_magic, blk_index);
-      const int64_t col = static_cast<int64_t>(blk_index - row * lp.scale_cols);
-      at = static_cast<uint64_t>(
-          SwizzleOffset(static_cast<int64_t>(row), col, (lp.scale_cols + 3) / 4));
-    }
+    const uint64_t at = ScaleAt(lp, kMx ? b >> 1 : b);
     if (!kMx || (b & 1) == 0) p.out.scales[at] = static_cast<uint8_t>(sf);
   }
+  if (p.dq != nullptr) StoreBlockDq<kMx>(p, ctx, sf, w0, w1, b);
+}
+
+// NVFP4 16x16: quantizes a lane's two adjacent blocks b0 and b0 + 1 (one row of tiles 2h and
+// 2h + 1 of its step, LaneBlockIndex) and stores their codes (16 bytes) and scale bytes (two).
+// The 16 rows of a tile are the 16 lanes of one parity, so a tile amax is four shuffles; for bf16
+// x both blocks' amaxes (bf16 values) travel in one word, maxed two at a time.
+template <typename In, bool kSr, bool kRht>
+FP4Q_D void QuantizeTilePair(const LaneParams& lp, const UnitCtx& ctx, const float* inv_of_sf,
+                             const Block16<In>* blk, uint32_t b0, bool want_codes) {
+  const RowParams& p = lp.p;
+  float v[2][16];
+  uint32_t pairs[2][8];
+  bool any_nan[2];
+  float bamax[2];
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    LaneBlockValues<In, kRht>(lp, blk[u], v[u], pairs[u]);
+    bamax[u] = LaneBlockAmax<In>(v[u], pairs[u], &any_nan[u]);
+  }
+  if constexpr (sizeof(In) == 2) {
+    uint32_t w = (__float_as_uint(bamax[0]) >> 16) | (__float_as_uint(bamax[1]) & 0xFFFF0000u);
+#pragma unroll
+    for (int d = 2; d <= 16; d <<= 1) {
+      const uint32_t o = __shfl_xor_sync(kFull, w, d);
+      asm("max.bf16x2 %0, %1, %2;" : "=r"(w) : "r"(w), "r"(o));
+    }
+    bamax[0] = Bf16Lo(w);
+    bamax[1] = Bf16Hi(w);
+  } else {
+#pragma unroll
+    for (int d = 2; d <= 16; d <<= 1) {
+      bamax[0] = fmaxf(bamax[0], __shfl_xor_sync(kFull, bamax[0], d));
+      bamax[1] = fmaxf(bamax[1], __shfl_xor_sync(kFull, bamax[1], d));
+    }
+  }
+  uint32_t sf[2], w[4];
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    sf[u] = E4M3Rn(__fmul_rn(bamax[u], ctx.g.t));
+    const float mul = inv_of_sf[sf[u] & (kScaleBytes - 1)];
+    const uint64_t g = uint64_t{b0 + u} * 2;
+    w[2 * u] = Codes8<kSr>(v[u], mul, ctx, p.q.sr_keys, g, false);
+    w[2 * u + 1] = Codes8<kSr>(v[u] + 8, mul, ctx, p.q.sr_keys, g + 1, false);
+    if (any_nan[u]) ClearNanSigns(v[u], &w[2 * u], &w[2 * u + 1]);
+  }
+  if (b0 >= lp.n_blocks) return;
+  if (want_codes) {
+    reinterpret_cast<uint4*>(p.out.codes)[b0 >> 1] = make_uint4(w[0], w[1], w[2], w[3]);
+    // b0 is even: its scale byte and the next are adjacent in both layouts.
+    *reinterpret_cast<uint16_t*>(p.out.scales + ScaleAt(lp, b0)) =
+        static_cast<uint16_t>(sf[0] | (sf[1] << 8));
+  }
   if (p.dq != nullptr) {
-    const float sfv = kMx ? E8M0Value(sf) : E4M3Value(sf);
-    float d[16];
 #pragma unroll
-    for (int e = 0; e < 16; ++e) {
-      const uint32_t code = ((e < 8 ? w0 : w1) >> (4 * (e & 7))) & 0xFu;
-      const float dq = __fmul_rn(E2M1Value(code), sfv);
-      d[e] = kMx ? dq : __fmul_rn(dq, ctx.g.s_dec);
-    }
-    if (p.dq_dtype == kF32) {
-      float4* q = reinterpret_cast<float4*>(p.dq) + uint64_t{b} * 4;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        q[k] = make_float4(d[4 * k], d[4 * k + 1], d[4 * k + 2], d[4 * k + 3]);
-      }
-    } else {
-      uint4* q = reinterpret_cast<uint4*>(p.dq) + uint64_t{b} * 2;
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        q[k] = make_uint4(PackBf16x2(d[8 * k], d[8 * k + 1]),
-                          PackBf16x2(d[8 * k + 2], d[8 * k + 3]),
-                          PackBf16x2(d[8 * k + 4], d[8 * k + 5]),
-                          PackBf16x2(d[8 * k + 6], d[8 * k + 7]));
-      }
-    }
+    for (int u = 0; u < 2; ++u) StoreBlockDq<false>(p, ctx, sf[u], w[2 * u], w[2 * u + 1], b0 + u);
   }
 }
 
 // The kU blocks a lane owns in grid step `step`: block (step * kU + u) * 32 + lane.
 // The 1x16 block (its index in row-major order, as NVFP4 1x16 numbers them) that `lane` takes
 // as its block u of grid step `step`. kTiles = false: block (step * kU + u) * 32 + lane, so a
-// warp's loads and stores are contiguous. kTiles (NVFP4 16x16): a step is 16 rows of a row of
-// tiles by 2 * kU blocks; lane l takes row l % 16 of tile column 2u + l / 16, so a tile's 16
-// rows are the 16 lanes of a half-warp (its amax is four shuffles) and lanes l and l + 16
-// store adjacent codes and scale bytes of a row.
+// warp's loads and stores are contiguous. kTiles (NVFP4 16x16, kU = 2): a step is 16 rows by
+// 64 columns (four tiles); lane l takes row l / 2, blocks 2 (l % 2) + u of it, so lanes 2r and
+// 2r + 1 cover 128 contiguous bytes of row r and a tile's rows are the 16 lanes of one parity.
 template <bool kTiles, int kU>
 FP4Q_D uint32_t LaneBlockIndex(const LaneParams& lp, uint32_t step, int u, int lane) {
   if constexpr (!kTiles) {
@@ -478,8 +545,8 @@ FP4Q_D uint32_t LaneBlockIndex(const LaneParams& lp, uint32_t step, int u, int l
   } else {
     const uint32_t tile_row = static_cast<uint32_t>(__umul64hi(lp.unit_magic, step));
     const uint32_t unit_col = step - tile_row * lp.units_per_row;
-    const uint32_t row = tile_row * 16 + (lane & 15);
-    return row * lp.scale_cols + unit_col * (2 * kU) + 2 * u + (lane >> 4);
+    const uint32_t row = tile_row * 16 + (lane >> 1);
+    return row * lp.scale_cols + unit_col * 4 + 2 * (lane & 1) + u;
   }
 }
 
@@ -492,8 +559,9 @@ FP4Q_D void LoadLaneBlocks(const LaneParams& lp, uint32_t step, int lane, Block1
   }
 }
 
-// Runs body(block, b) over the lane's blocks b of grid steps first, first + stride, ... < steps
-// (kU blocks a lane per step), with each step's loads issued before the step before computes.
+// Runs body(blocks, step) over grid steps first, first + stride, ... < steps with the lane's kU
+// blocks of each step (LaneBlockIndex numbers them), each step's loads issued before the step
+// before computes.
 // kPingPong: the loop is unrolled twice over two register sets, so that no copy moves the loaded
 // blocks from one set to the other (16 moves per 32 elements); without it the loaded set is
 // copied, which needs fewer live registers where the body is register-bound.
@@ -506,14 +574,12 @@ FP4Q_D void ForLaneBlocks(const LaneParams& lp, uint32_t first, uint32_t stride,
   while (step < steps) {
     const uint32_t s1 = step + stride;
     if (s1 < steps) LoadLaneBlocks<In, kU, kTiles>(lp, s1, lane, odd);
-#pragma unroll
-    for (int u = 0; u < kU; ++u) body(even[u], LaneBlockIndex<kTiles, kU>(lp, step, u, lane));
+    body(even, step);
     if constexpr (kPingPong) {
       if (s1 >= steps) break;
       const uint32_t s2 = s1 + stride;
       if (s2 < steps) LoadLaneBlocks<In, kU, kTiles>(lp, s2, lane, even);
-#pragma unroll
-      for (int u = 0; u < kU; ++u) body(odd[u], LaneBlockIndex<kTiles, kU>(lp, s1, u, lane));
+      body(odd, s1);
       step = s2;
     } else {
 #pragma unroll
@@ -534,12 +600,19 @@ FP4Q_D float LaneAbsMax(const LaneParams& lp, const Block16<In>& blk) {
 }
 
 // Quantize and QDQ without error feedback: lane l of a warp owns block 32 * u + l of each grid
-// step (kU blocks a lane per step, BlocksPerStep), the next step's loads in flight while a step
-// computes (ForLaneBlocks; over two register sets where PingPong allows). kFmt: kFmtNv1x16 or
-// kFmtMx. kCtas: CTAs per SM the registers allow (launch bounds).
+// step (kU blocks a lane per step, StepBlocks), the next step's loads in flight while a step
+// computes (ForLaneBlocks; over two register sets where PingPong allows). kFmt: kFmtNv1x16,
+// kFmtNv16x16 or kFmtMx. kCtas: CTAs per SM the registers allow (launch bounds).
+// NVFP4 16x16 holds both blocks of a lane's tile pair through the tile amax: 2 CTAs an SM.
+template <int kFmt, int kCtas>
+constexpr int BlocksKernelCtas() {
+  return kFmt == kFmtNv16x16 ? 2 : kCtas;
+}
+
 template <typename In, int kFmt, bool kSr, bool kRht, int kCtas>
-__global__ void __launch_bounds__(kThreads, kCtas) QuantizeBlocksKernel(const LaneParams lp) {
-  constexpr int kU = BlocksPerStep<In, kSr, kCtas>();
+__global__ void __launch_bounds__(kThreads, BlocksKernelCtas<kFmt, kCtas>())
+    QuantizeBlocksKernel(const LaneParams lp) {
+  constexpr int kU = StepBlocks<In, kFmt, kSr, kCtas>();
   constexpr bool kTiles = kFmt == kFmtNv16x16;
   const RowParams& p = lp.p;
   const int lane = threadIdx.x & 31;
@@ -556,9 +629,12 @@ __global__ void __launch_bounds__(kThreads, kCtas) QuantizeBlocksKernel(const La
     // L2), to save the separate reduction's launches.
     float m = 0.0f;
     ForLaneBlocks<In, kU, kTiles, false>(lp, gtid >> 5, warps, steps, lane,
-                                         [&](const Block16<In>& blk, uint32_t) {
-                                   m = fmaxf(m, LaneAbsMax<In, kRht>(lp, blk));
-                                 });
+                                         [&](const Block16<In>* blk, uint32_t) {
+#pragma unroll
+                                           for (int u = 0; u < kU; ++u) {
+                                             m = fmaxf(m, LaneAbsMax<In, kRht>(lp, blk[u]));
+                                           }
+                                         });
     cg::grid_group grid = cg::this_grid();
     if (gtid == 0) *lp.fused_amax = 0.0f;
     grid.sync();
@@ -578,10 +654,20 @@ __global__ void __launch_bounds__(kThreads, kCtas) QuantizeBlocksKernel(const La
   if constexpr (kFmt != kFmtMx) BuildInvScaleTable(ctx, inv_of_sf);
   float thread_max = 0.0f;
 
-  ForLaneBlocks<In, kU, kTiles, PingPong<In, kSr, kRht, kCtas>()>(
-      lp, gtid >> 5, warps, steps, lane, [&](const Block16<In>& blk, uint32_t b) {
-        QuantizeLaneBlock<In, kFmt, kSr, kRht>(lp, ctx, inv_of_sf, blk, b, want_codes,
-                                                &thread_max);
+  constexpr bool kPingPong = kTiles ? !kSr : PingPong<In, kSr, kRht, kCtas>();
+  ForLaneBlocks<In, kU, kTiles, kPingPong>(
+      lp, gtid >> 5, warps, steps, lane, [&](const Block16<In>* blk, uint32_t step) {
+        if constexpr (kTiles) {
+          QuantizeTilePair<In, kSr, kRht>(lp, ctx, inv_of_sf, blk,
+                                          LaneBlockIndex<true, kU>(lp, step, 0, lane), want_codes);
+        } else {
+#pragma unroll
+          for (int u = 0; u < kU; ++u) {
+            QuantizeLaneBlock<In, kFmt, kSr, kRht>(lp, ctx, inv_of_sf, blk[u],
+                                                    LaneBlockIndex<false, kU>(lp, step, u, lane),
+                                                    want_codes, &thread_max);
+          }
+        }
       });
   // MXFP4 records the global amax of what it quantized (zeroed by the caller).
   if (kFmt == kFmtMx && p.out.global != nullptr) WarpAtomicMax(p.out.global, thread_max);
@@ -598,8 +684,11 @@ __global__ void __launch_bounds__(kThreads, kCtas) BlocksAmaxKernel(const LanePa
   const uint32_t steps = (n_blocks + 32 * kU - 1) / (32 * kU);
   float thread_max = 0.0f;
   ForLaneBlocks<In, kU, false, true>(lp, (blockIdx.x * kThreads + threadIdx.x) >> 5, warps,
-                                     steps, lane, [&](const Block16<In>& blk, uint32_t) {
-                                thread_max = fmaxf(thread_max, LaneAbsMax<In, kRht>(lp, blk));
+                                     steps, lane, [&](const Block16<In>* blk, uint32_t) {
+#pragma unroll
+                                for (int u = 0; u < kU; ++u) {
+                                  thread_max = fmaxf(thread_max, LaneAbsMax<In, kRht>(lp, blk[u]));
+                                }
                               });
   WarpAtomicMax(lp.p.amax_out, thread_max);
 }
@@ -631,7 +720,7 @@ cudaError_t LaunchBlocksWith(const LaneParams& lp, cudaStream_t s) {
     BlocksAmaxKernel<In, kRht, kCtas><<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(lp);
     return cudaGetLastError();
   }
-  constexpr int kU = BlocksPerStep<In, kSr, kCtas>();
+  constexpr int kU = StepBlocks<In, kFmt, kSr, kCtas>();
   const uint64_t steps = (uint64_t{lp.n_blocks} + 32 * kU - 1) / (32 * kU);
   const uint64_t wanted = LaneStepCtas(lp.n_blocks, kU);
   static const int per_sm = ResidentCtas(QuantizeBlocksKernel<In, kFmt, kSr, kRht, kCtas>);
@@ -639,8 +728,8 @@ cudaError_t LaunchBlocksWith(const LaneParams& lp, cudaStream_t s) {
   const uint64_t ctas = std::min(wanted, cap);
   if (ctas == 0) return cudaSuccess;
   LaneParams copy = lp;
-  if constexpr (kFmt == kFmtNv16x16) {  // a step: 16 rows by 32 * kU columns (LaneBlockIndex)
-    copy.units_per_row = static_cast<uint32_t>(lp.p.cols / (32 * kU));
+  if constexpr (kFmt == kFmtNv16x16) {  // a step: 16 rows by 64 columns (LaneBlockIndex)
+    copy.units_per_row = static_cast<uint32_t>(lp.p.cols / 64);
     copy.unit_magic = ~uint64_t{0} / copy.units_per_row + 1;
   }
   if (lp.fused_amax != nullptr) {
