@@ -6,6 +6,8 @@
 // The kernels (all bit-identical, NUMERICS):
 //   kRows               quantize_rows.cu: one thread per 32 elements of a row; every format
 //                       (MXFP4, 16x16 tiles, four-over-six) and row length.
+//                       (16x16 Quantize and QDQ on the lanes: tile pairs, map-to-6, rows a
+//                       multiple of 16.)
 //   kLanesGuardedAmax   quantize_lanes.cu, the guarded amax-only pass of error feedback (first
 //                       non-finite x and v; no rounding).
 //   kLanesResidual      quantize_lanes.cu, a lane pair per block with the f32 residual (error
@@ -13,8 +15,9 @@
 //   kLanesBlocks        quantize_lanes.cu, one block a lane (no residual; MXFP4 a lane pair per
 //                       block), 3 CTAs per SM.
 //   kLanesBlocksFourCtas the same for bf16 input at 4 CTAs per SM (KernelTuning).
-// The lane kernels cover NVFP4 1x16 with map-to-6 scales and MXFP4 without a residual, rows
-// whose length is a multiple of 64, no RHT with a residual, and fewer than 2^31 blocks.
+// The lane kernels cover NVFP4 1x16 with map-to-6 scales, NVFP4 16x16 tiles with map-to-6
+// scales and MXFP4 without a residual, rows whose length is a multiple of 64, no RHT with a
+// residual, and fewer than 2^31 blocks.
 #ifndef FP4Q_KERNELS_SRC_CUDA_KERNEL_CHOICE_H_
 #define FP4Q_KERNELS_SRC_CUDA_KERNEL_CHOICE_H_
 

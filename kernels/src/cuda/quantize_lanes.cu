@@ -1,8 +1,11 @@
-// Row-wise NVFP4 1x16 quantization with map-to-6 scales, and MXFP4 without error feedback,
-// lane-granular (the fast path of LaunchQuantizeRows): Quantize, QDQ and error feedback, RTN or
-// SR, with or without RHT, and the amax-only pass of those (for error feedback also the guarded
-// one of a FiniteGuard: first non-finite x and v). Other requests (16x16 tiles, four-over-six,
-// MXFP4 with error feedback, rows whose length is not a multiple of 64) take quantize_rows.cu.
+// Row-wise NVFP4 1x16 quantization with map-to-6 scales, NVFP4 16x16 tiles and MXFP4 without
+// error feedback, lane-granular (the fast path of LaunchQuantizeRows): Quantize, QDQ and error
+// feedback (1x16), RTN or SR, with or without RHT, and the amax-only pass of those (for error
+// feedback also the guarded one of a FiniteGuard: first non-finite x and v). 16x16 tiles take
+// tile pairs: lane l of a warp step holds row l / 2 and two adjacent blocks, so a tile's 16 rows
+// are the 16 lanes of one parity and the tile amax is one shuffle chain over both blocks. Other
+// requests (four-over-six, error feedback on 16x16 or MXFP4, rows whose length is not a multiple
+// of 64 or, for 16x16, row counts not a multiple of 16) take quantize_rows.cu.
 //
 // The tensor is seen as one flat sequence of granules (a row's length is a multiple of 64, so
 // no 16-element block and no group of four blocks crosses a row); lane l of a warp owns granule

@@ -1,9 +1,10 @@
 // Row-wise quantization (NUMERICS 2, 4, 5, 6, 7, 8) in one pass over the source: Quantize with
 // row-wise output only, QDQ and error feedback (with the guarded amax-only pass of a
 // FiniteGuard: first non-finite x and v, and the gated writing pass). The general path:
-// requests the lane kernels cover (NVFP4 1x16 with map-to-6, and MXFP4 without error feedback,
-// on rows a multiple of 64 long) go to quantize_lanes.cu from LaunchQuantizeRows; 16x16 tiles,
-// four-over-six, MXFP4 with error feedback and other row lengths run here. (The stored-weight update is the optimizer step: step_apply.cuh.)
+// requests the lane kernels cover (NVFP4 1x16 with map-to-6; 16x16 tiles with map-to-6 and
+// MXFP4, both without error feedback; rows a multiple of 64 long) go to quantize_lanes.cu from
+// LaunchQuantizeRows; four-over-six, error feedback on 16x16 or MXFP4 and other shapes run
+// here. (The stored-weight update is the optimizer step: step_apply.cuh.)
 //
 // Budget (8192 x 8192 bf16 in, NVFP4 out): 2 bytes read + 0.5625 written per element, so at
 // 4.2 TB/s about 23 warp instructions per 32 elements per scheduler are available, of which
