@@ -152,6 +152,14 @@ constexpr int kRowsPerCta = kWarps * 16;
 // recomputes addresses in the loop (1 n8 tile) or spills (2).
 constexpr int kCtasPerSm = 3;
 constexpr int kPad = 16;              // bf16 of padding per shared row (32 bytes)
+#ifndef FP4Q_SMALL_M_STAGES
+#define FP4Q_SMALL_M_STAGES 2
+#endif
+#ifndef FP4Q_SMALL_M_WAVES
+#define FP4Q_SMALL_M_WAVES 1
+#endif
+constexpr int kStages = FP4Q_SMALL_M_STAGES;  // chunks of B loads a lane has in flight
+constexpr int kWaves = FP4Q_SMALL_M_WAVES;
 constexpr int kSmemBudget = 48 * 1024;
 
 // One lane's B data for one chunk: 32 codes and their scale byte(s) per row.
@@ -225,9 +233,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   };
 
   // ---- the first two chunks of B loads, then A's slice (written by LaunchPrepareGemmAct).
-  Chunk buf0, buf1;
-  load_next(buf0);
-  load_next(buf1);
+  Chunk buf[kStages];
+#pragma unroll
+  for (int q = 0; q < kStages; ++q) load_next(buf[q]);
   GridDependencyWait();
   {
     const uint32_t s_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -291,18 +299,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 
   if (n0 < N) {  // warp-uniform
     const __nv_bfloat16* act_c = act_s;
-    for (int c = 0; c < nch; c += 2) {
-      {
-        const Chunk cur = buf0;
-        load_next(buf0);
-        compute(cur, act_c);
-        act_c += kChunk;
-      }
-      if (c + 1 < nch) {
-        const Chunk cur = buf1;
-        load_next(buf1);
-        compute(cur, act_c);
-        act_c += kChunk;
+    for (int c = 0; c < nch; c += kStages) {
+#pragma unroll
+      for (int q = 0; q < kStages; ++q) {
+        if (q == 0 || c + q < nch) {
+          const Chunk cur = buf[q];
+          load_next(buf[q]);
+          compute(cur, act_c);
+          act_c += kChunk;
+        }
       }
     }
   }
@@ -344,7 +349,7 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   pl.total = (k + kChunk - 1) / kChunk;
   pl.groups = (n + kRowsPerCta - 1) / kRowsPerCta;
   const int64_t max_chunks = (kSmemBudget / (16 * pl.tiles) - kPad) / kChunk;  // 23 or 11
-  direct_gemm::SplitK(pl.groups, pl.total, static_cast<int64_t>(SmCount()) * kCtasPerSm,
+  direct_gemm::SplitK(pl.groups, pl.total, static_cast<int64_t>(SmCount()) * kCtasPerSm * kWaves,
                       max_chunks, &pl.chunks, &pl.splits);
   return pl;
 }
