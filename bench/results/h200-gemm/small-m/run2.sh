@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Device call (repository root, .bundle carried; .bundle/var/NAME.so.gz from variants.sh): the
 # small-M GEMM's K split and load depth. fp4q_bench's GEMM rows at M = 1 and 16 with each
-# variant module, two rounds in alternating order; then Nsight Compute's durations of the
+# variant module (variants.sh), two rounds in alternating order; then Nsight Compute's durations of the
 # prepare and main kernels of one Matmul at each M (the bundle's module).
 set -uo pipefail
 source bench/results/h200-step/overlap/env.sh
 archive_on_exit ${ARCHIVE:-g2}
 nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee $o/gpu.txt
 echo "commit $FP4Q_COMMIT" | tee -a $o/gpu.txt
+# S2W1 (the defaults) is the bundle's own module.
 vars=${VARIANTS:-S2W1 S3W1 S2W2 S3W2}
-for v in $vars; do gunzip -f $b/var/$v.so.gz; done
+mkdir -p $b/var; ln -sf $b/bin/libfp4q_cuda.so $b/var/S2W1.so
+for v in $vars; do [[ -f $b/var/$v.so.gz ]] && gunzip -f $b/var/$v.so.gz; done
 for r in 1 2; do
   order=$vars; [[ $r == 2 ]] && order=$(echo $vars | tr ' ' '\n' | tac | tr '\n' ' ')
   for v in $order; do
