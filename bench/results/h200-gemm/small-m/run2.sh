@@ -24,8 +24,8 @@ done
 ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 for m in 1 16; do
   room 40 "ncu times $m" || continue
-  timeout 40 $ncu --clock-control none -k regex:"PrepareAct|SmallM" --launch-skip 20 \
-    --launch-count 4 --metrics gpu__time_duration.sum,sm__cycles_active.avg,gpc__cycles_elapsed.max \
+  timeout 40 $ncu --clock-control none -k regex:"PrepareAct|SmallM" --launch-skip 6 \
+    --launch-count 6 --metrics gpu__time_duration.sum,sm__cycles_active.avg,gpc__cycles_elapsed.max \
     $b/bin/fp4q_bench --only GEMM --gemm-m $m --iters 5 --out $o/n.json > $o/ncu-times-$m.txt 2>&1
   echo "ncu times $m rc=$?"
   grep -E "^  [a-zA-Z].*\(|duration|cycles" $o/ncu-times-$m.txt | sed 's/(unnamed namespace)//' | cut -c1-90
