@@ -128,8 +128,7 @@ absl::Status CudaBackend::MatmulImpl(const ConstQuantizedTensor& a, const ConstQ
     p.c = cp;
     p.c_dtype = DtypeCode(c.dtype);
     p.pdl = info_.cc_major >= 9;
-    p.clusters = info_.cc_major >= 9 && !SmallMTicketsForced();
-    const size_t ws = small   ? SmallMWorkspaceBytes(m, n, k, p.clusters)
+    const size_t ws = small   ? SmallMWorkspaceBytes(m, n, k)
                       : wgmma ? WgmmaWorkspaceBytes(m, n, k)
                               : MidMWorkspaceBytes(m, n, k);
     if (ws > 0) {

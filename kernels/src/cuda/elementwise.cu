@@ -366,14 +366,6 @@ bool StepPdl() {
   return !off && CachedDeviceAttribute(cudaDevAttrComputeCapabilityMajor, cache, 0) >= 9;
 }
 
-bool SmallMTicketsForced() {
-  static const bool on = [] {
-    const char* v = std::getenv("FP4Q_SMALL_M_TICKETS");
-    return v != nullptr && v[0] == '1' && v[1] == '\0';
-  }();
-  return on;
-}
-
 uint32_t RhtSignMask(int mode, uint64_t rht_seed) {
   if (mode == kRhtSeeded) return SrBits(0, SeedKeys{rht_seed}, 0).x & 0xFFFFu;
   return kDefaultRhtSigns;

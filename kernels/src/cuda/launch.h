@@ -179,9 +179,6 @@ struct SmallMParams {
   void* workspace = nullptr;
   // Launch the main kernel with programmatic dependent launch (compute capability >= 9.0).
   bool pdl = false;
-  // Thread-block clusters may be launched (compute capability >= 9.0): the small-M kernel then
-  // runs as one launch where its K split fits a cluster (no workspace).
-  bool clusters = false;
 };
 
 // max |x| into *amax (zeroed by the launcher); with `first_bad` also the first non-finite index
@@ -265,7 +262,7 @@ cudaError_t LaunchFiniteGuard(const GuardParams& p, cudaStream_t s);
 // The largest M the small-M kernel takes (two n8 MMA tiles). K must be a multiple of 16 (32 for
 // MXFP4); pointers 16-byte aligned.
 inline constexpr int64_t kSmallMMax = 16;
-size_t SmallMWorkspaceBytes(int64_t m, int64_t n, int64_t k, bool clusters);
+size_t SmallMWorkspaceBytes(int64_t m, int64_t n, int64_t k);
 cudaError_t LaunchSmallMMatmul(const SmallMParams& p, cudaStream_t s);
 
 // The mid-M kernel (matmul_mid_m.cu) takes kSmallMMax < M <= kMidMMax, the same K and alignment
@@ -293,9 +290,6 @@ int SmCount();
 // current device (compute capability 9.0 or later, unless FP4Q_STEP_PDL=0 in the environment,
 // the A/B switch): step_device.cuh StepLaunch.
 bool StepPdl();
-// FP4Q_SMALL_M_TICKETS=1 in the environment (the A/B switch): the small-M GEMM keeps its
-// two-launch path (A prepared, split tickets) on GPUs where it would run as one cluster launch.
-bool SmallMTicketsForced();
 
 // Host helpers shared with the .cc side (defined in device_numerics, usable on the host).
 uint32_t RhtSignMask(int mode /*kRhtDefaultSigns or kRhtSeeded*/, uint64_t rht_seed);

@@ -26,7 +26,6 @@
 // bytes: the 8-byte fragment loads are conflict-free). With splits > 1 every CTA
 // writes f32 partial sums; the last CTA of each row group (an integer ticket) adds the slices
 // in slice order, so the result does not depend on timing.
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -108,44 +107,6 @@ __global__ void __launch_bounds__(256)
                         h[6] | (h[7] << 16));
 }
 
-// The single-launch path (SmallMKernel<..., kFused>): the CTA's A slice straight from A's codes
-// into shared memory, in PrepareActKernel's order and with its values. One 32-bit word of A's
-// codes is 8 consecutive k of one block, k = 128 c + 32 t + 8 u: DecodeWord's pairs 0, 1 are
-// lane t's fragment of MMA 2u and pairs 2, 3 that of MMA 2u + 1 (small_m_layout.h). The pairs
-// hold e2m1 * 2^-126; times 2^126 and then the scale as bf16 (NVFP4: sf * 2^62) they are
-// e2m1 * sf (* 2^62) exactly, as ActBits rounds them (at most 5 significant bits, within bf16's
-// range). Words past K are zero; rows past M are the caller's.
-template <bool kMx>
-FP4Q_D void DecodeActSlice(const SmallMParams& p, int64_t c0, int nch, int row_u2, uint2* dst,
-                           int tid, int nthreads) {
-  const int64_t M = p.a.rows;
-  const int64_t K = p.a.cols;
-  const int per_row = nch * 16;  // words of a row's slice
-  const int words = static_cast<int>(M) * per_row;
-  for (int q = tid; q < words; q += nthreads) {
-    const int m = q / per_row;
-    const int r = q - m * per_row;
-    const int c = r >> 4;
-    const int t = (r >> 2) & 3;
-    const int u = r & 3;
-    const int64_t k = (c0 + c) * kChunk + 32 * t + 8 * u;
-    uint32_t pair[4] = {0u, 0u, 0u, 0u};
-    if (k < K) {
-      const uint32_t w = __ldg(reinterpret_cast<const uint32_t*>(p.a.codes + ((m * K + k) >> 1)));
-      const float sv = OperandScale(p.a, kMx, m, kMx ? (k >> 5) : (k >> 4));
-      const __nv_bfloat16 sb = __float2bfloat16_rn(kMx ? sv : __fmul_rn(sv, 0x1p62f));
-      const uint32_t sh = *reinterpret_cast<const uint16_t*>(&sb);
-      const uint32_t mult = sh | (sh << 16);
-      small_m::DecodeWord(w, pair);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) pair[j] = MulBf16x2(MulBf16x2(pair[j], 0x7E807E80u), mult);
-    }
-    uint2* row = dst + m * row_u2 + c * 32;
-    row[(2 * u) * 4 + t] = make_uint2(pair[0], pair[1]);
-    row[(2 * u + 1) * 4 + t] = make_uint2(pair[2], pair[3]);
-  }
-}
-
 }  // namespace
 
 cudaError_t LaunchPrepareGemmActCore(const SmallMParams& p, int64_t total, int tile_rows,
@@ -209,50 +170,7 @@ struct Chunk {
 
 // grid = (ceil(N / 128), splits); dynamic shared memory: 8 kTiles rows x (chunks * 128 + kPad)
 // bf16. kK32: K % 32 == 0. kTiles: n8 tiles of A rows (1: M <= 8, 2: M <= 16).
-// The K slices of one row group as the CTAs of one thread-block cluster (cluster = the grid's
-// y extent, at most kMaxClusterSplits): each CTA leaves its f32 sums in its shared memory
-// ([m][128 rows]), and CTA r of the cluster adds every CTA's sums for its share of the outputs
-// in rank order (the ticket path's slice order: 0 + s0 + s1 + ...), through distributed shared
-// memory. No workspace, no ticket. Compute capability 9.0 and up (launched only there).
-template <int kTiles>
-FP4Q_D void SumClusterSlices(const SmallMParams& p, float alpha, const float (*acc)[4],
-                             float* part) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int64_t M = p.a.rows;
-  const int64_t N = p.b.rows;
-  const int warp = threadIdx.x >> 5;
-  const int lane = threadIdx.x & 31;
-  const int g = lane >> 2;
-  const int t = lane & 3;
-  __syncthreads();  // every warp is done with the A slice in `part`'s bytes
-#pragma unroll
-  for (int tl = 0; tl < kTiles; ++tl) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int m = 8 * tl + 2 * t + (e & 1);
-      if (m < M) part[m * kRowsPerCta + warp * 16 + g + 8 * (e >> 1)] = acc[tl][e];
-    }
-  }
-  cluster.sync();
-  const unsigned splits = cluster.num_blocks();
-  const int outputs = static_cast<int>(M) * kRowsPerCta;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRowsPerCta;
-  for (int e = static_cast<int>(cluster.block_rank()) * kThreads + threadIdx.x; e < outputs;
-       e += static_cast<int>(splits) * kThreads) {
-    float sum = 0.0f;
-    for (unsigned r = 0; r < splits; ++r) sum = __fadd_rn(sum, cluster.map_shared_rank(part, r)[e]);
-    const int64_t n = n0 + e % kRowsPerCta;
-    if (n < N) direct_gemm::StoreC(p, alpha, e / kRowsPerCta, n, sum);
-  }
-  cluster.sync();  // no CTA leaves while another reads its shared memory
-#else
-  __trap();
-#endif
-}
-
-template <bool kMx, bool kK32, int kTiles, bool kFused>
+template <bool kMx, bool kK32, int kTiles>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     SmallMKernel(const SmallMParams p, int chunks, int64_t total_chunks, const uint2* act,
                  float* partial, int* tickets, const small_m::SignShifts sh) {
@@ -314,16 +232,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     ld_k += kChunk;
   };
 
-  // ---- the first chunks of B loads, then A's slice: decoded here (kFused) or copied from
-  // LaunchPrepareGemmAct's workspace.
+  // ---- the first two chunks of B loads, then A's slice (written by LaunchPrepareGemmAct).
   Chunk buf[kStages];
 #pragma unroll
   for (int q = 0; q < kStages; ++q) load_next(buf[q]);
-  if constexpr (kFused) {
-    direct_gemm::DecodeActSlice<kMx>(p, c0, nch, stride / 4, reinterpret_cast<uint2*>(smem),
-                                     threadIdx.x, kThreads);
-  } else {
-    GridDependencyWait();
+  GridDependencyWait();
+  {
     const uint32_t s_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     const int pieces = static_cast<int>(M) * nch * 16;  // 16-byte pieces
     for (int q = threadIdx.x; q < pieces; q += kThreads) {
@@ -333,14 +247,14 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       const uint32_t dst = s_base + (m * stride + r * 8) * 2;
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
     }
+    // Rows M .. 8 kTiles - 1 feed MMA columns whose results are dropped; zero them anyway.
+    const int zero_pieces = (8 * kTiles - static_cast<int>(M)) * (stride / 8);
+    for (int q = threadIdx.x; q < zero_pieces; q += kThreads) {
+      reinterpret_cast<uint4*>(smem)[static_cast<int>(M) * (stride / 8) + q] =
+          make_uint4(0u, 0u, 0u, 0u);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
   }
-  // Rows M .. 8 kTiles - 1 feed MMA columns whose results are dropped; zero them anyway.
-  const int zero_pieces = (8 * kTiles - static_cast<int>(M)) * (stride / 8);
-  for (int q = threadIdx.x; q < zero_pieces; q += kThreads) {
-    reinterpret_cast<uint4*>(smem)[static_cast<int>(M) * (stride / 8) + q] =
-        make_uint4(0u, 0u, 0u, 0u);
-  }
-  if constexpr (!kFused) asm volatile("cp.async.wait_all;\n" ::: "memory");
   __syncthreads();
 
   float acc[kTiles][4];
@@ -401,12 +315,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   // ---- results: acc[tl][2h + q] is C[m = 8 tl + 2t + q][n = n0 + g + 8h].
   const float alpha = direct_gemm::OutputAlpha(p);
   const bool split = gridDim.y > 1;
-  if constexpr (kFused) {
-    if (split) {
-      SumClusterSlices<kTiles>(p, alpha, acc, reinterpret_cast<float*>(smem));
-      return;
-    }
-  }
 #pragma unroll
   for (int tl = 0; tl < kTiles; ++tl) {
 #pragma unroll
@@ -427,21 +335,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       static_cast<int64_t>(blockIdx.x) * kRowsPerCta, &last_cta);
 }
 
-// The most K slices the single-launch path adds up in one cluster (the portable cluster size).
-constexpr int kMaxClusterSplits = 8;
-
 struct Plan {
   int tiles;          // n8 tiles of A rows
   int chunks;         // 128-k chunks per CTA
   int splits;         // K slices
   int64_t total;      // 128-k chunks of K
   int64_t groups;     // row groups of 128
-  // One launch: A decoded by each CTA, the slices added up in a cluster (SumClusterSlices);
-  // else LaunchPrepareGemmAct, then the main kernel with split tickets.
-  bool fused;
 };
 
-Plan MakePlan(int64_t m, int64_t n, int64_t k, bool clusters) {
+Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   Plan pl;
   pl.tiles = m > 8 ? 2 : 1;
   pl.total = (k + kChunk - 1) / kChunk;
@@ -449,70 +351,42 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k, bool clusters) {
   const int64_t max_chunks = (kSmemBudget / (16 * pl.tiles) - kPad) / kChunk;  // 23 or 11
   direct_gemm::SplitK(pl.groups, pl.total, static_cast<int64_t>(SmCount()) * kCtasPerSm * kWaves,
                       max_chunks, &pl.chunks, &pl.splits);
-  pl.fused = clusters && pl.splits <= kMaxClusterSplits;
   return pl;
 }
 
 template <bool kMx, bool kK32, int kTiles>
 cudaError_t LaunchMain(const SmallMParams& p, const Plan& pl, const uint2* act, float* partial,
                        int* tickets, cudaStream_t s) {
-  size_t smem = static_cast<size_t>(8 * kTiles) * (pl.chunks * kChunk + kPad) * 2;
-  if (pl.fused) {
-    // SumClusterSlices' f32 sums reuse the A slice's bytes.
-    const size_t sums = static_cast<size_t>(8 * kTiles) * kRowsPerCta * sizeof(float);
-    if (smem < sums) smem = sums;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(pl.groups), static_cast<unsigned>(pl.splits));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = static_cast<unsigned>(pl.splits);
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, SmallMKernel<kMx, kK32, kTiles, true>, p,
-                                             pl.chunks, pl.total, act, partial, tickets,
-                                             small_m::SignShifts());
-    if (e != cudaSuccess) return e;
-    return cudaGetLastError();
-  }
   // The sign shifts as kernel arguments: ptxas cannot fold them (small_m_layout.h).
   return direct_gemm::LaunchAfterPrepare(
-      SmallMKernel<kMx, kK32, kTiles, false>,
+      SmallMKernel<kMx, kK32, kTiles>,
       dim3(static_cast<unsigned>(pl.groups), static_cast<unsigned>(pl.splits)), dim3(kThreads),
-      smem, p.pdl, s, p, pl.chunks,
+      static_cast<size_t>(8 * kTiles) * (pl.chunks * kChunk + kPad) * 2, p.pdl, s, p, pl.chunks,
       pl.total, act, partial, tickets, small_m::SignShifts());
 }
 
 }  // namespace
 
-// The workspace (matmul_direct.cuh): A's M rows, a split ticket a row group; none for the
-// single-launch path.
-size_t SmallMWorkspaceBytes(int64_t m, int64_t n, int64_t k, bool clusters) {
-  const Plan pl = MakePlan(m, n, k, clusters);
-  if (pl.fused) return 0;
+// The workspace (matmul_direct.cuh): A's M rows, a split ticket a row group.
+size_t SmallMWorkspaceBytes(int64_t m, int64_t n, int64_t k) {
+  const Plan pl = MakePlan(m, n, k);
   return direct_gemm::WorkspaceBytes(m, pl.total, pl.groups, pl.splits, m, n);
 }
 
 cudaError_t LaunchSmallMMatmul(const SmallMParams& p, cudaStream_t s) {
   const int64_t m = p.a.rows;
-  if (m < 1 || m > kSmallMMax || (p.a.cols & 15) != 0 || (p.mx && (p.a.cols & 31) != 0)) {
+  if (m < 1 || m > kSmallMMax || p.workspace == nullptr || (p.a.cols & 15) != 0 ||
+      (p.mx && (p.a.cols & 31) != 0)) {
     return cudaErrorInvalidValue;
   }
-  const Plan pl = MakePlan(m, p.b.rows, p.b.cols, p.clusters);
+  const Plan pl = MakePlan(m, p.b.rows, p.b.cols);
   if (pl.splits > 65535 || pl.groups > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
-  direct_gemm::Workspace ws;
-  if (!pl.fused) {
-    if (p.workspace == nullptr) return cudaErrorInvalidValue;
-    ws = direct_gemm::CarveWorkspace(p.workspace, m, pl.total, pl.groups, pl.splits);
-    const cudaError_t e = direct_gemm::LaunchPrepareGemmAct(
-        p, pl.total, m, static_cast<uint2*>(ws.act), ws.tickets, ws.n_tickets, s);
-    if (e != cudaSuccess) return e;
-  }
+  const direct_gemm::Workspace ws =
+      direct_gemm::CarveWorkspace(p.workspace, m, pl.total, pl.groups, pl.splits);
   uint2* act = static_cast<uint2*>(ws.act);
+  const cudaError_t e = direct_gemm::LaunchPrepareGemmAct(
+      p, pl.total, m, act, ws.tickets, ws.n_tickets, s);
+  if (e != cudaSuccess) return e;
   const bool k32 = (p.b.cols & 31) == 0;
   if (p.mx) {  // K % 32 == 0
     return pl.tiles == 1 ? LaunchMain<true, true, 1>(p, pl, act, ws.partial, ws.tickets, s)
