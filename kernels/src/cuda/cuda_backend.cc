@@ -84,6 +84,12 @@ CudaBackend::~CudaBackend() {
     for (void* base : ipc_bases_) cudaIpcCloseMemHandle(base);
     ipc_bases_.clear();
   }
+  {
+    absl::MutexLock lock(&tickets_mu_);
+    if (!tickets_.empty()) cudaDeviceSynchronize();  // cudaFree of a stream-ordered allocation
+    for (auto& entry : tickets_) cudaFree(entry.second.p);
+    tickets_.clear();
+  }
   cudaStreamSynchronize(stream_);
   cudaStreamDestroy(stream_);
   absl::MutexLock lock(&side_mu_);
@@ -201,7 +207,37 @@ void CudaBackend::DestroyStream(Stream stream) {
   cudaSetDevice(ordinal_);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   cudaStreamSynchronize(s);
+  {
+    absl::MutexLock lock(&tickets_mu_);
+    const auto it = tickets_.find(s);
+    if (it != tickets_.end()) {
+      cudaFree(it->second.p);
+      tickets_.erase(it);
+    }
+  }
   cudaStreamDestroy(s);
+}
+
+absl::StatusOr<int*> CudaBackend::SplitTickets(cudaStream_t stream, int64_t n) {
+  if (n <= 0) return nullptr;
+  absl::MutexLock lock(&tickets_mu_);
+  Tickets& t = tickets_[stream];
+  if (t.n >= n) return t.p;
+  int64_t want = 64;
+  while (want < n) want *= 2;
+  void* p = nullptr;
+  const size_t bytes = static_cast<size_t>(want) * sizeof(int);
+  FP4Q_RETURN_IF_ERROR(Track(FP4Q_CUDA_STATUS(cudaMallocAsync(&p, bytes, stream))));
+  const absl::Status zeroed = Track(FP4Q_CUDA_STATUS(cudaMemsetAsync(p, 0, bytes, stream)));
+  if (!zeroed.ok()) {
+    cudaFreeAsync(p, stream);
+    return zeroed;
+  }
+  // After every earlier kernel of this stream that used the smaller array.
+  if (t.p != nullptr) cudaFreeAsync(t.p, stream);
+  t.p = static_cast<int*>(p);
+  t.n = want;
+  return t.p;
 }
 
 // ---------------------------------------------------------------- IPC

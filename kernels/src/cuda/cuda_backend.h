@@ -15,6 +15,7 @@
 
 #include <cuda_runtime.h>
 
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -119,6 +120,10 @@ class CudaBackend final : public Backend {
                           const MutTensor& c, cudaStream_t stream);
   absl::Status StepCheckImpl(const std::vector<StepItem>& items, void* workspace,
                              cudaStream_t stream, const StepCancel& cancel);
+  // `n` zeroed split tickets for a kernel on `stream` that puts them back to zero (the small-M
+  // GEMM): one array per stream, kept and grown (stream-ordered) across calls, so no launch
+  // zeroes them. Null for n == 0.
+  absl::StatusOr<int*> SplitTickets(cudaStream_t stream, int64_t n);
   // Resolves the stream memory operations and checks that they run (stream_signals.cc); on
   // any failure the backend has no device-side signals.
   void ProbeSignals();
@@ -146,6 +151,13 @@ class CudaBackend final : public Backend {
   absl::Mutex side_mu_;
   cudaStream_t side_stream_ ABSL_GUARDED_BY(side_mu_) = nullptr;
   uint32_t* side_word_ ABSL_GUARDED_BY(side_mu_) = nullptr;  // pinned host memory
+
+  struct Tickets {
+    int* p = nullptr;
+    int64_t n = 0;
+  };
+  absl::Mutex tickets_mu_;
+  std::map<cudaStream_t, Tickets> tickets_ ABSL_GUARDED_BY(tickets_mu_);
 
   mutable absl::Mutex mu_;
   mutable absl::Status poison_ ABSL_GUARDED_BY(mu_);

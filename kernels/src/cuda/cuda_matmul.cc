@@ -128,6 +128,9 @@ absl::Status CudaBackend::MatmulImpl(const ConstQuantizedTensor& a, const ConstQ
     p.c = cp;
     p.c_dtype = DtypeCode(c.dtype);
     p.pdl = info_.cc_major >= 9;
+    if (small) {
+      FP4Q_ASSIGN_OR_RETURN(p.zeroed_tickets, SplitTickets(s, SmallMTickets(m, n, k)));
+    }
     const size_t ws = small   ? SmallMWorkspaceBytes(m, n, k)
                       : wgmma ? WgmmaWorkspaceBytes(m, n, k)
                               : MidMWorkspaceBytes(m, n, k);

@@ -175,10 +175,13 @@ struct SmallMParams {
   void* c = nullptr;
   int c_dtype = kF32;
   // SmallMWorkspaceBytes / MidMWorkspaceBytes / WgmmaWorkspaceBytes(M, N, K) bytes: A in
-  // fragment (or core-matrix) order, split tickets, partial sums.
+  // fragment (or core-matrix) order, split tickets, partial sums (small-M: partial sums only).
   void* workspace = nullptr;
   // Launch the main kernel with programmatic dependent launch (compute capability >= 9.0).
   bool pdl = false;
+  // The small-M kernel's split tickets: SmallMTickets(M, N, K) ints, zero before the launch and
+  // zero again after it (the kernel puts them back), owned by the caller for its stream.
+  int* zeroed_tickets = nullptr;
 };
 
 // max |x| into *amax (zeroed by the launcher); with `first_bad` also the first non-finite index
@@ -262,7 +265,10 @@ cudaError_t LaunchFiniteGuard(const GuardParams& p, cudaStream_t s);
 // The largest M the small-M kernel takes (two n8 MMA tiles). K must be a multiple of 16 (32 for
 // MXFP4); pointers 16-byte aligned.
 inline constexpr int64_t kSmallMMax = 16;
+// Its workspace holds the f32 partial sums of a split K, and it needs SmallMTickets zeroed
+// tickets (both 0 when K is not split).
 size_t SmallMWorkspaceBytes(int64_t m, int64_t n, int64_t k);
+int64_t SmallMTickets(int64_t m, int64_t n, int64_t k);
 cudaError_t LaunchSmallMMatmul(const SmallMParams& p, cudaStream_t s);
 
 // The mid-M kernel (matmul_mid_m.cu) takes kSmallMMax < M <= kMidMMax, the same K and alignment

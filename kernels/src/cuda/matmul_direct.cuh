@@ -176,13 +176,20 @@ FP4Q_D void StoreC(const SmallMParams& p, float alpha, int64_t m, int64_t n, flo
 // Split K: every CTA has written its f32 partial sums partial[(slice * M + m) * N + n]; the last
 // CTA of the output tile [m0, m0 + m_rows) x [n0, n0 + kNRows) to arrive (an integer ticket)
 // adds the slices in slice order, so the result does not depend on timing, and stores C. Called
-// by every thread of the CTA; *ticket is zero before the first CTA of the tile arrives.
+// by every thread of the CTA; *ticket is zero before the first CTA of the tile arrives, and with
+// reset_ticket zero again when the call returns in every CTA.
 template <int kNRows, int kThreads>
 FP4Q_D void SumSlicesInOrder(const SmallMParams& p, const float* partial, int* ticket,
-                             unsigned splits, int64_t m0, int m_rows, int64_t n0, int* last_cta) {
+                             unsigned splits, int64_t m0, int m_rows, int64_t n0, int* last_cta,
+                             bool reset_ticket = false) {
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) *last_cta = atomicAdd(ticket, 1) == static_cast<int>(splits) - 1;
+  if (threadIdx.x == 0) {
+    const bool last = atomicAdd(ticket, 1) == static_cast<int>(splits) - 1;
+    // Every other slice has counted: the ticket is this CTA's alone, zero for the next launch.
+    if (last && reset_ticket) *ticket = 0;
+    *last_cta = last;
+  }
   __syncthreads();
   if (!*last_cta) return;
   __threadfence();

@@ -19,13 +19,17 @@
 // (N = K = 8192: 64 x 6 CTAs of 11 chunks). Each lane keeps two chunks of B loads in flight
 // (2 x 2 x 16 bytes) while it decodes a third: 768 threads x 64 bytes = 48 KB per SM. Issue
 // budget (ptxas 13.0 SASS, sm_90a): about 240 instructions per lane and chunk (64 weights), of
-// which 144 are the decode and its bf16 multiplies, 16 the MMAs and fragment loads. A is
-// prepared once by a small kernel (LaunchPrepareGemmAct) into a workspace in fragment order;
-// the main kernel is launched with programmatic dependent launch, issues its first B loads,
-// then waits for that kernel and copies its A slice into shared memory (rows padded by 32
-// bytes: the 8-byte fragment loads are conflict-free). With splits > 1 every CTA
-// writes f32 partial sums; the last CTA of each row group (an integer ticket) adds the slices
-// in slice order, so the result does not depend on timing.
+// which 144 are the decode and its bf16 multiplies, 16 the MMAs and fragment loads.
+//
+// One launch: each CTA issues its first B loads, then decodes its own A slice from A's codes
+// into shared memory in fragment order (DecodeActSlice; rows padded by 32 bytes: the 8-byte
+// fragment loads are conflict-free). At M = 16 that is about 15% more instructions than copying
+// a slice prepared by another kernel, but no prepare kernel runs before it (a kernel boundary
+// and a launch of latency: 2.4-3.6 us of 27.6 at M = 1 on an H100,
+// bench/results/h200-gemm/small-m/). With splits > 1 every CTA writes f32 partial sums; the
+// last CTA of each row group (an integer ticket) adds the slices in slice order, so the result
+// does not depend on timing. The tickets are the caller's (one array per stream), zero before
+// the launch and zero after it: the last CTA of a row group puts its ticket back.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -107,6 +111,44 @@ __global__ void __launch_bounds__(256)
                         h[6] | (h[7] << 16));
 }
 
+// The small-M kernel's A slice, straight from A's codes into the CTA's shared memory, in
+// PrepareActKernel's order and with its values. One 32-bit word of A's
+// codes is 8 consecutive k of one block, k = 128 c + 32 t + 8 u: DecodeWord's pairs 0, 1 are
+// lane t's fragment of MMA 2u and pairs 2, 3 that of MMA 2u + 1 (small_m_layout.h). The pairs
+// hold e2m1 * 2^-126; times 2^126 and then the scale as bf16 (NVFP4: sf * 2^62) they are
+// e2m1 * sf (* 2^62) exactly, as ActBits rounds them (at most 5 significant bits, within bf16's
+// range). Words past K are zero; rows past M are the caller's.
+template <bool kMx>
+FP4Q_D void DecodeActSlice(const SmallMParams& p, int64_t c0, int nch, int row_u2, uint2* dst,
+                           int tid, int nthreads) {
+  const int64_t M = p.a.rows;
+  const int64_t K = p.a.cols;
+  const int per_row = nch * 16;  // words of a row's slice
+  const int words = static_cast<int>(M) * per_row;
+  for (int q = tid; q < words; q += nthreads) {
+    const int m = q / per_row;
+    const int r = q - m * per_row;
+    const int c = r >> 4;
+    const int t = (r >> 2) & 3;
+    const int u = r & 3;
+    const int64_t k = (c0 + c) * kChunk + 32 * t + 8 * u;
+    uint32_t pair[4] = {0u, 0u, 0u, 0u};
+    if (k < K) {
+      const uint32_t w = __ldg(reinterpret_cast<const uint32_t*>(p.a.codes + ((m * K + k) >> 1)));
+      const float sv = OperandScale(p.a, kMx, m, kMx ? (k >> 5) : (k >> 4));
+      const __nv_bfloat16 sb = __float2bfloat16_rn(kMx ? sv : __fmul_rn(sv, 0x1p62f));
+      const uint32_t sh = *reinterpret_cast<const uint16_t*>(&sb);
+      const uint32_t mult = sh | (sh << 16);
+      small_m::DecodeWord(w, pair);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) pair[j] = MulBf16x2(MulBf16x2(pair[j], 0x7E807E80u), mult);
+    }
+    uint2* row = dst + m * row_u2 + c * 32;
+    row[(2 * u) * 4 + t] = make_uint2(pair[0], pair[1]);
+    row[(2 * u + 1) * 4 + t] = make_uint2(pair[2], pair[3]);
+  }
+}
+
 }  // namespace
 
 cudaError_t LaunchPrepareGemmActCore(const SmallMParams& p, int64_t total, int tile_rows,
@@ -137,7 +179,6 @@ cudaError_t LaunchPrepareGemmAct(const SmallMParams& p, int64_t total, int64_t m
 
 namespace {
 
-using direct_gemm::GridDependencyWait;
 using direct_gemm::kChunk;
 using direct_gemm::LoadRow;
 using direct_gemm::Mma16816;
@@ -172,8 +213,8 @@ struct Chunk {
 // bf16. kK32: K % 32 == 0. kTiles: n8 tiles of A rows (1: M <= 8, 2: M <= 16).
 template <bool kMx, bool kK32, int kTiles>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
-    SmallMKernel(const SmallMParams p, int chunks, int64_t total_chunks, const uint2* act,
-                 float* partial, int* tickets, const small_m::SignShifts sh) {
+    SmallMKernel(const SmallMParams p, int chunks, int64_t total_chunks, float* partial,
+                 int* tickets, const small_m::SignShifts sh) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int last_cta;
   const int stride = chunks * kChunk + kPad;  // bf16 per shared row
@@ -232,28 +273,17 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     ld_k += kChunk;
   };
 
-  // ---- the first two chunks of B loads, then A's slice (written by LaunchPrepareGemmAct).
+  // ---- the first chunks of B loads, then A's slice.
   Chunk buf[kStages];
 #pragma unroll
   for (int q = 0; q < kStages; ++q) load_next(buf[q]);
-  GridDependencyWait();
-  {
-    const uint32_t s_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-    const int pieces = static_cast<int>(M) * nch * 16;  // 16-byte pieces
-    for (int q = threadIdx.x; q < pieces; q += kThreads) {
-      const int m = q / (nch * 16);
-      const int r = q - m * nch * 16;
-      const uint2* src = act + ((m * total_chunks + c0) * 32 + r * 2);
-      const uint32_t dst = s_base + (m * stride + r * 8) * 2;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-    }
-    // Rows M .. 8 kTiles - 1 feed MMA columns whose results are dropped; zero them anyway.
-    const int zero_pieces = (8 * kTiles - static_cast<int>(M)) * (stride / 8);
-    for (int q = threadIdx.x; q < zero_pieces; q += kThreads) {
-      reinterpret_cast<uint4*>(smem)[static_cast<int>(M) * (stride / 8) + q] =
-          make_uint4(0u, 0u, 0u, 0u);
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+  direct_gemm::DecodeActSlice<kMx>(p, c0, nch, stride / 4, reinterpret_cast<uint2*>(smem),
+                                   threadIdx.x, kThreads);
+  // Rows M .. 8 kTiles - 1 feed MMA columns whose results are dropped; zero them anyway.
+  const int zero_pieces = (8 * kTiles - static_cast<int>(M)) * (stride / 8);
+  for (int q = threadIdx.x; q < zero_pieces; q += kThreads) {
+    reinterpret_cast<uint4*>(smem)[static_cast<int>(M) * (stride / 8) + q] =
+        make_uint4(0u, 0u, 0u, 0u);
   }
   __syncthreads();
 
@@ -332,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   if (!split) return;
   direct_gemm::SumSlicesInOrder<kRowsPerCta, kThreads>(
       p, partial, &tickets[blockIdx.x], gridDim.y, 0, static_cast<int>(M),
-      static_cast<int64_t>(blockIdx.x) * kRowsPerCta, &last_cta);
+      static_cast<int64_t>(blockIdx.x) * kRowsPerCta, &last_cta, /*reset_ticket=*/true);
 }
 
 struct Plan {
@@ -355,49 +385,51 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
 }
 
 template <bool kMx, bool kK32, int kTiles>
-cudaError_t LaunchMain(const SmallMParams& p, const Plan& pl, const uint2* act, float* partial,
-                       int* tickets, cudaStream_t s) {
-  // The sign shifts as kernel arguments: ptxas cannot fold them (small_m_layout.h).
-  return direct_gemm::LaunchAfterPrepare(
-      SmallMKernel<kMx, kK32, kTiles>,
-      dim3(static_cast<unsigned>(pl.groups), static_cast<unsigned>(pl.splits)), dim3(kThreads),
-      static_cast<size_t>(8 * kTiles) * (pl.chunks * kChunk + kPad) * 2, p.pdl, s, p, pl.chunks,
-      pl.total, act, partial, tickets, small_m::SignShifts());
+cudaError_t LaunchMain(const SmallMParams& p, const Plan& pl, float* partial, int* tickets,
+                       cudaStream_t s) {
+  // At most 48 KB of shared memory (kSmemBudget): no opt-in. The sign shifts as kernel
+  // arguments: ptxas cannot fold them (small_m_layout.h).
+  SmallMKernel<kMx, kK32, kTiles>
+      <<<dim3(static_cast<unsigned>(pl.groups), static_cast<unsigned>(pl.splits)), kThreads,
+         static_cast<size_t>(8 * kTiles) * (pl.chunks * kChunk + kPad) * 2, s>>>(
+          p, pl.chunks, pl.total, partial, tickets, small_m::SignShifts());
+  return cudaGetLastError();
 }
 
 }  // namespace
 
-// The workspace (matmul_direct.cuh): A's M rows, a split ticket a row group.
+// The workspace: the f32 partial sums of the K slices, [splits][M][N]; a ticket a row group.
 size_t SmallMWorkspaceBytes(int64_t m, int64_t n, int64_t k) {
   const Plan pl = MakePlan(m, n, k);
-  return direct_gemm::WorkspaceBytes(m, pl.total, pl.groups, pl.splits, m, n);
+  return pl.splits <= 1 ? 0 : static_cast<size_t>(pl.splits) * m * n * sizeof(float);
+}
+
+int64_t SmallMTickets(int64_t m, int64_t n, int64_t k) {
+  const Plan pl = MakePlan(m, n, k);
+  return pl.splits <= 1 ? 0 : pl.groups;
 }
 
 cudaError_t LaunchSmallMMatmul(const SmallMParams& p, cudaStream_t s) {
   const int64_t m = p.a.rows;
-  if (m < 1 || m > kSmallMMax || p.workspace == nullptr || (p.a.cols & 15) != 0 ||
-      (p.mx && (p.a.cols & 31) != 0)) {
+  if (m < 1 || m > kSmallMMax || (p.a.cols & 15) != 0 || (p.mx && (p.a.cols & 31) != 0)) {
     return cudaErrorInvalidValue;
   }
   const Plan pl = MakePlan(m, p.b.rows, p.b.cols);
   if (pl.splits > 65535 || pl.groups > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
-  const direct_gemm::Workspace ws =
-      direct_gemm::CarveWorkspace(p.workspace, m, pl.total, pl.groups, pl.splits);
-  uint2* act = static_cast<uint2*>(ws.act);
-  const cudaError_t e = direct_gemm::LaunchPrepareGemmAct(
-      p, pl.total, m, act, ws.tickets, ws.n_tickets, s);
-  if (e != cudaSuccess) return e;
+  float* partial = static_cast<float*>(p.workspace);
+  int* tickets = p.zeroed_tickets;
+  if (pl.splits > 1 && (partial == nullptr || tickets == nullptr)) return cudaErrorInvalidValue;
   const bool k32 = (p.b.cols & 31) == 0;
   if (p.mx) {  // K % 32 == 0
-    return pl.tiles == 1 ? LaunchMain<true, true, 1>(p, pl, act, ws.partial, ws.tickets, s)
-                         : LaunchMain<true, true, 2>(p, pl, act, ws.partial, ws.tickets, s);
+    return pl.tiles == 1 ? LaunchMain<true, true, 1>(p, pl, partial, tickets, s)
+                         : LaunchMain<true, true, 2>(p, pl, partial, tickets, s);
   }
   if (pl.tiles == 1) {
-    return k32 ? LaunchMain<false, true, 1>(p, pl, act, ws.partial, ws.tickets, s)
-               : LaunchMain<false, false, 1>(p, pl, act, ws.partial, ws.tickets, s);
+    return k32 ? LaunchMain<false, true, 1>(p, pl, partial, tickets, s)
+               : LaunchMain<false, false, 1>(p, pl, partial, tickets, s);
   }
-  return k32 ? LaunchMain<false, true, 2>(p, pl, act, ws.partial, ws.tickets, s)
-             : LaunchMain<false, false, 2>(p, pl, act, ws.partial, ws.tickets, s);
+  return k32 ? LaunchMain<false, true, 2>(p, pl, partial, tickets, s)
+             : LaunchMain<false, false, 2>(p, pl, partial, tickets, s);
 }
 
 namespace {

@@ -159,6 +159,60 @@ TEST_F(MatmulTest, DecodeShapesAtK8192) {
   RunShapes({{16, 1024, 8192}, {1, 8192, 8192}, {64, 1024, 8192}, {128, 1024, 8192}}, 7000);
 }
 
+// The small-M kernel's split tickets outlive a call (one zeroed array per stream, which the
+// kernel puts back to zero): the same products on the default stream, twice on a second stream
+// (N = 12800: 100 row groups grow that stream's array past its first 64 tickets), then on the
+// default stream again; each within tolerance of the CPU reference and every repeat the same bits.
+TEST_F(MatmulTest, SmallMSplitTicketsAcrossCallsAndStreams) {
+  absl::StatusOr<Stream> side = gpu().CreateStream();
+  ASSERT_TRUE(side.ok()) << side.status();
+  const std::vector<Shape> shapes = {{1, 300, 1024}, {16, 1024, 8192}, {1, 12800, 1024}};
+  std::vector<std::vector<uint8_t>> first(shapes.size());
+  const std::vector<Stream> order = {nullptr, *side, *side, nullptr};
+  for (size_t round = 0; round < order.size(); ++round) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const Shape& sh = shapes[i];
+      SCOPED_TRACE(absl::StrCat("round ", round, " M=", sh.m, " N=", sh.n, " K=", sh.k));
+      auto rng = Rng(14000 + static_cast<int>(i));
+      QuantPair a(gpu(), Format::kNvfp4, BlockShape::k1x16, ScaleLayout::kPlain, sh.m, sh.k);
+      QuantPair b(gpu(), Format::kNvfp4, BlockShape::k1x16, ScaleLayout::kSwizzled, sh.n, sh.k);
+      for (QuantPair* q : {&a, &b}) {
+        DenseInput x = cuda_testing::MakeInput(gpu(), DType::kF32, q->host.rows, q->host.cols,
+                                               Dist::kNormal, rng);
+        QuantizeOptions o;
+        o.scale_layout = q->host.scale_layout;
+        ASSERT_TRUE(cpu().Quantize(x.host_view(), o, nullptr, &q->host, nullptr, nullptr).ok());
+        q->d_codes->Upload(q->codes.data(), q->codes.size());
+        q->d_scales->Upload(q->scales.data(), q->scales.size());
+        q->d_global->Upload(q->global.data(), 8);
+      }
+      const size_t c_bytes = static_cast<size_t>(sh.m * sh.n) * 4;
+      std::vector<uint8_t> poison(c_bytes, cuda_testing::kHostPoison);
+      DeviceBuffer got(gpu(), c_bytes);
+      got.Upload(poison.data(), c_bytes);
+      const absl::Status st = gpu().Matmul(AsConst(a.dev), AsConst(b.dev),
+                                           MutTensor{got.get(), DType::kF32, sh.m, sh.n, c_bytes},
+                                           order[round]);
+      ASSERT_TRUE(st.ok()) << st;
+      ASSERT_TRUE(gpu().Synchronize(order[round]).ok());
+      std::vector<uint8_t> bytes = got.Download();
+      if (round == 0) {
+        std::vector<uint8_t> want(c_bytes, cuda_testing::kHostPoison);
+        ASSERT_TRUE(cpu().Matmul(AsConst(a.host), AsConst(b.host),
+                                 MutTensor{want.data(), DType::kF32, sh.m, sh.n, c_bytes}, nullptr)
+                        .ok());
+        const double err = RelativeFrobenius(AsDoubles(bytes, DType::kF32),
+                                             AsDoubles(want, DType::kF32));
+        EXPECT_LT(err, 1e-5) << "relative Frobenius error " << err;
+        first[i] = std::move(bytes);
+      } else {
+        EXPECT_EQ(bytes, first[i]) << "differs from round 0";
+      }
+    }
+  }
+  gpu().DestroyStream(*side);
+}
+
 void MatmulTest::RunShapes(const std::vector<Shape>& shapes, int salt,
                            const std::vector<Format>& formats) {
   int i = 0;
