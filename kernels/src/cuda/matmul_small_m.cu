@@ -123,29 +123,43 @@ FP4Q_D void DecodeActSlice(const SmallMParams& p, int64_t c0, int nch, int row_u
                            int tid, int nthreads) {
   const int64_t M = p.a.rows;
   const int64_t K = p.a.cols;
-  const int per_row = nch * 16;  // words of a row's slice
-  const int words = static_cast<int>(M) * per_row;
-  for (int q = tid; q < words; q += nthreads) {
+  // A thread takes 32 k of a row (lane t's four words of a chunk): one index computation and
+  // one or two scales for four words.
+  const int per_row = nch * 4;
+  const int units = static_cast<int>(M) * per_row;
+  for (int q = tid; q < units; q += nthreads) {
     const int m = q / per_row;
     const int r = q - m * per_row;
-    const int c = r >> 4;
-    const int t = (r >> 2) & 3;
-    const int u = r & 3;
-    const int64_t k = (c0 + c) * kChunk + 32 * t + 8 * u;
-    uint32_t pair[4] = {0u, 0u, 0u, 0u};
-    if (k < K) {
-      const uint32_t w = __ldg(reinterpret_cast<const uint32_t*>(p.a.codes + ((m * K + k) >> 1)));
-      const float sv = OperandScale(p.a, kMx, m, kMx ? (k >> 5) : (k >> 4));
+    const int c = r >> 2;
+    const int t = r & 3;
+    const int64_t k0 = (c0 + c) * kChunk + 32 * t;
+    // The scale of block kb as a bf16 splat: sf * 2^62 (NVFP4) or 2^(b - 127) (MX).
+    auto mult_of = [&](int64_t kb) {
+      const float sv = OperandScale(p.a, kMx, m, kb);
       const __nv_bfloat16 sb = __float2bfloat16_rn(kMx ? sv : __fmul_rn(sv, 0x1p62f));
-      const uint32_t sh = *reinterpret_cast<const uint16_t*>(&sb);
-      const uint32_t mult = sh | (sh << 16);
-      small_m::DecodeWord(w, pair);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) pair[j] = MulBf16x2(MulBf16x2(pair[j], 0x7E807E80u), mult);
+      const uint32_t h = *reinterpret_cast<const uint16_t*>(&sb);
+      return h | (h << 16);
+    };
+    uint32_t mult[2] = {0u, 0u};
+    if (k0 < K) {
+      mult[0] = mult_of(kMx ? (k0 >> 5) : (k0 >> 4));
+      mult[1] = kMx ? mult[0] : (k0 + 16 < K ? mult_of((k0 >> 4) + 1) : 0u);
     }
+    const uint32_t* codes = reinterpret_cast<const uint32_t*>(p.a.codes + ((m * K + k0) >> 1));
     uint2* row = dst + m * row_u2 + c * 32;
-    row[(2 * u) * 4 + t] = make_uint2(pair[0], pair[1]);
-    row[(2 * u + 1) * 4 + t] = make_uint2(pair[2], pair[3]);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      uint32_t pair[4] = {0u, 0u, 0u, 0u};
+      if (k0 + 8 * u < K) {
+        small_m::DecodeWord(__ldg(codes + u), pair);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          pair[j] = MulBf16x2(MulBf16x2(pair[j], 0x7E807E80u), mult[u >> 1]);
+        }
+      }
+      row[(2 * u) * 4 + t] = make_uint2(pair[0], pair[1]);
+      row[(2 * u + 1) * 4 + t] = make_uint2(pair[2], pair[3]);
+    }
   }
 }
 
