@@ -87,7 +87,10 @@ CudaBackend::~CudaBackend() {
   {
     absl::MutexLock lock(&tickets_mu_);
     if (!tickets_.empty()) cudaDeviceSynchronize();  // cudaFree of a stream-ordered allocation
-    for (auto& entry : tickets_) cudaFree(entry.second.p);
+    for (auto& entry : tickets_) {
+      cudaFree(entry.second.p);
+      for (int* old : entry.second.retired) cudaFree(old);
+    }
     tickets_.clear();
   }
   cudaStreamSynchronize(stream_);
@@ -212,6 +215,7 @@ void CudaBackend::DestroyStream(Stream stream) {
     const auto it = tickets_.find(s);
     if (it != tickets_.end()) {
       cudaFree(it->second.p);
+      for (int* old : it->second.retired) cudaFree(old);
       tickets_.erase(it);
     }
   }
@@ -233,8 +237,7 @@ absl::StatusOr<int*> CudaBackend::SplitTickets(cudaStream_t stream, int64_t n) {
     cudaFreeAsync(p, stream);
     return zeroed;
   }
-  // After every earlier kernel of this stream that used the smaller array.
-  if (t.p != nullptr) cudaFreeAsync(t.p, stream);
+  if (t.p != nullptr) t.retired.push_back(t.p);
   t.p = static_cast<int*>(p);
   t.n = want;
   return t.p;

@@ -155,6 +155,9 @@ class CudaBackend final : public Backend {
   struct Tickets {
     int* p = nullptr;
     int64_t n = 0;
+    // Smaller arrays this one replaced: another thread may still launch with one (it asked
+    // before the growth), so they are freed only with the stream or the backend.
+    std::vector<int*> retired;
   };
   absl::Mutex tickets_mu_;
   std::map<cudaStream_t, Tickets> tickets_ ABSL_GUARDED_BY(tickets_mu_);
