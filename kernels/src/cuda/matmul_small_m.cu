@@ -23,7 +23,7 @@
 //
 // One launch: each CTA issues its first B loads, then decodes its own A slice from A's codes
 // into shared memory in fragment order (DecodeActSlice; rows padded by 32 bytes: the 8-byte
-// fragment loads are conflict-free). At M = 16 that is about 15% more instructions than copying
+// fragment loads are conflict-free). At M = 16 that is about 6% more instructions than copying
 // a slice prepared by another kernel, but no prepare kernel runs before it (a kernel boundary
 // and a launch of latency: 2.4-3.6 us of 27.6 at M = 1 on an H100,
 // bench/results/h200-gemm/small-m/). With splits > 1 every CTA writes f32 partial sums; the
@@ -112,9 +112,9 @@ __global__ void __launch_bounds__(256)
 }
 
 // The small-M kernel's A slice, straight from A's codes into the CTA's shared memory, in
-// PrepareActKernel's order and with its values. One 32-bit word of A's
-// codes is 8 consecutive k of one block, k = 128 c + 32 t + 8 u: DecodeWord's pairs 0, 1 are
-// lane t's fragment of MMA 2u and pairs 2, 3 that of MMA 2u + 1 (small_m_layout.h). The pairs
+// PrepareActKernel's order and with its values. One 32-bit word of A's codes is 8 consecutive
+// k of one block, k = 128 c + 32 t + 8 u: DecodeWord's pairs 0, 1 are lane t's fragment of
+// MMA 2u and pairs 2, 3 that of MMA 2u + 1 (small_m_layout.h). The pairs
 // hold e2m1 * 2^-126; times 2^126 and then the scale as bf16 (NVFP4: sf * 2^62) they are
 // e2m1 * sf (* 2^62) exactly, as ActBits rounds them (at most 5 significant bits, within bf16's
 // range). Words past K are zero; rows past M are the caller's.
