@@ -211,7 +211,8 @@ const void* ElementwiseModule();
 const void* MatmulMidMModule();     // matmul_mid_m.cu
 const void* MatmulSmallMModule();   // matmul_small_m.cu
 const void* MatmulWgmmaModule();    // matmul_wgmma.cu
-const void* QuantizeLanesModule();  // quantize_lanes.cu
+const void* QuantizeLanePairsModule();  // quantize_lane_pairs.cu
+const void* QuantizeLanesModule();      // quantize_lanes.cu
 const void* QuantizeRowsModule();   // quantize_rows.cu
 const void* QuantizeTileModule();   // quantize_tile.cu
 

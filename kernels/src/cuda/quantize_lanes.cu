@@ -12,16 +12,14 @@
 // 32 * u + l of each step u, so a warp's loads and stores cover contiguous memory (four
 // consecutive blocks of a row have consecutive scale bytes in both layouts). Two granule sizes:
 //   - 16 elements (one NVFP4 block per lane, or half an MXFP4 block: Quantize and QDQ without
-//     error feedback). The block amax, the RHT and the scale are computed by the lane alone
-//     (MXFP4: the lane pair, one shuffle), which stores its scale byte itself; measured on the H200
-//     (bench/NOTES.md v5) this needs fewer instructions per element than lane pairs, and these
-//     requests are bound by instruction issue, not by memory.
-//   - 8 elements (a lane pair per block: error feedback). The block amax is a shuffle and
-//     scales go out as one 32-bit word per 8 lanes. 16-byte lanes keep the f32 residual's
-//     12 bytes per element of traffic fully coalesced; this request is bound by memory.
+//     error feedback), this file. The block amax, the RHT and the scale are computed by the lane
+//     alone (MXFP4: the lane pair, one shuffle), which stores its scale byte itself; measured on
+//     the H200 (bench/NOTES.md v5) this needs fewer instructions per element than lane pairs, and
+//     these requests are bound by instruction issue, not by memory. A granule of 16 is two
+//     Philox groups (NUMERICS 4: counter = element index / 8).
+//   - 8 elements (a lane pair per block: error feedback): quantize_lane_pairs.cu.
 // Each lane holds the next step's granules in registers while it computes the current one
-// (software pipelining). A granule of 8 is exactly one Philox group (NUMERICS 4: counter =
-// element index / 8); a granule of 16 is two.
+// (software pipelining).
 //
 // Which of these kernels runs a pass (or quantize_rows.cu instead) is kernel_choice.h's
 // decision, tuned by the backend's KernelTuning.
@@ -33,6 +31,7 @@
 #include <cfloat>
 
 #include "launch.h"
+#include "quantize_lanes.cuh"
 #include "quantize_unit.cuh"
 
 namespace fp4q::kernels::cuda {
@@ -40,211 +39,10 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kThreads = 256;
-constexpr unsigned kFull = 0xFFFFFFFFu;
-
-struct LaneParams {
-  RowParams p;
-  uint64_t n_gran = 0;     // 8-element granules (elements / 8)
-  uint32_t n_blocks = 0;   // 16-element blocks (elements / 16 < 2^31)
-  // Non-null: compute the global amax in the launch itself (see QuantizeBlocksKernel).
-  float* fused_amax = nullptr;
-  uint64_t row_magic = 0;  // floor((2^64 - 1) / scale_cols) + 1: block -> row (swizzled)
-  uint32_t scale_cols = 0;
-  // The RHT's signs (q.rht_signs) as sign bits of packed bf16 pairs: word k flips elements 2k
-  // (bit 15) and 2k + 1 (bit 31) of a block.
-  uint32_t rht_sign_words[8] = {};
-  // NVFP4 16x16 (LaneBlockIndex): a warp step covers 16 rows by 2 * kU blocks, units_per_row
-  // steps a row of tiles; unit_magic = floor((2^64 - 1) / units_per_row) + 1.
-  uint32_t units_per_row = 0;
-  uint64_t unit_magic = 0;
-};
-
-// Granules per lane per step: 4 for bf16 x; 2 when each granule is 32 bytes of f32 x or carries
-// its 32-byte f32 residual (register budget of 2 CTAs per SM).
-template <typename In, bool kRes>
-constexpr int StepGranules() {
-  return (kRes || sizeof(In) == 4) ? 2 : 4;
-}
-
-template <typename In, bool kRes>
-struct Gran {
-  uint4 x[sizeof(In) == 2 ? 1 : 2];
-  uint4 r[kRes ? 2 : 1];
-};
-
-template <typename In, bool kRes>
-FP4Q_D void LoadGran(const RowParams& p, uint64_t g, bool valid, Gran<In, kRes>* out) {
-  const uint4 z = make_uint4(0u, 0u, 0u, 0u);
-  const uint4* xp = reinterpret_cast<const uint4*>(p.x) + g * (sizeof(In) == 2 ? 1 : 2);
-  out->x[0] = valid ? xp[0] : z;
-  if constexpr (sizeof(In) == 4) out->x[1] = valid ? xp[1] : z;
-  if constexpr (kRes) {
-    const uint4* rp = reinterpret_cast<const uint4*>(p.residual) + g * 2;
-    out->r[0] = valid ? rp[0] : z;
-    out->r[1] = valid ? rp[1] : z;
-  }
-}
-
-template <typename In, bool kRes>
-FP4Q_D void WidenGran(const Gran<In, kRes>& gr, float* v) {
-  WidenWords<In>(gr.x, sizeof(In) == 2 ? 1 : 2, v);
-  if constexpr (kRes) {
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      v[4 * k] = __fadd_rn(v[4 * k], __uint_as_float(gr.r[k].x));
-      v[4 * k + 1] = __fadd_rn(v[4 * k + 1], __uint_as_float(gr.r[k].y));
-      v[4 * k + 2] = __fadd_rn(v[4 * k + 2], __uint_as_float(gr.r[k].z));
-      v[4 * k + 3] = __fadd_rn(v[4 * k + 3], __uint_as_float(gr.r[k].w));
-    }
-  }
-}
-
-// Error feedback (and its amax-only pass): x and the f32 residual, a lane pair per block.
-// kTrack: the guarded amax-only pass (its own instantiation).
-template <typename In, bool kSr, bool kTrack = false>
-__global__ void __launch_bounds__(kThreads, 2) QuantizeLanesKernel(const LaneParams lp) {
-  constexpr bool kRes = true;
-  constexpr int kU = StepGranules<In, kRes>();
-  const RowParams& p = lp.p;
-  if (p.gate != nullptr && *p.gate != 0) return;  // a refused guarded call writes nothing
-  const int lane = threadIdx.x & 31;
-  const uint64_t gtid = static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  const uint64_t warps = (static_cast<uint64_t>(gridDim.x) * kThreads) >> 5;
-  const uint64_t steps = (lp.n_gran + 32 * kU - 1) / (32 * kU);
-
-  const bool amax_only = p.amax_out != nullptr;
-  UnitCtx ctx{};
-  if (!amax_only) {
-    const float amax = p.out.amax_ptr != nullptr ? *p.out.amax_ptr : p.out.amax_value;
-    ctx = MakeUnitCtx(p.q, amax);
-    if (gtid == 0 && p.out.global != nullptr) {
-      if (p.out.write_amax) p.out.global[0] = amax;
-      p.out.global[1] = ctx.g.s_enc;
-    }
-  }
-  const bool want_codes = !amax_only && p.out.codes != nullptr;
-  const bool want_dq = !amax_only && (p.dq != nullptr || kRes);
-  float thread_max = 0.0f;
-  constexpr bool track = kTrack;  // the guarded amax pass (amax_only is set)
-  uint64_t bad_x = ~uint64_t{0};
-  uint64_t bad_v = ~uint64_t{0};
-
-  uint64_t step = gtid >> 5;  // warp-uniform
-  Gran<In, kRes> cur[kU];
-  if (step < steps) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const uint64_t g = (step * kU + u) * 32 + lane;
-      LoadGran<In, kRes>(p, g, g < lp.n_gran, &cur[u]);
-    }
-  }
-  for (; step < steps; step += warps) {
-    const uint64_t next = step + warps;
-    Gran<In, kRes> nxt[kU];
-    if (next < steps) {
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const uint64_t g = (next * kU + u) * 32 + lane;
-        LoadGran<In, kRes>(p, g, g < lp.n_gran, &nxt[u]);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const uint64_t g = (step * kU + u) * 32 + lane;
-      // Lane pairs and 8-lane groups are valid together (the element count is a multiple of 64).
-      const bool valid = g < lp.n_gran;
-      float v[8];
-      WidenGran<In, kRes>(cur[u], v);
-      if (kTrack || amax_only) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) thread_max = fmaxf(thread_max, fabsf(v[e]));
-        if (track && valid) {
-          float x[8];
-          WidenWords<In>(cur[u].x, sizeof(In) == 2 ? 1 : 2, x);
-#pragma unroll
-          for (int e = 7; e >= 0; --e) {
-            const uint64_t i = g * 8 + e;
-            if (!(fabsf(x[e]) <= FLT_MAX) && i < bad_x) bad_x = i;
-            if (!(fabsf(v[e]) <= FLT_MAX) && i < bad_v) bad_v = i;
-          }
-        }
-        continue;
-      }
-      float bamax = 0.0f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) bamax = fmaxf(bamax, fabsf(v[e]));
-      bamax = fmaxf(bamax, __shfl_xor_sync(kFull, bamax, 1));
-      const uint32_t sf = E4M3Rn(__fmul_rn(bamax, ctx.g.t));
-      const float sfv = E4M3Value(sf);
-      const uint32_t word = Codes8<kSr>(v, InvScale(sfv, ctx.g.s_dec), ctx, p.q.sr_keys, g);
-      if (want_codes) {
-        const uint32_t b1 = __shfl_down_sync(kFull, sf, 2);
-        const uint32_t b2 = __shfl_down_sync(kFull, sf, 4);
-        const uint32_t b3 = __shfl_down_sync(kFull, sf, 6);
-        if (valid) {
-          reinterpret_cast<uint32_t*>(p.out.codes)[g] = word;
-          if ((lane & 7) == 0) {
-            const uint64_t blk = g >> 1;  // a multiple of 4
-            uint64_t at = blk;
-            if (p.out.swizzled) {
-              const uint64_t row = __umul64hi(lp.row_magic, blk);
-              at = static_cast<uint64_t>(
-                  SwizzleOffset(static_cast<int64_t>(row), static_cast<int64_t>(blk - row * lp.scale_cols),
-                                lp.scale_cols / 4));
-            }
-            *reinterpret_cast<uint32_t*>(p.out.scales + at) =
-                sf | (b1 << 8) | (b2 << 16) | (b3 << 24);
-          }
-        }
-      }
-      if (want_dq && valid) {
-        float d[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          d[e] = __fmul_rn(__fmul_rn(E2M1Value((word >> (4 * e)) & 0xFu), sfv), ctx.g.s_dec);
-        }
-        if (kRes) {
-          float4* rp = reinterpret_cast<float4*>(p.residual) + g * 2;
-          rp[0] = make_float4(__fsub_rn(v[0], d[0]), __fsub_rn(v[1], d[1]), __fsub_rn(v[2], d[2]),
-                              __fsub_rn(v[3], d[3]));
-          rp[1] = make_float4(__fsub_rn(v[4], d[4]), __fsub_rn(v[5], d[5]), __fsub_rn(v[6], d[6]),
-                              __fsub_rn(v[7], d[7]));
-        }
-        if (p.dq != nullptr) {
-          if (p.dq_dtype == kF32) {
-            float4* q = reinterpret_cast<float4*>(p.dq) + g * 2;
-            q[0] = make_float4(d[0], d[1], d[2], d[3]);
-            q[1] = make_float4(d[4], d[5], d[6], d[7]);
-          } else {
-            reinterpret_cast<uint4*>(p.dq)[g] =
-                make_uint4(PackBf16x2(d[0], d[1]), PackBf16x2(d[2], d[3]),
-                           PackBf16x2(d[4], d[5]), PackBf16x2(d[6], d[7]));
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) cur[u] = nxt[u];
-  }
-  if (amax_only) WarpAtomicMax(p.amax_out, thread_max);
-  if constexpr (track) {
-#pragma unroll
-    for (int m = 0; m < 2; ++m) {
-      uint64_t b = m == 0 ? bad_x : bad_v;
-      if (!__any_sync(kFull, b != ~uint64_t{0})) continue;
-#pragma unroll
-      for (int d = 16; d >= 1; d >>= 1) {
-        const uint64_t o = __shfl_xor_sync(kFull, b, d);
-        b = o < b ? o : b;
-      }
-      if (lane == 0) {
-        atomicMin(reinterpret_cast<unsigned long long*>(m == 0 ? p.first_bad_x : p.first_bad_v),
-                  static_cast<unsigned long long>(b));
-      }
-    }
-  }
-}
+using lanes::kFull;
+using lanes::kThreads;
+using lanes::LaneParams;
+using lanes::ResidentCtas;
 
 // ---------------------------------------------------------------- one block per lane
 
@@ -702,17 +500,6 @@ inline uint64_t LaneStepCtas(uint32_t n_blocks, int k_u) {
   return (uint64_t{n_blocks} + per_cta - 1) / per_cta;
 }
 
-// CTAs per SM the kernel reaches (registers), asked once per kernel; the grid is one wave.
-template <typename Kernel>
-int ResidentCtas(Kernel k) {
-  int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, 0) != cudaSuccess || n < 1) {
-    cudaGetLastError();
-    n = 2;
-  }
-  return n;
-}
-
 template <typename In, int kFmt, bool kSr, bool kRht, int kCtas>
 cudaError_t LaunchBlocksWith(const LaneParams& lp, cudaStream_t s) {
   if (lp.p.amax_out != nullptr) {
@@ -768,27 +555,14 @@ cudaError_t LaunchBlocks(const LaneParams& lp, bool four_ctas, cudaStream_t s) {
   return LaunchBlocksOf<In, kFmtNv1x16, kSr, kRht>(lp, four_ctas, s);
 }
 
-template <typename In, bool kSr, bool kTrack = false>
-cudaError_t LaunchLanes(const LaneParams& lp, cudaStream_t s) {
-  constexpr int kU = StepGranules<In, true>();
-  const uint64_t steps = (lp.n_gran + 32 * kU - 1) / (32 * kU);
-  uint64_t blocks = (steps + kThreads / 32 - 1) / (kThreads / 32);
-  static const int per_sm = ResidentCtas(QuantizeLanesKernel<In, kSr, kTrack>);
-  const uint64_t cap = static_cast<uint64_t>(SmCount()) * per_sm;  // one wave
-  if (blocks > cap) blocks = cap;
-  if (blocks == 0) return cudaSuccess;
-  QuantizeLanesKernel<In, kSr, kTrack><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(lp);
-  return cudaGetLastError();
-}
-
 template <typename In>
 cudaError_t Dispatch(const LaneParams& lp, RowKernel k, cudaStream_t s) {
   const QuantOptions& q = lp.p.q;
   switch (k) {
     case RowKernel::kLanesGuardedAmax:
-      return LaunchLanes<In, false, true>(lp, s);  // no rounding
+      return lanes::LaunchLanePairs<In>(lp, /*sr=*/false, /*track=*/true, s);  // no rounding
     case RowKernel::kLanesResidual:
-      return q.sr ? LaunchLanes<In, true>(lp, s) : LaunchLanes<In, false>(lp, s);
+      return lanes::LaunchLanePairs<In>(lp, q.sr, /*track=*/false, s);
     case RowKernel::kLanesBlocks:
     case RowKernel::kLanesBlocksFourCtas: {
       const bool four = k == RowKernel::kLanesBlocksFourCtas;
@@ -826,22 +600,9 @@ cudaError_t LaunchQuantizeFusedAmax(const RowParams& p, float* amax, cudaStream_
   LaneParams lp = LaneParamsOf(p);
   lp.p.out.amax_ptr = nullptr;
   lp.fused_amax = amax;
-  const QuantOptions& q = p.q;
-  const bool four = ChooseRowKernel(RowPassOf(p), p.tuning) == RowKernel::kLanesBlocksFourCtas;
-  if (p.x_dtype == kF32) {
-    if (q.rht) {
-      return q.sr ? LaunchBlocks<float, true, true>(lp, four, s)
-                  : LaunchBlocks<float, false, true>(lp, four, s);
-    }
-    return q.sr ? LaunchBlocks<float, true, false>(lp, four, s)
-                : LaunchBlocks<float, false, false>(lp, four, s);
-  }
-  if (q.rht) {
-    return q.sr ? LaunchBlocks<__nv_bfloat16, true, true>(lp, four, s)
-                : LaunchBlocks<__nv_bfloat16, false, true>(lp, four, s);
-  }
-  return q.sr ? LaunchBlocks<__nv_bfloat16, true, false>(lp, four, s)
-              : LaunchBlocks<__nv_bfloat16, false, false>(lp, four, s);
+  // FusedAmaxFits: the pass takes kLanesBlocks or kLanesBlocksFourCtas.
+  const RowKernel k = ChooseRowKernel(RowPassOf(p), p.tuning);
+  return p.x_dtype == kF32 ? Dispatch<float>(lp, k, s) : Dispatch<__nv_bfloat16>(lp, k, s);
 }
 
 cudaError_t LaunchQuantizeLanes(const RowParams& p, RowKernel k, cudaStream_t s) {

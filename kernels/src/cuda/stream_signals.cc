@@ -96,7 +96,8 @@ bool LoadStepKernels() {
 // thread on any stream (measured on the H200: bench/results/h200-step/timeline/probe/).
 void LoadOtherKernels() {
   for (const void* anchor : {MatmulMidMModule(), MatmulSmallMModule(), MatmulWgmmaModule(),
-                             QuantizeLanesModule(), QuantizeRowsModule(), QuantizeTileModule()}) {
+                             QuantizeLanePairsModule(), QuantizeLanesModule(), QuantizeRowsModule(),
+                             QuantizeTileModule()}) {
     if (!LoadModuleKernels(anchor)) {
       std::fprintf(stderr, "fp4q CUDA backend: a module's kernels could not be loaded at "
                            "start-up; their first use may wait for a step's ready word\n");
