@@ -207,14 +207,8 @@ constexpr int kRowsPerCta = kWarps * 16;
 // recomputes addresses in the loop (1 n8 tile) or spills (2).
 constexpr int kCtasPerSm = 3;
 constexpr int kPad = 16;              // bf16 of padding per shared row (32 bytes)
-#ifndef FP4Q_SMALL_M_STAGES
-#define FP4Q_SMALL_M_STAGES 2
-#endif
-#ifndef FP4Q_SMALL_M_WAVES
-#define FP4Q_SMALL_M_WAVES 1
-#endif
-constexpr int kStages = FP4Q_SMALL_M_STAGES;  // chunks of B loads a lane has in flight
-constexpr int kWaves = FP4Q_SMALL_M_WAVES;
+// Chunks of B loads a lane has in flight (3 was slower: bench/results/h200-gemm/small-m/).
+constexpr int kStages = 2;
 constexpr int kSmemBudget = 48 * 1024;
 
 // One lane's B data for one chunk: 32 codes and their scale byte(s) per row.
@@ -393,7 +387,7 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   pl.total = (k + kChunk - 1) / kChunk;
   pl.groups = (n + kRowsPerCta - 1) / kRowsPerCta;
   const int64_t max_chunks = (kSmemBudget / (16 * pl.tiles) - kPad) / kChunk;  // 23 or 11
-  direct_gemm::SplitK(pl.groups, pl.total, static_cast<int64_t>(SmCount()) * kCtasPerSm * kWaves,
+  direct_gemm::SplitK(pl.groups, pl.total, static_cast<int64_t>(SmCount()) * kCtasPerSm,
                       max_chunks, &pl.chunks, &pl.splits);
   return pl;
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds CUDA modules that differ from build-device's only in matmul_small_m.cu's compile-time
 # knobs (FP4Q_SMALL_M_STAGES: chunks of B loads a lane keeps in flight; FP4Q_SMALL_M_WAVES: the
-# K split sized for that many waves of CTAs), for an A/B through FP4Q_CUDA_MODULE:
+# K split sized for that many waves of CTAs), for an A/B through FP4Q_CUDA_MODULE. The knobs
+# existed from ce7e314 to f711e33 (call 2 ran this at c150fd7); they were dropped after the
+# measurement kept the defaults, so this script needs a checkout of that range:
 #   bash bench/results/h200-gemm/small-m/variants.sh OUTDIR S2W1 S3W1 ...
 # Each NAME = S<stages>W<waves>; OUTDIR/NAME.so.gz. Run after build-device is built.
 set -euo pipefail
