@@ -66,6 +66,20 @@ class MatmulTest : public CudaTest {
  protected:
   void RunShapes(const std::vector<Shape>& shapes, int salt,
                  const std::vector<Format>& formats = {Format::kNvfp4, Format::kMxfp4});
+  // q's host tensor quantized by the CPU backend (its block shape and scale layout) from `dist`
+  // values, then copied to its device tensor.
+  void QuantizeOnHostAndUpload(QuantPair* q, Format format, Dist dist, std::mt19937& rng) {
+    DenseInput x =
+        cuda_testing::MakeInput(gpu(), DType::kF32, q->host.rows, q->host.cols, dist, rng);
+    QuantizeOptions o;
+    o.format = format;
+    o.block = q->host.block;
+    o.scale_layout = q->host.scale_layout;
+    ASSERT_TRUE(cpu().Quantize(x.host_view(), o, nullptr, &q->host, nullptr, nullptr).ok());
+    q->d_codes->Upload(q->codes.data(), q->codes.size());
+    q->d_scales->Upload(q->scales.data(), q->scales.size());
+    q->d_global->Upload(q->global.data(), 8);
+  }
 };
 
 TEST_F(MatmulTest, WithinToleranceOfCpuReference) {
@@ -177,14 +191,7 @@ TEST_F(MatmulTest, SmallMSplitTicketsAcrossCallsAndStreams) {
       QuantPair a(gpu(), Format::kNvfp4, BlockShape::k1x16, ScaleLayout::kPlain, sh.m, sh.k);
       QuantPair b(gpu(), Format::kNvfp4, BlockShape::k1x16, ScaleLayout::kSwizzled, sh.n, sh.k);
       for (QuantPair* q : {&a, &b}) {
-        DenseInput x = cuda_testing::MakeInput(gpu(), DType::kF32, q->host.rows, q->host.cols,
-                                               Dist::kNormal, rng);
-        QuantizeOptions o;
-        o.scale_layout = q->host.scale_layout;
-        ASSERT_TRUE(cpu().Quantize(x.host_view(), o, nullptr, &q->host, nullptr, nullptr).ok());
-        q->d_codes->Upload(q->codes.data(), q->codes.size());
-        q->d_scales->Upload(q->scales.data(), q->scales.size());
-        q->d_global->Upload(q->global.data(), 8);
+        ASSERT_NO_FATAL_FAILURE(QuantizeOnHostAndUpload(q, Format::kNvfp4, Dist::kNormal, rng));
       }
       const size_t c_bytes = static_cast<size_t>(sh.m * sh.n) * 4;
       std::vector<uint8_t> poison(c_bytes, cuda_testing::kHostPoison);
@@ -240,16 +247,8 @@ void MatmulTest::RunShapes(const std::vector<Shape>& shapes, int salt,
         QuantPair a(gpu(), format, a_block, a_layout, sh.m, sh.k);
         QuantPair b(gpu(), format, b_block, b_layout, sh.n, sh.k);
         for (QuantPair* q : {&a, &b}) {
-          DenseInput x = cuda_testing::MakeInput(gpu(), DType::kF32, q->host.rows, q->host.cols,
-                                                 i % 2 ? Dist::kNormal : Dist::kOutliers, rng);
-          QuantizeOptions o;
-          o.format = format;
-          o.block = q->host.block;
-          o.scale_layout = q->host.scale_layout;
-          ASSERT_TRUE(cpu().Quantize(x.host_view(), o, nullptr, &q->host, nullptr, nullptr).ok());
-          q->d_codes->Upload(q->codes.data(), q->codes.size());
-          q->d_scales->Upload(q->scales.data(), q->scales.size());
-          q->d_global->Upload(q->global.data(), 8);
+          ASSERT_NO_FATAL_FAILURE(QuantizeOnHostAndUpload(
+              q, format, i % 2 ? Dist::kNormal : Dist::kOutliers, rng));
         }
         const size_t es = c_dtype == DType::kF32 ? 4 : 2;
         const size_t c_bytes = static_cast<size_t>(sh.m * sh.n) * es;
