@@ -8,7 +8,7 @@ bool LanesCover(const RowPass& p) {
   if (p.fmt == kFmtMx) {
     if (p.residual || p.amax_only) return false;  // one block a lane pair: Quantize and QDQ
   } else if (p.fmt == kFmtNv16x16) {
-    // A tile's 16 rows in a half-warp: Quantize and QDQ with map-to-6 scales.
+    // Tile pairs (a tile's rows are the 16 lanes of one parity): Quantize and QDQ, map-to-6.
     if (p.residual || p.amax_only || p.scale_sel != kSelMapTo6 || p.rows % 16 != 0) return false;
   } else if (p.fmt != kFmtNv1x16 || p.scale_sel != kSelMapTo6) {
     return false;
