@@ -8,9 +8,9 @@
 //                       (MXFP4, 16x16 tiles, four-over-six) and row length.
 //                       (16x16 Quantize and QDQ on the lanes: tile pairs, map-to-6, rows a
 //                       multiple of 16.)
-//   kLanesGuardedAmax   quantize_lanes.cu, the guarded amax-only pass of error feedback (first
-//                       non-finite x and v; no rounding).
-//   kLanesResidual      quantize_lanes.cu, a lane pair per block with the f32 residual (error
+//   kLanesGuardedAmax   quantize_lane_pairs.cu, the guarded amax-only pass of error feedback
+//                       (first non-finite x and v; no rounding).
+//   kLanesResidual      quantize_lane_pairs.cu, a lane pair per block with the f32 residual (error
 //                       feedback, QDQ and Quantize).
 //   kLanesBlocks        quantize_lanes.cu, one block a lane (no residual; MXFP4 a lane pair per
 //                       block), 3 CTAs per SM.

@@ -190,8 +190,8 @@ cudaError_t LaunchAmax(const void* x, int dtype, int64_t n, float* amax, uint64_
                        cudaStream_t s);
 // A row pass on the kernel ChooseRowKernel(RowPassOf(p), p.tuning) names.
 cudaError_t LaunchQuantizeRows(const RowParams& p, cudaStream_t s);
-// The lane kernels (quantize_lanes.cu) for a pass the choice gives them; cudaErrorInvalidValue
-// for one it gives kRows.
+// The lane kernels (quantize_lanes.cu, quantize_lane_pairs.cu) for a pass the choice gives
+// them; cudaErrorInvalidValue for one it gives kRows.
 cudaError_t LaunchQuantizeLanes(const RowParams& p, RowKernel k, cudaStream_t s);
 // A pass with FusedAmaxFits(RowPassOf(p), p.tuning) and its global amax computed: one
 // cooperative launch computes the amax into *amax (zeroed by the launch itself) and quantizes
