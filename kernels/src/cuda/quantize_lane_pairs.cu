@@ -51,15 +51,7 @@ FP4Q_D void LoadGran(const RowParams& p, uint64_t g, bool valid, Gran<In, kRes>*
 template <typename In, bool kRes>
 FP4Q_D void WidenGran(const Gran<In, kRes>& gr, float* v) {
   WidenWords<In>(gr.x, sizeof(In) == 2 ? 1 : 2, v);
-  if constexpr (kRes) {
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      v[4 * k] = __fadd_rn(v[4 * k], __uint_as_float(gr.r[k].x));
-      v[4 * k + 1] = __fadd_rn(v[4 * k + 1], __uint_as_float(gr.r[k].y));
-      v[4 * k + 2] = __fadd_rn(v[4 * k + 2], __uint_as_float(gr.r[k].z));
-      v[4 * k + 3] = __fadd_rn(v[4 * k + 3], __uint_as_float(gr.r[k].w));
-    }
-  }
+  if constexpr (kRes) AddResidualWords(gr.r, 2, v);
 }
 
 // Error feedback (and its amax-only pass): x and the f32 residual, a lane pair per block.

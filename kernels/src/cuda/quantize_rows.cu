@@ -167,13 +167,7 @@ __global__ void __launch_bounds__(kThreads, kRes ? 3 : (sizeof(In) == 4 ? 1 : 2)
     Widen<In, kRes>(raw, v);
     if (kRes) {
       if constexpr (track) bad_x = min(bad_x, FirstBad(v, n_valid, base));
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        v[4 * k] = __fadd_rn(v[4 * k], __uint_as_float(raw.r[k].x));
-        v[4 * k + 1] = __fadd_rn(v[4 * k + 1], __uint_as_float(raw.r[k].y));
-        v[4 * k + 2] = __fadd_rn(v[4 * k + 2], __uint_as_float(raw.r[k].z));
-        v[4 * k + 3] = __fadd_rn(v[4 * k + 3], __uint_as_float(raw.r[k].w));
-      }
+      AddResidualWords(raw.r, 8, v);
       if constexpr (track) bad_v = min(bad_v, FirstBad(v, n_valid, base));
     }
     if (kRht) {

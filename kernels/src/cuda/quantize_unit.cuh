@@ -296,6 +296,18 @@ FP4Q_D void WidenWords(const uint4* w, int count, float* v) {
   }
 }
 
+// v[i] += the f32 residual word i of the `count` 16-byte words at r (4 values a word; one
+// rounding each, the sum error feedback quantizes).
+FP4Q_D void AddResidualWords(const uint4* r, int count, float* v) {
+#pragma unroll
+  for (int k = 0; k < count; ++k) {
+    v[4 * k] = __fadd_rn(v[4 * k], __uint_as_float(r[k].x));
+    v[4 * k + 1] = __fadd_rn(v[4 * k + 1], __uint_as_float(r[k].y));
+    v[4 * k + 2] = __fadd_rn(v[4 * k + 2], __uint_as_float(r[k].z));
+    v[4 * k + 3] = __fadd_rn(v[4 * k + 3], __uint_as_float(r[k].w));
+  }
+}
+
 // n (16 or 32) f32 values to p, as f32 or RN bf16.
 FP4Q_D void StoreElems(void* p, int dtype, int n, const float* v) {
   if (dtype == kF32) {
