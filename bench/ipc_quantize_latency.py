@@ -21,6 +21,10 @@ client's stats: "fast_socket", "grpc" or "mixed"), and client_stats has the coun
   fp4qd --backend cuda --allow_cuda_ipc --unix_socket /tmp/fp4qd.sock --fast_socket /tmp/fp4qd.fast
   python3 bench/ipc_quantize_latency.py --server unix:///tmp/fp4qd.sock \
       --fast-socket /tmp/fp4qd.fast --json bench/results/h200-ipc-quantize-fast.json
+
+--option KEY=VALUE (repeatable) sets a quantization option of every call, as
+fp4q.QuantOptions names them (--option block=16x16 --option rounding=stochastic); integers and
+floats are converted (seed=3, amax=4.5). The report's "options" lists them.
 """
 import argparse
 import collections
@@ -65,6 +69,19 @@ def summary(values):
             "min": min(values), "max": max(values), "mean": sum(values) / len(values)}
 
 
+def parse_option(text):
+    """KEY=VALUE of --option: VALUE as an int or float where it reads as one, else a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError("expected KEY=VALUE, got %r" % text)
+    for convert in (int, float):
+        try:
+            return key, convert(value)
+        except ValueError:
+            pass
+    return key, value
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--server", default=os.environ.get("FP4Q_SERVER", "127.0.0.1:50051"))
@@ -78,8 +95,15 @@ def main():
                    help="fp4qd's --fast_socket path: Quantize goes there instead of gRPC")
     p.add_argument("--spin-us", type=int, default=0,
                    help="with --fast-socket: busy-poll each reply this long (microseconds)")
+    p.add_argument("--option", action="append", default=[], type=parse_option,
+                   metavar="KEY=VALUE", help="a quantization option of every call (repeatable)")
     p.add_argument("--json", help="write the results here")
     a = p.parse_args()
+    options = dict(a.option)
+    try:
+        fp4q.QuantOptions(**options)
+    except TypeError as e:
+        p.error("--option: %s" % e)
     rows, cols = (int(v) for v in a.shape.split("x"))
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
     ipc = a.ipc or ("require" if a.device.startswith("cuda") else "never")
@@ -97,7 +121,7 @@ def main():
             if a.device.startswith("cuda"):
                 torch.cuda.synchronize()  # the input is ready before the request (proto contract)
             t0 = time.perf_counter()
-            client.quantize(x)
+            client.quantize(x, **options)
             t1 = time.perf_counter()
             if i >= a.warmup:
                 wall.append((t1 - t0) * 1e6)
@@ -120,7 +144,7 @@ def main():
             "server": a.server, "backend": info.backend, "server_version": info.version,
             "gpus": [g.name for g in info.gpus], "host": platform.node(),
             "device": a.device, "transport": ipc, "shape": [rows, cols], "dtype": a.dtype,
-            "iters": a.iters, "warmup": a.warmup,
+            "iters": a.iters, "warmup": a.warmup, "options": options,
             "wall_us": summary(wall), "kernel_us": summary(kernel),
             "overhead_us": summary(overhead),
             "queue_us": summary(queue), "server_us": summary(server),
