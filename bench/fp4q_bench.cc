@@ -40,7 +40,10 @@
 
 namespace fp4q::bench {
 
-cudaError_t LaunchEmptyKernel(cudaStream_t s);  // launch_floor.cu
+// launch_floor.cu
+cudaError_t LaunchEmptyKernel(cudaStream_t s);
+cudaError_t LaunchEmptyGrid(cudaStream_t s, unsigned ctas);
+cudaError_t LaunchEmptyWithBackendCalls(cudaStream_t s, int device);
 
 namespace {
 
@@ -494,6 +497,28 @@ int Run(int argc, char** argv) {
                        "", absl::StrFormat("GPU time per call (events) %.2f us", t.median_us)});
     std::printf("%-48s %9.2f us wall, %.2f us events\n", rows.back().name.c_str(), wall,
                 t.median_us);
+    // What a backend call adds to that floor (informative rows): a quantize kernel's grid and
+    // argument size, the runtime calls around the launch, and those runtime calls alone.
+    int dev = 0;
+    Check(cudaGetDevice(&dev), "cudaGetDevice");
+    struct Part {
+      const char* name;
+      std::function<void(int)> fn;
+    };
+    const Part parts[] = {
+        {"empty launch, 128 CTAs, 512-byte argument",
+         [&](int) { Check(LaunchEmptyGrid(s, 128), "empty grid"); }},
+        {"empty launch + the backend's runtime calls",
+         [&](int) { Check(LaunchEmptyWithBackendCalls(s, dev), "backend calls"); }},
+        {"cudaSetDevice (current device)", [&](int) { Check(cudaSetDevice(dev), "set"); }},
+        {"cudaGetLastError", [&](int) { Check(cudaGetLastError(), "last error"); }},
+    };
+    for (const Part& part : parts) {
+      const double w = WallPerCallUs(s, 2000, part.fn);
+      rows.push_back(Row{absl::StrCat(part.name, " (host wall per call)"), "", w, 0, 0, 0, "", 0,
+                         "", ""});
+      std::printf("%-48s %9.3f us wall\n", rows.back().name.c_str(), w);
+    }
   }
   for (int64_t m : {1, 16, 128}) {
     if (!want("quantize small")) break;

@@ -8,7 +8,8 @@
 #   3. bench/matmul_service.py at M = 1 and 16 (the one-launch small-M kernel through fp4qd,
 #      fast socket and gRPC, beside torch's bf16 matmul in the same process)
 #   4. one 8192x8192 bf16 Quantize by CUDA IPC over the fast socket from Python, 1x16 and 16x16
-#   5. fp4q_bench's quantize rows and the GEMM at M = 1 and 16 in process (the kernels' own time)
+#   5. fp4q_bench's quantize rows and the GEMM at M = 1 and 16 in process (the kernels' own time),
+#      with the small calls' host costs broken down (launch_floor.cu)
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
 begin e1
@@ -42,6 +43,7 @@ kill $pid 2>/dev/null; wait $pid 2>/dev/null
 room 60 "bench quantize" && timeout 60 stdbuf -oL $b/bin/fp4q_bench --only quantize \
   --out $o/bench-quantize.json > $o/bench-quantize.txt 2>&1
 echo "bench quantize rc=$?"; grep -E "^copy|^\| quantize (nv|mx)" $o/bench-quantize.txt | cut -d'|' -f2,4,6
+grep -E "host wall|wall," $o/bench-quantize.txt | head -20
 room 30 "bench gemm" && timeout 30 $b/bin/fp4q_bench --only GEMM --gemm-m 1,16 \
   --out $o/bench-gemm.json > $o/bench-gemm.txt 2>&1
 echo "bench gemm rc=$?"; grep -E "^GEMM" $o/bench-gemm.txt | cut -c1-70
