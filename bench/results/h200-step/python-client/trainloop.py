@@ -3,7 +3,8 @@
 # phases and stats; MODES: none / zero (zero_grad(set_to_none=True/False)), fixed (fixed
 # gradients, no backward: steps back to back), sleep (fixed gradients, the host idle GAP_MS
 # before each step), busy (fixed gradients, the GPU kept busy GAP_MS by this process before each
-# step, then synchronized), gpt2 (the GPT-2-shaped matrices, fixed gradients).
+# step, then synchronized), gpt2 (the GPT-2-shaped matrices, fixed gradients), single (one
+# 8192x8192 matrix, fixed gradients).
 # FP4QD_ARGS: more fp4qd flags (space-separated). SPIN_US: the client's fast_socket_spin_us (unset: its default).
 # Env: B (bundle dir), LD_LIBRARY_PATH, FP4Q_CUDA_MODULE, FP4Q_PROTO_DESCRIPTOR. Run from repo root.
 # SCALING: fp4q.optim's scaling (default: its own); ONE_PASS=1: one_pass=True (SCALING=delayed). PROFILE=1: also a cProfile of opt.step() over steps 20.. (PHASES=0: without the phase timers).
@@ -75,10 +76,12 @@ def gap(mode, mats):
                 torch.mm(mats[0], mats[1], out=mats[2])
             torch.cuda.synchronize()
 
-def gpt2_params():
+def gpt2_params(single=False):
     shapes = []
     for _ in range(12): shapes += [(768, 2304), (768, 768), (768, 3072), (3072, 768)]
     shapes += [(50257, 768), (1024, 768)]
+    if single:
+        shapes = [(8192, 8192)]
     n = sum(r * c for r, c in shapes)
     flat = (torch.randn(n, device="cuda") * 0.02).to(torch.bfloat16)
     gflat = (torch.randn(n, device="cuda") * 0.01).to(torch.bfloat16)
@@ -91,14 +94,14 @@ def gpt2_params():
 
 def run(mode, prefix):
     torch.manual_seed(1)
-    if mode == "gpt2":
-        stored = gpt2_params()
+    if mode in ("gpt2", "single"):
+        stored = gpt2_params(single=mode == "single")
         model = None
     else:
         model = M.Transformer(cfg).cuda()
         store = set(M.block_linear_names(model))
         stored = [(n, p) for n, p in model.named_parameters() if n in store]
-    kw = dict(lr=1e-4) if mode == "gpt2" else dict(lr=0.01, momentum=0.9)
+    kw = dict(lr=1e-4) if mode in ("gpt2", "single") else dict(lr=0.01, momentum=0.9)
     if os.environ.get("SCALING"):
         kw["scaling"] = os.environ["SCALING"]
     if os.environ.get("ONE_PASS") == "1":
