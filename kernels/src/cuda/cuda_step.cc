@@ -341,8 +341,13 @@ absl::Status CheckKernelLimits(const std::vector<StepItem>& items) {
 absl::Status QueueTable(int ordinal, const HostPlan& h, void* workspace, cudaStream_t s) {
   const Layout& l = h.layout;
   auto* ws = static_cast<uint8_t*>(workspace);
-  // The header and accumulators first (one kernel): if a launch below fails, no stale "ok" of
-  // an earlier batch remains.
+  // The header and accumulators first: if a launch below fails, no stale "ok" of an earlier
+  // batch remains. A table that fits rides in the same launch (no copy between it and the
+  // step's kernels, which then start as programmatic dependent launches behind it).
+  if (h.table.size() <= kInlineTableBytes && InlineTables()) {
+    return FP4Q_CUDA_STATUS(LaunchStepInitWithTable(ws, l.idx_acc, l.ff_end, l.total,
+                                                    h.table.data(), l.descs, h.table.size(), s));
+  }
   FP4Q_RETURN_IF_ERROR(FP4Q_CUDA_STATUS(LaunchStepInit(ws, l.idx_acc, l.ff_end, l.total, s)));
   PinnedPool& pool = PinnedPool::ForDevice(ordinal);
   FP4Q_ASSIGN_OR_RETURN(PinnedPool::Buffer pinned, pool.Acquire(h.table.size()));

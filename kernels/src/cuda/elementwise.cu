@@ -366,6 +366,14 @@ bool StepPdl() {
   return !off && CachedDeviceAttribute(cudaDevAttrComputeCapabilityMajor, cache, 0) >= 9;
 }
 
+bool InlineTables() {
+  static const bool off = [] {
+    const char* v = std::getenv("FP4Q_STEP_INLINE_TABLE");
+    return v != nullptr && v[0] == '0' && v[1] == '\0';
+  }();
+  return !off;
+}
+
 uint32_t RhtSignMask(int mode, uint64_t rht_seed) {
   if (mode == kRhtSeeded) return SrBits(0, SeedKeys{rht_seed}, 0).x & 0xFFFFu;
   return kDefaultRhtSigns;

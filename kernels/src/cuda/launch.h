@@ -297,6 +297,10 @@ int SmCount();
 // current device (compute capability 9.0 or later, unless FP4Q_STEP_PDL=0 in the environment,
 // the A/B switch): step_device.cuh StepLaunch.
 bool StepPdl();
+// Whether a step's item table rides in its init kernel's launch when it fits (cuda_step.cc
+// QueueTable), unless FP4Q_STEP_INLINE_TABLE=0 in the environment (the A/B switch: the table
+// then goes by a host-to-device copy).
+bool InlineTables();
 
 // Host helpers shared with the .cc side (defined in device_numerics, usable on the host).
 uint32_t RhtSignMask(int mode /*kRhtDefaultSigns or kRhtSeeded*/, uint64_t rht_seed);

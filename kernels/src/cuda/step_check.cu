@@ -14,6 +14,8 @@
 //   StepFinishKernel         one CTA, gated on the batch flag: global records and statistics
 //                            (FinishBatch).
 //   StepInitKernel           the header and accumulators' initial values (before the table).
+//   StepInitTableKernel      the same, and an item table of at most kInlineTableBytes carried
+//                            in its launch, written into the workspace.
 // Each grouped launch covers every item of its variant: warps walk the launch's warp-units
 // grid-stride, per-item partial results stay in registers until the warp's item changes and are
 // then flushed with one atomic per warp into one of kAccCopies replicas (no hot address).
@@ -27,6 +29,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
+#include <cstring>
 
 #include "launch.h"
 #include "step_decide.cuh"
@@ -339,9 +342,7 @@ __global__ void __launch_bounds__(kThreads, (CheckMinCtas<kCurrent, kOpt>())) St
 // ---------------------------------------------------------------- the workspace's initial values
 
 // LaunchStepInit in 16-byte words: the header's, then [ff_begin, total).
-__global__ void __launch_bounds__(kThreads)
-    StepInitKernel(uint4* ws, int64_t ff_begin, int64_t ff_end, int64_t total) {
-  StepGridEnter();
+FP4Q_D void InitWords(uint4* ws, int64_t ff_begin, int64_t ff_end, int64_t total) {
   constexpr int64_t kHeader = sizeof(step_ws::Header) / 16;
   const int64_t n = kHeader + (total - ff_begin);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
@@ -349,6 +350,32 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t w = i < kHeader ? i : ff_begin + (i - kHeader);
     const uint32_t v = w >= ff_begin && w < ff_end ? 0xFFFFFFFFu : 0u;
     ws[w] = make_uint4(v, v, v, v);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    StepInitKernel(uint4* ws, int64_t ff_begin, int64_t ff_end, int64_t total) {
+  StepGridEnter();
+  InitWords(ws, ff_begin, ff_end, total);
+}
+
+// An item table of at most kWords 16-byte words, passed by value.
+template <int kWords>
+struct InlineTable {
+  uint4 words[kWords];
+};
+
+// StepInitKernel's words, and the table's `n_table` words written from the kernel's argument
+// to ws[table_at ..].
+template <int kWords>
+__global__ void __launch_bounds__(kThreads)
+    StepInitTableKernel(uint4* ws, int64_t ff_begin, int64_t ff_end, int64_t total,
+                        int64_t table_at, int n_table, const InlineTable<kWords> table) {
+  StepGridEnter();
+  InitWords(ws, ff_begin, ff_end, total);
+  for (int i = static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x);
+       i < n_table; i += static_cast<int>(gridDim.x) * kThreads) {
+    ws[table_at + i] = table.words[i];
   }
 }
 
@@ -409,18 +436,62 @@ cudaError_t LaunchStepCheckFull(const StepKernelArgs& a, int opt, int st, cudaSt
   }
 }
 
+namespace {
+
+bool InitRangesValid(size_t ff_begin, size_t ff_end, size_t total) {
+  static_assert(sizeof(step_ws::Header) % 16 == 0, "Header in 16-byte words");
+  return ff_begin % 16 == 0 && ff_end % 16 == 0 && total % 16 == 0 &&
+         ff_begin >= sizeof(step_ws::Header) && ff_end >= ff_begin && total >= ff_end;
+}
+
+// CTAs for the init's words (at least one a 256 table words).
+unsigned InitCtas(size_t ff_begin, size_t total, size_t table_words) {
+  const int64_t words = static_cast<int64_t>(sizeof(step_ws::Header) + (total - ff_begin)) / 16;
+  const int64_t most = std::max<int64_t>(words, static_cast<int64_t>(table_words));
+  return static_cast<unsigned>(std::min<int64_t>((most + kThreads - 1) / kThreads, 1024));
+}
+
+template <int kWords>
+cudaError_t LaunchInitTable(void* workspace, size_t ff_begin, size_t ff_end, size_t total,
+                            const void* table, size_t table_at, size_t table_bytes,
+                            cudaStream_t s) {
+  InlineTable<kWords> t;
+  std::memcpy(t.words, table, table_bytes);
+  return StepLaunch(StepInitTableKernel<kWords>, InitCtas(ff_begin, total, table_bytes / 16), 0,
+                    s, static_cast<uint4*>(workspace), static_cast<int64_t>(ff_begin / 16),
+                    static_cast<int64_t>(ff_end / 16), static_cast<int64_t>(total / 16),
+                    static_cast<int64_t>(table_at / 16), static_cast<int>(table_bytes / 16), t);
+}
+
+}  // namespace
+
 cudaError_t LaunchStepInit(void* workspace, size_t ff_begin, size_t ff_end, size_t total,
                            cudaStream_t s) {
-  static_assert(sizeof(step_ws::Header) % 16 == 0, "Header in 16-byte words");
-  if (ff_begin % 16 != 0 || ff_end % 16 != 0 || total % 16 != 0 ||
-      ff_begin < sizeof(step_ws::Header) || ff_end < ff_begin || total < ff_end) {
-    return cudaErrorInvalidValue;
-  }
-  const int64_t words = static_cast<int64_t>(sizeof(step_ws::Header) + (total - ff_begin)) / 16;
-  const int64_t ctas = std::min<int64_t>((words + kThreads - 1) / kThreads, 1024);
-  return StepLaunch(StepInitKernel, static_cast<unsigned>(ctas), 0, s,
+  if (!InitRangesValid(ff_begin, ff_end, total)) return cudaErrorInvalidValue;
+  return StepLaunch(StepInitKernel, InitCtas(ff_begin, total, 0), 0, s,
                     static_cast<uint4*>(workspace), static_cast<int64_t>(ff_begin / 16),
                     static_cast<int64_t>(ff_end / 16), static_cast<int64_t>(total / 16));
+}
+
+cudaError_t LaunchStepInitWithTable(void* workspace, size_t ff_begin, size_t ff_end, size_t total,
+                                    const void* table, size_t table_at, size_t table_bytes,
+                                    cudaStream_t s) {
+  if (!InitRangesValid(ff_begin, ff_end, total) || table == nullptr || table_at % 16 != 0 ||
+      table_bytes % 16 != 0 || table_bytes > kInlineTableBytes ||
+      table_at < sizeof(step_ws::Header) || table_at + table_bytes > ff_begin) {
+    return cudaErrorInvalidValue;
+  }
+  // Three argument sizes, so that a small table does not carry 24 KB through every launch.
+  if (table_bytes <= 2048) {
+    return LaunchInitTable<128>(workspace, ff_begin, ff_end, total, table, table_at, table_bytes,
+                                s);
+  }
+  if (table_bytes <= 8192) {
+    return LaunchInitTable<512>(workspace, ff_begin, ff_end, total, table, table_at, table_bytes,
+                                s);
+  }
+  return LaunchInitTable<kInlineTableBytes / 16>(workspace, ff_begin, ff_end, total, table,
+                                                 table_at, table_bytes, s);
 }
 
 cudaError_t LaunchStepDecide(const StepDecideArgs& a, cudaStream_t s) {

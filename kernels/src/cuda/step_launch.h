@@ -77,6 +77,18 @@ struct StepFinishArgs {
 // [ff_end, total) to zero (byte offsets of step_ws::Layout, multiples of 16).
 cudaError_t LaunchStepInit(void* workspace, size_t ff_begin, size_t ff_end, size_t total,
                            cudaStream_t s);
+// The largest item table LaunchStepInitWithTable carries in its launch (a kernel argument; CUDA
+// 12.1+ takes up to 32764 bytes of them): GPT-2's 50 items are 21.9 KB.
+inline constexpr size_t kInlineTableBytes = 24 * 1024;
+// LaunchStepInit's work, and the item table's `table_bytes` bytes at `table` (host memory, read
+// at the call) written to [table_at, table_at + table_bytes) of the workspace by the same kernel:
+// no host-to-device copy between the initial values and the step's kernels, so that those start
+// as programmatic dependent launches behind it. cudaErrorInvalidValue for a table over
+// kInlineTableBytes or offsets that are not multiples of 16, or a table that overlaps the
+// header or [ff_begin, total).
+cudaError_t LaunchStepInitWithTable(void* workspace, size_t ff_begin, size_t ff_end, size_t total,
+                                    const void* table, size_t table_at, size_t table_bytes,
+                                    cudaStream_t s);
 // Updates only (delayed scaling and check-only items): finiteness of every rank and of the
 // rank sum / mean, max |g|, fingerprints.
 cudaError_t LaunchStepCheckUpdates(const StepKernelArgs& a, cudaStream_t s);
