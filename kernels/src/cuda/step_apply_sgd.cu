@@ -80,9 +80,7 @@ cudaError_t LaunchStepApplySgdOnePass(const StepOnePassArgs& a, bool sr, cudaStr
 cudaError_t LaunchStepRestoreOutputs(const StepKernelArgs& a, cudaStream_t s) {
   using namespace step_dev;  // NOLINT
   static std::atomic<int> resident[kMaxStepDevices];
-  // Two CTAs an SM: an accepted step's restore only reads the batch flag, and every CTA of its
-  // grid is scheduled and retired on the step's path (six an SM took 3.4 us on an H100).
-  return LaunchStepGridOf(StepRestoreOutputsKernel, 0, resident, a.total_units, a, s, 2);
+  return LaunchStepGrid(StepRestoreOutputsKernel, 0, resident, a, s);
 }
 
 const void* StepApplySgdModule() { return reinterpret_cast<const void*>(&ModuleAnchorKernel); }

@@ -595,14 +595,12 @@ cudaError_t StepLaunch(void (*kernel)(Params...), unsigned ctas, int smem, cudaS
 // A launch of step kernel `kernel` with `smem` bytes of dynamic shared memory and parameters
 // `args` over `units` warp-units: a warp per warp-unit, at most as many CTAs as the device holds
 // at once (the warps walk the rest, WarpSlotsOf); none when `units` is 0. `resident`: the
-// kernel's StepResidentCtas cache; `max_per_sm` (when > 0) caps the CTAs an SM below what fits.
-// LaunchStepGrid: a launch of StepKernelArgs a.total_units.
+// kernel's StepResidentCtas cache. LaunchStepGrid: a launch of StepKernelArgs a.total_units.
 template <typename Kernel, typename Args>
 cudaError_t LaunchStepGridOf(Kernel kernel, int smem, std::atomic<int>* resident, int64_t units,
-                             const Args& args, cudaStream_t s, int max_per_sm = 0) {
-  int per_sm = StepResidentCtas(kernel, smem, resident);
+                             const Args& args, cudaStream_t s) {
+  const int per_sm = StepResidentCtas(kernel, smem, resident);
   if (per_sm == 0) return cudaErrorInvalidConfiguration;  // the ring does not fit the device
-  if (max_per_sm > 0 && per_sm > max_per_sm) per_sm = max_per_sm;
   int64_t ctas = (units + kWarps - 1) / kWarps;
   const int64_t cap = static_cast<int64_t>(SmCount()) * per_sm;
   if (ctas > cap) ctas = cap;
