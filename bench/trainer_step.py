@@ -141,6 +141,22 @@ def timed(fn, device, warmup, steps):
     return times
 
 
+def time_steps(opt, client, device, warmup, steps):
+    """summary() of `steps` calls of opt.step() after `warmup`, with the medians of fp4qd's
+    kernel time and of its own time for the call (its reply header): the rest of the wall is
+    the client's and the transport's."""
+    kernels, server = [], []
+
+    def step():
+        opt.step()
+        kernels.append(client.last_header.kernel_micros / 1e3)
+        server.append(client.last_header.server_micros / 1e3)
+    out = summary(timed(step, device, warmup, steps))
+    out["kernel_median_ms"] = statistics.median(kernels[warmup:])
+    out["fp4qd_median_ms"] = statistics.median(server[warmup:])
+    return out
+
+
 def summary(times_s):
     ms = sorted(t * 1e3 for t in times_s)
     p90 = ms[min(len(ms) - 1, int(math.ceil(0.9 * len(ms))) - 1)]
@@ -326,17 +342,7 @@ def fp4q_row(server, model, label, kind, kw, fast, device, warmup, steps, tag):
                 opt = fp4q.optim.SGD(model.params, lr=1e-2, client=c, existing="replace", **kw)
             else:
                 opt = fp4q.optim.AdamW(model.params, lr=1e-4, client=c, existing="replace", **kw)
-            kernels, server = [], []
-
-            def step():
-                opt.step()
-                kernels.append(c.last_header.kernel_micros / 1e3)
-                server.append(c.last_header.server_micros / 1e3)
-            row.update(summary(timed(step, device, warmup, steps)))
-            row["kernel_median_ms"] = statistics.median(kernels[warmup:])
-            # fp4qd's own time for the call (its reply header); the rest of the wall is the
-            # client's and the transport's.
-            row["fp4qd_median_ms"] = statistics.median(server[warmup:])
+            row.update(time_steps(opt, c, device, warmup, steps))
             if kw.get("one_pass"):
                 # Steps fp4qd could not take in one pass (no room for the copy) ran in two.
                 row["one_pass_steps"] = "%d of %d" % (opt.one_pass_steps, warmup + steps)
@@ -409,15 +415,7 @@ def update_8192(server, args, device, bandwidth):
         with bench_client(server, True, "bench-8192-%d" % os.getpid()) as c:
             with out_of_memory_as_row(out):
                 opt = fp4q.optim.SGD(model.params, lr=1e-2, client=c, existing="replace", **kw)
-                kernels, fp4qd = [], []
-
-                def step():
-                    opt.step()
-                    kernels.append(c.last_header.kernel_micros / 1e3)
-                    fp4qd.append(c.last_header.server_micros / 1e3)
-                out.update(summary(timed(step, device, args.warmup, args.steps)))
-                out["kernel_median_ms"] = statistics.median(kernels[args.warmup:])
-                out["fp4qd_median_ms"] = statistics.median(fp4qd[args.warmup:])
+                out.update(time_steps(opt, c, device, args.warmup, args.steps))
                 out["wall_minus_kernel_ms"] = out["median_ms"] - out["kernel_median_ms"]
                 out["floor_ms"] = size * size * SGD_FLOOR_BYTES / bandwidth * 1e3
                 out["kernel_vs_floor"] = out["kernel_median_ms"] / out["floor_ms"]
