@@ -1,7 +1,8 @@
 // The CUDA backend's optimizer step against the CPU reference, bit for bit: every optimizer x
 // state dtype x scaling x rounding x block x error feedback over awkward shapes (1x16, 7x48,
 // 217x256; 16x16 tiles with rows % 16 == 0) and value ranges, several steps, whole batches of
-// mixed variants (one grouped launch per variant), every refusal (reported identically, nothing
+// mixed variants (one grouped launch per variant; item tables in each of the init launch's
+// argument sizes and by the copy), every refusal (reported identically, nothing
 // written on the device), and the step queued behind a device-side wait. Device buffers start
 // poisoned. FiniteGuard and Amax: cuda_finite_guard_test.cc.
 #include <cmath>
@@ -240,6 +241,44 @@ TEST_F(CudaTest, BatchesMatchCpuAndRefuseWhole) {
   for (size_t i = 0; i < cases.size(); ++i) {
     EXPECT_TRUE(SameState(host[i], before[i])) << cases[i].Name();
     EXPECT_TRUE(SameState(dev[i]->Download(host[i]), dev_before[i])) << cases[i].Name();
+  }
+}
+
+// Batches of 1, 10, 36 and 80 items, as fp4qd queues them (StepCheckAndApply): the item table
+// goes to the device inside the init kernel's launch in each of its three argument sizes (about
+// 1.6, 6 and 17 KB here) and, for 80 items (over 24 KB), by the host-to-device copy. Every size
+// must apply alike, bit for bit against the CPU backend.
+TEST_F(CudaTest, ItemTablesOfEverySizeMatchCpu) {
+  const std::vector<StepCase> variants = Variants();
+  for (size_t n : {size_t{1}, size_t{10}, size_t{36}, size_t{80}}) {
+    SCOPED_TRACE(absl::StrCat(n, " items"));
+    std::vector<StepCase> cases;
+    std::vector<StepState> host, shapes;
+    std::vector<Updates> updates;
+    std::vector<std::unique_ptr<DeviceState>> dev;
+    auto rng = Rng(8500 + static_cast<uint32_t>(n));
+    for (size_t i = 0; i < n; ++i) {
+      cases.push_back(variants[(7 * i + n) % variants.size()]);
+      cases[i].hyper.t = 1;
+      host.push_back(MakeState(cpu(), cases[i], 600 + static_cast<uint32_t>(i)));
+      updates.push_back(RandomUpdates(cases[i], Dist::kNormal, 0.5f, rng));
+      dev.push_back(std::make_unique<DeviceState>(gpu(), host[i], updates[i]));
+    }
+    shapes = host;
+    std::vector<StepItem> want_items, got_items;
+    for (size_t i = 0; i < n; ++i) {
+      want_items.push_back(MakeItem(cases[i], &host[i], updates[i]));
+      got_items.push_back(dev[i]->Item(cases[i], &shapes[i], updates[i]));
+    }
+    StepReport want, got;
+    ASSERT_TRUE(RunBatch(cpu(), want_items, &want).ok());
+    const absl::Status s = RunBatchTogether(gpu(), got_items, &got);
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_TRUE(want.ok);
+    EXPECT_TRUE(SameReport(got, want));
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_TRUE(SameState(dev[i]->Download(host[i]), host[i])) << cases[i].Name();
+    }
   }
 }
 
