@@ -37,12 +37,12 @@ FP4Q_HD uint32_t MulHi32(uint32_t a, uint32_t b) {
 #endif
 }
 
-// Random123 / cuRAND Philox4x32 with 10 rounds. ctr = (c0, c1, c2, c3); the round keys
+// Rounds kFirst..9 of Random123 / cuRAND Philox4x32-10 on counter state c; the round keys
 // k.K0(i), k.K1(i) (PhiloxKeys or SeedKeys, launch.h).
-template <typename Keys>
-FP4Q_HD uint4 Philox4x32_10(uint4 c, const Keys& k) {
+template <int kFirst, typename Keys>
+FP4Q_HD uint4 PhiloxRounds(uint4 c, const Keys& k) {
 #pragma unroll
-  for (int i = 0; i < 10; ++i) {
+  for (int i = kFirst; i < 10; ++i) {
     const uint32_t hi0 = MulHi32(0xD2511F53u, c.x);
     const uint32_t lo0 = 0xD2511F53u * c.x;
     const uint32_t hi1 = MulHi32(0xCD9E8D57u, c.z);
@@ -52,6 +52,12 @@ FP4Q_HD uint4 Philox4x32_10(uint4 c, const Keys& k) {
   return c;
 }
 
+// Philox4x32-10 with 10 rounds. ctr = (c0, c1, c2, c3).
+template <typename Keys>
+FP4Q_HD uint4 Philox4x32_10(uint4 c, const Keys& k) {
+  return PhiloxRounds<0>(c, k);
+}
+
 // The 8 x 16 random bits of elements 8j .. 8j+7 (NUMERICS 4): counter (lo j, hi j, lo step,
 // hi step), key (lo seed, hi seed) given by its round keys.
 template <typename Keys>
@@ -59,6 +65,26 @@ FP4Q_HD uint4 SrBits(uint64_t j, const Keys& keys, uint64_t step) {
   return Philox4x32_10(make_uint4(static_cast<uint32_t>(j), static_cast<uint32_t>(j >> 32),
                                   static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32)),
                        keys);
+}
+
+// SrBits for j < 2^32 with the step and round keys of one launch, whose first two rounds' parts
+// that do not depend on j are folded into four words (PhiloxHead, launch.h: computed once on the
+// host). With hi j = 0, round 0 gives (A, C, mulhi(M0, j) ^ b, M0 j), A = mulhi(M1, lo step) ^
+// K0(0), C = M1 lo step, b = hi step ^ K1(0); round 1 multiplies A, a constant: (mulhi(M1, z) ^
+// f, M1 z, w ^ g, e) with f = C ^ K0(1), g = mulhi(M0, A) ^ K1(1), e = M0 A. The same bits as
+// SrBits, in 2 multiplies and 3 XORs for those rounds instead of 4 and 4.
+struct HeadedKeys {
+  const PhiloxKeys& keys;
+  const PhiloxHead& head;
+};
+
+FP4Q_HD uint4 SrBits(uint64_t j, const HeadedKeys& k, uint64_t /*step: in k.head*/) {
+  const uint32_t x = static_cast<uint32_t>(j);
+  const uint32_t z1 = MulHi32(0xD2511F53u, x) ^ k.head.b;
+  const uint32_t w1 = 0xD2511F53u * x;
+  return PhiloxRounds<2>(make_uint4(MulHi32(0xCD9E8D57u, z1) ^ k.head.f, 0xCD9E8D57u * z1,
+                                    w1 ^ k.head.g, k.head.e),
+                         k.keys);
 }
 
 // ---------------------------------------------------------------- E2M1

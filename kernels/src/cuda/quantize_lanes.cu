@@ -263,8 +263,9 @@ FP4Q_D void QuantizeLaneBlock(const LaneParams& lp, const UnitCtx& ctx, const fl
     sf = E4M3Rn(__fmul_rn(bamax, ctx.g.t));
     mul = inv_of_sf[sf & (kScaleBytes - 1)];
   }
-  uint32_t w0 = Codes8<kSr>(v, mul, ctx, p.q.sr_keys, uint64_t{b} * 2, false);
-  uint32_t w1 = Codes8<kSr>(v + 8, mul, ctx, p.q.sr_keys, uint64_t{b} * 2 + 1, false);
+  const HeadedKeys keys{p.q.sr_keys, lp.sr_head};
+  uint32_t w0 = Codes8<kSr>(v, mul, ctx, keys, uint64_t{b} * 2, false);
+  uint32_t w1 = Codes8<kSr>(v + 8, mul, ctx, keys, uint64_t{b} * 2 + 1, false);
   if (any_nan) ClearNanSigns(v, &w0, &w1);
   if (!valid) return;
   if (want_codes) {
@@ -316,8 +317,9 @@ FP4Q_D void QuantizeTilePair(const LaneParams& lp, const UnitCtx& ctx, const flo
     sf[u] = E4M3Rn(__fmul_rn(bamax[u], ctx.g.t));
     const float mul = inv_of_sf[sf[u] & (kScaleBytes - 1)];
     const uint64_t g = uint64_t{b0 + u} * 2;
-    w[2 * u] = Codes8<kSr>(v[u], mul, ctx, p.q.sr_keys, g, false);
-    w[2 * u + 1] = Codes8<kSr>(v[u] + 8, mul, ctx, p.q.sr_keys, g + 1, false);
+    const HeadedKeys keys{p.q.sr_keys, lp.sr_head};
+    w[2 * u] = Codes8<kSr>(v[u], mul, ctx, keys, g, false);
+    w[2 * u + 1] = Codes8<kSr>(v[u] + 8, mul, ctx, keys, g + 1, false);
     if (any_nan[u]) ClearNanSigns(v[u], &w[2 * u], &w[2 * u + 1]);
   }
   if (b0 >= lp.n_blocks) return;
@@ -590,6 +592,7 @@ LaneParams LaneParamsOf(const RowParams& p) {
     const uint32_t signs = p.q.rht_signs >> (2 * k);
     lp.rht_sign_words[k] = ((signs & 1u) << 15) | ((signs & 2u) << 30);
   }
+  lp.sr_head = PhiloxHeadOf(p.q.sr_keys, p.q.step);
   return lp;
 }
 

@@ -30,6 +30,8 @@ struct LaneParams {
   // steps a row of tiles; unit_magic = floor((2^64 - 1) / units_per_row) + 1.
   uint32_t units_per_row = 0;
   uint64_t unit_magic = 0;
+  // p.q.sr_keys' first two rounds at p.q.step (SR groups are below 2^32 here: n_blocks < 2^31).
+  PhiloxHead sr_head;
 };
 
 // CTAs per SM the kernel reaches (registers), asked once per kernel; the grid is one wave.
