@@ -67,24 +67,17 @@ FP4Q_HD uint4 SrBits(uint64_t j, const Keys& keys, uint64_t step) {
                        keys);
 }
 
-// SrBits for j < 2^32 with the step and round keys of one launch, whose first two rounds' parts
-// that do not depend on j are folded into four words (PhiloxHead, launch.h: computed once on the
-// host). With hi j = 0, round 0 gives (A, C, mulhi(M0, j) ^ b, M0 j), A = mulhi(M1, lo step) ^
-// K0(0), C = M1 lo step, b = hi step ^ K1(0); round 1 multiplies A, a constant: (mulhi(M1, z) ^
-// f, M1 z, w ^ g, e) with f = C ^ K0(1), g = mulhi(M0, A) ^ K1(1), e = M0 A. The same bits as
-// SrBits, in 2 multiplies and 3 XORs for those rounds instead of 4 and 4.
+// SrBits for j < 2^32 with the step and round keys of one launch, whose first two rounds'
+// parts that do not depend on j are folded into four words (philox_head.h, computed once on the
+// host): the same bits as SrBits.
 struct HeadedKeys {
   const PhiloxKeys& keys;
   const PhiloxHead& head;
 };
 
 FP4Q_HD uint4 SrBits(uint64_t j, const HeadedKeys& k, uint64_t /*step: in k.head*/) {
-  const uint32_t x = static_cast<uint32_t>(j);
-  const uint32_t z1 = MulHi32(0xD2511F53u, x) ^ k.head.b;
-  const uint32_t w1 = 0xD2511F53u * x;
-  return PhiloxRounds<2>(make_uint4(MulHi32(0xCD9E8D57u, z1) ^ k.head.f, 0xCD9E8D57u * z1,
-                                    w1 ^ k.head.g, k.head.e),
-                         k.keys);
+  const PhiloxState c = PhiloxHeadRounds(static_cast<uint32_t>(j), k.head);
+  return PhiloxRounds<2>(make_uint4(c.x, c.y, c.z, c.w), k.keys);
 }
 
 // ---------------------------------------------------------------- E2M1

@@ -14,6 +14,7 @@
 
 #include "cuda/kernel_choice.h"
 #include "cuda/kernel_codes.h"
+#include "cuda/philox_head.h"
 
 namespace fp4q::kernels::cuda {
 
@@ -52,27 +53,6 @@ struct SeedKeys {
     return static_cast<uint32_t>(seed >> 32) + static_cast<uint32_t>(i) * 0xBB67AE85u;
   }
 };
-
-// The parts of Philox4x32-10's first two rounds on counter (j, 0, lo step, hi step) that do not
-// depend on j (device_numerics.cuh's SrBits for HeadedKeys), for one launch's step and keys.
-struct PhiloxHead {
-  uint32_t b = 0, f = 0, g = 0, e = 0;
-};
-
-inline PhiloxHead PhiloxHeadOf(const PhiloxKeys& k, uint64_t step) {
-  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
-  const auto hi = [](uint32_t a, uint32_t b) {
-    return static_cast<uint32_t>((static_cast<uint64_t>(a) * b) >> 32);
-  };
-  const uint32_t lo_step = static_cast<uint32_t>(step);
-  const uint32_t a = hi(kM1, lo_step) ^ k.K0(0);
-  PhiloxHead h;
-  h.b = static_cast<uint32_t>(step >> 32) ^ k.K1(0);
-  h.f = (kM1 * lo_step) ^ k.K0(1);
-  h.g = hi(kM0, a) ^ k.K1(1);
-  h.e = kM0 * a;
-  return h;
-}
 
 inline PhiloxKeys PhiloxKeySchedule(uint64_t seed) {
   const SeedKeys from{seed};
