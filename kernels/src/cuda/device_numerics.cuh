@@ -29,24 +29,16 @@ constexpr uint32_t kDefaultRhtSigns = 0xD7E8u;
 
 // ---------------------------------------------------------------- Philox4x32-10
 
-FP4Q_HD uint32_t MulHi32(uint32_t a, uint32_t b) {
-#ifdef __CUDA_ARCH__
-  return __umulhi(a, b);
-#else
-  return static_cast<uint32_t>((static_cast<uint64_t>(a) * b) >> 32);
-#endif
-}
-
 // Rounds kFirst..9 of Random123 / cuRAND Philox4x32-10 on counter state c; the round keys
 // k.K0(i), k.K1(i) (PhiloxKeys or SeedKeys, launch.h).
 template <int kFirst, typename Keys>
 FP4Q_HD uint4 PhiloxRounds(uint4 c, const Keys& k) {
 #pragma unroll
   for (int i = kFirst; i < 10; ++i) {
-    const uint32_t hi0 = MulHi32(0xD2511F53u, c.x);
-    const uint32_t lo0 = 0xD2511F53u * c.x;
-    const uint32_t hi1 = MulHi32(0xCD9E8D57u, c.z);
-    const uint32_t lo1 = 0xCD9E8D57u * c.z;
+    const uint32_t hi0 = PhiloxMulHi(kPhiloxM0, c.x);
+    const uint32_t lo0 = kPhiloxM0 * c.x;
+    const uint32_t hi1 = PhiloxMulHi(kPhiloxM1, c.z);
+    const uint32_t lo1 = kPhiloxM1 * c.z;
     c = make_uint4(hi1 ^ c.y ^ k.K0(i), lo1, hi0 ^ c.w ^ k.K1(i), lo0);
   }
   return c;
