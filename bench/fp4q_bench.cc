@@ -43,6 +43,7 @@ namespace fp4q::bench {
 // launch_floor.cu
 cudaError_t LaunchEmptyKernel(cudaStream_t s);
 cudaError_t LaunchEmptyGrid(cudaStream_t s, unsigned ctas);
+cudaError_t LaunchEmptyPdlKernel(cudaStream_t s);
 cudaError_t LaunchEmptyWithBackendCalls(cudaStream_t s, int device);
 
 namespace {
@@ -497,7 +498,8 @@ int Run(int argc, char** argv) {
                        "", absl::StrFormat("GPU time per call (events) %.2f us", t.median_us)});
     std::printf("%-48s %9.2f us wall, %.2f us events\n", rows.back().name.c_str(), wall,
                 t.median_us);
-    // What a backend call adds to that floor (informative rows): a quantize kernel's grid and
+    // What a backend call adds to that floor (informative rows): the same kernel as a
+    // programmatic launch (as the quantize kernels go on sm_90+), a quantize kernel's grid and
     // argument size, the runtime calls around the launch, and those runtime calls alone.
     int dev = 0;
     Check(cudaGetDevice(&dev), "cudaGetDevice");
@@ -506,6 +508,8 @@ int Run(int argc, char** argv) {
       std::function<void(int)> fn;
     };
     const Part parts[] = {
+        {"empty launch, programmatic (PDL), 1 CTA",
+         [&](int) { Check(LaunchEmptyPdlKernel(s), "empty PDL kernel"); }},
         {"empty launch, 128 CTAs, 512-byte argument",
          [&](int) { Check(LaunchEmptyGrid(s, 128), "empty grid"); }},
         {"empty launch + the backend's runtime calls",

@@ -1,5 +1,6 @@
 // The cost floor of one kernel launch on this machine, for the small-tensor rows: an empty
-// kernel launched back to back on the bench's stream (host wall per call and GPU time), and the
+// kernel launched back to back on the bench's stream (host wall per call and GPU time), the
+// same as programmatic dependent launches, and the
 // parts a backend call adds around its launch (a grid and an argument of a quantize kernel's
 // size, the runtime calls the backend makes before and after it).
 #include <cuda_runtime.h>
@@ -7,6 +8,15 @@
 namespace fp4q::bench {
 namespace {
 __global__ void EmptyKernel(int) {}
+
+// The same as a programmatic dependent launch (what fp4q's quantize kernels are on sm_90+): it
+// waits for the previous kernel, then lets the next one launch.
+__global__ void EmptyPdlKernel(int) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 // About the size of the quantize kernels' parameter structs.
 struct BigArg {
@@ -20,6 +30,19 @@ __global__ void EmptyKernelBigArg(const BigArg a) {
 cudaError_t LaunchEmptyKernel(cudaStream_t s) {
   EmptyKernel<<<1, 32, 0, s>>>(0);
   return cudaGetLastError();
+}
+
+cudaError_t LaunchEmptyPdlKernel(cudaStream_t s) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(1);
+  cfg.blockDim = dim3(32);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, EmptyPdlKernel, 0);
 }
 
 cudaError_t LaunchEmptyGrid(cudaStream_t s, unsigned ctas) {

@@ -14,6 +14,7 @@
 
 #include "device_numerics.cuh"
 #include "launch.h"
+#include "pdl.cuh"
 #include "small_m_layout.h"
 
 namespace fp4q::kernels::cuda::direct_gemm {
@@ -237,19 +238,7 @@ FP4Q_D void SumSlicesInOrder(const SmallMParams& p, const float* partial, int* t
 template <typename... Params, typename... Args>
 cudaError_t LaunchAfterPrepare(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                                bool pdl, cudaStream_t s, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
-  if (e != cudaSuccess) return e;
-  return cudaGetLastError();
+  return LaunchWithAttrs(kernel, grid, block, smem, s, pdl, /*cooperative=*/false, args...);
 }
 
 // A -> bf16 workspace [m_rows][total][i][t][4] (small_m::ActSlotK order; m_rows >= M, rows past M

@@ -20,6 +20,7 @@
 
 #include "device_numerics.cuh"
 #include "launch.h"
+#include "pdl.cuh"
 #include "quantize_unit.cuh"
 #include "step_launch.h"
 
@@ -555,41 +556,17 @@ int StepResidentCtas(Kernel k, int smem, std::atomic<int>* cache) {
   return n;
 }
 
-// Programmatic dependent launch (compute capability 9.0+): every step kernel is launched
-// allowed to start while the stream's previous kernel finishes (StepLaunch), and begins here:
-// it waits for that kernel's completion and memory (griddepcontrol.wait) before it reads or
-// writes anything, then lets the stream's next kernel launch (griddepcontrol.launch_dependents),
-// so that a launch and its CTAs' start overlap the previous kernel's last CTAs instead of
-// following them. Both are no-ops in a kernel launched without the attribute, and a kernel
-// after a non-kernel operation (a copy, a stream wait) waits for it as ever.
-FP4Q_D void StepGridEnter() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+// Every step kernel is a programmatic dependent launch where the device takes one (StepPdl,
+// pdl.cuh): it calls StepGridEnter before it reads or writes anything.
+FP4Q_D void StepGridEnter() { PdlGridEnter(); }
 
 // Launches step kernel `kernel` (which calls StepGridEnter first) on `ctas` CTAs of kThreads
-// threads with `smem` bytes of dynamic shared memory, as a programmatic dependent launch where
-// the device takes one (StepPdl).
+// threads with `smem` bytes of dynamic shared memory.
 template <typename... Params, typename... Args>
 cudaError_t StepLaunch(void (*kernel)(Params...), unsigned ctas, int smem, cudaStream_t s,
                        const Args&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(ctas);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  if (StepPdl()) {
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
-  if (e != cudaSuccess) cudaGetLastError();  // not sticky: clear it
-  return e;
+  return LaunchWithAttrs(kernel, dim3(ctas), dim3(kThreads), static_cast<size_t>(smem), s,
+                         StepPdl(), /*cooperative=*/false, args...);
 }
 
 // A launch of step kernel `kernel` with `smem` bytes of dynamic shared memory and parameters

@@ -1,6 +1,7 @@
 // The CUDA backend's Amax, Dequantize, RHT, QDQ, error feedback and UpdateWeight against the CPU
 // reference, bit for bit, on fresh random data of awkward shapes; and the golden NVFP4 vectors.
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -254,6 +255,101 @@ TEST_F(CudaTest, QdqMatchesCpuWithAndWithoutFeedback) {
         }
         }
       }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- calls back to back
+
+// Quantize, Dequantize and Amax as one dependent chain on the backend's stream with no host
+// synchronization between the calls: each link quantizes the previous link's dequantized output
+// (a fresh, poisoned buffer), so a kernel that read its input before the kernel writing it had
+// finished would quantize poison. Small tensors, where the lane kernels, the fused-amax
+// cooperative launch, the amax-only pass, the amax reduction and dequantize start as
+// programmatic dependent launches behind one another (pdl.cuh). Every link's codes, scales,
+// global record, amax and dequantized values bit for bit against the CPU backend.
+TEST_F(CudaTest, CallsBackToBackWithoutHostSyncMatchCpu) {
+  constexpr int kLinks = 10;
+  int case_id = 0;
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 4096}, {16, 4096}, {128, 4096}, {48, 192}}) {
+    SCOPED_TRACE(absl::StrCat(rows, "x", cols));
+    auto rng = Rng(9000 + ++case_id);
+    const size_t n = static_cast<size_t>(rows * cols);
+    DenseInput x0 = cuda_testing::MakeInput(gpu(), DType::kBF16, rows, cols, Dist::kNormal, rng);
+    // The options of link i: RTN with the amax computed, SR with it given, MXFP4, 16x16 (or
+    // 1x16) RTN after an RHT with the amax computed, SR after an RHT.
+    auto options_of = [&](int i, float cpu_amax) {
+      QuantizeOptions o;
+      o.scale_layout = ScaleLayout::kPlain;
+      switch (i % 5) {
+        case 1:
+          o.rounding = Rounding::kStochastic;
+          o.seed = 77 + i;
+          o.step = i;
+          o.has_amax = true;
+          o.amax = cpu_amax;
+          break;
+        case 2:
+          o.format = Format::kMxfp4;
+          o.block = BlockShape::k1x32;
+          break;
+        case 3:
+          o.rht = RhtMode::kDefaultSigns;
+          if (rows % 16 == 0) o.block = BlockShape::k16x16;
+          break;
+        case 4:
+          o.rht = RhtMode::kDefaultSigns;
+          o.rounding = Rounding::kStochastic;
+          o.seed = 5;
+          o.step = i;
+          break;
+        default:
+          break;
+      }
+      return o;
+    };
+    // The CPU chain first (the SR links take its amax as given on both sides).
+    std::vector<std::vector<uint16_t>> cpu_x(kLinks + 1);
+    std::vector<float> cpu_amax(kLinks);
+    std::vector<QuantizeOptions> opts(kLinks);
+    std::vector<std::unique_ptr<QuantPair>> q(kLinks);
+    cpu_x[0] = x0.bf16;
+    for (int i = 0; i < kLinks; ++i) {
+      const ConstTensor xi{cpu_x[i].data(), DType::kBF16, rows, cols};
+      ASSERT_TRUE(cpu().Amax(xi, &cpu_amax[i], nullptr).ok());
+      opts[i] = options_of(i, cpu_amax[i]);
+      q[i] = std::make_unique<QuantPair>(gpu(), opts[i].format, opts[i].block, ScaleLayout::kPlain,
+                                         rows, cols);
+      ASSERT_TRUE(cpu().Quantize(xi, opts[i], nullptr, &q[i]->host, nullptr, nullptr).ok());
+      cpu_x[i + 1].assign(n, 0);
+      ASSERT_TRUE(cpu().Dequantize(AsConst(q[i]->host),
+                                   MutTensor{cpu_x[i + 1].data(), DType::kBF16, rows, cols, n * 2},
+                                   nullptr)
+                      .ok());
+    }
+    // The GPU chain: every buffer allocated (and poisoned) before the first call.
+    std::vector<std::unique_ptr<DeviceBuffer>> dx;
+    for (int i = 0; i < kLinks; ++i) dx.push_back(std::make_unique<DeviceBuffer>(gpu(), n * 2));
+    DeviceBuffer amax(gpu(), kLinks * sizeof(float));
+    ASSERT_TRUE(gpu().Synchronize(nullptr).ok());
+    const void* in = x0.dev->get();
+    for (int i = 0; i < kLinks; ++i) {
+      const ConstTensor xi{in, DType::kBF16, rows, cols};
+      absl::Status st = gpu().Amax(xi, static_cast<float*>(amax.get()) + i, nullptr);
+      ASSERT_TRUE(st.ok()) << st;
+      st = gpu().Quantize(xi, opts[i], nullptr, &q[i]->dev, nullptr, nullptr);
+      ASSERT_TRUE(st.ok()) << st;
+      st = gpu().Dequantize(AsConst(q[i]->dev),
+                            MutTensor{dx[i]->get(), DType::kBF16, rows, cols, n * 2}, nullptr);
+      ASSERT_TRUE(st.ok()) << st;
+      in = dx[i]->get();
+    }
+    EXPECT_TRUE(SameBytes(amax.DownloadAs<float>(), cpu_amax, "amax of every link"));
+    for (int i = 0; i < kLinks; ++i) {
+      SCOPED_TRACE(absl::StrCat("link ", i, " ", cuda_testing::OptionsName(opts[i])));
+      EXPECT_TRUE(q[i]->Matches("quantized"));
+      EXPECT_TRUE(SameBytes(dx[i]->DownloadAs<uint16_t>(), cpu_x[i + 1], "dequantized"));
     }
   }
 }
