@@ -57,13 +57,18 @@ Timing TimeEvents(cudaStream_t s, int warmup, int iters, const std::function<voi
   return t;
 }
 
-double WallPerCallUs(cudaStream_t s, int calls, const std::function<void(int)>& fn) {
+double WallPerCallUs(cudaStream_t s, int calls, const std::function<void(int)>& fn,
+                     double* enqueue_us) {
   for (int i = 0; i < 50; ++i) fn(i);
   Check(cudaStreamSynchronize(s), "warm-up");
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < calls; ++i) fn(i);
+  const auto queued = std::chrono::steady_clock::now();
   Check(cudaStreamSynchronize(s), "calls");
   const auto t1 = std::chrono::steady_clock::now();
+  if (enqueue_us != nullptr) {
+    *enqueue_us = std::chrono::duration<double, std::micro>(queued - t0).count() / calls;
+  }
   return std::chrono::duration<double, std::micro>(t1 - t0).count() / calls;
 }
 

@@ -26,8 +26,11 @@ struct Timing {
 
 // Runs fn(i) `warmup` times, then `iters` times each between two events on `s`; medians.
 Timing TimeEvents(cudaStream_t s, int warmup, int iters, const std::function<void(int)>& fn);
-// Host wall-clock per call of `calls` back-to-back calls (one synchronize at the end).
-double WallPerCallUs(cudaStream_t s, int calls, const std::function<void(int)>& fn);
+// Host wall-clock per call of `calls` back-to-back calls (one synchronize at the end); with
+// `enqueue_us`, also the host's time per call before that synchronize (the calls' own host
+// cost where the GPU keeps up; the wall where the host waits on a full launch queue).
+double WallPerCallUs(cudaStream_t s, int calls, const std::function<void(int)>& fn,
+                     double* enqueue_us = nullptr);
 
 // A device allocation (cudaMalloc) freed on destruction.
 class DevMem {

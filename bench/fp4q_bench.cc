@@ -489,17 +489,20 @@ int Run(int argc, char** argv) {
   // 0.5 us.
   double launch_wall = 0;
   if (want("quantize small")) {
-    const double wall =
-        WallPerCallUs(s, 2000, [&](int) { Check(LaunchEmptyKernel(s), "empty kernel"); });
+    double queued = 0;
+    const double wall = WallPerCallUs(
+        s, 2000, [&](int) { Check(LaunchEmptyKernel(s), "empty kernel"); }, &queued);
     launch_wall = wall;
     const Timing t =
         TimeEvents(s, 20, 200, [&](int) { Check(LaunchEmptyKernel(s), "empty kernel"); });
     rows.push_back(Row{"empty kernel launch (host wall per call)", "1 CTA", wall, 0, 0, 0, "", 0,
-                       "", absl::StrFormat("GPU time per call (events) %.2f us", t.median_us)});
-    std::printf("%-48s %9.2f us wall, %.2f us events\n", rows.back().name.c_str(), wall,
-                t.median_us);
+                       "", absl::StrFormat("GPU time per call (events) %.2f us; host enqueue "
+                                           "%.2f us a call",
+                                           t.median_us, queued)});
+    std::printf("%-48s %9.2f us wall, %.2f us events, %.2f us enqueue\n",
+                rows.back().name.c_str(), wall, t.median_us, queued);
     // What a backend call adds to that floor (informative rows): the same kernel as a
-    // programmatic launch (as the quantize kernels go on sm_90+), a quantize kernel's grid and
+    // programmatic launch (the step kernels' kind, pdl.cuh), a quantize kernel's grid and
     // argument size, the runtime calls around the launch, and those runtime calls alone.
     int dev = 0;
     Check(cudaGetDevice(&dev), "cudaGetDevice");
@@ -518,10 +521,11 @@ int Run(int argc, char** argv) {
         {"cudaGetLastError", [&](int) { Check(cudaGetLastError(), "last error"); }},
     };
     for (const Part& part : parts) {
-      const double w = WallPerCallUs(s, 2000, part.fn);
+      double queued = 0;
+      const double w = WallPerCallUs(s, 2000, part.fn, &queued);
       rows.push_back(Row{absl::StrCat(part.name, " (host wall per call)"), "", w, 0, 0, 0, "", 0,
-                         "", ""});
-      std::printf("%-48s %9.3f us wall\n", rows.back().name.c_str(), w);
+                         "", absl::StrFormat("host enqueue %.3f us a call", queued)});
+      std::printf("%-48s %9.3f us wall, %.3f us enqueue\n", rows.back().name.c_str(), w, queued);
     }
   }
   for (int64_t m : {1, 16, 128}) {
@@ -532,9 +536,10 @@ int Run(int argc, char** argv) {
       QuantizeOptions o;
       o.has_amax = given;
       o.amax = x.amax;
-      const double wall = WallPerCallUs(s, 2000, [&](int) {
-        Ok(gpu.Quantize(x.view, o, nullptr, &q.t, nullptr, ks), "small");
-      });
+      double queued = 0;
+      const double wall = WallPerCallUs(
+          s, 2000, [&](int) { Ok(gpu.Quantize(x.view, o, nullptr, &q.t, nullptr, ks), "small"); },
+          &queued);
       const Timing t = TimeEvents(s, 20, 200, [&](int) {
         Ok(gpu.Quantize(x.view, o, nullptr, &q.t, nullptr, ks), "small");
       });
@@ -543,9 +548,11 @@ int Run(int argc, char** argv) {
                          absl::StrCat(m, "x4096 bf16"), wall, 0, 0, 0,
                          absl::StrFormat("<= empty launch + 0.5 us (%.2f us)", launch_wall + 0.5),
                          launch_wall + 0.5, "max_us",
-                         absl::StrFormat("GPU time per call (events) %.2f us", t.median_us)});
-      std::printf("%-48s %9.2f us wall, %.2f us events\n", rows.back().name.c_str(), wall,
-                  t.median_us);
+                         absl::StrFormat("GPU time per call (events) %.2f us; host enqueue "
+                                         "%.2f us a call",
+                                         t.median_us, queued)});
+      std::printf("%-48s %9.2f us wall, %.2f us events, %.2f us enqueue\n",
+                  rows.back().name.c_str(), wall, t.median_us, queued);
     }
   }
 

@@ -9,7 +9,7 @@ namespace fp4q::bench {
 namespace {
 __global__ void EmptyKernel(int) {}
 
-// The same as a programmatic dependent launch (what fp4q's quantize kernels are on sm_90+): it
+// The same as a programmatic dependent launch (as the step kernels go on sm_90+, pdl.cuh): it
 // waits for the previous kernel, then lets the next one launch.
 __global__ void EmptyPdlKernel(int) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

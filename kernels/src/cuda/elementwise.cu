@@ -14,7 +14,6 @@
 
 #include "device_numerics.cuh"
 #include "launch.h"
-#include "pdl.cuh"
 #include "quantize_unit.cuh"
 
 namespace fp4q::kernels::cuda {
@@ -61,7 +60,6 @@ FP4Q_D void AmaxChunk(const uint4& w, uint64_t chunk, float* m, uint64_t* first)
 template <typename T, bool kTrack>
 __global__ void __launch_bounds__(kThreads)
     AmaxKernel(const T* x, int64_t n, float* out, uint64_t* first_out) {
-  PdlGridEnter();
   constexpr int kPer = 16 / sizeof(T);  // elements per 16-byte chunk
   const int64_t chunks = n / kPer;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
@@ -115,7 +113,6 @@ __global__ void __launch_bounds__(kThreads)
 
 // One thread per 16 elements of a row.
 __global__ void __launch_bounds__(kThreads) DequantizeKernel(const DequantParams p) {
-  PdlGridEnter();
   const int64_t groups_per_row = p.cols >> 4;
   const int64_t gidx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (gidx >= p.rows * groups_per_row) return;
@@ -270,18 +267,22 @@ cudaError_t LaunchAmax(const void* x, int dtype, int64_t n, float* amax, uint64_
   }
   const int64_t per = dtype == kF32 ? 4 : 8;
   const unsigned blocks = BlocksFor(n / per, kThreads * 4, 2048);
-  const auto launch = [&](auto kernel, const auto* xt) {
-    return LaunchWithAttrs(kernel, dim3(blocks), dim3(kThreads), 0, s, QuantizePdl(),
-                           /*cooperative=*/false, xt, n, amax, first_bad);
-  };
   if (dtype == kF32) {
     const auto* xf = static_cast<const float*>(x);
-    return first_bad != nullptr ? launch(AmaxKernel<float, true>, xf)
-                                : launch(AmaxKernel<float, false>, xf);
+    if (first_bad != nullptr) {
+      AmaxKernel<float, true><<<blocks, kThreads, 0, s>>>(xf, n, amax, first_bad);
+    } else {
+      AmaxKernel<float, false><<<blocks, kThreads, 0, s>>>(xf, n, amax, nullptr);
+    }
+  } else {
+    const auto* xb = static_cast<const __nv_bfloat16*>(x);
+    if (first_bad != nullptr) {
+      AmaxKernel<__nv_bfloat16, true><<<blocks, kThreads, 0, s>>>(xb, n, amax, first_bad);
+    } else {
+      AmaxKernel<__nv_bfloat16, false><<<blocks, kThreads, 0, s>>>(xb, n, amax, nullptr);
+    }
   }
-  const auto* xb = static_cast<const __nv_bfloat16*>(x);
-  return first_bad != nullptr ? launch(AmaxKernel<__nv_bfloat16, true>, xb)
-                              : launch(AmaxKernel<__nv_bfloat16, false>, xb);
+  return cudaGetLastError();
 }
 
 cudaError_t LaunchDequantize(const DequantParams& p, cudaStream_t s) {
@@ -289,8 +290,8 @@ cudaError_t LaunchDequantize(const DequantParams& p, cudaStream_t s) {
   if (groups == 0) return cudaSuccess;
   const int64_t blocks = (groups + kThreads - 1) / kThreads;
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
-  return LaunchWithAttrs(DequantizeKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0,
-                         s, QuantizePdl(), /*cooperative=*/false, p);
+  DequantizeKernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(p);
+  return cudaGetLastError();
 }
 
 cudaError_t LaunchRht(const RhtParams& p, cudaStream_t s) {
@@ -364,21 +365,12 @@ bool SwitchedOff(const char* name) {
   return v != nullptr && v[0] == '0' && v[1] == '\0';
 }
 
-bool PdlDevice() {
-  static std::atomic<int> cache[64];
-  return CachedDeviceAttribute(cudaDevAttrComputeCapabilityMajor, cache, 0) >= 9;
-}
-
 }  // namespace
 
 bool StepPdl() {
   static const bool off = SwitchedOff("FP4Q_STEP_PDL");
-  return !off && PdlDevice();
-}
-
-bool QuantizePdl() {
-  static const bool off = SwitchedOff("FP4Q_QUANTIZE_PDL");
-  return !off && PdlDevice();
+  static std::atomic<int> cache[64];
+  return !off && CachedDeviceAttribute(cudaDevAttrComputeCapabilityMajor, cache, 0) >= 9;
 }
 
 bool InlineTables() {

@@ -298,10 +298,6 @@ int SmCount();
 // current device (compute capability 9.0 or later, unless FP4Q_STEP_PDL=0 in the environment,
 // the A/B switch): step_device.cuh StepLaunch.
 bool StepPdl();
-// Whether the lane quantizers, the amax reduction and dequantize are launched as programmatic
-// dependent launches (pdl.cuh) on the current device: compute capability 9.0 or later, unless
-// FP4Q_QUANTIZE_PDL=0 in the environment (the A/B switch).
-bool QuantizePdl();
 // Whether a step's item table rides in its init kernel's launch when it fits (cuda_step.cc
 // QueueTable), unless FP4Q_STEP_INLINE_TABLE=0 in the environment (the A/B switch: the table
 // then goes by a host-to-device copy).

@@ -238,7 +238,7 @@ FP4Q_D void SumSlicesInOrder(const SmallMParams& p, const float* partial, int* t
 template <typename... Params, typename... Args>
 cudaError_t LaunchAfterPrepare(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                                bool pdl, cudaStream_t s, Args... args) {
-  return LaunchWithAttrs(kernel, grid, block, smem, s, pdl, /*cooperative=*/false, args...);
+  return LaunchMaybePdl(kernel, grid, block, smem, s, pdl, args...);
 }
 
 // A -> bf16 workspace [m_rows][total][i][t][4] (small_m::ActSlotK order; m_rows >= M, rows past M

@@ -1,20 +1,22 @@
-// Programmatic dependent launch (compute capability 9.0+), shared by the kernels that take it
-// (the optimizer step's, the lane quantizers', the amax reduction and dequantize).
+// Programmatic dependent launch (compute capability 9.0+), shared by the kernels launched that
+// way: the optimizer step's (step_device.cuh) and the direct GEMMs' main kernels behind their
+// prepare kernels (matmul_direct.cuh).
 //
 // A kernel launched with the attribute may start while the stream's previous kernel finishes:
 // its CTAs are scheduled once every CTA of that kernel has called launch_dependents (or exited).
 // Such a kernel calls PdlGridEnter() before it reads or writes any global memory: it waits for
 // the previous kernel's completion and memory (griddepcontrol.wait), then lets the stream's next
-// kernel launch early in turn. What overlaps is a launch and its CTAs' start with the previous
-// kernel's last CTAs, which for a small tensor is most of a call. Both instructions are no-ops
-// in a kernel launched without the attribute, and a kernel behind a non-kernel operation (a
-// copy, a memset, a stream wait) waits for it as ever.
+// kernel launch early in turn. Both instructions are no-ops in a kernel launched without the
+// attribute, and a kernel behind a non-kernel operation (a copy, a memset, a stream wait) waits
+// for it as ever.
+//
+// The quantize, amax and dequantize kernels are launched plainly: as programmatic launches,
+// back-to-back small quantize calls took 0.7-1.1 us longer each on an H100, and the large rows
+// were unchanged (bench/results/h200-quantize/pdl/).
 #ifndef FP4Q_KERNELS_SRC_CUDA_PDL_CUH_
 #define FP4Q_KERNELS_SRC_CUDA_PDL_CUH_
 
 #include <cuda_runtime.h>
-
-#include <atomic>
 
 #include "device_numerics.cuh"
 
@@ -27,49 +29,23 @@ FP4Q_D void PdlGridEnter() {
 #endif
 }
 
-// Whether a cooperative launch may also be programmatic in this process: cleared the first time
-// the runtime refuses the pair and takes the same launch without the programmatic attribute.
-inline std::atomic<bool>& CooperativePdlAllowed() {
-  static std::atomic<bool> allowed{true};
-  return allowed;
-}
-
-// Launches `kernel` (which calls PdlGridEnter first when `pdl` can be set) on `grid` x `block`
-// with `smem` bytes of dynamic shared memory on `s`: programmatic when `pdl`, cooperative when
-// `cooperative`. A failed launch's error is returned and cleared (launch errors are not sticky).
+// Launches `kernel` on `grid` x `block` with `smem` bytes of dynamic shared memory on `s`, as a
+// programmatic dependent launch when `pdl`. A failed launch's error is returned and cleared
+// (launch errors are not sticky).
 template <typename... Params, typename... Args>
-cudaError_t LaunchWithAttrs(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                            cudaStream_t s, bool pdl, bool cooperative, const Args&... args) {
+cudaError_t LaunchMaybePdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                           cudaStream_t s, bool pdl, const Args&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (cooperative) {
-    attr[n].id = cudaLaunchAttributeCooperative;
-    attr[n].val.cooperative = 1;
-    ++n;
-    pdl = pdl && CooperativePdlAllowed().load(std::memory_order_relaxed);
-  }
-  const unsigned without_pdl = n;
-  if (pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  cfg.attrs = n > 0 ? attr : nullptr;
-  cfg.numAttrs = n;
-  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
-  if (e != cudaSuccess && cooperative && pdl) {
-    // Refused: again without the attribute. When that launch is taken, the pair was what the
-    // runtime refused, and later cooperative launches go without it.
-    cudaGetLastError();
-    cfg.numAttrs = without_pdl;
-    e = cudaLaunchKernelEx(&cfg, kernel, args...);
-    if (e == cudaSuccess) CooperativePdlAllowed().store(false, std::memory_order_relaxed);
-  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = pdl ? attr : nullptr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
   if (e != cudaSuccess) cudaGetLastError();
   return e;
 }

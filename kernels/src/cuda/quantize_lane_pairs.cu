@@ -11,7 +11,6 @@
 #include <cfloat>
 
 #include "launch.h"
-#include "pdl.cuh"
 #include "quantize_lanes.cuh"
 #include "quantize_unit.cuh"
 
@@ -59,7 +58,6 @@ FP4Q_D void WidenGran(const Gran<In, kRes>& gr, float* v) {
 // kTrack: the guarded amax-only pass (its own instantiation).
 template <typename In, bool kSr, bool kTrack = false>
 __global__ void __launch_bounds__(kThreads, 2) QuantizeLanesKernel(const LaneParams lp) {
-  PdlGridEnter();
   constexpr bool kRes = true;
   constexpr int kU = StepGranules<In, kRes>();
   const RowParams& p = lp.p;
@@ -211,8 +209,8 @@ cudaError_t LaunchLanes(const LaneParams& lp, cudaStream_t s) {
   const uint64_t cap = static_cast<uint64_t>(SmCount()) * per_sm;  // one wave
   if (blocks > cap) blocks = cap;
   if (blocks == 0) return cudaSuccess;
-  return LaunchWithAttrs(QuantizeLanesKernel<In, kSr, kTrack>, dim3(static_cast<unsigned>(blocks)),
-                         dim3(kThreads), 0, s, QuantizePdl(), /*cooperative=*/false, lp);
+  QuantizeLanesKernel<In, kSr, kTrack><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(lp);
+  return cudaGetLastError();
 }
 
 __global__ void ModuleAnchorKernel() {}  // names this file's CUDA module (QuantizeLanePairsModule)

@@ -31,7 +31,6 @@
 #include <cfloat>
 
 #include "launch.h"
-#include "pdl.cuh"
 #include "quantize_lanes.cuh"
 #include "quantize_unit.cuh"
 
@@ -416,7 +415,6 @@ constexpr int BlocksKernelCtas() {
 template <typename In, int kFmt, bool kSr, bool kRht, int kCtas>
 __global__ void __launch_bounds__(kThreads, BlocksKernelCtas<kFmt, kCtas>())
     QuantizeBlocksKernel(const LaneParams lp) {
-  PdlGridEnter();
   constexpr int kU = StepBlocks<In, kFmt, kSr, kCtas>();
   constexpr bool kTiles = kFmt == kFmtNv16x16;
   const RowParams& p = lp.p;
@@ -482,7 +480,6 @@ __global__ void __launch_bounds__(kThreads, BlocksKernelCtas<kFmt, kCtas>())
 // the same lanes and steps, the block maxima into one atomic max a warp.
 template <typename In, bool kRht, int kCtas>
 __global__ void __launch_bounds__(kThreads, kCtas) BlocksAmaxKernel(const LaneParams lp) {
-  PdlGridEnter();
   constexpr int kU = BlocksPerStep<In, false, kCtas>();
   const int lane = threadIdx.x & 31;
   const uint32_t n_blocks = lp.n_blocks;
@@ -512,8 +509,8 @@ cudaError_t LaunchBlocksWith(const LaneParams& lp, cudaStream_t s) {
     static const int amax_per_sm = ResidentCtas(BlocksAmaxKernel<In, kRht, kCtas>);
     const uint64_t ctas = std::min(wanted, static_cast<uint64_t>(SmCount()) * amax_per_sm);
     if (ctas == 0) return cudaSuccess;
-    return LaunchWithAttrs(BlocksAmaxKernel<In, kRht, kCtas>, dim3(static_cast<unsigned>(ctas)),
-                           dim3(kThreads), 0, s, QuantizePdl(), /*cooperative=*/false, lp);
+    BlocksAmaxKernel<In, kRht, kCtas><<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(lp);
+    return cudaGetLastError();
   }
   constexpr int kU = StepBlocks<In, kFmt, kSr, kCtas>();
   const uint64_t steps = (uint64_t{lp.n_blocks} + 32 * kU - 1) / (32 * kU);
@@ -527,14 +524,20 @@ cudaError_t LaunchBlocksWith(const LaneParams& lp, cudaStream_t s) {
     copy.units_per_row = static_cast<uint32_t>(lp.p.cols / 64);
     copy.unit_magic = ~uint64_t{0} / copy.units_per_row + 1;
   }
-  // Every CTA must be resident at once for the fused amax's grid barriers (a cooperative
-  // launch): the caller checked that the tensor needs no more than one wave (FusedAmaxFits),
-  // and the launch refuses otherwise.
-  const bool cooperative = lp.fused_amax != nullptr;
-  if (cooperative && steps > cap * (kThreads / 32)) return cudaErrorCooperativeLaunchTooLarge;
-  return LaunchWithAttrs(QuantizeBlocksKernel<In, kFmt, kSr, kRht, kCtas>,
-                         dim3(static_cast<unsigned>(ctas)), dim3(kThreads), 0, s, QuantizePdl(),
-                         cooperative, copy);
+  if (lp.fused_amax != nullptr) {
+    // Every CTA must be resident at once for the grid barriers: the caller checked that the
+    // tensor needs no more than one wave (FusedAmaxFits), and the launch refuses otherwise.
+    if (steps > cap * (kThreads / 32)) return cudaErrorCooperativeLaunchTooLarge;
+    void* args[] = {&copy};
+    const cudaError_t e = cudaLaunchCooperativeKernel(
+        reinterpret_cast<const void*>(&QuantizeBlocksKernel<In, kFmt, kSr, kRht, kCtas>),
+        dim3(static_cast<unsigned>(ctas)), dim3(kThreads), args, 0, s);
+    if (e != cudaSuccess) return e;
+    return cudaGetLastError();
+  }
+  QuantizeBlocksKernel<In, kFmt, kSr, kRht, kCtas>
+      <<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(copy);
+  return cudaGetLastError();
 }
 
 template <typename In, int kFmt, bool kSr, bool kRht>

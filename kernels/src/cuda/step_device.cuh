@@ -565,8 +565,8 @@ FP4Q_D void StepGridEnter() { PdlGridEnter(); }
 template <typename... Params, typename... Args>
 cudaError_t StepLaunch(void (*kernel)(Params...), unsigned ctas, int smem, cudaStream_t s,
                        const Args&... args) {
-  return LaunchWithAttrs(kernel, dim3(ctas), dim3(kThreads), static_cast<size_t>(smem), s,
-                         StepPdl(), /*cooperative=*/false, args...);
+  return LaunchMaybePdl(kernel, dim3(ctas), dim3(kThreads), static_cast<size_t>(smem), s,
+                        StepPdl(), args...);
 }
 
 // A launch of step kernel `kernel` with `smem` bytes of dynamic shared memory and parameters

@@ -264,10 +264,10 @@ TEST_F(CudaTest, QdqMatchesCpuWithAndWithoutFeedback) {
 // Quantize, Dequantize and Amax as one dependent chain on the backend's stream with no host
 // synchronization between the calls: each link quantizes the previous link's dequantized output
 // (a fresh, poisoned buffer), so a kernel that read its input before the kernel writing it had
-// finished would quantize poison. Small tensors, where the lane kernels, the fused-amax
-// cooperative launch, the amax-only pass, the amax reduction and dequantize start as
-// programmatic dependent launches behind one another (pdl.cuh). Every link's codes, scales,
-// global record, amax and dequantized values bit for bit against the CPU backend.
+// finished would quantize poison. Small tensors: the lane kernels, the fused-amax cooperative
+// launch, the amax-only pass, the amax reduction and dequantize, each launched while the one
+// before it may still run. Every link's codes, scales, global record, amax and dequantized
+// values bit for bit against the CPU backend.
 TEST_F(CudaTest, CallsBackToBackWithoutHostSyncMatchCpu) {
   constexpr int kLinks = 10;
   int case_id = 0;
