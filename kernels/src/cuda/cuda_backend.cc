@@ -108,7 +108,12 @@ absl::Status CudaBackend::Enter() const {
     absl::MutexLock lock(&mu_);
     if (!poison_.ok()) return poison_;
   }
-  FP4Q_RETURN_IF_ERROR(Track(FP4Q_CUDA_STATUS(cudaSetDevice(ordinal_))));
+  // cudaSetDevice only where the thread's current device is another one: it costs about as
+  // much again as the query, on every call.
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != ordinal_) {
+    FP4Q_RETURN_IF_ERROR(Track(FP4Q_CUDA_STATUS(cudaSetDevice(ordinal_))));
+  }
   // A stale non-sticky error of this thread (e.g. the caller's own failed call) must not be
   // reported by our launch checks; a sticky one comes back at once and poisons.
   const cudaError_t stale = cudaGetLastError();

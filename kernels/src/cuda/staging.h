@@ -14,8 +14,8 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
@@ -49,8 +49,10 @@ class Staging {
     bool copy_out;
   };
   cudaStream_t stream_;
-  std::vector<Entry> entries_;
-  std::vector<void*> scratch_;
+  // Inline: a call uses a handful of buffers, and a heap allocation each would be a sizeable
+  // part of a small call's host time.
+  absl::InlinedVector<Entry, 8> entries_;
+  absl::InlinedVector<void*, 4> scratch_;
 };
 
 }  // namespace fp4q::kernels::cuda
