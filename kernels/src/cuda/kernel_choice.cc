@@ -36,10 +36,6 @@ bool FusedAmaxFits(const RowPass& p, const KernelTuning& t) {
          static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) <= kFusedAmaxMaxElems;
 }
 
-bool CtaAmaxFits(const RowPass& p) {
-  return static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) <= kCtaAmaxMaxElems;
-}
-
 const char* RowKernelName(RowKernel k) {
   switch (k) {
     case RowKernel::kRows: return "rows";

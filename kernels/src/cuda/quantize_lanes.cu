@@ -444,26 +444,6 @@ __global__ void __launch_bounds__(kThreads, BlocksKernelCtas<kFmt, kCtas>())
     WarpAtomicMax(lp.fused_amax, m);
     grid.sync();
     amax = __ldcg(lp.fused_amax);
-  } else if (lp.cta_amax) {
-    // Small tensors (CtaAmaxFits): every CTA reduces the whole tensor itself, its warps taking
-    // the grid's steps in turn (the blocks past the first CTA's come from L2), and needs no
-    // grid barrier, so the launch is an ordinary one. The same maximum as the cooperative
-    // form's: maxima of non-negative values, NaN block maxima dropped by fmaxf in both.
-    __shared__ float warp_max[kThreads / 32];
-    float m = 0.0f;
-    ForLaneBlocks<In, kU, kTiles, false>(lp, threadIdx.x >> 5, kThreads / 32, steps, lane,
-                                         [&](const Block16<In>* blk, uint32_t) {
-#pragma unroll
-                                           for (int u = 0; u < kU; ++u) {
-                                             m = fmaxf(m, LaneAbsMax<In, kRht>(lp, blk[u]));
-                                           }
-                                         });
-    m = WarpMax(m);
-    if (lane == 0) warp_max[threadIdx.x >> 5] = m;
-    __syncthreads();
-    amax = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
   } else {
     amax = p.out.amax_ptr != nullptr ? *p.out.amax_ptr : p.out.amax_value;
   }
@@ -622,11 +602,7 @@ cudaError_t LaunchQuantizeFusedAmax(const RowParams& p, float* amax, cudaStream_
   if (!FusedAmaxFits(RowPassOf(p), p.tuning) || amax == nullptr) return cudaErrorInvalidValue;
   LaneParams lp = LaneParamsOf(p);
   lp.p.out.amax_ptr = nullptr;
-  if (CtaAmaxFits(RowPassOf(p))) {
-    lp.cta_amax = true;  // the amax reaches out.global[0] through write_amax
-  } else {
-    lp.fused_amax = amax;
-  }
+  lp.fused_amax = amax;
   // FusedAmaxFits: the pass takes kLanesBlocks or kLanesBlocksFourCtas.
   const RowKernel k = ChooseRowKernel(RowPassOf(p), p.tuning);
   return p.x_dtype == kF32 ? Dispatch<float>(lp, k, s) : Dispatch<__nv_bfloat16>(lp, k, s);

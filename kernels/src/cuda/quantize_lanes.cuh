@@ -21,9 +21,6 @@ struct LaneParams {
   uint32_t n_blocks = 0;   // 16-element blocks (elements / 16 < 2^31)
   // Non-null: compute the global amax in the launch itself (see QuantizeBlocksKernel).
   float* fused_amax = nullptr;
-  // Compute the global amax in every CTA of the launch, each over the whole tensor (small
-  // tensors: see QuantizeBlocksKernel).
-  bool cta_amax = false;
   uint64_t row_magic = 0;  // floor((2^64 - 1) / scale_cols) + 1: block -> row (swizzled)
   uint32_t scale_cols = 0;
   // The RHT's signs (q.rht_signs) as sign bits of packed bf16 pairs: word k flips elements 2k
