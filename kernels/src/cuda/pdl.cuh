@@ -10,9 +10,9 @@
 // attribute, and a kernel behind a non-kernel operation (a copy, a memset, a stream wait) waits
 // for it as ever.
 //
-// The quantize, amax and dequantize kernels are launched plainly: as programmatic launches,
-// back-to-back small quantize calls took 0.7-1.1 us longer each on an H100, and the large rows
-// were unchanged (bench/results/h200-quantize/pdl/).
+// The quantize, amax and dequantize kernels are launched plainly: as programmatic launches they
+// showed no gain on an H100 (small calls are bound by the host; the large rows did not move;
+// bench/results/h200-quantize/pdl/).
 #ifndef FP4Q_KERNELS_SRC_CUDA_PDL_CUH_
 #define FP4Q_KERNELS_SRC_CUDA_PDL_CUH_
 
