@@ -49,8 +49,7 @@ class Staging {
     bool copy_out;
   };
   cudaStream_t stream_;
-  // Inline: a call uses a handful of buffers, and a heap allocation each would be a sizeable
-  // part of a small call's host time.
+  // Inline: a call uses a handful of buffers (no heap allocation on a small call's path).
   absl::InlinedVector<Entry, 8> entries_;
   absl::InlinedVector<void*, 4> scratch_;
 };
