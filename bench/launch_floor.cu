@@ -5,18 +5,15 @@
 // size, the runtime calls the backend makes before and after it).
 #include <cuda_runtime.h>
 
+#include "cuda/pdl.cuh"
+
 namespace fp4q::bench {
 namespace {
 __global__ void EmptyKernel(int) {}
 
 // The same as a programmatic dependent launch (as the step kernels go on sm_90+, pdl.cuh): it
 // waits for the previous kernel, then lets the next one launch.
-__global__ void EmptyPdlKernel(int) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+__global__ void EmptyPdlKernel(int) { kernels::cuda::PdlGridEnter(); }
 
 // About the size of the quantize kernels' parameter structs.
 struct BigArg {
@@ -33,16 +30,7 @@ cudaError_t LaunchEmptyKernel(cudaStream_t s) {
 }
 
 cudaError_t LaunchEmptyPdlKernel(cudaStream_t s) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(1);
-  cfg.blockDim = dim3(32);
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, EmptyPdlKernel, 0);
+  return kernels::cuda::LaunchMaybePdl(EmptyPdlKernel, dim3(1), dim3(32), 0, s, /*pdl=*/true, 0);
 }
 
 cudaError_t LaunchEmptyGrid(cudaStream_t s, unsigned ctas) {
@@ -53,11 +41,16 @@ cudaError_t LaunchEmptyGrid(cudaStream_t s, unsigned ctas) {
 }
 
 cudaError_t LaunchEmptyWithBackendCalls(cudaStream_t s, int device) {
-  // What CudaBackend's Enter() and AfterLaunches() ask of the runtime around a launch.
-  cudaError_t e = cudaSetDevice(device);
-  if (e != cudaSuccess) return e;
-  (void)cudaGetLastError();
+  // What CudaBackend's Enter() and AfterLaunches() ask of the runtime around a launch (the
+  // thread already on `device`, as in the bench: no cudaSetDevice).
   int current = -1;
+  cudaError_t e = cudaGetDevice(&current);
+  if (e != cudaSuccess) return e;
+  if (current != device) {
+    e = cudaSetDevice(device);
+    if (e != cudaSuccess) return e;
+  }
+  (void)cudaGetLastError();
   e = cudaGetDevice(&current);  // SmCount()'s per-call query
   if (e != cudaSuccess) return e;
   EmptyKernel<<<1, 32, 0, s>>>(current);

@@ -286,6 +286,7 @@ template <typename In, bool kSr, bool kRht>
 FP4Q_D void QuantizeTilePair(const LaneParams& lp, const UnitCtx& ctx, const float* inv_of_sf,
                              const Block16<In>* blk, uint32_t b0, bool want_codes) {
   const RowParams& p = lp.p;
+  const HeadedKeys keys{p.q.sr_keys, lp.sr_head};
   float v[2][16];
   uint32_t pairs[2][8];
   bool any_nan[2];
@@ -317,7 +318,6 @@ FP4Q_D void QuantizeTilePair(const LaneParams& lp, const UnitCtx& ctx, const flo
     sf[u] = E4M3Rn(__fmul_rn(bamax[u], ctx.g.t));
     const float mul = inv_of_sf[sf[u] & (kScaleBytes - 1)];
     const uint64_t g = uint64_t{b0 + u} * 2;
-    const HeadedKeys keys{p.q.sr_keys, lp.sr_head};
     w[2 * u] = Codes8<kSr>(v[u], mul, ctx, keys, g, false);
     w[2 * u + 1] = Codes8<kSr>(v[u] + 8, mul, ctx, keys, g + 1, false);
     if (any_nan[u]) ClearNanSigns(v[u], &w[2 * u], &w[2 * u + 1]);
