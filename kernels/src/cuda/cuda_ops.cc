@@ -196,6 +196,7 @@ absl::Status CudaBackend::QuantizeImpl(const ConstTensor& x, const QuantizeOptio
     p.cols = x.cols;
     p.x = xp;
     p.x_dtype = DtypeCode(x.dtype);
+    p.tuning = tuning_;
     if (mx) {
       if (want_row) FP4Q_RETURN_IF_ERROR(ZeroFloat(row.global, s));
       FP4Q_RETURN_IF_ERROR(ZeroFloat(col.global, s));

@@ -36,6 +36,15 @@ bool FusedAmaxFits(const RowPass& p, const KernelTuning& t) {
          static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) <= kFusedAmaxMaxElems;
 }
 
+bool LaneTilesCover(const RowPass& p, const KernelTuning& t) {
+  if (t.rows_only || p.residual || p.fmt != kFmtNv1x16 || p.scale_sel != kSelMapTo6 ||
+      p.x_dtype != kBF16) {
+    return false;
+  }
+  if (p.rows <= 0 || p.cols <= 0 || p.rows % 16 != 0 || p.cols % 32 != 0) return false;
+  return static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) / 16 < (uint64_t{1} << 31);
+}
+
 const char* RowKernelName(RowKernel k) {
   switch (k) {
     case RowKernel::kRows: return "rows";

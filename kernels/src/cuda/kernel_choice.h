@@ -32,7 +32,7 @@ namespace fp4q::kernels::cuda {
 // measurements chose (bench/results/h200.md).
 inline constexpr int kMaxStepPrefetchSlots = 16;
 struct KernelTuning {
-  bool rows_only = false;  // every pass takes kRows
+  bool rows_only = false;  // every pass takes kRows (and two-output passes the shared tiles)
   int bf16_block_ctas = 3;  // 3 or 4: CTAs per SM of the bf16 one-block-a-lane kernel
   // Slots (256 elements each) past those a lane keeps in flight in its shared-memory ring that a
   // warp of the SGD step's apply and current-scaling check asks L2 for, in
@@ -65,6 +65,12 @@ inline constexpr uint64_t kFusedAmaxMaxElems = uint64_t{1} << 20;
 bool FusedAmaxFits(const RowPass& p, const KernelTuning& t);
 
 const char* RowKernelName(RowKernel k);
+
+// Whether a two-output pass (row-wise and/or column-wise output from one read of x,
+// quantize_tile.cu) takes the lane tiles (a warp task of 16 rows x 32 columns, a block a lane for each output)
+// rather than the shared 64 x 128 tiles: NVFP4 1x16 with map-to-6 scales from bf16 x, rows a
+// multiple of 16, columns of 32, fewer than 2^31 blocks. KernelTuning::rows_only says no.
+bool LaneTilesCover(const RowPass& p, const KernelTuning& t);
 
 }  // namespace fp4q::kernels::cuda
 

@@ -118,8 +118,8 @@ inline RowPass RowPassOf(const RowParams& p) {
   return r;
 }
 
-// Row-wise and/or column-wise quantization from one read of x through shared memory (tiles of
-// 64 rows x 128 columns). No residual.
+// Row-wise and/or column-wise quantization from one read of x (quantize_tile.cu: lane tiles where
+// LaneTilesCover, else shared tiles of 64 rows x 128 columns). No residual.
 struct TileParams {
   QuantOptions q;
   int64_t rows = 0;
@@ -133,7 +133,21 @@ struct TileParams {
   bool amax_only = false;
   float* row_amax_out = nullptr;
   float* col_amax_out = nullptr;
+  KernelTuning tuning;  // the backend's (kernel_choice.h: LaneTilesCover)
 };
+
+// What kernel_choice.h decides a two-output pass's kernel from.
+inline RowPass TilePassOf(const TileParams& p) {
+  RowPass r;
+  r.fmt = p.q.fmt;
+  r.scale_sel = p.q.scale_sel;
+  r.rht = p.q.rht;
+  r.amax_only = p.amax_only;
+  r.x_dtype = p.x_dtype;
+  r.rows = p.rows;
+  r.cols = p.cols;
+  return r;
+}
 
 struct DequantParams {
   int64_t rows = 0;

@@ -31,6 +31,7 @@
 #include <cfloat>
 
 #include "launch.h"
+#include "quantize_lane_block.cuh"
 #include "quantize_lanes.cuh"
 #include "quantize_unit.cuh"
 
@@ -70,130 +71,12 @@ constexpr int StepBlocks() {
 }
 
 template <typename In>
-struct Block16 {
-  uint4 x[sizeof(In) == 2 ? 2 : 4];
-};
-
-template <typename In>
 FP4Q_D void LoadBlock(const void* x, uint32_t b, bool valid, Block16<In>* out) {
   constexpr int kW = sizeof(In) == 2 ? 2 : 4;
   const uint4 z = make_uint4(0u, 0u, 0u, 0u);
   const uint4* src = reinterpret_cast<const uint4*>(x) + static_cast<uint64_t>(b) * kW;
 #pragma unroll
   for (int k = 0; k < kW; ++k) out->x[k] = valid ? src[k] : z;
-}
-
-template <typename In>
-FP4Q_D void WidenBlock(const Block16<In>& b, float* v) {
-  WidenWords<In>(b.x, sizeof(In) == 2 ? 2 : 4, v);
-}
-
-// Max of |element| over a bf16 block's 16 elements from its packed words: 7 two-lane maxima of
-// magnitudes (max.xorsign.abs: the magnitude of the larger, a sign nobody reads; before sm_86
-// the signs are cleared first) and one f32 max of the two halves, where 16 f32 maxima were
-// needed. kNaN: a NaN element makes the result
-// NaN (max.NaN); otherwise NaN elements are ignored as fmaxf ignores them (BlockAmax16).
-template <bool kNaN>
-FP4Q_D float Bf16BlockAbsMax(const uint32_t* w) {
-  uint32_t m[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) m[i] = w[i];
-#if __CUDA_ARCH__ < 860  // no .xorsign.abs before sm_86: clear the signs first
-#pragma unroll
-  for (int i = 0; i < 8; ++i) m[i] &= 0x7FFF7FFFu;
-#endif
-#pragma unroll
-  for (int width = 4; width >= 1; width >>= 1) {
-#pragma unroll
-    for (int i = 0; i < width; ++i) {
-#if __CUDA_ARCH__ >= 860
-      if constexpr (kNaN) {
-        asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(m[i]) : "r"(m[i]), "r"(m[i + width]));
-      } else {
-        asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(m[i]) : "r"(m[i]), "r"(m[i + width]));
-      }
-#else
-      if constexpr (kNaN) {
-        asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(m[i]) : "r"(m[i]), "r"(m[i + width]));
-      } else {
-        asm("max.bf16x2 %0, %1, %2;" : "=r"(m[i]) : "r"(m[i]), "r"(m[i + width]));
-      }
-#endif
-    }
-  }
-  const float lo = fabsf(Bf16Lo(m[0]));
-  const float hi = fabsf(Bf16Hi(m[0]));
-  if constexpr (kNaN) {
-    float r;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(lo), "f"(hi));
-    return r;
-  }
-  return fmaxf(fmaxf(lo, hi), 0.0f);
-}
-
-// A lane block's 16 values as the quantizer takes them, in v: x widened, then its RHT if any.
-// For bf16 x also as 8 packed bf16 pairs in `pairs` (the RHT of bf16 x is rounded back to bf16),
-// from which the block amax is taken two elements at a time. The RHT's signs flip the sign bits
-// of the packed input (one XOR for two elements where Rht16 multiplies each by +-1; both exact,
-// and a NaN input gives the canonical NaN out of the butterfly either way).
-template <typename In, bool kRht>
-FP4Q_D void LaneBlockValues(const LaneParams& lp, const Block16<In>& blk, float* v,
-                            uint32_t* pairs) {
-  if constexpr (sizeof(In) == 2) {
-    const uint32_t x[8] = {blk.x[0].x, blk.x[0].y, blk.x[0].z, blk.x[0].w,
-                           blk.x[1].x, blk.x[1].y, blk.x[1].z, blk.x[1].w};
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const uint32_t w = kRht ? x[k] ^ lp.rht_sign_words[k] : x[k];
-      v[2 * k] = Bf16Lo(w);
-      v[2 * k + 1] = Bf16Hi(w);
-      pairs[k] = w;
-    }
-    if constexpr (kRht) {
-      Butterfly16(v);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        pairs[k] = PackBf16x2(v[2 * k], v[2 * k + 1]);
-        v[2 * k] = Bf16Lo(pairs[k]);
-        v[2 * k + 1] = Bf16Hi(pairs[k]);
-      }
-    }
-  } else {
-    WidenBlock<In>(blk, v);
-    if (kRht) Rht16(v, lp.p.q.rht_signs, false);
-  }
-}
-
-// A lane's block amax as BlockAmax16 gives it over v (LaneBlockValues), and whether an element
-// is NaN; from the packed pairs for bf16 x.
-template <typename In>
-FP4Q_D float LaneBlockAmax(const float* v, const uint32_t* pairs, bool* any_nan) {
-  if constexpr (sizeof(In) == 2) {
-    const float m = Bf16BlockAbsMax<true>(pairs);
-    *any_nan = isnan(m);
-    return *any_nan ? BlockAmax16(v) : m;
-  } else {
-    return BlockAmax16Flagged(v, any_nan);
-  }
-}
-
-// Codes 0x7 without a sign for the NaN elements of a block (Codes8's fix-up, once a block).
-FP4Q_D void ClearNanSigns(const float* v, uint32_t* w0, uint32_t* w1) {
-#pragma unroll
-  for (int e = 0; e < 16; ++e) {
-    if (isnan(v[e])) *(e < 8 ? w0 : w1) &= ~(8u << (4 * (e & 7)));
-  }
-}
-
-// The element multiplier InvScale(E4M3Value(sf), s_dec) of every scale byte a non-negative
-// block amax can round to (E4M3Rn gives 0..0x7E, 0x7F for NaN), built by a CTA's first 128
-// threads: a block then looks its multiplier up instead of decoding its scale and rounding a
-// reciprocal (about 18 instructions a block with the range check of __frcp_rn).
-constexpr int kScaleBytes = 128;
-
-FP4Q_D void BuildInvScaleTable(const UnitCtx& ctx, float* table) {
-  if (threadIdx.x < kScaleBytes) table[threadIdx.x] = InvScale(E4M3Value(threadIdx.x), ctx.g.s_dec);
-  __syncthreads();
 }
 
 // DQ(x) of block b from its codes and scale byte into p.dq (f32 or bf16).
@@ -234,11 +117,10 @@ FP4Q_D uint64_t ScaleAt(const LaneParams& lp, uint64_t blk) {
       SwizzleOffset(static_cast<int64_t>(row), col, (lp.scale_cols + 3) / 4));
 }
 
-// Quantizes lane block b (its 16 elements in `blk`) and stores its codes and scale byte
-// (want_codes) and DQ(x) (p.dq); inv_of_sf from BuildInvScaleTable (NVFP4). kFmt: kFmtNv1x16,
-// or kFmtMx, where lanes 2m and 2m + 1 hold the halves of one 32-element block: the block amax
-// is one shuffle, and the even lane stores the scale byte. thread_max: the max of |v| over the
-// lane's blocks (MXFP4 records the global amax).
+// Quantizes lane block b (its 16 elements in `blk`, LaneBlockCodes) and stores its codes and
+// scale byte (want_codes) and DQ(x) (p.dq). kFmt: kFmtNv1x16 or kFmtMx (the even lane of a pair
+// stores the scale byte). thread_max: the max of |v| over the lane's blocks (MXFP4 records the
+// global amax).
 template <typename In, int kFmt, bool kSr, bool kRht>
 FP4Q_D void QuantizeLaneBlock(const LaneParams& lp, const UnitCtx& ctx, const float* inv_of_sf,
                               const Block16<In>& blk, uint32_t b, bool want_codes,
@@ -247,26 +129,9 @@ FP4Q_D void QuantizeLaneBlock(const LaneParams& lp, const UnitCtx& ctx, const fl
   const RowParams& p = lp.p;
   // Groups of four lanes are valid together (the block count is a multiple of 4).
   const bool valid = b < lp.n_blocks;
-  float v[16];
-  uint32_t pairs[8];
-  LaneBlockValues<In, kRht>(lp, blk, v, pairs);
-  bool any_nan;
-  float bamax = LaneBlockAmax<In>(v, pairs, &any_nan);
-  uint32_t sf;
-  float mul;
-  if constexpr (kMx) {
-    *thread_max = fmaxf(*thread_max, bamax);
-    bamax = fmaxf(bamax, __shfl_xor_sync(kFull, bamax, 1));
-    sf = MxScaleByte(bamax, ctx.mx_rule);
-    mul = E8M0Inverse(sf);
-  } else {
-    sf = E4M3Rn(__fmul_rn(bamax, ctx.g.t));
-    mul = inv_of_sf[sf & (kScaleBytes - 1)];
-  }
-  const HeadedKeys keys{p.q.sr_keys, lp.sr_head};
-  uint32_t w0 = Codes8<kSr>(v, mul, ctx, keys, uint64_t{b} * 2, false);
-  uint32_t w1 = Codes8<kSr>(v + 8, mul, ctx, keys, uint64_t{b} * 2 + 1, false);
-  if (any_nan) ClearNanSigns(v, &w0, &w1);
+  uint32_t w0, w1;
+  const uint32_t sf =
+      LaneBlockCodes<In, kMx, kSr, kRht>(lp, ctx, inv_of_sf, blk, b, &w0, &w1, thread_max);
   if (!valid) return;
   if (want_codes) {
     reinterpret_cast<uint2*>(p.out.codes)[b] = make_uint2(w0, w1);
@@ -390,16 +255,6 @@ FP4Q_D void ForLaneBlocks(const LaneParams& lp, uint32_t first, uint32_t stride,
       step = s1;
     }
   }
-}
-
-// Max of |element| over lane block `blk` (after the RHT if any), as BlockAmax16 gives it.
-template <typename In, bool kRht>
-FP4Q_D float LaneAbsMax(const LaneParams& lp, const Block16<In>& blk) {
-  float v[16];
-  uint32_t pairs[8];
-  LaneBlockValues<In, kRht>(lp, blk, v, pairs);
-  if constexpr (sizeof(In) == 2) return Bf16BlockAbsMax<false>(pairs);
-  return BlockAmax16(v);
 }
 
 // Quantize and QDQ without error feedback: lane l of a warp owns block 32 * u + l of each grid
@@ -579,21 +434,6 @@ cudaError_t Dispatch(const LaneParams& lp, RowKernel k, cudaStream_t s) {
       break;
   }
   return cudaErrorInvalidValue;
-}
-
-LaneParams LaneParamsOf(const RowParams& p) {
-  LaneParams lp;
-  lp.p = p;
-  lp.n_gran = static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) / 8;
-  lp.n_blocks = static_cast<uint32_t>(lp.n_gran / 2);
-  lp.scale_cols = static_cast<uint32_t>(p.cols / (p.q.fmt == kFmtMx ? 32 : 16));
-  lp.row_magic = ~uint64_t{0} / lp.scale_cols + 1;
-  for (int k = 0; k < 8; ++k) {
-    const uint32_t signs = p.q.rht_signs >> (2 * k);
-    lp.rht_sign_words[k] = ((signs & 1u) << 15) | ((signs & 2u) << 30);
-  }
-  lp.sr_head = PhiloxHeadOf(p.q.sr_keys, p.q.step);
-  return lp;
 }
 
 }  // namespace

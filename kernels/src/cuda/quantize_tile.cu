@@ -1,17 +1,31 @@
 // Row-wise and column-wise quantization from one read of x (NUMERICS 2-8, DESIGN "Column-wise
-// output"): a CTA stages a 64 x 128 tile of x in shared memory as f32, then quantizes its rows
-// (32 elements per thread, as in quantize_rows.cu) and its columns (32 rows of one column per
-// thread, i.e. a unit of x^T). Each output gets its own transform (RHT along x's columns for
-// the row-wise output, along x's rows for the column-wise one) and its own global amax.
+// output"). Each output gets its own transform (the RHT mixes a row-wise block's 16 elements of
+// a row of x, a column-wise block's 16 elements of a column) and its own global amax. Two kernels:
 //
-// Budget (8192 x 8192 bf16, both outputs): 2 bytes read + 2 x 0.5625 written per element. The
-// shared tile is column-major with a 4-float-group XOR swizzle, so the loading warps (8 rows x
-// 4 chunks), the row readers (8 rows x 4 chunks) and the column readers (8 consecutive columns
-// per 16-byte phase) are all free of bank conflicts.
+// Lane tiles (LaneTilesCover: NVFP4 1x16, map-to-6, bf16 x, rows a multiple of 16, columns of
+// 32): a warp task is 16 rows x 32 columns. Lane l loads row l / 2, columns 16 (l % 2) .. + 15
+// of the task (its row-wise block, quantized from the registers as quantize_lanes.cu quantizes
+// a block) and stores those 32 bytes to the warp's 1 KiB of shared memory; two ldmatrix.trans
+// then give lane l column 8 (l % 4) + l / 4 of the task as 8 packed pairs of rows, the form a
+// row block's words have, so its column-wise block takes the same code. Each output costs what
+// quantize_lanes.cu's block costs, plus four shared-memory instructions a block for the
+// transposition. The next task's row block is in flight while a task computes.
+//
+// Shared tiles (every other request: f32 x, MXFP4, 16x16, four-over-six, other shapes): a CTA
+// stages a 64 x 128 tile of x in shared memory as f32, then quantizes its rows (32 elements per
+// thread, as in quantize_rows.cu) and its columns (32 rows of one column per thread, i.e. a
+// unit of x^T). The shared tile is column-major with a 4-float-group XOR swizzle, so the loading
+// warps (8 rows x 4 chunks), the row readers (8 rows x 4 chunks) and the column readers (8
+// consecutive columns per 16-byte phase) are all free of bank conflicts.
+//
+// Budget (8192 x 8192 bf16, both outputs): 2 bytes read + 2 x 0.5625 written per element.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "launch.h"
+#include "quantize_lane_block.cuh"
 #include "quantize_unit.cuh"
 
 namespace fp4q::kernels::cuda {
@@ -208,9 +222,196 @@ cudaError_t DispatchFormat(const TileParams& p, cudaStream_t s) {
   }
 }
 
+// ---------------------------------------------------------------- lane tiles
+
+constexpr int kTaskRows = 16;
+constexpr int kTaskCols = 32;
+constexpr int kWarps = kThreads / 32;
+static_assert(kThreads == 2 * kScaleBytes, "one multiplier table per output, one entry a thread");
+
+struct LaneTileParams {
+  LaneParams lp;  // lp.p: x, rows, cols, q; lp.p.out: the row-wise output (codes null: none)
+  QOut col;       // the column-wise output ([cols, rows] of x^T; codes null: none)
+  uint32_t tasks = 0;           // (rows / 16) * (cols / 32)
+  uint32_t tasks_per_band = 0;  // cols / 32
+  uint64_t band_magic = 0;      // floor((2^64 - 1) / tasks_per_band) + 1: task -> band
+  uint32_t col_scale_cols = 0;  // rows / 16
+  // Amax-only pass (kAmaxOnly): max |RHT(block)| of each output into these (either may be null).
+  float* row_amax_out = nullptr;
+  float* col_amax_out = nullptr;
+};
+
+// Row-wise block index of lane `lane`'s row block in task `task` (band, tc).
+FP4Q_D uint32_t TaskRowBlock(const LaneTileParams& tp, uint32_t band, uint32_t tc, int lane) {
+  return (band * kTaskRows + (lane >> 1)) * tp.lp.scale_cols + tc * 2 + (lane & 1);
+}
+
+FP4Q_D uint32_t TaskBand(const LaneTileParams& tp, uint32_t task) {
+  return static_cast<uint32_t>(__umul64hi(tp.band_magic, task));
+}
+
+FP4Q_D void LoadTaskBlock(const LaneTileParams& tp, uint32_t task, int lane,
+                          Block16<__nv_bfloat16>* out) {
+  const uint32_t band = TaskBand(tp, task);
+  const uint32_t b = TaskRowBlock(tp, band, task - band * tp.tasks_per_band, lane);
+  const uint4* src = reinterpret_cast<const uint4*>(tp.lp.p.x) + uint64_t{b} * 2;
+  out->x[0] = src[0];
+  out->x[1] = src[1];
+}
+
+// The warp's transposition buffer, 16 rows x 64 bytes: 16-byte segment j of row r is stored at
+// segment j ^ ((r >> 1) & 1), so the lanes' 16-byte stores (rows 4k..4k+3 a phase) and each
+// ldmatrix phase (rows 2m, 2m + 1) touch 8 distinct 16-byte bank groups.
+FP4Q_D int StageSlot(int row, int seg) { return row * 4 + (seg ^ ((row >> 1) & 1)); }
+
+// ldmatrix.x4.trans from the warp's buffer: matrix q of instruction i is rows 2m, 2m + 1
+// (m = 4i + q), segments 0..3; lane 8q + 2j + h gives row 2m + h, segment j. Lane l receives,
+// for each m, the pair (x[2m][c], x[2m + 1][c]) of column c = 8 (l % 4) + l / 4.
+FP4Q_D void LoadColumnPairs(uint32_t addr, uint4* out) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(out->x), "=r"(out->y), "=r"(out->z), "=r"(out->w)
+               : "r"(addr)
+               : "memory");
+}
+
+template <bool kSr, bool kRht, bool kAmaxOnly>
+__global__ void __launch_bounds__(kThreads, 3) QuantizeLaneTilesKernel(const LaneTileParams tp) {
+  using Bf = __nv_bfloat16;
+  __shared__ __align__(16) uint4 stage[kWarps][kTaskRows * 4];
+  __shared__ float inv_of_sf[2][kScaleBytes];  // row-wise, column-wise (BuildInvScaleTable)
+  const LaneParams& lp = tp.lp;
+  const RowParams& p = lp.p;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const bool want_row = p.out.codes != nullptr;
+  const bool want_col = tp.col.codes != nullptr;
+  UnitCtx row_ctx{}, col_ctx{};
+  if constexpr (!kAmaxOnly) {
+    const float ra = p.out.amax_ptr != nullptr ? *p.out.amax_ptr : p.out.amax_value;
+    const float ca = tp.col.amax_ptr != nullptr ? *tp.col.amax_ptr : tp.col.amax_value;
+    row_ctx = MakeUnitCtx(p.q, ra);
+    col_ctx = MakeUnitCtx(p.q, ca);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      if (want_row) {
+        if (p.out.write_amax) p.out.global[0] = ra;
+        p.out.global[1] = row_ctx.g.s_enc;
+      }
+      if (want_col) {
+        if (tp.col.write_amax) tp.col.global[0] = ca;
+        tp.col.global[1] = col_ctx.g.s_enc;
+      }
+    }
+    const int k = threadIdx.x & (kScaleBytes - 1);
+    const float s_dec = threadIdx.x < kScaleBytes ? row_ctx.g.s_dec : col_ctx.g.s_dec;
+    inv_of_sf[threadIdx.x / kScaleBytes][k] = InvScale(E4M3Value(k), s_dec);
+    __syncthreads();
+  }
+
+  uint4* const buf = stage[warp];
+  uint4* const st0 = buf + StageSlot(lane >> 1, 2 * (lane & 1));
+  uint4* const st1 = buf + StageSlot(lane >> 1, 2 * (lane & 1) + 1);
+  uint32_t ldsm[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int m = 4 * i + (lane >> 3);
+    ldsm[i] = static_cast<uint32_t>(
+        __cvta_generic_to_shared(buf + StageSlot(2 * m + (lane & 1), (lane >> 1) & 3)));
+  }
+  const uint32_t col_in = 8 * (lane & 3) + (lane >> 2);
+
+  float row_max = 0.0f, col_max = 0.0f;
+  const uint32_t stride = gridDim.x * kWarps;
+  uint32_t task = blockIdx.x * kWarps + warp;  // warp-uniform: every lane runs every task
+  Block16<Bf> cur, next;
+  if (task < tp.tasks) LoadTaskBlock(tp, task, lane, &cur);
+  while (task < tp.tasks) {
+    const uint32_t following = task + stride;
+    if (following < tp.tasks) LoadTaskBlock(tp, following, lane, &next);
+    const uint32_t band = TaskBand(tp, task);
+    const uint32_t tc = task - band * tp.tasks_per_band;
+    __syncwarp();  // the previous task's ldmatrix reads are done
+    *st0 = cur.x[0];
+    *st1 = cur.x[1];
+    __syncwarp();
+    Block16<Bf> colb;
+    LoadColumnPairs(ldsm[0], &colb.x[0]);
+    LoadColumnPairs(ldsm[1], &colb.x[1]);
+    if constexpr (kAmaxOnly) {
+      row_max = fmaxf(row_max, LaneAbsMax<Bf, kRht>(lp, cur));
+      col_max = fmaxf(col_max, LaneAbsMax<Bf, kRht>(lp, colb));
+    } else {
+      uint32_t w0, w1;
+      if (want_row) {
+        const uint32_t b = TaskRowBlock(tp, band, tc, lane);
+        const uint32_t sf = LaneBlockCodes<Bf, false, kSr, kRht>(lp, row_ctx, inv_of_sf[0], cur,
+                                                                 b, &w0, &w1, nullptr);
+        reinterpret_cast<uint2*>(p.out.codes)[b] = make_uint2(w0, w1);
+        p.out.scales[ScaleOffset(band * kTaskRows + (lane >> 1), tc * 2 + (lane & 1),
+                                 lp.scale_cols, p.out.swizzled)] = static_cast<uint8_t>(sf);
+      }
+      if (want_col) {
+        const uint32_t c = tc * kTaskCols + col_in;
+        const uint32_t b = c * tp.col_scale_cols + band;  // x^T's block index
+        const uint32_t sf = LaneBlockCodes<Bf, false, kSr, kRht>(lp, col_ctx, inv_of_sf[1], colb,
+                                                                 b, &w0, &w1, nullptr);
+        reinterpret_cast<uint2*>(tp.col.codes)[b] = make_uint2(w0, w1);
+        tp.col.scales[ScaleOffset(c, band, tp.col_scale_cols, tp.col.swizzled)] =
+            static_cast<uint8_t>(sf);
+      }
+    }
+    cur = next;
+    task = following;
+  }
+  if constexpr (kAmaxOnly) {
+    if (tp.row_amax_out != nullptr) WarpAtomicMax(tp.row_amax_out, row_max);
+    if (tp.col_amax_out != nullptr) WarpAtomicMax(tp.col_amax_out, col_max);
+  }
+}
+
+template <bool kSr, bool kRht, bool kAmaxOnly>
+cudaError_t LaunchLaneTilesWith(const LaneTileParams& tp, cudaStream_t s) {
+  static const int per_sm = lanes::ResidentCtas(QuantizeLaneTilesKernel<kSr, kRht, kAmaxOnly>);
+  const uint64_t wanted = (uint64_t{tp.tasks} + kWarps - 1) / kWarps;
+  const uint64_t ctas = std::min(wanted, static_cast<uint64_t>(SmCount()) * per_sm);
+  if (ctas == 0) return cudaSuccess;
+  QuantizeLaneTilesKernel<kSr, kRht, kAmaxOnly>
+      <<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(tp);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchLaneTiles(const TileParams& p, cudaStream_t s) {
+  RowParams rp;
+  rp.q = p.q;
+  rp.rows = p.rows;
+  rp.cols = p.cols;
+  rp.x = p.x;
+  rp.x_dtype = p.x_dtype;
+  rp.out = p.row;
+  LaneTileParams tp;
+  tp.lp = LaneParamsOf(rp);
+  tp.col = p.col;
+  tp.tasks_per_band = static_cast<uint32_t>(p.cols / kTaskCols);
+  tp.tasks = static_cast<uint32_t>(p.rows / kTaskRows) * tp.tasks_per_band;
+  tp.band_magic = ~uint64_t{0} / tp.tasks_per_band + 1;
+  tp.col_scale_cols = static_cast<uint32_t>(p.rows / 16);
+  if (p.amax_only) {  // the RHT's amax (without it LaunchAmax reduces x itself)
+    if (!p.q.rht) return cudaErrorInvalidValue;
+    tp.row_amax_out = p.row_amax_out;
+    tp.col_amax_out = p.col_amax_out;
+    return LaunchLaneTilesWith<false, true, true>(tp, s);
+  }
+  if (p.q.rht) {
+    return p.q.sr ? LaunchLaneTilesWith<true, true, false>(tp, s)
+                  : LaunchLaneTilesWith<false, true, false>(tp, s);
+  }
+  return p.q.sr ? LaunchLaneTilesWith<true, false, false>(tp, s)
+                : LaunchLaneTilesWith<false, false, false>(tp, s);
+}
+
 }  // namespace
 
 cudaError_t LaunchQuantizeTile(const TileParams& p, cudaStream_t s) {
+  if (LaneTilesCover(TilePassOf(p), p.tuning)) return LaunchLaneTiles(p, s);
   return p.x_dtype == kF32 ? DispatchFormat<float>(p, s) : DispatchFormat<__nv_bfloat16>(p, s);
 }
 

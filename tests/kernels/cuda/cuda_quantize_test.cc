@@ -51,13 +51,16 @@ struct Shape {
 };
 const std::vector<Shape>& ShapesFor(int row_mult, int col_mult) {
   // Row lengths that are multiples of 64 take the lane kernel (quantize_lanes.cu) for 1x16 and
-  // MXFP4 row-wise output without four-over-six; the others quantize_rows.cu.
+  // MXFP4 row-wise output without four-over-six; the others quantize_rows.cu. With the
+  // column-wise output, bf16 NVFP4 1x16 on column counts that are multiples of 32 takes the lane
+  // tiles (quantize_tile.cu), the rest its shared tiles.
   static const std::vector<Shape> nv_any = {{1, 16},    {7, 48},   {3, 400},   {217, 256},
                                             {33, 144},  {130, 528}, {5, 4096}, {64, 80},
                                             {1, 64},    {3, 192},  {130, 320}, {9, 1088},
                                             {2, 65536}};
   static const std::vector<Shape> nv16 = {{16, 16},  {16, 48},   {48, 208},  {80, 272},
-                                          {144, 96}, {64, 1040}, {208, 144}, {16, 2064}};
+                                          {144, 96}, {64, 1040}, {208, 144}, {16, 2064},
+                                          {32, 64},  {272, 160}};
   static const std::vector<Shape> mx_any = {{1, 32},   {7, 64},   {5, 416},
                                             {130, 96}, {33, 288}, {3, 2080}};
   static const std::vector<Shape> mx32 = {{32, 32},  {32, 96},  {96, 160},
@@ -334,6 +337,59 @@ TEST_F(LargeQuantizeTest, SixteenBySixteenTilesMatchCpuBitForBit) {
             const Dist dist = big ? Dist::kOutliers : (i % 3 ? Dist::kSpecial : Dist::kNormal);
             ExpectRowwiseMatch(o, dtype, big ? 1024 : (i % 2 ? 48 : 16), big ? 4096 : 320, dist,
                                rng, absl::StrCat("16x16 ", i));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Row-wise and column-wise output from one read of bf16 x on the lane tiles (quantize_tile.cu,
+// LaneTilesCover: rows a multiple of 16, columns of 32): every scale layout, rounding and RHT
+// mode, the amax given or computed (with the RHT, each output's own amax from the lane tiles'
+// amax pass), both outputs and the column-wise one alone, on small tensors with special values
+// and on one large enough for several tasks a warp; bit for bit against the CPU, the global
+// records included.
+TEST_F(LargeQuantizeTest, LaneTilesMatchCpuBitForBitInBothOutputs) {
+  int i = 0;
+  for (ScaleLayout layout : {ScaleLayout::kPlain, ScaleLayout::kSwizzled}) {
+    for (Rounding rounding : {Rounding::kNearest, Rounding::kStochastic}) {
+      for (RhtMode rht : {RhtMode::kOff, RhtMode::kDefaultSigns, RhtMode::kSeeded}) {
+        for (bool has_amax : {false, true}) {
+          for (bool rowwise : {true, false}) {
+            ++i;
+            const bool big = i % 6 == 0;
+            const int64_t rows = big ? 2048 : (i % 2 ? 48 : 272);
+            const int64_t cols = big ? 2048 : (i % 3 ? 96 : 32);
+            auto rng = Rng(9900 + i);
+            QuantizeOptions o;
+            o.scale_layout = layout;
+            o.rounding = rounding;
+            o.rht = rht;
+            o.rowwise = rowwise;
+            o.columnwise = true;
+            o.seed = (static_cast<uint64_t>(rng()) << 32) | rng();
+            o.step = rng();
+            o.rht_seed = rng();
+            if (has_amax) {
+              o.has_amax = true;
+              o.amax = 5.0f;
+            }
+            const Dist dist = big ? Dist::kOutliers : (i % 3 ? Dist::kSpecial : Dist::kNormal);
+            DenseInput x = cuda_testing::MakeInput(gpu(), DType::kBF16, rows, cols, dist, rng);
+            SCOPED_TRACE(absl::StrCat("lane tiles ", i, ": ", rows, "x", cols, " ",
+                                      cuda_testing::OptionsName(o)));
+            QuantPair row(gpu(), o.format, o.block, layout, rows, cols);
+            QuantPair col(gpu(), o.format, o.block, layout, cols, rows);
+            ASSERT_TRUE(cpu().Quantize(x.host_view(), o, nullptr, rowwise ? &row.host : nullptr,
+                                       &col.host, nullptr)
+                            .ok());
+            const absl::Status s = gpu().Quantize(x.dev_view(), o, nullptr,
+                                                  rowwise ? &row.dev : nullptr, &col.dev, nullptr);
+            ASSERT_TRUE(s.ok()) << s;
+            ASSERT_TRUE(gpu().Synchronize(nullptr).ok());
+            if (rowwise) EXPECT_TRUE(row.Matches("rowwise"));
+            EXPECT_TRUE(col.Matches("columnwise"));
           }
         }
       }
