@@ -211,7 +211,7 @@ FP4Q_D uint32_t LaneBlockIndex(const LaneParams& lp, uint32_t step, int u, int l
   if constexpr (!kTiles) {
     return (step * kU + u) * 32 + lane;
   } else {
-    const uint32_t tile_row = static_cast<uint32_t>(__umul64hi(lp.unit_magic, step));
+    const uint32_t tile_row = DivByMagic(step, lp.unit_magic);
     const uint32_t unit_col = step - tile_row * lp.units_per_row;
     const uint32_t row = tile_row * 16 + (lane >> 1);
     return row * lp.scale_cols + unit_col * 4 + 2 * (lane & 1) + u;
@@ -377,7 +377,7 @@ cudaError_t LaunchBlocksWith(const LaneParams& lp, cudaStream_t s) {
   LaneParams copy = lp;
   if constexpr (kFmt == kFmtNv16x16) {  // a step: 16 rows by 64 columns (LaneBlockIndex)
     copy.units_per_row = static_cast<uint32_t>(lp.p.cols / 64);
-    copy.unit_magic = ~uint64_t{0} / copy.units_per_row + 1;
+    copy.unit_magic = DivMagic(copy.units_per_row);
   }
   if (lp.fused_amax != nullptr) {
     // Every CTA must be resident at once for the grid barriers: the caller checked that the

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "div_magic.h"
 #include "launch.h"
 
 namespace fp4q::kernels::cuda::lanes {
@@ -27,7 +28,7 @@ struct LaneParams {
   // (bit 15) and 2k + 1 (bit 31) of a block.
   uint32_t rht_sign_words[8] = {};
   // NVFP4 16x16 (LaneBlockIndex): a warp step covers 16 rows by 2 * kU blocks, units_per_row
-  // steps a row of tiles; unit_magic = floor((2^64 - 1) / units_per_row) + 1.
+  // steps a row of tiles; unit_magic = DivMagic(units_per_row) (div_magic.h).
   uint32_t units_per_row = 0;
   uint64_t unit_magic = 0;
   // p.q.sr_keys' first two rounds at p.q.step (SR groups are below 2^32 here: n_blocks < 2^31).

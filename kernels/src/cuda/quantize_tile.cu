@@ -2,14 +2,18 @@
 // output"). Each output gets its own transform (the RHT mixes a row-wise block's 16 elements of
 // a row of x, a column-wise block's 16 elements of a column) and its own global amax. Two kernels:
 //
-// Lane tiles (LaneTilesCover: NVFP4 1x16, map-to-6, bf16 x, rows a multiple of 16, columns of
-// 32): a warp task is 16 rows x 32 columns. Lane l loads row l / 2, columns 16 (l % 2) .. + 15
-// of the task (its row-wise block, quantized from the registers as quantize_lanes.cu quantizes
-// a block) and stores those 32 bytes to the warp's 1 KiB of shared memory; two ldmatrix.trans
-// then give lane l column 8 (l % 4) + l / 4 of the task as 8 packed pairs of rows, the form a
-// row block's words have, so its column-wise block takes the same code. Each output costs what
-// quantize_lanes.cu's block costs, plus four shared-memory instructions a block for the
-// transposition. The next task's row block is in flight while a task computes.
+// Lane tiles (LaneTilesCover: NVFP4 1x16, map-to-6, bf16 x, rows a multiple of 64, columns of
+// 32): a warp task is 64 rows x 32 columns, four mini tiles of 16 rows. In each mini tile lane l
+// loads row l / 2, columns 16 (l % 2) .. + 15 (its row-wise block, quantized from the registers
+// as quantize_lanes.cu quantizes a block) and stores those 32 bytes to the warp's 1 KiB of
+// shared memory; two ldmatrix.trans then give lane l column 8 (l % 4) + l / 4 as 8 packed pairs
+// of rows, the form a row block's words have, so its column-wise block takes the same code.
+// Each output costs what quantize_lanes.cu's block costs, plus four shared-memory instructions a
+// block for the transposition. A lane keeps its column's four blocks and stores them at the end
+// of the task as 32 bytes of codes (a whole sector) and 4 scale bytes: with a 16-row task the
+// column-wise output went out 8 bytes and one scale byte at a time, sectors that L2 completed
+// from several tasks, and the kernel ran slower than the shared tiles (349 against 266 us on an
+// H100, bench/results/h200-quantize/lane-tiles). The next block is in flight while one computes.
 //
 // Shared tiles (every other request: f32 x, MXFP4, 16x16, four-over-six, other shapes): a CTA
 // stages a 64 x 128 tile of x in shared memory as f32, then quantizes its rows (32 elements per
@@ -224,7 +228,8 @@ cudaError_t DispatchFormat(const TileParams& p, cudaStream_t s) {
 
 // ---------------------------------------------------------------- lane tiles
 
-constexpr int kTaskRows = 16;
+constexpr int kMiniRows = 16;   // one transposition: 16 rows x 32 columns
+constexpr int kTaskMinis = 4;   // a task: 64 rows x 32 columns
 constexpr int kTaskCols = 32;
 constexpr int kWarps = kThreads / 32;
 static_assert(kThreads == 2 * kScaleBytes, "one multiplier table per output, one entry a thread");
@@ -232,28 +237,25 @@ static_assert(kThreads == 2 * kScaleBytes, "one multiplier table per output, one
 struct LaneTileParams {
   LaneParams lp;  // lp.p: x, rows, cols, q; lp.p.out: the row-wise output (codes null: none)
   QOut col;       // the column-wise output ([cols, rows] of x^T; codes null: none)
-  uint32_t tasks = 0;           // (rows / 16) * (cols / 32)
+  uint32_t tasks = 0;           // (rows / 64) * (cols / 32)
   uint32_t tasks_per_band = 0;  // cols / 32
-  uint64_t band_magic = 0;      // floor((2^64 - 1) / tasks_per_band) + 1: task -> band
+  uint64_t band_magic = 0;      // DivMagic(tasks_per_band): task -> band of 64 rows
   uint32_t col_scale_cols = 0;  // rows / 16
   // Amax-only pass (kAmaxOnly): max |RHT(block)| of each output into these (either may be null).
   float* row_amax_out = nullptr;
   float* col_amax_out = nullptr;
 };
 
-// Row-wise block index of lane `lane`'s row block in task `task` (band, tc).
-FP4Q_D uint32_t TaskRowBlock(const LaneTileParams& tp, uint32_t band, uint32_t tc, int lane) {
-  return (band * kTaskRows + (lane >> 1)) * tp.lp.scale_cols + tc * 2 + (lane & 1);
+// Row-wise block index of lane `lane`'s row block in mini tile `mini` (0..3) of task (band, tc).
+FP4Q_D uint32_t MiniRowBlock(const LaneTileParams& tp, uint32_t band, uint32_t tc, int mini,
+                             int lane) {
+  const uint32_t row = (band * kTaskMinis + mini) * kMiniRows + (lane >> 1);
+  return row * tp.lp.scale_cols + tc * 2 + (lane & 1);
 }
 
-FP4Q_D uint32_t TaskBand(const LaneTileParams& tp, uint32_t task) {
-  return static_cast<uint32_t>(__umul64hi(tp.band_magic, task));
-}
-
-FP4Q_D void LoadTaskBlock(const LaneTileParams& tp, uint32_t task, int lane,
-                          Block16<__nv_bfloat16>* out) {
-  const uint32_t band = TaskBand(tp, task);
-  const uint32_t b = TaskRowBlock(tp, band, task - band * tp.tasks_per_band, lane);
+FP4Q_D void LoadMiniBlock(const LaneTileParams& tp, uint32_t band, uint32_t tc, int mini,
+                          int lane, Block16<__nv_bfloat16>* out) {
+  const uint32_t b = MiniRowBlock(tp, band, tc, mini, lane);
   const uint4* src = reinterpret_cast<const uint4*>(tp.lp.p.x) + uint64_t{b} * 2;
   out->x[0] = src[0];
   out->x[1] = src[1];
@@ -277,7 +279,7 @@ FP4Q_D void LoadColumnPairs(uint32_t addr, uint4* out) {
 template <bool kSr, bool kRht, bool kAmaxOnly>
 __global__ void __launch_bounds__(kThreads, 3) QuantizeLaneTilesKernel(const LaneTileParams tp) {
   using Bf = __nv_bfloat16;
-  __shared__ __align__(16) uint4 stage[kWarps][kTaskRows * 4];
+  __shared__ __align__(16) uint4 stage[kWarps][kMiniRows * 4];
   __shared__ float inv_of_sf[2][kScaleBytes];  // row-wise, column-wise (BuildInvScaleTable)
   const LaneParams& lp = tp.lp;
   const RowParams& p = lp.p;
@@ -322,45 +324,76 @@ __global__ void __launch_bounds__(kThreads, 3) QuantizeLaneTilesKernel(const Lan
   float row_max = 0.0f, col_max = 0.0f;
   const uint32_t stride = gridDim.x * kWarps;
   uint32_t task = blockIdx.x * kWarps + warp;  // warp-uniform: every lane runs every task
+  uint32_t band = DivByMagic(task, tp.band_magic);
+  uint32_t tc = task - band * tp.tasks_per_band;
   Block16<Bf> cur, next;
-  if (task < tp.tasks) LoadTaskBlock(tp, task, lane, &cur);
+  if (task < tp.tasks) LoadMiniBlock(tp, band, tc, 0, lane, &cur);
   while (task < tp.tasks) {
     const uint32_t following = task + stride;
-    if (following < tp.tasks) LoadTaskBlock(tp, following, lane, &next);
-    const uint32_t band = TaskBand(tp, task);
-    const uint32_t tc = task - band * tp.tasks_per_band;
-    __syncwarp();  // the previous task's ldmatrix reads are done
-    *st0 = cur.x[0];
-    *st1 = cur.x[1];
-    __syncwarp();
-    Block16<Bf> colb;
-    LoadColumnPairs(ldsm[0], &colb.x[0]);
-    LoadColumnPairs(ldsm[1], &colb.x[1]);
-    if constexpr (kAmaxOnly) {
-      row_max = fmaxf(row_max, LaneAbsMax<Bf, kRht>(lp, cur));
-      col_max = fmaxf(col_max, LaneAbsMax<Bf, kRht>(lp, colb));
-    } else {
-      uint32_t w0, w1;
-      if (want_row) {
-        const uint32_t b = TaskRowBlock(tp, band, tc, lane);
-        const uint32_t sf = LaneBlockCodes<Bf, false, kSr, kRht>(lp, row_ctx, inv_of_sf[0], cur,
-                                                                 b, &w0, &w1, nullptr);
-        reinterpret_cast<uint2*>(p.out.codes)[b] = make_uint2(w0, w1);
-        p.out.scales[ScaleOffset(band * kTaskRows + (lane >> 1), tc * 2 + (lane & 1),
-                                 lp.scale_cols, p.out.swizzled)] = static_cast<uint8_t>(sf);
+    const uint32_t next_band = DivByMagic(following, tp.band_magic);
+    const uint32_t next_tc = following - next_band * tp.tasks_per_band;
+    const uint32_t c = tc * kTaskCols + col_in;  // this lane's column (a row of x^T)
+    // The column-wise blocks of the task's four mini tiles (x^T's blocks c, 4 band .. + 3):
+    // their codes shift down two words a mini tile, their scale bytes one byte.
+    uint32_t col_codes[2 * kTaskMinis];
+    uint32_t col_scales = 0;
+#pragma unroll 1
+    for (int mini = 0; mini < kTaskMinis; ++mini) {
+      if (mini + 1 < kTaskMinis) {
+        LoadMiniBlock(tp, band, tc, mini + 1, lane, &next);
+      } else if (following < tp.tasks) {
+        LoadMiniBlock(tp, next_band, next_tc, 0, lane, &next);
       }
+      __syncwarp();  // the previous mini tile's ldmatrix reads are done
+      *st0 = cur.x[0];
+      *st1 = cur.x[1];
+      __syncwarp();
+      Block16<Bf> colb;
+      LoadColumnPairs(ldsm[0], &colb.x[0]);
+      LoadColumnPairs(ldsm[1], &colb.x[1]);
+      if constexpr (kAmaxOnly) {
+        row_max = fmaxf(row_max, LaneAbsMax<Bf, kRht>(lp, cur));
+        col_max = fmaxf(col_max, LaneAbsMax<Bf, kRht>(lp, colb));
+      } else {
+        uint32_t w0, w1;
+        if (want_row) {
+          const uint32_t b = MiniRowBlock(tp, band, tc, mini, lane);
+          const uint32_t sf = LaneBlockCodes<Bf, false, kSr, kRht>(lp, row_ctx, inv_of_sf[0],
+                                                                   cur, b, &w0, &w1, nullptr);
+          reinterpret_cast<uint2*>(p.out.codes)[b] = make_uint2(w0, w1);
+          const uint32_t row = (band * kTaskMinis + mini) * kMiniRows + (lane >> 1);
+          p.out.scales[ScaleOffset(row, tc * 2 + (lane & 1), lp.scale_cols, p.out.swizzled)] =
+              static_cast<uint8_t>(sf);
+        }
+        if (want_col) {
+          const uint32_t b = c * tp.col_scale_cols + band * kTaskMinis + mini;
+          const uint32_t sf = LaneBlockCodes<Bf, false, kSr, kRht>(lp, col_ctx, inv_of_sf[1],
+                                                                   colb, b, &w0, &w1, nullptr);
+#pragma unroll
+          for (int k = 0; k + 2 < 2 * kTaskMinis; ++k) col_codes[k] = col_codes[k + 2];
+          col_codes[2 * kTaskMinis - 2] = w0;
+          col_codes[2 * kTaskMinis - 1] = w1;
+          col_scales = (col_scales >> 8) | (sf << 24);
+        }
+      }
+      cur = next;
+    }
+    if constexpr (!kAmaxOnly) {
       if (want_col) {
-        const uint32_t c = tc * kTaskCols + col_in;
-        const uint32_t b = c * tp.col_scale_cols + band;  // x^T's block index
-        const uint32_t sf = LaneBlockCodes<Bf, false, kSr, kRht>(lp, col_ctx, inv_of_sf[1], colb,
-                                                                 b, &w0, &w1, nullptr);
-        reinterpret_cast<uint2*>(tp.col.codes)[b] = make_uint2(w0, w1);
-        tp.col.scales[ScaleOffset(c, band, tp.col_scale_cols, tp.col.swizzled)] =
-            static_cast<uint8_t>(sf);
+        // 32 bytes of codes and 4 scale bytes a lane (rows % 64 == 0: both aligned, and the four
+        // scale bytes adjacent in the swizzled layout too).
+        const uint32_t b0 = c * tp.col_scale_cols + band * kTaskMinis;
+        uint4* codes = reinterpret_cast<uint4*>(tp.col.codes) + b0 / 2;
+        codes[0] = make_uint4(col_codes[0], col_codes[1], col_codes[2], col_codes[3]);
+        codes[1] = make_uint4(col_codes[4], col_codes[5], col_codes[6], col_codes[7]);
+        *reinterpret_cast<uint32_t*>(
+            tp.col.scales +
+            ScaleOffset(c, band * kTaskMinis, tp.col_scale_cols, tp.col.swizzled)) = col_scales;
       }
     }
-    cur = next;
     task = following;
+    band = next_band;
+    tc = next_tc;
   }
   if constexpr (kAmaxOnly) {
     if (tp.row_amax_out != nullptr) WarpAtomicMax(tp.row_amax_out, row_max);
@@ -391,8 +424,8 @@ cudaError_t LaunchLaneTiles(const TileParams& p, cudaStream_t s) {
   tp.lp = LaneParamsOf(rp);
   tp.col = p.col;
   tp.tasks_per_band = static_cast<uint32_t>(p.cols / kTaskCols);
-  tp.tasks = static_cast<uint32_t>(p.rows / kTaskRows) * tp.tasks_per_band;
-  tp.band_magic = ~uint64_t{0} / tp.tasks_per_band + 1;
+  tp.tasks = static_cast<uint32_t>(p.rows / (kMiniRows * kTaskMinis)) * tp.tasks_per_band;
+  tp.band_magic = DivMagic(tp.tasks_per_band);
   tp.col_scale_cols = static_cast<uint32_t>(p.rows / 16);
   if (p.amax_only) {  // the RHT's amax (without it LaunchAmax reduces x itself)
     if (!p.q.rht) return cudaErrorInvalidValue;
