@@ -131,18 +131,20 @@ TEST(KernelChoiceTest, FusedAmaxTakesSmallOneBlockALanePassesOnly) {
 TEST(KernelChoiceTest, TwoOutputPassesTakeTheLaneTilesOnBf16NvfpFourOneBySixteen) {
   const KernelTuning t;
   EXPECT_TRUE(LaneTilesCover(Nv(8192, 8192), t));
-  EXPECT_TRUE(LaneTilesCover(Nv(64, 32), t));
-  RowPass rht = Nv(192, 96);
+  EXPECT_TRUE(LaneTilesCover(Nv(64, 256), t));
+  RowPass rht = Nv(192, 768);
   rht.rht = true;
   EXPECT_TRUE(LaneTilesCover(rht, t));
   rht.amax_only = true;  // the RHT's amax pass too
   EXPECT_TRUE(LaneTilesCover(rht, t));
-  // The shared tiles: f32 x, rows not a multiple of 64, columns not of 32, other formats and
+  // The shared tiles: f32 x, rows not a multiple of 64, columns not of 256, other formats and
   // scale rules, 2^31 blocks or more, and the A/B knob.
   EXPECT_FALSE(LaneTilesCover(Nv(64, 64, kF32), t));
   EXPECT_FALSE(LaneTilesCover(Nv(64, 208), t));
-  EXPECT_FALSE(LaneTilesCover(Nv(48, 64), t));
-  EXPECT_FALSE(LaneTilesCover(Nv(272, 96), t));
+  EXPECT_FALSE(LaneTilesCover(Nv(64, 96), t));
+  EXPECT_FALSE(LaneTilesCover(Nv(64, 1088), t));
+  EXPECT_FALSE(LaneTilesCover(Nv(48, 256), t));
+  EXPECT_FALSE(LaneTilesCover(Nv(272, 512), t));
   EXPECT_FALSE(LaneTilesCover(Nv(0, 64), t));
   RowPass mx = Nv(64, 64);
   mx.fmt = kFmtMx;

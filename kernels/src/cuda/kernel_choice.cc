@@ -41,7 +41,7 @@ bool LaneTilesCover(const RowPass& p, const KernelTuning& t) {
       p.x_dtype != kBF16) {
     return false;
   }
-  if (p.rows <= 0 || p.cols <= 0 || p.rows % 64 != 0 || p.cols % 32 != 0) return false;
+  if (p.rows <= 0 || p.cols <= 0 || p.rows % 64 != 0 || p.cols % 256 != 0) return false;
   return static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) / 16 < (uint64_t{1} << 31);
 }
 

@@ -67,9 +67,9 @@ bool FusedAmaxFits(const RowPass& p, const KernelTuning& t);
 const char* RowKernelName(RowKernel k);
 
 // Whether a two-output pass (row-wise and/or column-wise output from one read of x,
-// quantize_tile.cu) takes the lane tiles (a warp task of 64 rows x 32 columns, a block a lane
+// quantize_tile.cu) takes the lane tiles (a CTA task of 64 rows x 256 columns, a block a lane
 // for each output) rather than the shared 64 x 128 tiles: NVFP4 1x16 with map-to-6 scales from
-// bf16 x, rows a multiple of 64, columns of 32, fewer than 2^31 blocks. KernelTuning::rows_only
+// bf16 x, rows a multiple of 64, columns of 256, fewer than 2^31 blocks. KernelTuning::rows_only
 // says no.
 bool LaneTilesCover(const RowPass& p, const KernelTuning& t);
 

@@ -229,16 +229,18 @@ cudaError_t DispatchFormat(const TileParams& p, cudaStream_t s) {
 // ---------------------------------------------------------------- lane tiles
 
 constexpr int kMiniRows = 16;   // one transposition: 16 rows x 32 columns
-constexpr int kTaskMinis = 4;   // a task: 64 rows x 32 columns
-constexpr int kTaskCols = 32;
+constexpr int kTaskMinis = 4;   // a warp's task: 64 rows x 32 columns
+constexpr int kTaskRows = kMiniRows * kTaskMinis;
+constexpr int kWarpCols = 32;
 constexpr int kWarps = kThreads / 32;
+constexpr int kCtaCols = kWarpCols * kWarps;  // a CTA's task: 64 rows x 256 columns
 static_assert(kThreads == 2 * kScaleBytes, "one multiplier table per output, one entry a thread");
 
 struct LaneTileParams {
   LaneParams lp;  // lp.p: x, rows, cols, q; lp.p.out: the row-wise output (codes null: none)
   QOut col;       // the column-wise output ([cols, rows] of x^T; codes null: none)
-  uint32_t tasks = 0;           // (rows / 64) * (cols / 32)
-  uint32_t tasks_per_band = 0;  // cols / 32
+  uint32_t tasks = 0;           // CTA tasks: (rows / 64) * (cols / 256)
+  uint32_t tasks_per_band = 0;  // cols / 256
   uint64_t band_magic = 0;      // DivMagic(tasks_per_band): task -> band of 64 rows
   uint32_t col_scale_cols = 0;  // rows / 16
   // Amax-only pass (kAmaxOnly): max |RHT(block)| of each output into these (either may be null).
@@ -246,17 +248,29 @@ struct LaneTileParams {
   float* col_amax_out = nullptr;
 };
 
-// Row-wise block index of lane `lane`'s row block in mini tile `mini` (0..3) of task (band, tc).
-FP4Q_D uint32_t MiniRowBlock(const LaneTileParams& tp, uint32_t band, uint32_t tc, int mini,
-                             int lane) {
-  const uint32_t row = (band * kTaskMinis + mini) * kMiniRows + (lane >> 1);
-  return row * tp.lp.scale_cols + tc * 2 + (lane & 1);
+// A warp's part of a CTA task: rows 64 band .. + 63, columns 32 tc .. + 31.
+struct WarpTask {
+  uint32_t band, tc;
+};
+
+FP4Q_D WarpTask WarpTaskOf(const LaneTileParams& tp, uint32_t task, int warp) {
+  const uint32_t band = DivByMagic(task, tp.band_magic);
+  return {band, (task - band * tp.tasks_per_band) * kWarps + warp};
 }
 
-FP4Q_D void LoadMiniBlock(const LaneTileParams& tp, uint32_t band, uint32_t tc, int mini,
-                          int lane, Block16<__nv_bfloat16>* out) {
-  const uint32_t b = MiniRowBlock(tp, band, tc, mini, lane);
-  const uint4* src = reinterpret_cast<const uint4*>(tp.lp.p.x) + uint64_t{b} * 2;
+// Row of x of lane `lane`'s row block in mini tile `mini` (0..3), and that block's index.
+FP4Q_D uint32_t MiniRow(const WarpTask& t, int mini, int lane) {
+  return (t.band * kTaskMinis + mini) * kMiniRows + (lane >> 1);
+}
+
+FP4Q_D uint32_t MiniRowBlock(const LaneTileParams& tp, const WarpTask& t, int mini, int lane) {
+  return MiniRow(t, mini, lane) * tp.lp.scale_cols + t.tc * 2 + (lane & 1);
+}
+
+FP4Q_D void LoadMiniBlock(const LaneTileParams& tp, const WarpTask& t, int mini, int lane,
+                          Block16<__nv_bfloat16>* out) {
+  const uint4* src =
+      reinterpret_cast<const uint4*>(tp.lp.p.x) + uint64_t{MiniRowBlock(tp, t, mini, lane)} * 2;
   out->x[0] = src[0];
   out->x[1] = src[1];
 }
@@ -276,13 +290,54 @@ FP4Q_D void LoadColumnPairs(uint32_t addr, uint4* out) {
                : "memory");
 }
 
-// Mini tiles a lane has in flight past the one it computes: two for round-to-nearest, whose
-// short computation leaves the loads' latency exposed with one (the kernel ran at 35% issue
-// activity and 1.1 TB/s on an H100); one for stochastic rounding, bound by instruction issue,
-// whose registers are full.
-template <bool kSr>
-constexpr int LaneTileDepth() {
-  return kSr ? 1 : 2;
+// The CTA's row-wise output of one task, staged so that it goes out in whole sectors: the codes
+// of row r (128 bytes, warp w's 16 at chunk w ^ (r % 8), so a mini tile's 16 rows spread over
+// the banks) and its 16 scale bytes.
+struct RowStage {
+  uint4 codes[kTaskRows * 8];
+  uint32_t scales[kTaskRows * 4];
+};
+
+FP4Q_D int RowStageChunk(int row, int chunk) { return row * 8 + (chunk ^ (row & 7)); }
+
+// Writes the staged row-wise output of task t (its band; tc of warp 0) to global memory: 16
+// bytes of codes a thread twice (8 threads a 128-byte row), then 4 scale bytes a thread (a
+// group of four scale columns, adjacent in both layouts).
+FP4Q_D void StoreRowStage(const LaneTileParams& tp, const RowStage& st, const WarpTask& t0) {
+  const RowParams& p = tp.lp.p;
+  const uint64_t row0 = uint64_t{t0.band} * kTaskRows;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int k = threadIdx.x + i * kThreads;
+    const int r = k >> 3, chunk = k & 7;
+    const uint64_t byte = ((row0 + r) * static_cast<uint64_t>(p.cols) + t0.tc * kWarpCols) / 2;
+    reinterpret_cast<uint4*>(p.out.codes + byte)[chunk] = st.codes[RowStageChunk(r, chunk)];
+  }
+  const int r = threadIdx.x >> 2, g = threadIdx.x & 3;
+  const int64_t sc = tp.lp.scale_cols;
+  *reinterpret_cast<uint32_t*>(p.out.scales + ScaleOffset(row0 + r, t0.tc * 2 + 4 * g, sc,
+                                                          p.out.swizzled)) = st.scales[r * 4 + g];
+}
+
+// Stores lane l's column (x^T's row c, four blocks from 4 band: 32 bytes of codes in w[0..7])
+// with its lane pair, so that each 16-byte store of the pair fills one sector: the even lane
+// writes bytes 0-15 and the odd lane bytes 16-31 of the even lane's column, then of the odd's.
+FP4Q_D void StoreColumnCodes(const LaneTileParams& tp, uint32_t c, uint32_t band,
+                             const uint32_t* w) {
+  const bool odd = threadIdx.x & 1;
+  uint32_t recv[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) recv[k] = __shfl_xor_sync(lanes::kFull, odd ? w[k] : w[4 + k], 1);
+  const uint32_t partner = __shfl_xor_sync(lanes::kFull, c, 1);
+  const uint32_t c_even = odd ? partner : c, c_odd = odd ? c : partner;
+  const uint4 first = odd ? make_uint4(recv[0], recv[1], recv[2], recv[3])
+                          : make_uint4(w[0], w[1], w[2], w[3]);
+  const uint4 second = odd ? make_uint4(w[4], w[5], w[6], w[7])
+                           : make_uint4(recv[0], recv[1], recv[2], recv[3]);
+  uint4* codes = reinterpret_cast<uint4*>(tp.col.codes);
+  const uint32_t at = band * kTaskMinis / 2 + (odd ? 1 : 0);  // 16-byte units
+  codes[uint64_t{c_even} * (tp.col_scale_cols / 2) + at] = first;
+  codes[uint64_t{c_odd} * (tp.col_scale_cols / 2) + at] = second;
 }
 
 template <bool kSr, bool kRht, bool kAmaxOnly>
@@ -290,6 +345,7 @@ __global__ void __launch_bounds__(kThreads, 3) QuantizeLaneTilesKernel(const Lan
   using Bf = __nv_bfloat16;
   __shared__ __align__(16) uint4 stage[kWarps][kMiniRows * 4];
   __shared__ float inv_of_sf[2][kScaleBytes];  // row-wise, column-wise (BuildInvScaleTable)
+  __shared__ RowStage row_stage;
   const LaneParams& lp = tp.lp;
   const RowParams& p = lp.p;
   const int lane = threadIdx.x & 31;
@@ -331,35 +387,25 @@ __global__ void __launch_bounds__(kThreads, 3) QuantizeLaneTilesKernel(const Lan
   const uint32_t col_in = 8 * (lane & 3) + (lane >> 2);
 
   float row_max = 0.0f, col_max = 0.0f;
-  const uint32_t stride = gridDim.x * kWarps;
-  uint32_t task = blockIdx.x * kWarps + warp;  // warp-uniform: every lane runs every task
-  uint32_t band = DivByMagic(task, tp.band_magic);
-  uint32_t tc = task - band * tp.tasks_per_band;
-  // ring[0]: the mini tile being computed; ring[1..kDepth]: the next ones, in flight.
-  constexpr int kDepth = LaneTileDepth<kSr>();
-  Block16<Bf> ring[kDepth + 1];
-  if (task < tp.tasks) {
-#pragma unroll
-    for (int k = 0; k < kDepth; ++k) LoadMiniBlock(tp, band, tc, k, lane, &ring[k]);
-  }
+  uint32_t task = blockIdx.x;  // CTA-uniform: every warp runs every task
+  WarpTask t = WarpTaskOf(tp, task, warp);
+  Block16<Bf> cur, next;
+  if (task < tp.tasks) LoadMiniBlock(tp, t, 0, lane, &cur);
   while (task < tp.tasks) {
-    const uint32_t following = task + stride;
-    const uint32_t next_band = DivByMagic(following, tp.band_magic);
-    const uint32_t next_tc = following - next_band * tp.tasks_per_band;
-    const uint32_t c = tc * kTaskCols + col_in;  // this lane's column (a row of x^T)
+    const uint32_t following = task + gridDim.x;
+    const WarpTask tn = WarpTaskOf(tp, following, warp);
+    const uint32_t c = t.tc * kWarpCols + col_in;  // this lane's column (a row of x^T)
     // The column-wise blocks of the task's four mini tiles (x^T's blocks c, 4 band .. + 3):
     // their codes shift down two words a mini tile, their scale bytes one byte.
     uint32_t col_codes[2 * kTaskMinis];
     uint32_t col_scales = 0;
 #pragma unroll 1
     for (int mini = 0; mini < kTaskMinis; ++mini) {
-      const int ahead = mini + kDepth;
-      if (ahead < kTaskMinis) {
-        LoadMiniBlock(tp, band, tc, ahead, lane, &ring[kDepth]);
+      if (mini + 1 < kTaskMinis) {
+        LoadMiniBlock(tp, t, mini + 1, lane, &next);
       } else if (following < tp.tasks) {
-        LoadMiniBlock(tp, next_band, next_tc, ahead - kTaskMinis, lane, &ring[kDepth]);
+        LoadMiniBlock(tp, tn, 0, lane, &next);
       }
-      const Block16<Bf>& cur = ring[0];
       __syncwarp();  // the previous mini tile's ldmatrix reads are done
       *st0 = cur.x[0];
       *st1 = cur.x[1];
@@ -373,16 +419,16 @@ __global__ void __launch_bounds__(kThreads, 3) QuantizeLaneTilesKernel(const Lan
       } else {
         uint32_t w0, w1;
         if (want_row) {
-          const uint32_t b = MiniRowBlock(tp, band, tc, mini, lane);
-          const uint32_t sf = LaneBlockCodes<Bf, false, kSr, kRht>(lp, row_ctx, inv_of_sf[0],
-                                                                   cur, b, &w0, &w1, nullptr);
-          reinterpret_cast<uint2*>(p.out.codes)[b] = make_uint2(w0, w1);
-          const uint32_t row = (band * kTaskMinis + mini) * kMiniRows + (lane >> 1);
-          p.out.scales[ScaleOffset(row, tc * 2 + (lane & 1), lp.scale_cols, p.out.swizzled)] =
+          const uint32_t sf = LaneBlockCodes<Bf, false, kSr, kRht>(
+              lp, row_ctx, inv_of_sf[0], cur, MiniRowBlock(tp, t, mini, lane), &w0, &w1, nullptr);
+          const int r = mini * kMiniRows + (lane >> 1);
+          reinterpret_cast<uint2*>(&row_stage.codes[RowStageChunk(r, warp)])[lane & 1] =
+              make_uint2(w0, w1);
+          reinterpret_cast<uint8_t*>(row_stage.scales)[r * 16 + warp * 2 + (lane & 1)] =
               static_cast<uint8_t>(sf);
         }
         if (want_col) {
-          const uint32_t b = c * tp.col_scale_cols + band * kTaskMinis + mini;
+          const uint32_t b = c * tp.col_scale_cols + t.band * kTaskMinis + mini;
           const uint32_t sf = LaneBlockCodes<Bf, false, kSr, kRht>(lp, col_ctx, inv_of_sf[1],
                                                                    colb, b, &w0, &w1, nullptr);
 #pragma unroll
@@ -392,25 +438,25 @@ __global__ void __launch_bounds__(kThreads, 3) QuantizeLaneTilesKernel(const Lan
           col_scales = (col_scales >> 8) | (sf << 24);
         }
       }
-#pragma unroll
-      for (int k = 0; k < kDepth; ++k) ring[k] = ring[k + 1];
+      cur = next;
     }
     if constexpr (!kAmaxOnly) {
       if (want_col) {
-        // 32 bytes of codes and 4 scale bytes a lane (rows % 64 == 0: both aligned, and the four
-        // scale bytes adjacent in the swizzled layout too).
-        const uint32_t b0 = c * tp.col_scale_cols + band * kTaskMinis;
-        uint4* codes = reinterpret_cast<uint4*>(tp.col.codes) + b0 / 2;
-        codes[0] = make_uint4(col_codes[0], col_codes[1], col_codes[2], col_codes[3]);
-        codes[1] = make_uint4(col_codes[4], col_codes[5], col_codes[6], col_codes[7]);
+        // rows % 64 == 0: 32-byte aligned codes, and the four scale bytes 4-byte aligned and
+        // adjacent in the swizzled layout too.
+        StoreColumnCodes(tp, c, t.band, col_codes);
         *reinterpret_cast<uint32_t*>(
             tp.col.scales +
-            ScaleOffset(c, band * kTaskMinis, tp.col_scale_cols, tp.col.swizzled)) = col_scales;
+            ScaleOffset(c, t.band * kTaskMinis, tp.col_scale_cols, tp.col.swizzled)) = col_scales;
+      }
+      if (want_row) {
+        __syncthreads();  // every warp's part staged
+        StoreRowStage(tp, row_stage, WarpTaskOf(tp, task, 0));
+        __syncthreads();  // read out before the next task stages
       }
     }
     task = following;
-    band = next_band;
-    tc = next_tc;
+    t = tn;
   }
   if constexpr (kAmaxOnly) {
     if (tp.row_amax_out != nullptr) WarpAtomicMax(tp.row_amax_out, row_max);
@@ -421,8 +467,7 @@ __global__ void __launch_bounds__(kThreads, 3) QuantizeLaneTilesKernel(const Lan
 template <bool kSr, bool kRht, bool kAmaxOnly>
 cudaError_t LaunchLaneTilesWith(const LaneTileParams& tp, cudaStream_t s) {
   static const int per_sm = lanes::ResidentCtas(QuantizeLaneTilesKernel<kSr, kRht, kAmaxOnly>);
-  const uint64_t wanted = (uint64_t{tp.tasks} + kWarps - 1) / kWarps;
-  const uint64_t ctas = std::min(wanted, static_cast<uint64_t>(SmCount()) * per_sm);
+  const uint64_t ctas = std::min(uint64_t{tp.tasks}, static_cast<uint64_t>(SmCount()) * per_sm);
   if (ctas == 0) return cudaSuccess;
   QuantizeLaneTilesKernel<kSr, kRht, kAmaxOnly>
       <<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(tp);
@@ -440,8 +485,8 @@ cudaError_t LaunchLaneTiles(const TileParams& p, cudaStream_t s) {
   LaneTileParams tp;
   tp.lp = LaneParamsOf(rp);
   tp.col = p.col;
-  tp.tasks_per_band = static_cast<uint32_t>(p.cols / kTaskCols);
-  tp.tasks = static_cast<uint32_t>(p.rows / (kMiniRows * kTaskMinis)) * tp.tasks_per_band;
+  tp.tasks_per_band = static_cast<uint32_t>(p.cols / kCtaCols);
+  tp.tasks = static_cast<uint32_t>(p.rows / kTaskRows) * tp.tasks_per_band;
   tp.band_magic = DivMagic(tp.tasks_per_band);
   tp.col_scale_cols = static_cast<uint32_t>(p.rows / 16);
   if (p.amax_only) {  // the RHT's amax (without it LaunchAmax reduces x itself)

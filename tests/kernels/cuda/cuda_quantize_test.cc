@@ -53,14 +53,14 @@ const std::vector<Shape>& ShapesFor(int row_mult, int col_mult) {
   // Row lengths that are multiples of 64 take the lane kernel (quantize_lanes.cu) for 1x16 and
   // MXFP4 row-wise output without four-over-six; the others quantize_rows.cu. With the
   // column-wise output, bf16 NVFP4 1x16 on row counts that are multiples of 64 and column
-  // counts of 32 takes the lane tiles (quantize_tile.cu), the rest its shared tiles.
+  // counts of 256 takes the lane tiles (quantize_tile.cu), the rest its shared tiles.
   static const std::vector<Shape> nv_any = {{1, 16},    {7, 48},   {3, 400},   {217, 256},
                                             {33, 144},  {130, 528}, {5, 4096}, {64, 80},
                                             {1, 64},    {3, 192},  {130, 320}, {9, 1088},
                                             {2, 65536}};
   static const std::vector<Shape> nv16 = {{16, 16},  {16, 48},   {48, 208},  {80, 272},
                                           {144, 96}, {64, 1040}, {208, 144}, {16, 2064},
-                                          {32, 64},  {64, 32},  {192, 160}};
+                                          {32, 64},  {64, 256}, {192, 512}};
   static const std::vector<Shape> mx_any = {{1, 32},   {7, 64},   {5, 416},
                                             {130, 96}, {33, 288}, {3, 2080}};
   static const std::vector<Shape> mx32 = {{32, 32},  {32, 96},  {96, 160},
@@ -345,7 +345,7 @@ TEST_F(LargeQuantizeTest, SixteenBySixteenTilesMatchCpuBitForBit) {
 }
 
 // Row-wise and column-wise output from one read of bf16 x on the lane tiles (quantize_tile.cu,
-// LaneTilesCover: rows a multiple of 64, columns of 32): every scale layout, rounding and RHT
+// LaneTilesCover: rows a multiple of 64, columns of 256): every scale layout, rounding and RHT
 // mode, the amax given or computed (with the RHT, each output's own amax from the lane tiles'
 // amax pass), both outputs and the column-wise one alone, on small tensors with special values
 // and on one large enough for several tasks a warp; bit for bit against the CPU, the global
@@ -360,7 +360,7 @@ TEST_F(LargeQuantizeTest, LaneTilesMatchCpuBitForBitInBothOutputs) {
             ++i;
             const bool big = i % 6 == 0;
             const int64_t rows = big ? 2048 : (i % 2 ? 64 : 192);
-            const int64_t cols = big ? 2048 : (i % 3 ? 96 : 32);
+            const int64_t cols = big ? 2048 : (i % 3 ? 256 : 768);
             auto rng = Rng(9900 + i);
             QuantizeOptions o;
             o.scale_layout = layout;
