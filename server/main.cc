@@ -61,9 +61,10 @@ ABSL_FLAG(std::string, cuda_module, "",
           "path of libfp4q_cuda.so (default: $FP4Q_CUDA_MODULE when set, else beside fp4qd, "
           "../lib, then the dynamic linker's path)");
 ABSL_FLAG(std::string, cuda_row_kernels, "auto",
-          "CUDA backend: auto (each row-wise quantization pass on the kernel "
+          "CUDA backend: auto (each quantization pass on the kernel "
           "kernels/src/cuda/kernel_choice.h picks) or rows (the general row kernel for every "
-          "pass; for A/B measurements)");
+          "row-wise pass and the shared tiles for every row + column-wise one; for A/B "
+          "measurements)");
 ABSL_FLAG(int32_t, cuda_bf16_block_ctas, 3,
           "CUDA backend: CTAs per SM of the bf16 one-block-a-lane quantize kernel (3 or 4)");
 ABSL_FLAG(int32_t, cuda_step_prefetch, 2,
