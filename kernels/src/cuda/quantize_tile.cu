@@ -3,17 +3,19 @@
 // a row of x, a column-wise block's 16 elements of a column) and its own global amax. Two kernels:
 //
 // Lane tiles (LaneTilesCover: NVFP4 1x16, map-to-6, bf16 x, rows a multiple of 64, columns of
-// 32): a warp task is 64 rows x 32 columns, four mini tiles of 16 rows. In each mini tile lane l
-// loads row l / 2, columns 16 (l % 2) .. + 15 (its row-wise block, quantized from the registers
-// as quantize_lanes.cu quantizes a block) and stores those 32 bytes to the warp's 1 KiB of
-// shared memory; two ldmatrix.trans then give lane l column 8 (l % 4) + l / 4 as 8 packed pairs
-// of rows, the form a row block's words have, so its column-wise block takes the same code.
-// Each output costs what quantize_lanes.cu's block costs, plus four shared-memory instructions a
-// block for the transposition. A lane keeps its column's four blocks and stores them at the end
-// of the task as 32 bytes of codes (a whole sector) and 4 scale bytes: with a 16-row task the
-// column-wise output went out 8 bytes and one scale byte at a time, sectors that L2 completed
-// from several tasks, and the kernel ran slower than the shared tiles (349 against 266 us on an
-// H100, bench/results/h200-quantize/lane-tiles). The next block is in flight while one computes.
+// 256): a CTA task is 64 rows x 256 columns, a warp's part 64 x 32 in four mini tiles of 16 rows.
+// In each mini tile lane l loads row l / 2, columns 16 (l % 2) .. + 15 (its row-wise block,
+// quantized from the registers as quantize_lanes.cu quantizes a block) and stores those 32
+// bytes to the warp's 1 KiB of shared memory; two ldmatrix.trans then give lane l column
+// 8 (l % 4) + l / 4 as 8 packed pairs of rows, the form a row block's words have, so its
+// column-wise block takes the same code. Each output costs what quantize_lanes.cu's block
+// costs, plus four shared-memory instructions a block for the transposition. Both outputs leave
+// in whole 32-byte sectors: a lane keeps its column's four blocks (32 bytes of codes, 4 scale
+// bytes) to the end of the task and writes the codes with its lane pair, and the row-wise codes
+// and scales are staged in shared memory and leave 128 bytes a row. Partial-sector stores cost
+// L2 more than the kernel's bytes (on an H100: 361 MB of sectors written for 75 MB of output,
+// and 213 us against 167 for RHT + SR; the shared tiles take 263,
+// bench/results/h200-quantize/lane-tiles). The next block is in flight while one computes.
 //
 // Shared tiles (every other request: f32 x, MXFP4, 16x16, four-over-six, other shapes): a CTA
 // stages a 64 x 128 tile of x in shared memory as f32, then quantizes its rows (32 elements per
