@@ -22,7 +22,10 @@ struct LaneParams {
   uint32_t n_blocks = 0;   // 16-element blocks (elements / 16 < 2^31)
   // Non-null: compute the global amax in the launch itself (see QuantizeBlocksKernel).
   float* fused_amax = nullptr;
-  uint64_t row_magic = 0;  // floor((2^64 - 1) / scale_cols) + 1: block -> row (swizzled)
+  // floor((2^64 - 1) / scale_cols) + 1: block -> row (swizzled). This form wraps for a divisor
+  // of 1 (div_magic.h's does not); the lane kernels' rows are 64 elements or more, so
+  // scale_cols >= 2 here.
+  uint64_t row_magic = 0;
   uint32_t scale_cols = 0;
   // The RHT's signs (q.rht_signs) as sign bits of packed bf16 pairs: word k flips elements 2k
   // (bit 15) and 2k + 1 (bit 31) of a block.
