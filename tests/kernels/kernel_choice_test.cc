@@ -128,6 +128,14 @@ TEST(KernelChoiceTest, FusedAmaxTakesSmallOneBlockALanePassesOnly) {
                "lanes, one block a lane, 4 CTAs");
 }
 
+TEST(KernelChoiceTest, EveryCtaReducesTheAmaxOfTensorsUpTo65536Elements) {
+  EXPECT_TRUE(CtaAmaxFits(Nv(1, 4096)));
+  EXPECT_TRUE(CtaAmaxFits(Nv(16, 4096)));  // 2^16 elements: the limit
+  EXPECT_FALSE(CtaAmaxFits(Nv(17, 4096)));
+  EXPECT_FALSE(CtaAmaxFits(Nv(128, 4096)));  // the cooperative launch
+  EXPECT_TRUE(FusedAmaxFits(Nv(128, 4096), KernelTuning{}));
+}
+
 TEST(KernelChoiceTest, TwoOutputPassesTakeTheLaneTilesOnBf16NvfpFourOneBySixteen) {
   const KernelTuning t;
   EXPECT_TRUE(LaneTilesCover(Nv(8192, 8192), t));

@@ -45,6 +45,10 @@ bool LaneTilesCover(const RowPass& p, const KernelTuning& t) {
   return static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) / 16 < (uint64_t{1} << 31);
 }
 
+bool CtaAmaxFits(const RowPass& p) {
+  return static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) <= kCtaAmaxMaxElems;
+}
+
 const char* RowKernelName(RowKernel k) {
   switch (k) {
     case RowKernel::kRows: return "rows";

@@ -64,6 +64,11 @@ inline constexpr uint64_t kFusedAmaxMaxElems = uint64_t{1} << 20;
 // one-block-a-lane pass of at most kFusedAmaxMaxElems elements.
 bool FusedAmaxFits(const RowPass& p, const KernelTuning& t);
 
+// Elements up to which such a pass over bf16 x has every CTA reduce the whole tensor instead
+// (an ordinary launch, no grid barrier): 128 KB read once more by each of a few CTAs, from L2.
+inline constexpr uint64_t kCtaAmaxMaxElems = uint64_t{1} << 16;
+bool CtaAmaxFits(const RowPass& p);
+
 const char* RowKernelName(RowKernel k);
 
 // Whether a two-output pass (row-wise and/or column-wise output from one read of x,

@@ -267,7 +267,9 @@ constexpr int BlocksKernelCtas() {
   return kFmt == kFmtNv16x16 ? 2 : kCtas;
 }
 
-template <typename In, int kFmt, bool kSr, bool kRht, int kCtas>
+// kCtaAmax: the global amax computed by every CTA over the whole tensor (CtaAmaxFits; its own
+// instantiations, so that the other launches' code is not touched by it).
+template <typename In, int kFmt, bool kSr, bool kRht, int kCtas, bool kCtaAmax = false>
 __global__ void __launch_bounds__(kThreads, BlocksKernelCtas<kFmt, kCtas>())
     QuantizeBlocksKernel(const LaneParams lp) {
   constexpr int kU = StepBlocks<In, kFmt, kSr, kCtas>();
@@ -280,7 +282,27 @@ __global__ void __launch_bounds__(kThreads, BlocksKernelCtas<kFmt, kCtas>())
   const uint32_t steps = (n_blocks + 32 * kU - 1) / (32 * kU);
 
   float amax;
-  if (lp.fused_amax != nullptr) {
+  if constexpr (kCtaAmax) {
+    // Small tensors (CtaAmaxFits): every CTA reduces the whole tensor itself, its warps taking
+    // the grid's steps in turn (the blocks past the first CTA's come from L2), and needs no
+    // grid barrier, so the launch is an ordinary one. The same maximum as the cooperative
+    // form's: maxima of non-negative values, NaN block maxima dropped by fmaxf in both.
+    __shared__ float warp_max[kThreads / 32];
+    float m = 0.0f;
+    ForLaneBlocks<In, kU, kTiles, false>(lp, threadIdx.x >> 5, kThreads / 32, steps, lane,
+                                         [&](const Block16<In>* blk, uint32_t) {
+#pragma unroll
+                                           for (int u = 0; u < kU; ++u) {
+                                             m = fmaxf(m, LaneAbsMax<In, kRht>(lp, blk[u]));
+                                           }
+                                         });
+    m = WarpMax(m);
+    if (lane == 0) warp_max[threadIdx.x >> 5] = m;
+    __syncthreads();
+    amax = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
+  } else if (lp.fused_amax != nullptr) {
     // The global amax in this launch (a cooperative one, one wave): every lane reduces its
     // blocks, then two grid barriers around the atomic max into *fused_amax, which this
     // launch zeroes itself. Small tensors only (the data is read twice, the second time from
@@ -351,6 +373,18 @@ __global__ void __launch_bounds__(kThreads, kCtas) BlocksAmaxKernel(const LanePa
   WarpAtomicMax(lp.p.amax_out, thread_max);
 }
 
+// The parameters of a QuantizeBlocksKernel launch: 16x16 tiles also need the tile rows'
+// division (a step: 16 rows by 64 columns, LaneBlockIndex).
+template <int kFmt>
+LaneParams LaunchParamsFor(const LaneParams& lp) {
+  LaneParams copy = lp;
+  if constexpr (kFmt == kFmtNv16x16) {
+    copy.units_per_row = static_cast<uint32_t>(lp.p.cols / 64);
+    copy.unit_magic = DivMagic(copy.units_per_row);
+  }
+  return copy;
+}
+
 // CTAs for a warp per grid step of kU blocks a lane (before the one-wave cap).
 inline uint64_t LaneStepCtas(uint32_t n_blocks, int k_u) {
   const uint64_t per_cta = uint64_t{32} * static_cast<uint64_t>(k_u) * (kThreads / 32);
@@ -374,11 +408,7 @@ cudaError_t LaunchBlocksWith(const LaneParams& lp, cudaStream_t s) {
   const uint64_t cap = static_cast<uint64_t>(SmCount()) * per_sm;
   const uint64_t ctas = std::min(wanted, cap);
   if (ctas == 0) return cudaSuccess;
-  LaneParams copy = lp;
-  if constexpr (kFmt == kFmtNv16x16) {  // a step: 16 rows by 64 columns (LaneBlockIndex)
-    copy.units_per_row = static_cast<uint32_t>(lp.p.cols / 64);
-    copy.unit_magic = DivMagic(copy.units_per_row);
-  }
+  LaneParams copy = LaunchParamsFor<kFmt>(lp);
   if (lp.fused_amax != nullptr) {
     // Every CTA must be resident at once for the grid barriers: the caller checked that the
     // tensor needs no more than one wave (FusedAmaxFits), and the launch refuses otherwise.
@@ -436,12 +466,46 @@ cudaError_t Dispatch(const LaneParams& lp, RowKernel k, cudaStream_t s) {
   return cudaErrorInvalidValue;
 }
 
+// A pass of CtaAmaxFits' size over bf16 x (NVFP4 1x16 or 16x16; FusedAmaxFits excludes
+// MXFP4): QuantizeBlocksKernel with kCtaAmax, 3 CTAs' registers, a CTA per kU blocks a lane.
+template <int kFmt, bool kSr, bool kRht>
+cudaError_t LaunchCtaAmaxWith(const LaneParams& lp, cudaStream_t s) {
+  using In = __nv_bfloat16;
+  constexpr int kU = StepBlocks<In, kFmt, kSr, 3>();
+  const uint64_t ctas = LaneStepCtas(lp.n_blocks, kU);
+  if (ctas == 0) return cudaSuccess;
+  LaneParams copy = LaunchParamsFor<kFmt>(lp);
+  QuantizeBlocksKernel<In, kFmt, kSr, kRht, 3, true>
+      <<<static_cast<unsigned>(ctas), kThreads, 0, s>>>(copy);
+  return cudaGetLastError();
+}
+
+template <int kFmt>
+cudaError_t LaunchCtaAmaxOf(const LaneParams& lp, cudaStream_t s) {
+  const QuantOptions& q = lp.p.q;
+  if (q.rht) {
+    return q.sr ? LaunchCtaAmaxWith<kFmt, true, true>(lp, s)
+                : LaunchCtaAmaxWith<kFmt, false, true>(lp, s);
+  }
+  return q.sr ? LaunchCtaAmaxWith<kFmt, true, false>(lp, s)
+              : LaunchCtaAmaxWith<kFmt, false, false>(lp, s);
+}
+
+cudaError_t LaunchCtaAmax(const LaneParams& lp, cudaStream_t s) {
+  if (lp.p.q.fmt == kFmtNv16x16) return LaunchCtaAmaxOf<kFmtNv16x16>(lp, s);
+  if (lp.p.q.fmt == kFmtNv1x16) return LaunchCtaAmaxOf<kFmtNv1x16>(lp, s);
+  return cudaErrorInvalidValue;
+}
+
 }  // namespace
 
 cudaError_t LaunchQuantizeFusedAmax(const RowParams& p, float* amax, cudaStream_t s) {
   if (!FusedAmaxFits(RowPassOf(p), p.tuning) || amax == nullptr) return cudaErrorInvalidValue;
   LaneParams lp = LaneParamsOf(p);
   lp.p.out.amax_ptr = nullptr;
+  if (p.x_dtype == kBF16 && CtaAmaxFits(RowPassOf(p))) {
+    return LaunchCtaAmax(lp, s);  // the amax reaches out.global[0] through write_amax
+  }
   lp.fused_amax = amax;
   // FusedAmaxFits: the pass takes kLanesBlocks or kLanesBlocksFourCtas.
   const RowKernel k = ChooseRowKernel(RowPassOf(p), p.tuning);

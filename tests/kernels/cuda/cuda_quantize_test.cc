@@ -211,6 +211,33 @@ class LargeQuantizeTest : public cuda_testing::CudaTest {
   }
 };
 
+// A global amax computed in the quantize launch itself, both forms: up to 2^16 bf16 elements
+// every CTA reduces the whole tensor (CtaAmaxFits), above that one cooperative launch; each
+// NVFP4 block shape, rounding and RHT, with NaN, infinities and heavy tails among the inputs.
+TEST_F(LargeQuantizeTest, AmaxComputedInTheLaunchMatchesCpuInBothForms) {
+  auto rng = Rng(7100);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {16, 64}, {48, 192}, {16, 4096}, {32, 2048}, {64, 2048}, {48, 4096}};
+  int i = 0;
+  for (BlockShape block : {BlockShape::k1x16, BlockShape::k16x16}) {
+    for (Rounding rounding : {Rounding::kNearest, Rounding::kStochastic}) {
+      for (RhtMode rht : {RhtMode::kOff, RhtMode::kDefaultSigns}) {
+        for (auto [rows, cols] : shapes) {
+          QuantizeOptions o;
+          o.block = block;
+          o.rounding = rounding;
+          o.rht = rht;
+          o.scale_layout = ++i % 2 ? ScaleLayout::kPlain : ScaleLayout::kSwizzled;
+          const Dist dist = i % 3 == 0 ? Dist::kSpecial : (i % 3 == 1 ? Dist::kNormal
+                                                                      : Dist::kHeavyTail);
+          ExpectRowwiseMatch(o, DType::kBF16, rows, cols, dist, rng,
+                             rows * cols <= 65536 ? "every CTA's amax" : "cooperative amax");
+        }
+      }
+    }
+  }
+}
+
 TEST_F(LargeQuantizeTest, GridStrideLoopsMatchCpuBitForBit) {
   struct Big {
     DType dtype;

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Device call 8 (repository root, .bundle carried; .bundle/alt/libfp4q_cuda.so.gz is the module
+# of 42b5da5): small quantize calls computing their own global amax with every CTA reducing the
+# whole tensor (kCtaAmax, up to 65536 bf16 elements) against the cooperative launch.
+#   1. the quantize tests with LargeQuantizeTest.AmaxComputedInTheLaunchMatchesCpuInBothForms;
+#      memcheck and racecheck over that test
+#   2. fp4q_bench --only "quantize small": new, old, old, new
+set -uo pipefail
+source bench/results/h200-step/one-pass/lib.sh
+begin t8 "alt $(cat $b/alt/COMMIT 2>/dev/null)"
+room 100 tests && timeout 100 $b/bin/fp4q_cuda_test \
+  --gtest_filter='AllModes/QuantizeTest.*:LargeQuantizeTest.*:CudaTest.CallsBackToBack*:*Golden*' \
+  > $o/cuda-tests.txt 2>&1
+echo "tests rc=$?"; grep -E "^\[ +(FAILED|PASSED|SKIPPED) |tests ran" $o/cuda-tests.txt | head -20
+cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+for tool in memcheck racecheck; do
+  room 60 $tool && timeout 60 $cs --tool $tool $b/bin/fp4q_cuda_test \
+    --gtest_filter='LargeQuantizeTest.AmaxComputed*' > $o/$tool.txt 2>&1
+  echo "$tool rc=$?"; grep -E "^\[ +(FAILED|PASSED) |ERROR SUMMARY|RACECHECK SUMMARY" $o/$tool.txt
+done
+gunzip -f $b/alt/libfp4q_cuda.so.gz
+i=0
+for m in new old old new; do
+  i=$((i + 1))
+  mod=$b/bin/libfp4q_cuda.so; [[ $m == old ]] && mod=$b/alt/libfp4q_cuda.so
+  room 20 "small $m $i" || continue
+  FP4Q_CUDA_MODULE=$mod timeout 20 stdbuf -oL $b/bin/fp4q_bench --only "quantize small" \
+    --out $o/small-$i-$m.json > $o/small-$i-$m.txt 2>&1
+  echo "small $i $m rc=$?"
+  grep -E "^empty kernel launch|^quantize small" $o/small-$i-$m.txt | cut -c1-100
+done
