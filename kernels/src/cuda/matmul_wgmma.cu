@@ -37,7 +37,6 @@
 #include "device_numerics.cuh"
 #include "launch.h"
 #include "matmul_direct.cuh"
-#include "pdl.cuh"
 #include "small_m_layout.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -106,52 +105,6 @@ FP4Q_D void BarWait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   }
-}
-
-// Cluster pieces (kCs > 1: CTAs along x that share A's chunks). Each CTA's thread 0 copies
-// 1 / kCs of a chunk into the same stage of every CTA of its cluster (multicast), so A is read
-// from L2 once a cluster instead of once a CTA.
-FP4Q_D uint32_t ClusterRank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// Every thread of every CTA of the cluster; the writes before it (mbarrier inits included) are
-// visible cluster-wide after it.
-FP4Q_D void ClusterSync() {
-  asm volatile(
-      "fence.mbarrier_init.release.cluster;\n"
-      "barrier.cluster.arrive.release.aligned;\n"
-      "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// Arrives once on the mbarrier at this CTA's shared address `bar` in the cluster's CTA `rank`.
-FP4Q_D void ArriveOn(uint32_t bar, uint32_t rank) {
-  asm volatile(
-      "{\n.reg .b32 ra;\n"
-      "mapa.shared::cluster.u32 ra, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n"
-      "}\n" ::"r"(bar),
-      "r"(rank)
-      : "memory");
-}
-// Expects `bytes` more on `bar` (this CTA's) and arrives on it.
-FP4Q_D void ExpectBytes(uint32_t bar, uint32_t bytes) {
-  asm volatile(
-      "{\n.reg .b64 st;\n"
-      "mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n"
-      "}\n" ::"r"(bar),
-      "r"(bytes)
-      : "memory");
-}
-// Copies `bytes` from global `src` to shared `dst` in every CTA of `mask`, completing on the
-// mbarrier at `bar` in each (the same CTA-relative addresses).
-FP4Q_D void BulkCopyMulticast(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
-                              uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
-      "[%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(bar), "h"(mask)
-      : "memory");
 }
 
 // Descriptor of a K-major, unswizzled operand at shared address `addr`: leading (k) byte offset
@@ -231,10 +184,9 @@ struct Chunk2 {
   uint32_t x[2];
 };
 
-// grid = (ceil(N / 128), m_rows / kN, splits), in clusters of kCs CTAs along x (grid.x a
-// multiple of kCs); dynamic shared memory kStages x StageBytes(kN). kK32: K % 32 == 0. `act`
-// holds m_rows >= M tokens (LaunchPrepareGemmActCore, tiles of kN).
-template <bool kMx, bool kK32, int kN, int kCs>
+// grid = (ceil(N / 128), m_rows / kN, splits); dynamic shared memory kStages x StageBytes(kN).
+// kK32: K % 32 == 0. `act` holds m_rows >= M tokens (LaunchPrepareGemmActCore, tiles of kN).
+template <bool kMx, bool kK32, int kN>
 __global__ void __launch_bounds__(kThreads, 1)
     WgmmaKernel(const SmallMParams p, int chunks, int64_t total_chunks, const uint4* act,
                 float* partial, int* tickets, const small_m::SignShifts sh) {
@@ -291,49 +243,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   // A's chunk c of this slice into ring stage c % kStages: one contiguous kStage-byte block,
-  // completing on the stage's "full" mbarrier (its (c / kStages)-th phase). Without a cluster
-  // thread 0 copies it; in a cluster each CTA's thread 0 copies its 1 / kCs of it into every
-  // CTA's stage, once every warp of the cluster has released the stage's previous chunk (the
-  // stage's "empty" mbarrier: kThreads / 32 arrivals from each CTA).
-  __shared__ __align__(8) uint64_t bars[2 * kStages];
+  // copied by thread 0, completing on the stage's mbarrier (its (c / kStages)-th phase).
+  __shared__ __align__(8) uint64_t bars[kStages];
   const uint32_t s_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t bar0 = static_cast<uint32_t>(__cvta_generic_to_shared(bars));
-  const uint32_t empty0 = bar0 + kStages * 8;
-  constexpr uint32_t kSlice = kStage / kCs;
-  static_assert(kSlice % 16 == 0, "bulk copies move multiples of 16 bytes");
   const uint4* act_tile =
       act + (static_cast<int64_t>(blockIdx.y) * total_chunks + c0) * (kStage / 16);
-  uint32_t rank = 0;
-  if constexpr (kCs > 1) rank = ClusterRank();
   auto copy_chunk = [&](int c) {
-    if (threadIdx.x != 0 || c >= nch) return;
-    const int st = c % kStages;
-    const uint4* src = act_tile + static_cast<int64_t>(c) * (kStage / 16);
-    if constexpr (kCs == 1) {
-      BulkCopy(s_base + st * kStage, src, kStage, bar0 + st * 8);
-    } else {
-      if (c >= kStages) BarWait(empty0 + st * 8, ((c / kStages) - 1) & 1);
-      ExpectBytes(bar0 + st * 8, kStage);
-      BulkCopyMulticast(s_base + st * kStage + rank * kSlice, src + rank * (kSlice / 16), kSlice,
-                        bar0 + st * 8, static_cast<uint16_t>((1u << kCs) - 1u));
+    if (threadIdx.x == 0 && c < nch) {
+      BulkCopy(s_base + (c % kStages) * kStage, act_tile + static_cast<int64_t>(c) * (kStage / 16),
+               kStage, bar0 + (c % kStages) * 8);
     }
   };
-  // Chunk c's stage is free in this CTA (every warp's wgmmas of it are done): lane 0 of each
-  // warp says so to every CTA of the cluster, when a later chunk will be copied into it.
-  auto release = [&](int c) {
-    if (lane != 0 || c + kStages >= nch) return;
-#pragma unroll
-    for (int r = 0; r < kCs; ++r) ArriveOn(empty0 + (c % kStages) * 8, static_cast<uint32_t>(r));
-  };
   if (threadIdx.x < kStages) BarInit(bar0 + threadIdx.x * 8, 1);
-  if (kCs > 1 && threadIdx.x >= kStages && threadIdx.x < 2 * kStages) {
-    BarInit(bar0 + threadIdx.x * 8, (kThreads / 32) * kCs);
-  }
-  if constexpr (kCs > 1) {
-    ClusterSync();  // every CTA's barriers are initialized before any copy or arrival
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
 
   // Step i's registers f[4 i .. 4 i + 3]: rows g, g + 8 at logical k 2t, 2t + 1 (pair
   // 2 (i & 1) of word i / 2), then at 2t + 8, 2t + 9 (the next pair).
@@ -396,9 +319,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // step (f[c & 1]); chunk c + 1 decoded into the other set while they run; then wait for them.
   uint32_t f[2][32];
   auto step = [&](int c, Chunk2& next, uint32_t (&f_cur)[32], uint32_t (&f_next)[32]) {
-    // Chunk c - 1's wgmmas are done in both warpgroups: its stage is free (in a cluster,
-    // copy_chunk waits for every warp of the cluster instead).
-    if constexpr (kCs == 1) __syncthreads();
+    __syncthreads();  // chunk c - 1's wgmmas are done in both warpgroups: its stage is free
     copy_chunk(c + kStages - 1);
     BarWait(bar0 + (c % kStages) * 8, (c / kStages) & 1);  // chunk c has landed
     mma_chunk(f_cur, c);
@@ -407,7 +328,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_next(next);
     }
     WgmmaWait<0>();
-    if constexpr (kCs > 1) release(c);
   };
   if (nch > 0) {
     decode(buf[0], f[0]);
@@ -420,8 +340,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   WgmmaWait<0>();
-  // No CTA leaves while another of its cluster may still copy into it or arrive on its barriers.
-  if constexpr (kCs > 1) ClusterSync();
 
   // ---- results: acc[4 j + e] is C[m = m0 + 8 j + 2t + (e & 1)][n = n0 + g + 8 (e >> 1)].
   const float alpha = direct_gemm::OutputAlpha(p);
@@ -450,15 +368,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// CTAs a cluster (sharing A's chunks) when the weight row groups divide by it, else 1.
-#ifndef FP4Q_WGMMA_CLUSTER
-#define FP4Q_WGMMA_CLUSTER 2
-#endif
-constexpr int kCluster = FP4Q_WGMMA_CLUSTER;
-
 struct Plan {
   int n_tile;         // tokens per CTA (the wgmma's N)
-  int cluster;        // CTAs a cluster along the weight row groups: kCluster or 1
   int chunks;         // 128-k chunks per CTA
   int splits;         // K slices
   int64_t total;      // 128-k chunks of K
@@ -474,46 +385,34 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   pl.groups = (n + kRowsPerCta - 1) / kRowsPerCta;
   pl.tiles = (m + pl.n_tile - 1) / pl.n_tile;
   pl.m_rows = pl.tiles * pl.n_tile;
-  pl.cluster = pl.groups % kCluster == 0 ? kCluster : 1;
   direct_gemm::SplitK(pl.groups * pl.tiles, pl.total, SmCount(), pl.total, &pl.chunks,
                       &pl.splits);  // one CTA an SM
   return pl;
 }
 
-template <bool kMx, bool kK32, int kN, int kCs>
+template <bool kMx, bool kK32, int kN>
 cudaError_t LaunchMain(const SmallMParams& p, const Plan& pl, const uint4* act, float* partial,
                        int* tickets, cudaStream_t s) {
-  auto* kernel = WgmmaKernel<kMx, kK32, kN, kCs>;
+  auto* kernel = WgmmaKernel<kMx, kK32, kN>;
   const size_t smem = static_cast<size_t>(kStages) * StageBytes(kN);
   static std::atomic<uint64_t> opted{0};
   const cudaError_t e = direct_gemm::OptInSharedMemory(kernel, smem, opted);
   if (e != cudaSuccess) return e;
-  // Launched after the prepare kernel (programmatic when p.pdl: the kernel waits for it with
-  // GridDependencyWait).
-  return LaunchClusterMaybePdl(
+  return direct_gemm::LaunchAfterPrepare(
       kernel,
       dim3(static_cast<unsigned>(pl.groups), static_cast<unsigned>(pl.tiles),
            static_cast<unsigned>(pl.splits)),
-      dim3(kThreads), smem, s, p.pdl, static_cast<unsigned>(kCs), p, pl.chunks, pl.total, act,
-      partial, tickets, small_m::SignShifts());
-}
-
-template <bool kMx, bool kK32, int kN>
-cudaError_t LaunchCluster(const SmallMParams& p, const Plan& pl, const uint4* act,
-                          float* partial, int* tickets, cudaStream_t s) {
-  if (kCluster > 1 && pl.cluster == kCluster) {
-    return LaunchMain<kMx, kK32, kN, kCluster>(p, pl, act, partial, tickets, s);
-  }
-  return LaunchMain<kMx, kK32, kN, 1>(p, pl, act, partial, tickets, s);
+      dim3(kThreads), smem, p.pdl, s, p, pl.chunks, pl.total, act, partial, tickets,
+      small_m::SignShifts());
 }
 
 template <bool kMx, bool kK32>
 cudaError_t LaunchTile(const SmallMParams& p, const Plan& pl, const uint4* act, float* partial,
                        int* tickets, cudaStream_t s) {
   switch (pl.n_tile) {
-    case 32: return LaunchCluster<kMx, kK32, 32>(p, pl, act, partial, tickets, s);
-    case 64: return LaunchCluster<kMx, kK32, 64>(p, pl, act, partial, tickets, s);
-    default: return LaunchCluster<kMx, kK32, 128>(p, pl, act, partial, tickets, s);
+    case 32: return LaunchMain<kMx, kK32, 32>(p, pl, act, partial, tickets, s);
+    case 64: return LaunchMain<kMx, kK32, 64>(p, pl, act, partial, tickets, s);
+    default: return LaunchMain<kMx, kK32, 128>(p, pl, act, partial, tickets, s);
   }
 }
 

@@ -32,42 +32,22 @@ FP4Q_D void PdlGridEnter() {
 // Launches `kernel` on `grid` x `block` with `smem` bytes of dynamic shared memory on `s`, as a
 // programmatic dependent launch when `pdl`. A failed launch's error is returned and cleared
 // (launch errors are not sticky).
-// With `cluster_x` > 1 the grid runs as clusters of cluster_x CTAs along x (grid.x a multiple of
-// it; compute capability 9.0+).
 template <typename... Params, typename... Args>
-cudaError_t LaunchClusterMaybePdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                                  cudaStream_t s, bool pdl, unsigned cluster_x,
-                                  const Args&... args) {
+cudaError_t LaunchMaybePdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                           cudaStream_t s, bool pdl, const Args&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  if (cluster_x > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = cluster_x;
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  cfg.attrs = n > 0 ? attr : nullptr;
-  cfg.numAttrs = n;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = pdl ? attr : nullptr;
+  cfg.numAttrs = pdl ? 1 : 0;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
   if (e != cudaSuccess) cudaGetLastError();
   return e;
-}
-
-template <typename... Params, typename... Args>
-cudaError_t LaunchMaybePdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                           cudaStream_t s, bool pdl, const Args&... args) {
-  return LaunchClusterMaybePdl(kernel, grid, block, smem, s, pdl, 1u, args...);
 }
 
 }  // namespace fp4q::kernels::cuda
