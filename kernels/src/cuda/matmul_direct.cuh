@@ -174,15 +174,11 @@ FP4Q_D void StoreC(const SmallMParams& p, float alpha, int64_t m, int64_t n, flo
   }
 }
 
-// Split K: every CTA has written its f32 partial sums partial[(slice * M + m) * N + n]; the last
-// CTA of the output tile [m0, m0 + m_rows) x [n0, n0 + kNRows) to arrive (an integer ticket)
-// adds the slices in slice order, so the result does not depend on timing, and stores C. Called
-// by every thread of the CTA; *ticket is zero before the first CTA of the tile arrives, and with
-// reset_ticket zero again when the call returns in every CTA.
-template <int kNRows, int kThreads>
-FP4Q_D void SumSlicesInOrder(const SmallMParams& p, const float* partial, int* ticket,
-                             unsigned splits, int64_t m0, int m_rows, int64_t n0, int* last_cta,
-                             bool reset_ticket = false) {
+// Split K, called by every thread of the CTA once it has written its f32 partial sums: whether
+// this CTA is the last of the output tile's `splits` to arrive (an integer ticket, zero before
+// the first arrives; with reset_ticket zero again when the call returns in every CTA). The last
+// one sees every other CTA's partial sums.
+FP4Q_D bool LastOfSlices(int* ticket, unsigned splits, int* last_cta, bool reset_ticket) {
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -192,8 +188,21 @@ FP4Q_D void SumSlicesInOrder(const SmallMParams& p, const float* partial, int* t
     *last_cta = last;
   }
   __syncthreads();
-  if (!*last_cta) return;
+  if (!*last_cta) return false;
   __threadfence();
+  return true;
+}
+
+// Split K: every CTA has written its f32 partial sums partial[(slice * M + m) * N + n]; the last
+// CTA of the output tile [m0, m0 + m_rows) x [n0, n0 + kNRows) to arrive (an integer ticket)
+// adds the slices in slice order, so the result does not depend on timing, and stores C. Called
+// by every thread of the CTA; *ticket is zero before the first CTA of the tile arrives, and with
+// reset_ticket zero again when the call returns in every CTA.
+template <int kNRows, int kThreads>
+FP4Q_D void SumSlicesInOrder(const SmallMParams& p, const float* partial, int* ticket,
+                             unsigned splits, int64_t m0, int m_rows, int64_t n0, int* last_cta,
+                             bool reset_ticket = false) {
+  if (!LastOfSlices(ticket, splits, last_cta, reset_ticket)) return;
   const int64_t M = p.a.rows;
   const int64_t N = p.b.rows;
   const float alpha = OutputAlpha(p);

@@ -341,28 +341,61 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   WgmmaWait<0>();
 
-  // ---- results: acc[4 j + e] is C[m = m0 + 8 j + 2t + (e & 1)][n = n0 + g + 8 (e >> 1)].
-  const float alpha = direct_gemm::OutputAlpha(p);
-  const bool split = gridDim.z > 1;
+  // ---- results: acc[4 j + e] is C[m = m0 + 8 j + 2t + (e & 1)][n = n0 + g + 8 (e >> 1)], at
+  // (8 j + (e & 1)) N + 8 (e >> 1) from this lane's first output (m0 + 2t, n0 + g).
+  constexpr int kOut = kN / 2;
+  const int64_t first = (m0 + 2 * t) * N + n0 + g;
+  const bool col_ok[2] = {n0 + g < N, n0 + g + 8 < N};
+  auto inside = [&](int i) {
+    return m0 + 8 * (i >> 2) + 2 * t + (i & 1) < M && col_ok[(i >> 1) & 1];
+  };
+  auto offset = [&](int i) {
+    return (8 * (i >> 2) + (i & 1)) * N + 8 * ((i >> 1) & 1);
+  };
+  const unsigned splits = gridDim.z;
+  if (splits > 1) {
+    const int64_t plane = M * N;
+    float* mine = partial + static_cast<int64_t>(blockIdx.z) * plane + first;
 #pragma unroll
-  for (int j = 0; j < kN / 8; ++j) {
+    for (int i = 0; i < kOut; ++i) {
+      if (inside(i)) mine[offset(i)] = acc[i];
+    }
+    if (!direct_gemm::LastOfSlices(&tickets[blockIdx.y * gridDim.x + blockIdx.x], splits,
+                                   &last_cta, false)) {
+      return;
+    }
+    // The output tile's last CTA adds every slice's sums in slice order (its own from its
+    // registers), so C does not depend on which CTA came last; matmul_direct.cuh's
+    // SumSlicesInOrder adds the same way.
+    float sum[kOut];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t m = m0 + 8 * j + 2 * t + (e & 1);
-      const int64_t n = n0 + g + 8 * (e >> 1);
-      if (m >= M || n >= N) continue;
-      if (split) {
-        partial[(static_cast<int64_t>(blockIdx.z) * M + m) * N + n] = acc[4 * j + e];
-      } else {
-        direct_gemm::StoreC(p, alpha, m, n, acc[4 * j + e]);
+    for (int i = 0; i < kOut; ++i) sum[i] = 0.0f;
+    for (unsigned z = 0; z < splits; ++z) {
+      const float* slice = partial + static_cast<int64_t>(z) * plane + first;
+      const bool own = z == blockIdx.z;
+#pragma unroll
+      for (int i = 0; i < kOut; ++i) {
+        const float v = own ? acc[i] : inside(i) ? __ldcg(slice + offset(i)) : 0.0f;
+        sum[i] = __fadd_rn(sum[i], v);
       }
     }
+#pragma unroll
+    for (int i = 0; i < kOut; ++i) acc[i] = sum[i];
   }
-  if (!split) return;
-  const int m_rows = static_cast<int>(M - m0 < kN ? M - m0 : kN);
-  direct_gemm::SumSlicesInOrder<kRowsPerCta, kThreads>(
-      p, partial, &tickets[blockIdx.y * gridDim.x + blockIdx.x], gridDim.z, m0, m_rows,
-      static_cast<int64_t>(blockIdx.x) * kRowsPerCta, &last_cta);
+  const float alpha = direct_gemm::OutputAlpha(p);
+  if (p.c_dtype == kF32) {
+    float* c = static_cast<float*>(p.c) + first;
+#pragma unroll
+    for (int i = 0; i < kOut; ++i) {
+      if (inside(i)) c[offset(i)] = __fmul_rn(acc[i], alpha);
+    }
+  } else {
+    __nv_bfloat16* c = static_cast<__nv_bfloat16*>(p.c) + first;
+#pragma unroll
+    for (int i = 0; i < kOut; ++i) {
+      if (inside(i)) c[offset(i)] = __float2bfloat16_rn(__fmul_rn(acc[i], alpha));
+    }
+  }
 #else
   __trap();  // never launched: the backend takes this path on compute capability 9.0 only
 #endif
