@@ -3,7 +3,8 @@
 //   - amax given (or MXFP4, whose global amax is only recorded): one pass;
 //   - amax computed: an amax pass (the plain reduction, or the quantize kernel in amax-only mode
 //     when the amax is of a derived tensor: x + r, RHT(x)), then one pass; small row-wise
-//     tensors do both in one cooperative launch (LaunchQuantizeFusedAmax);
+//     tensors do both in one launch (LaunchQuantizeFusedAmax: cooperative, or for the smallest
+//     bf16 tensors an ordinary one in which every CTA reduces the whole tensor);
 //   - guarded (a FiniteGuard, error feedback): the amax-only pass always runs (it is the amax
 //     pass when the amax is computed, else a check-only pass) and also finds the first
 //     non-finite x and v; one thread decides the guard; the writing pass (and the swizzle

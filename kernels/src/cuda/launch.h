@@ -210,7 +210,8 @@ cudaError_t LaunchQuantizeRows(const RowParams& p, cudaStream_t s);
 cudaError_t LaunchQuantizeLanes(const RowParams& p, RowKernel k, cudaStream_t s);
 // A pass with FusedAmaxFits(RowPassOf(p), p.tuning) and its global amax computed: one
 // cooperative launch computes the amax into *amax (zeroed by the launch itself) and quantizes
-// with it, instead of a memset, a reduction and the quantize launch.
+// with it, instead of a memset, a reduction and the quantize launch; under CtaAmaxFits an
+// ordinary launch does it, each CTA reducing the whole tensor itself (no grid barrier).
 cudaError_t LaunchQuantizeFusedAmax(const RowParams& p, float* amax, cudaStream_t s);
 cudaError_t LaunchQuantizeTile(const TileParams& p, cudaStream_t s);
 cudaError_t LaunchDequantize(const DequantParams& p, cudaStream_t s);
