@@ -132,6 +132,7 @@ TEST(KernelChoiceTest, EveryCtaReducesTheAmaxOfTensorsUpTo65536Elements) {
   EXPECT_TRUE(CtaAmaxFits(Nv(1, 4096)));
   EXPECT_TRUE(CtaAmaxFits(Nv(16, 4096)));  // 2^16 elements: the limit
   EXPECT_FALSE(CtaAmaxFits(Nv(17, 4096)));
+  EXPECT_FALSE(CtaAmaxFits(Nv(16, 4096, kF32)));  // bf16 x only
   EXPECT_FALSE(CtaAmaxFits(Nv(128, 4096)));  // the cooperative launch
   EXPECT_TRUE(FusedAmaxFits(Nv(128, 4096), KernelTuning{}));
 }

@@ -46,7 +46,8 @@ bool LaneTilesCover(const RowPass& p, const KernelTuning& t) {
 }
 
 bool CtaAmaxFits(const RowPass& p) {
-  return static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) <= kCtaAmaxMaxElems;
+  return p.x_dtype == kBF16 &&
+         static_cast<uint64_t>(p.rows) * static_cast<uint64_t>(p.cols) <= kCtaAmaxMaxElems;
 }
 
 const char* RowKernelName(RowKernel k) {

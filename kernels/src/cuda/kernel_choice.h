@@ -67,6 +67,7 @@ bool FusedAmaxFits(const RowPass& p, const KernelTuning& t);
 // Elements up to which such a pass over bf16 x has every CTA reduce the whole tensor instead
 // (an ordinary launch, no grid barrier): 128 KB read once more by each of a few CTAs, from L2.
 inline constexpr uint64_t kCtaAmaxMaxElems = uint64_t{1} << 16;
+// Whether such a pass (FusedAmaxFits) takes that launch: bf16 x of at most kCtaAmaxMaxElems.
 bool CtaAmaxFits(const RowPass& p);
 
 const char* RowKernelName(RowKernel k);

@@ -503,7 +503,7 @@ cudaError_t LaunchQuantizeFusedAmax(const RowParams& p, float* amax, cudaStream_
   if (!FusedAmaxFits(RowPassOf(p), p.tuning) || amax == nullptr) return cudaErrorInvalidValue;
   LaneParams lp = LaneParamsOf(p);
   lp.p.out.amax_ptr = nullptr;
-  if (p.x_dtype == kBF16 && CtaAmaxFits(RowPassOf(p))) {
+  if (CtaAmaxFits(RowPassOf(p))) {
     return LaunchCtaAmax(lp, s);  // the amax reaches out.global[0] through write_amax
   }
   lp.fused_amax = amax;
