@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Every headline figure in one device call (repository root, the whole .bundle carried, no alt
+# modules): meant for an H200, whose figures the issues' targets are; on another GPU it records
+# what it got (gpu.txt).
+#   1. fp4q_bench, every row (kernels beside the copy ceiling and cuBLAS bf16, same process)
+#   2. through fp4qd (CUDA backend, fast socket, kept plans, delayed scaling) from C++:
+#      fp4q bench-step over GPT-2 small, 8192 x 8192 and Llama-3-8B-shaped layers, two passes
+#      and one
+#   3. from Python: bench/trainer_step.py over GPT-2 small (fp4q.optim beside torch's SGD and
+#      AdamW and the in-process torch NVFP4 update, same process)
+set -uo pipefail
+source bench/results/h200-step/one-pass/lib.sh
+begin all1
+room 240 "whole bench" && timeout 240 stdbuf -oL $b/bin/fp4q_bench --out $o/bench-all.json \
+  > $o/bench-all.txt 2>&1
+echo "whole bench rc=$? ($SECONDS s)"; grep -E "^copy|^\|" $o/bench-all.txt | cut -d'|' -f2-7 \
+  | head -70
+bw=$(python3 -c "import json;print(json.load(open('$o/bench-all.json'))['copy_gbps'])" \
+  2>/dev/null || echo 4200)
+start_fp4qd $bw
+step_pair gpt2 1 40 30 --model gpt2-small --iters 300 --warmup 20
+step_pair sq8192 1 40 30 --model square8192 --iters 200 --warmup 20
+step_pair llama 1 100 90 --model llama3-8b --iters 10 --warmup 2
+kill $pid; wait $pid 2>/dev/null
+trainer default
+echo "done ($SECONDS s)"
