@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Device call 13: three K-loop / reduction changes of the wgmma kernel and their merge against
-# main's, each
-# built from its branch (none run on a GPU before this call):
+# main's, each built from its branch (none run on a GPU before this call):
 #   dec  = .bundle/alt2/ (branch wgmma-decoupled: no CTA barrier a chunk; warps release stages
 #          on mbarriers), desc = .bundle/alt3/ (branch wgmma-desc: the chunk's wgmma
 #          descriptors as the stage's plus constants), pair = .bundle/alt4/ (branch wgmma-pair:
