@@ -94,6 +94,14 @@ FP4Q_D void BulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar
       "r"(bytes), "r"(bar), "l"(src)
       : "memory");
 }
+// Arrives once on this CTA's mbarrier at `bar`.
+FP4Q_D void Arrive(uint32_t bar) {
+  asm volatile(
+      "{\n.reg .b64 st;\n"
+      "mbarrier.arrive.shared::cta.b64 st, [%0];\n"
+      "}\n" ::"r"(bar)
+      : "memory");
+}
 // Waits until `bar` completes the phase of the given parity.
 FP4Q_D void BarWait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
@@ -246,18 +254,26 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // A's chunk c of this slice into ring stage c % kStages: one contiguous kStage-byte block,
   // copied by thread 0, completing on the stage's mbarrier (its (c / kStages)-th phase).
-  __shared__ __align__(8) uint64_t bars[kStages];
+  // bars[s]: stage s's chunk has landed; bars[kStages + s]: every warp is done with it.
+  __shared__ __align__(8) uint64_t bars[2 * kStages];
   const uint32_t s_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t bar0 = static_cast<uint32_t>(__cvta_generic_to_shared(bars));
   const uint4* act_tile =
       act + (static_cast<int64_t>(blockIdx.y) * total_chunks + c0) * (kStage / 16);
+  const uint32_t empty0 = bar0 + kStages * 8;
+  // Thread 0 refills a stage once every warp has released its previous chunk (the warpgroups do
+  // not wait for each other otherwise).
   auto copy_chunk = [&](int c) {
-    if (threadIdx.x == 0 && c < nch) {
-      BulkCopy(s_base + (c % kStages) * kStage, act_tile + static_cast<int64_t>(c) * (kStage / 16),
-               kStage, bar0 + (c % kStages) * 8);
-    }
+    if (threadIdx.x != 0 || c >= nch) return;
+    const int st = c % kStages;
+    if (c >= kStages) BarWait(empty0 + st * 8, ((c / kStages) - 1) & 1);
+    BulkCopy(s_base + st * kStage, act_tile + static_cast<int64_t>(c) * (kStage / 16), kStage,
+             bar0 + st * 8);
   };
   if (threadIdx.x < kStages) BarInit(bar0 + threadIdx.x * 8, 1);
+  if (threadIdx.x >= kStages && threadIdx.x < 2 * kStages) {
+    BarInit(bar0 + threadIdx.x * 8, kThreads / 32);
+  }
   __syncthreads();
 
   // Step i's registers f[4 i .. 4 i + 3]: rows g, g + 8 at logical k 2t, 2t + 1 (pair
@@ -321,8 +337,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // step (f[c & 1]); chunk c + 1 decoded into the other set while they run; then wait for them.
   uint32_t f[2][32];
   auto step = [&](int c, Chunk2& next, uint32_t (&f_cur)[32], uint32_t (&f_next)[32]) {
-    __syncthreads();  // chunk c - 1's wgmmas are done in both warpgroups: its stage is free
-    copy_chunk(c + kStages - 1);
+    copy_chunk(c + kStages - 1);  // into chunk c - 1's stage, once every warp released it
     BarWait(bar0 + (c % kStages) * 8, (c / kStages) & 1);  // chunk c has landed
     mma_chunk(f_cur, c);
     if (c + 1 < nch) {
@@ -330,6 +345,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_next(next);
     }
     WgmmaWait<0>();
+    // This warp is done with chunk c's stage (its warpgroup's wgmmas that read it are complete).
+    if (lane == 0 && c + kStages < nch) Arrive(empty0 + (c % kStages) * 8);
   };
   if (nch > 0) {
     decode(buf[0], f[0]);
