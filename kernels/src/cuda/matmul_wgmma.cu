@@ -314,10 +314,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Issues chunk c's 8 wgmmas from registers f and stage c % kStages.
   auto mma_chunk = [&](const uint32_t (&f)[32], int c) {
-    const uint32_t stage = s_base + (c % kStages) * kStage;
+    // Step i's operand starts i * kN * 32 bytes into the stage: its descriptor is the stage's
+    // plus that offset in 16-byte units (the address field holds any shared address < 256 KiB).
+    const uint64_t d0 = CoreDescriptor(s_base + (c % kStages) * kStage);
     WgmmaFence();  // this thread's writes of f (and of acc, before the first chunk) come first
 #pragma unroll
-    for (int i = 0; i < 8; ++i) Wgmma<kN>(acc, f + 4 * i, CoreDescriptor(stage + i * kN * 32));
+    for (int i = 0; i < 8; ++i) {
+      Wgmma<kN>(acc, f + 4 * i, d0 + static_cast<uint64_t>((i * kN * 32) >> 4));
+    }
     WgmmaCommit();
   };
 
