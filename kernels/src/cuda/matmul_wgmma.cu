@@ -39,6 +39,7 @@
 #include "device_numerics.cuh"
 #include "launch.h"
 #include "matmul_direct.cuh"
+#include "pdl.cuh"
 #include "small_m_layout.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -115,6 +116,24 @@ FP4Q_D void BarWait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   }
+}
+
+// Every thread of both CTAs of a cluster pair; the shared-memory writes before it (remote ones
+// included) are visible after it.
+FP4Q_D void ClusterSync() {
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Stores v at this CTA's shared address `addr` in the cluster's CTA `rank`.
+FP4Q_D void StoreRemote(uint32_t addr, uint32_t rank, float v) {
+  asm volatile(
+      "{\n.reg .b32 ra;\n"
+      "mapa.shared::cluster.u32 ra, %0, %1;\n"
+      "st.shared::cluster.f32 [ra], %2;\n"
+      "}\n" ::"r"(addr),
+      "r"(rank), "f"(v)
+      : "memory");
 }
 
 // Descriptor of a K-major, unswizzled operand at shared address `addr`: leading (k) byte offset
@@ -196,7 +215,10 @@ struct Chunk2 {
 
 // grid = (ceil(N / 128), m_rows / kN, splits); dynamic shared memory kStages x StageBytes(kN).
 // kK32: K % 32 == 0. `act` holds m_rows >= M tokens (LaunchPrepareGemmActCore, tiles of kN).
-template <bool kMx, bool kK32, int kN>
+// kPair: splits == 2, launched as clusters of 1 x 1 x 2 (the two K slices of an output tile):
+// slice 1's CTA hands its sums to slice 0's through shared memory, no partial sums in global
+// memory and no ticket.
+template <bool kMx, bool kK32, int kN, bool kPair>
 __global__ void __launch_bounds__(kThreads, 1)
     WgmmaKernel(const SmallMParams p, int chunks, int64_t total_chunks, const uint4* act,
                 float* partial, int* tickets, const small_m::SignShifts sh) {
@@ -376,7 +398,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     return (8 * (i >> 2) + (i & 1)) * N + 8 * ((i >> 1) & 1);
   };
   const unsigned splits = gridDim.z;
-  if (splits > 1) {
+  if constexpr (kPair) {
+    // Both CTAs are past their K loops (their A stages free); slice 1 writes its sums into slice
+    // 0's shared memory, thread by thread, and slice 0 adds them after its own (slice order, as
+    // SumSlicesInOrder adds from 0.0f).
+    static_assert(kThreads * kOut * 4 <= kStages * kStage, "the sums fit in the A stages");
+    ClusterSync();
+    const uint32_t stash = s_base + threadIdx.x * 4;
+    if (blockIdx.z == 1) {
+#pragma unroll
+      for (int i = 0; i < kOut; ++i) StoreRemote(stash + i * kThreads * 4, 0u, acc[i]);
+    }
+    ClusterSync();
+    if (blockIdx.z == 1) return;
+    const float* theirs = reinterpret_cast<const float*>(smem) + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < kOut; ++i) {
+      acc[i] = __fadd_rn(__fadd_rn(0.0f, acc[i]), theirs[i * kThreads]);
+    }
+  } else if (splits > 1) {
     const int64_t plane = M * N;
     float* mine = partial + static_cast<int64_t>(blockIdx.z) * plane + first;
 #pragma unroll
@@ -446,20 +486,29 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   return pl;
 }
 
-template <bool kMx, bool kK32, int kN>
-cudaError_t LaunchMain(const SmallMParams& p, const Plan& pl, const uint4* act, float* partial,
-                       int* tickets, cudaStream_t s) {
-  auto* kernel = WgmmaKernel<kMx, kK32, kN>;
+template <bool kMx, bool kK32, int kN, bool kPair>
+cudaError_t LaunchPaired(const SmallMParams& p, const Plan& pl, const uint4* act, float* partial,
+                         int* tickets, cudaStream_t s) {
+  auto* kernel = WgmmaKernel<kMx, kK32, kN, kPair>;
   const size_t smem = static_cast<size_t>(kStages) * StageBytes(kN);
   static std::atomic<uint64_t> opted{0};
   const cudaError_t e = direct_gemm::OptInSharedMemory(kernel, smem, opted);
   if (e != cudaSuccess) return e;
-  return direct_gemm::LaunchAfterPrepare(
+  // Launched after the prepare kernel (programmatic when p.pdl: the kernel waits for it with
+  // GridDependencyWait).
+  return LaunchClusterMaybePdl(
       kernel,
       dim3(static_cast<unsigned>(pl.groups), static_cast<unsigned>(pl.tiles),
            static_cast<unsigned>(pl.splits)),
-      dim3(kThreads), smem, p.pdl, s, p, pl.chunks, pl.total, act, partial, tickets,
-      small_m::SignShifts());
+      dim3(kThreads), smem, s, p.pdl, dim3(1, 1, kPair ? 2 : 1), p, pl.chunks, pl.total, act,
+      partial, tickets, small_m::SignShifts());
+}
+
+template <bool kMx, bool kK32, int kN>
+cudaError_t LaunchMain(const SmallMParams& p, const Plan& pl, const uint4* act, float* partial,
+                       int* tickets, cudaStream_t s) {
+  if (pl.splits == 2) return LaunchPaired<kMx, kK32, kN, true>(p, pl, act, partial, tickets, s);
+  return LaunchPaired<kMx, kK32, kN, false>(p, pl, act, partial, tickets, s);
 }
 
 template <bool kMx, bool kK32>
