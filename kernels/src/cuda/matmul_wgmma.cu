@@ -39,6 +39,7 @@
 #include "device_numerics.cuh"
 #include "launch.h"
 #include "matmul_direct.cuh"
+#include "pdl.cuh"
 #include "small_m_layout.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -94,6 +95,14 @@ FP4Q_D void BulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar
       "r"(bytes), "r"(bar), "l"(src)
       : "memory");
 }
+// Arrives once on this CTA's mbarrier at `bar`.
+FP4Q_D void Arrive(uint32_t bar) {
+  asm volatile(
+      "{\n.reg .b64 st;\n"
+      "mbarrier.arrive.shared::cta.b64 st, [%0];\n"
+      "}\n" ::"r"(bar)
+      : "memory");
+}
 // Waits until `bar` completes the phase of the given parity.
 FP4Q_D void BarWait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
@@ -107,6 +116,24 @@ FP4Q_D void BarWait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   }
+}
+
+// Every thread of both CTAs of a cluster pair; the shared-memory writes before it (remote ones
+// included) are visible after it.
+FP4Q_D void ClusterSync() {
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Stores v at this CTA's shared address `addr` in the cluster's CTA `rank`.
+FP4Q_D void StoreRemote(uint32_t addr, uint32_t rank, float v) {
+  asm volatile(
+      "{\n.reg .b32 ra;\n"
+      "mapa.shared::cluster.u32 ra, %0, %1;\n"
+      "st.shared::cluster.f32 [ra], %2;\n"
+      "}\n" ::"r"(addr),
+      "r"(rank), "f"(v)
+      : "memory");
 }
 
 // Descriptor of a K-major, unswizzled operand at shared address `addr`: leading (k) byte offset
@@ -188,7 +215,10 @@ struct Chunk2 {
 
 // grid = (ceil(N / 128), m_rows / kN, splits); dynamic shared memory kStages x StageBytes(kN).
 // kK32: K % 32 == 0. `act` holds m_rows >= M tokens (LaunchPrepareGemmActCore, tiles of kN).
-template <bool kMx, bool kK32, int kN>
+// kPair: splits == 2, launched as clusters of 1 x 1 x 2 (the two K slices of an output tile):
+// slice 1's CTA hands its sums to slice 0's through shared memory, no partial sums in global
+// memory and no ticket.
+template <bool kMx, bool kK32, int kN, bool kPair>
 __global__ void __launch_bounds__(kThreads, 1)
     WgmmaKernel(const SmallMParams p, int chunks, int64_t total_chunks, const uint4* act,
                 float* partial, int* tickets, const small_m::SignShifts sh) {
@@ -246,18 +276,26 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // A's chunk c of this slice into ring stage c % kStages: one contiguous kStage-byte block,
   // copied by thread 0, completing on the stage's mbarrier (its (c / kStages)-th phase).
-  __shared__ __align__(8) uint64_t bars[kStages];
+  // bars[s]: stage s's chunk has landed; bars[kStages + s]: every warp is done with it.
+  __shared__ __align__(8) uint64_t bars[2 * kStages];
   const uint32_t s_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t bar0 = static_cast<uint32_t>(__cvta_generic_to_shared(bars));
   const uint4* act_tile =
       act + (static_cast<int64_t>(blockIdx.y) * total_chunks + c0) * (kStage / 16);
+  const uint32_t empty0 = bar0 + kStages * 8;
+  // Thread 0 refills a stage once every warp has released its previous chunk (the warpgroups do
+  // not wait for each other otherwise).
   auto copy_chunk = [&](int c) {
-    if (threadIdx.x == 0 && c < nch) {
-      BulkCopy(s_base + (c % kStages) * kStage, act_tile + static_cast<int64_t>(c) * (kStage / 16),
-               kStage, bar0 + (c % kStages) * 8);
-    }
+    if (threadIdx.x != 0 || c >= nch) return;
+    const int st = c % kStages;
+    if (c >= kStages) BarWait(empty0 + st * 8, ((c / kStages) - 1) & 1);
+    BulkCopy(s_base + st * kStage, act_tile + static_cast<int64_t>(c) * (kStage / 16), kStage,
+             bar0 + st * 8);
   };
   if (threadIdx.x < kStages) BarInit(bar0 + threadIdx.x * 8, 1);
+  if (threadIdx.x >= kStages && threadIdx.x < 2 * kStages) {
+    BarInit(bar0 + threadIdx.x * 8, kThreads / 32);
+  }
   __syncthreads();
 
   // Step i's registers f[4 i .. 4 i + 3]: rows g, g + 8 at logical k 2t, 2t + 1 (pair
@@ -298,10 +336,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Issues chunk c's 8 wgmmas from registers f and stage c % kStages.
   auto mma_chunk = [&](const uint32_t (&f)[32], int c) {
-    const uint32_t stage = s_base + (c % kStages) * kStage;
+    // Step i's operand starts i * kN * 32 bytes into the stage: its descriptor is the stage's
+    // plus that offset in 16-byte units (the address field holds any shared address < 256 KiB).
+    const uint64_t d0 = CoreDescriptor(s_base + (c % kStages) * kStage);
     WgmmaFence();  // this thread's writes of f (and of acc, before the first chunk) come first
 #pragma unroll
-    for (int i = 0; i < 8; ++i) Wgmma<kN>(acc, f + 4 * i, CoreDescriptor(stage + i * kN * 32));
+    for (int i = 0; i < 8; ++i) {
+      Wgmma<kN>(acc, f + 4 * i, d0 + static_cast<uint64_t>((i * kN * 32) >> 4));
+    }
     WgmmaCommit();
   };
 
@@ -321,8 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // step (f[c & 1]); chunk c + 1 decoded into the other set while they run; then wait for them.
   uint32_t f[2][32];
   auto step = [&](int c, Chunk2& next, uint32_t (&f_cur)[32], uint32_t (&f_next)[32]) {
-    __syncthreads();  // chunk c - 1's wgmmas are done in both warpgroups: its stage is free
-    copy_chunk(c + kStages - 1);
+    copy_chunk(c + kStages - 1);  // into chunk c - 1's stage, once every warp released it
     BarWait(bar0 + (c % kStages) * 8, (c / kStages) & 1);  // chunk c has landed
     mma_chunk(f_cur, c);
     if (c + 1 < nch) {
@@ -330,6 +371,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_next(next);
     }
     WgmmaWait<0>();
+    // This warp is done with chunk c's stage (its warpgroup's wgmmas that read it are complete).
+    if (lane == 0 && c + kStages < nch) Arrive(empty0 + (c % kStages) * 8);
   };
   if (nch > 0) {
     decode(buf[0], f[0]);
@@ -355,7 +398,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     return (8 * (i >> 2) + (i & 1)) * N + 8 * ((i >> 1) & 1);
   };
   const unsigned splits = gridDim.z;
-  if (splits > 1) {
+  if constexpr (kPair) {
+    // Both CTAs are past their K loops (their A stages free); slice 1 writes its sums into slice
+    // 0's shared memory, thread by thread, and slice 0 adds them after its own (slice order, as
+    // SumSlicesInOrder adds from 0.0f).
+    static_assert(kThreads * kOut * 4 <= kStages * kStage, "the sums fit in the A stages");
+    ClusterSync();
+    const uint32_t stash = s_base + threadIdx.x * 4;
+    if (blockIdx.z == 1) {
+#pragma unroll
+      for (int i = 0; i < kOut; ++i) StoreRemote(stash + i * kThreads * 4, 0u, acc[i]);
+    }
+    ClusterSync();
+    if (blockIdx.z == 1) return;
+    const float* theirs = reinterpret_cast<const float*>(smem) + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < kOut; ++i) {
+      acc[i] = __fadd_rn(__fadd_rn(0.0f, acc[i]), theirs[i * kThreads]);
+    }
+  } else if (splits > 1) {
     const int64_t plane = M * N;
     float* mine = partial + static_cast<int64_t>(blockIdx.z) * plane + first;
 #pragma unroll
@@ -425,20 +486,29 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   return pl;
 }
 
-template <bool kMx, bool kK32, int kN>
-cudaError_t LaunchMain(const SmallMParams& p, const Plan& pl, const uint4* act, float* partial,
-                       int* tickets, cudaStream_t s) {
-  auto* kernel = WgmmaKernel<kMx, kK32, kN>;
+template <bool kMx, bool kK32, int kN, bool kPair>
+cudaError_t LaunchPaired(const SmallMParams& p, const Plan& pl, const uint4* act, float* partial,
+                         int* tickets, cudaStream_t s) {
+  auto* kernel = WgmmaKernel<kMx, kK32, kN, kPair>;
   const size_t smem = static_cast<size_t>(kStages) * StageBytes(kN);
   static std::atomic<uint64_t> opted{0};
   const cudaError_t e = direct_gemm::OptInSharedMemory(kernel, smem, opted);
   if (e != cudaSuccess) return e;
-  return direct_gemm::LaunchAfterPrepare(
+  // Launched after the prepare kernel (programmatic when p.pdl: the kernel waits for it with
+  // GridDependencyWait).
+  return LaunchClusterMaybePdl(
       kernel,
       dim3(static_cast<unsigned>(pl.groups), static_cast<unsigned>(pl.tiles),
            static_cast<unsigned>(pl.splits)),
-      dim3(kThreads), smem, p.pdl, s, p, pl.chunks, pl.total, act, partial, tickets,
-      small_m::SignShifts());
+      dim3(kThreads), smem, s, p.pdl, dim3(1, 1, kPair ? 2 : 1), p, pl.chunks, pl.total, act,
+      partial, tickets, small_m::SignShifts());
+}
+
+template <bool kMx, bool kK32, int kN>
+cudaError_t LaunchMain(const SmallMParams& p, const Plan& pl, const uint4* act, float* partial,
+                       int* tickets, cudaStream_t s) {
+  if (pl.splits == 2) return LaunchPaired<kMx, kK32, kN, true>(p, pl, act, partial, tickets, s);
+  return LaunchPaired<kMx, kK32, kN, false>(p, pl, act, partial, tickets, s);
 }
 
 template <bool kMx, bool kK32>

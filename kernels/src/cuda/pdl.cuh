@@ -32,22 +32,41 @@ FP4Q_D void PdlGridEnter() {
 // Launches `kernel` on `grid` x `block` with `smem` bytes of dynamic shared memory on `s`, as a
 // programmatic dependent launch when `pdl`. A failed launch's error is returned and cleared
 // (launch errors are not sticky).
+// With a `cluster` other than 1 x 1 x 1 the grid runs as clusters of that shape (each grid
+// dimension a multiple of the cluster's; compute capability 9.0+).
 template <typename... Params, typename... Args>
-cudaError_t LaunchMaybePdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                           cudaStream_t s, bool pdl, const Args&... args) {
+cudaError_t LaunchClusterMaybePdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                  cudaStream_t s, bool pdl, dim3 cluster, const Args&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = pdl ? attr : nullptr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster.x;
+    attr[n].val.clusterDim.y = cluster.y;
+    attr[n].val.clusterDim.z = cluster.z;
+    ++n;
+  }
+  cfg.attrs = n > 0 ? attr : nullptr;
+  cfg.numAttrs = n;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
   if (e != cudaSuccess) cudaGetLastError();
   return e;
+}
+
+template <typename... Params, typename... Args>
+cudaError_t LaunchMaybePdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                           cudaStream_t s, bool pdl, const Args&... args) {
+  return LaunchClusterMaybePdl(kernel, grid, block, smem, s, pdl, dim3(1, 1, 1), args...);
 }
 
 }  // namespace fp4q::kernels::cuda

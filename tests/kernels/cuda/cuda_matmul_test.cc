@@ -161,6 +161,12 @@ TEST_F(MatmulTest, WgmmaRaggedShapes) {
             12000);
 }
 
+// The wgmma kernel with K split in two (its CTA pairs): 66 and 57 row groups of 128 with one
+// token tile split K in two on GPUs of 132 and 114 SMs (the H100 / H200 SXM and PCIe kinds).
+TEST_F(MatmulTest, WgmmaKSplitInTwo) {
+  RunShapes({{64, 8448, 1024}, {128, 8448, 512}, {33, 7296, 1024}, {100, 7256, 544}}, 12500);
+}
+
 // NVFP4 only: the wgmma kernel with K = 16 mod 32.
 TEST_F(MatmulTest, WgmmaKOddMultipleOf16) {
   RunShapes({{70, 130, 1040}, {128, 70, 4112}, {257, 17, 16}, {400, 300, 144}}, 13000,
