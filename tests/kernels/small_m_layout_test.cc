@@ -115,8 +115,10 @@ TEST(SmallMLayoutTest, E8m0MultipliersTimesE2m1AreExact) {
 // With `core`, A's side is instead read as wgmma reads its shared-memory operand from the
 // workspace of LaunchPrepareGemmActCore: token n, logical k 8 half + cc of step i at the
 // descriptor's address start + (n / 8) * 256 (stride byte offset) + half * 128 (leading byte
-// offset) + (n % 8) * 16 + cc * 2, where the workspace holds the value of k = CoreSlotK(i, half,
-// cc) at CoreRowByte(i, n / 8, half, n % 8) + cc * 2.
+// offset) + (n % 8) * 16 + cc * 2. The workspace is filled as the prepare kernel's threads fill
+// it (CoreWordAt, DecodeWord, CorePairStep / CorePairHalf, CoreRowByte), each 2-byte slot
+// written once; it must hold the value of k = CoreSlotK(i, half, cc) at CoreRowByte(i, n / 8,
+// half, n % 8) + cc * 2 for the product to come out right.
 void EmulateAndCompare(int64_t M, int64_t N, int64_t K, std::mt19937& rng, bool core = false) {
   std::vector<uint8_t> a((M * K + 1) / 2), b((N * K + 1) / 2), sa(M * K / 16), sb(N * K / 16);
   for (auto& v : a) v = rng() & 0xFF;
@@ -183,12 +185,42 @@ void EmulateAndCompare(int64_t M, int64_t N, int64_t K, std::mt19937& rng, bool 
       if (core) {
         constexpr int kTile = 16;  // tokens a tile: two token groups
         std::vector<double> ws(8 * kTile * 16, 0.0);  // one chunk, indexed in bf16 units
+        std::vector<int> writes(ws.size(), 0);
+        for (int64_t idx = 0; idx < kTile * chunks * 16; ++idx) {  // one tile: tc is the chunk
+          const sm::CoreWord cw = sm::CoreWordAt(idx, kTile);
+          if (cw.tc != c) continue;
+          const int64_t m = 8 * cw.group + cw.row;
+          const int64_t k0 = c * 128 + 32 * cw.t + 8 * cw.u;
+          uint32_t pair[4] = {0, 0, 0, 0};
+          if (m < M && k0 < K) {
+            uint32_t w = 0;
+            for (int byte = 0; byte < 4; ++byte) {
+              w |= uint32_t{a[(m * K + k0) / 2 + byte]} << (8 * byte);
+            }
+            const uint32_t h = FloatBits(std::ldexp(E4m3ToFloat(sa[m * K / 16 + k0 / 16]), 62));
+            EXPECT_EQ(h & 0xFFFFu, 0u);
+            sm::DecodeWord(w, pair);
+            for (int j = 0; j < 4; ++j) {
+              pair[j] = MulExact(MulExact(pair[j], 0x7E807E80u), (h >> 16) | (h & 0xFFFF0000u));
+            }
+          }
+          for (int j = 0; j < 4; ++j) {
+            const int at = (sm::CoreRowByte(sm::CorePairStep(cw.u, j), cw.group,
+                                            sm::CorePairHalf(j), cw.row, kTile) + 4 * cw.t) / 2;
+            ws[at] = Lo(pair[j]);
+            ws[at + 1] = Hi(pair[j]);
+            ++writes[at];
+            ++writes[at + 1];
+          }
+        }
+        for (size_t q = 0; q < ws.size(); ++q) ASSERT_EQ(writes[q], 1) << "slot " << q;
         for (int i = 0; i < 8; ++i) {
           for (int n = 0; n < kTile; ++n) {
             for (int half = 0; half < 2; ++half) {
               for (int cc = 0; cc < 8; ++cc) {
                 const int at = sm::CoreRowByte(i, n / 8, half, n % 8, kTile) / 2 + cc;
-                ws[at] = n < M ? a_val(n, c * 128 + sm::CoreSlotK(i, half, cc)) : 0.0;
+                ASSERT_EQ(ws[at], n < M ? a_val(n, c * 128 + sm::CoreSlotK(i, half, cc)) : 0.0)
+                    << "step " << i << " token " << n << " half " << half << " column " << cc;
               }
             }
           }

@@ -82,33 +82,54 @@ __global__ void __launch_bounds__(256)
   act[idx] = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
 }
 
-// One thread per 16-byte row of a core matrix of LaunchPrepareGemmActCore's workspace:
-// [tile][chunk][i][group][half][row][8 bf16], token m = tile * tile_rows + 8 group + row.
+// The scale of A's block kb for token m as a bf16x2 splat: sf * 2^62 (NVFP4) or 2^(b - 127)
+// (MX). A decoded pair (e2m1 * 2^-126) times 2^126 and then this is e2m1 * sf (* 2^62) exactly,
+// the value ActBits rounds to (at most 6 significant bits, within bf16's range).
+template <bool kMx>
+FP4Q_D uint32_t ActScaleSplat(const SmallMParams& p, int64_t m, int64_t kb) {
+  const float sv = OperandScale(p.a, kMx, m, kb);
+  const __nv_bfloat16 sb = __float2bfloat16_rn(kMx ? sv : __fmul_rn(sv, 0x1p62f));
+  const uint32_t h = *reinterpret_cast<const uint16_t*>(&sb);
+  return h | (h << 16);
+}
+
+// One thread per 32-bit word of A's codes (8 consecutive k of one token) of
+// LaunchPrepareGemmActCore's workspace: [tile][chunk][i][group][half][row][8 bf16], token
+// m = tile * tile_rows + 8 group + row (small_m::CoreWordAt). Word (t, u) of a chunk holds
+// k = 32 t + 8 u .. + 7; DecodeWord's pair j of it is columns 2t, 2t + 1 of step 2u + j / 2,
+// half j % 2 (small_m::CorePairStep, CorePairHalf). A warp's store of pair j fills 8 consecutive
+// 16-byte core-matrix rows (128 bytes). One code load and one scale a thread for 8 values.
+template <bool kMx>
 __global__ void __launch_bounds__(256)
     PrepareActCoreKernel(const SmallMParams p, int64_t chunks, int tile_rows, int64_t m_rows,
-                         uint4* act, int* tickets, int64_t n_tickets) {
+                         uint4* act, int* tickets, int64_t n_tickets,
+                         const small_m::SignShifts sh) {
   GridDependentsLaunch();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
   if (idx < n_tickets) tickets[idx] = 0;
   if (idx >= m_rows * chunks * 16) return;
-  const int per_chunk = tile_rows * 16;  // core-matrix rows of one tile's chunk
-  const int64_t tc = idx / per_chunk;    // tile * chunks + chunk
-  const int q = static_cast<int>(idx - tc * per_chunk);
-  const int64_t tile = tc / chunks;
-  const int64_t c = tc - tile * chunks;
-  // q = CoreRowByte(i, group, half, row, tile_rows) / 16.
-  const int row = q & 7;
-  const int half = (q >> 3) & 1;
-  const int group = (q >> 4) % (tile_rows >> 3);
-  const int i = (q >> 4) / (tile_rows >> 3);
-  const int64_t m = tile * tile_rows + 8 * group + row;
-  uint32_t h[8];
+  const small_m::CoreWord cw = small_m::CoreWordAt(idx, tile_rows);
+  const int64_t tile = cw.tc / chunks;
+  const int64_t m = tile * tile_rows + 8 * cw.group + cw.row;
+  const int64_t K = p.a.cols;
+  // K % 16 == 0: a word is all in or all out.
+  const int64_t k0 = (cw.tc - tile * chunks) * kChunk + 32 * cw.t + 8 * cw.u;
+  uint32_t pair[4] = {0u, 0u, 0u, 0u};
+  if (m < p.a.rows && k0 < K) {
+    const uint32_t w = __ldg(reinterpret_cast<const uint32_t*>(p.a.codes) + ((m * K + k0) >> 3));
+    const uint32_t mult = ActScaleSplat<kMx>(p, m, kMx ? (k0 >> 5) : (k0 >> 4));
+    small_m::DecodeWord(w, pair, sh);
 #pragma unroll
-  for (int cc = 0; cc < 8; ++cc) {
-    h[cc] = ActBits(p, m, c * kChunk + small_m::CoreSlotK(i, half, cc));
+    for (int j = 0; j < 4; ++j) pair[j] = MulBf16x2(MulBf16x2(pair[j], 0x7E807E80u), mult);
   }
-  act[idx] = make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16),
-                        h[6] | (h[7] << 16));
+  uint8_t* base =
+      reinterpret_cast<uint8_t*>(act) + cw.tc * (static_cast<int64_t>(tile_rows) * 256);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int at = small_m::CoreRowByte(small_m::CorePairStep(cw.u, j), cw.group,
+                                        small_m::CorePairHalf(j), cw.row, tile_rows) + 4 * cw.t;
+    *reinterpret_cast<uint32_t*>(base + at) = pair[j];
+  }
 }
 
 // The small-M kernel's A slice, straight from A's codes into the CTA's shared memory, in
@@ -116,7 +137,7 @@ __global__ void __launch_bounds__(256)
 // k of one block, k = 128 c + 32 t + 8 u: DecodeWord's pairs 0, 1 are lane t's fragment of
 // MMA 2u and pairs 2, 3 that of MMA 2u + 1 (small_m_layout.h). The pairs
 // hold e2m1 * 2^-126; times 2^126 and then the scale as bf16 (NVFP4: sf * 2^62) they are
-// e2m1 * sf (* 2^62) exactly, as ActBits rounds them (at most 5 significant bits, within bf16's
+// e2m1 * sf (* 2^62) exactly, as ActBits rounds them (at most 6 significant bits, within bf16's
 // range). Words past K are zero; rows past M are the caller's.
 template <bool kMx>
 FP4Q_D void DecodeActSlice(const SmallMParams& p, int64_t c0, int nch, int row_u2, uint2* dst,
@@ -133,13 +154,7 @@ FP4Q_D void DecodeActSlice(const SmallMParams& p, int64_t c0, int nch, int row_u
     const int c = r >> 2;
     const int t = r & 3;
     const int64_t k0 = (c0 + c) * kChunk + 32 * t;
-    // The scale of block kb as a bf16 splat: sf * 2^62 (NVFP4) or 2^(b - 127) (MX).
-    auto mult_of = [&](int64_t kb) {
-      const float sv = OperandScale(p.a, kMx, m, kb);
-      const __nv_bfloat16 sb = __float2bfloat16_rn(kMx ? sv : __fmul_rn(sv, 0x1p62f));
-      const uint32_t h = *reinterpret_cast<const uint16_t*>(&sb);
-      return h | (h << 16);
-    };
+    auto mult_of = [&](int64_t kb) { return ActScaleSplat<kMx>(p, m, kb); };
     uint32_t mult[2] = {0u, 0u};
     if (k0 < K) {
       mult[0] = mult_of(kMx ? (k0 >> 5) : (k0 >> 4));
@@ -174,8 +189,14 @@ cudaError_t LaunchPrepareGemmActCore(const SmallMParams& p, int64_t total, int t
       m_rows % tile_rows != 0) {
     return cudaErrorInvalidConfiguration;
   }
-  PrepareActCoreKernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, s>>>(
-      p, total, tile_rows, m_rows, act, tickets, n_tickets);
+  const unsigned blocks = static_cast<unsigned>((threads + 255) / 256);
+  if (p.mx) {
+    PrepareActCoreKernel<true><<<blocks, 256, 0, s>>>(p, total, tile_rows, m_rows, act, tickets,
+                                                      n_tickets, small_m::SignShifts());
+  } else {
+    PrepareActCoreKernel<false><<<blocks, 256, 0, s>>>(p, total, tile_rows, m_rows, act, tickets,
+                                                       n_tickets, small_m::SignShifts());
+  }
   return cudaGetLastError();
 }
 

@@ -93,6 +93,32 @@ FP4Q_SMALL_M_HD int CoreSlotK(int i, int half, int cc) {
   return ActSlotK(i, cc >> 1, 2 * half + (cc & 1));
 }
 
+// Where DecodeWord's pair j of lane t's word u (k = 32 t + 8 u + j and + j + 4) lands in that
+// workspace: step CorePairStep(u, j), half CorePairHalf(j), columns cc = 2t (the low half) and
+// 2t + 1 (the high half). So CoreSlotK(CorePairStep(u, j), CorePairHalf(j), 2t + h) is
+// 32 t + 8 u + j + 4 h.
+FP4Q_SMALL_M_HD int CorePairStep(int u, int j) { return 2 * u + (j >> 1); }
+FP4Q_SMALL_M_HD int CorePairHalf(int j) { return j & 1; }
+
+// The word of A's codes that thread idx of the prepare kernel (LaunchPrepareGemmActCore) decodes:
+// tile-and-chunk tc = tile * chunks + chunk, token 8 group + row of the tile, word (t, u) of the
+// chunk. t varies fastest, then row: a warp covers one group's 8 tokens for one u.
+struct CoreWord {
+  int64_t tc;
+  int group, row, u, t;
+};
+FP4Q_SMALL_M_HD CoreWord CoreWordAt(int64_t idx, int tile_rows) {
+  CoreWord w;
+  w.t = static_cast<int>(idx & 3);
+  w.row = static_cast<int>((idx >> 2) & 7);
+  w.u = static_cast<int>((idx >> 5) & 3);
+  const int64_t rest = idx >> 7;  // tc * groups + group
+  const int groups = tile_rows >> 3;
+  w.tc = rest / groups;
+  w.group = static_cast<int>(rest - w.tc * groups);
+  return w;
+}
+
 // Byte offset, within one token tile's 128-k chunk of that workspace, of the core-matrix row
 // holding token 8 group + row's k columns 8 half .. 8 half + 7 of step i: the layout the wgmma
 // descriptors describe (128 bytes from one half to the other, 256 from one group of 8 tokens
