@@ -93,72 +93,42 @@ FP4Q_D uint32_t ActScaleSplat(const SmallMParams& p, int64_t m, int64_t kb) {
   return h | (h << 16);
 }
 
-// LaunchPrepareGemmActCore's workspace, [tile][chunk][i][group][half][row][8 bf16], a 32-bit
-// word of A's codes (8 consecutive k of one token) at a time: word index idx is token
-// m = tile * tile_rows + 8 group + row's word (t, u) of its chunk (small_m::CoreWordAt), which
-// holds k = 32 t + 8 u .. + 7; DecodeWord's pair j of it is columns 2t, 2t + 1 of step
-// 2u + j / 2, half j % 2 (small_m::CorePairStep, CorePairHalf). A warp's store of pair j fills 8
-// consecutive 16-byte core-matrix rows (128 bytes). One code load and one scale for 8 values;
-// the grid strides (at most one CTA an SM, see the launcher). At most 32 registers a thread.
-constexpr int kPrepThreads = 128;
-constexpr int kPrepCtasPerSm = 1;
+// One thread per 32-bit word of A's codes (8 consecutive k of one token) of
+// LaunchPrepareGemmActCore's workspace: [tile][chunk][i][group][half][row][8 bf16], token
+// m = tile * tile_rows + 8 group + row (small_m::CoreWordAt). Word (t, u) of a chunk holds
+// k = 32 t + 8 u .. + 7; DecodeWord's pair j of it is columns 2t, 2t + 1 of step 2u + j / 2,
+// half j % 2 (small_m::CorePairStep, CorePairHalf). A warp's store of pair j fills 8 consecutive
+// 16-byte core-matrix rows (128 bytes). One code load and one scale a thread for 8 values.
 template <bool kMx>
-__global__ void __launch_bounds__(kPrepThreads, 2048 / kPrepThreads)
+__global__ void __launch_bounds__(256)
     PrepareActCoreKernel(const SmallMParams p, int64_t chunks, int tile_rows, int64_t m_rows,
                          uint4* act, int* tickets, int64_t n_tickets,
                          const small_m::SignShifts sh) {
   GridDependentsLaunch();
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kPrepThreads;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kPrepThreads + threadIdx.x;
-  for (int64_t i = first; i < n_tickets; i += stride) tickets[i] = 0;
-  const int64_t words = m_rows * chunks * 16;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  if (idx < n_tickets) tickets[idx] = 0;
+  if (idx >= m_rows * chunks * 16) return;
+  const small_m::CoreWord cw = small_m::CoreWordAt(idx, tile_rows);
+  const int64_t tile = cw.tc / chunks;
+  const int64_t m = tile * tile_rows + 8 * cw.group + cw.row;
   const int64_t K = p.a.cols;
-  const uint32_t* codes = reinterpret_cast<const uint32_t*>(p.a.codes);
-  // kWords words a thread a round, their loads issued before any decode (each word's place
-  // computed again for its stores: fewer registers live across the loads).
-  constexpr int kWords = 2;
-  auto place = [&](int64_t idx, small_m::CoreWord& cw, int64_t& m, int64_t& k0) {
-    cw = small_m::CoreWordAt(idx, tile_rows);
-    const uint32_t tile = static_cast<uint32_t>(cw.tc) / static_cast<uint32_t>(chunks);
-    m = static_cast<int64_t>(tile) * tile_rows + 8 * cw.group + cw.row;
-    // K % 16 == 0: a word is all in or all out.
-    k0 = (cw.tc - static_cast<int64_t>(tile) * chunks) * kChunk + 32 * cw.t + 8 * cw.u;
-  };
-  for (int64_t base = first; base < words; base += kWords * stride) {
-    uint32_t w[kWords], mult[kWords];
+  // K % 16 == 0: a word is all in or all out.
+  const int64_t k0 = (cw.tc - tile * chunks) * kChunk + 32 * cw.t + 8 * cw.u;
+  uint32_t pair[4] = {0u, 0u, 0u, 0u};
+  if (m < p.a.rows && k0 < K) {
+    const uint32_t w = __ldg(reinterpret_cast<const uint32_t*>(p.a.codes) + ((m * K + k0) >> 3));
+    const uint32_t mult = ActScaleSplat<kMx>(p, m, kMx ? (k0 >> 5) : (k0 >> 4));
+    small_m::DecodeWord(w, pair, sh);
 #pragma unroll
-    for (int q = 0; q < kWords; ++q) {
-      const int64_t idx = base + q * stride;
-      small_m::CoreWord cw;
-      int64_t m, k0;
-      place(idx, cw, m, k0);
-      w[q] = 0u;
-      mult[q] = 0u;
-      if (idx < words && m < p.a.rows && k0 < K) {
-        w[q] = __ldg(codes + ((m * K + k0) >> 3));
-        mult[q] = ActScaleSplat<kMx>(p, m, kMx ? (k0 >> 5) : (k0 >> 4));
-      }
-    }
+    for (int j = 0; j < 4; ++j) pair[j] = MulBf16x2(MulBf16x2(pair[j], 0x7E807E80u), mult);
+  }
+  uint8_t* base =
+      reinterpret_cast<uint8_t*>(act) + cw.tc * (static_cast<int64_t>(tile_rows) * 256);
 #pragma unroll
-    for (int q = 0; q < kWords; ++q) {
-      const int64_t idx = base + q * stride;
-      if (idx >= words) break;
-      small_m::CoreWord cw;
-      int64_t m, k0;
-      place(idx, cw, m, k0);
-      uint32_t pair[4];
-      small_m::DecodeWord(w[q], pair, sh);
-      uint8_t* out =
-          reinterpret_cast<uint8_t*>(act) + cw.tc * (static_cast<int64_t>(tile_rows) * 256);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        // Out of range (m >= M or k0 >= K): w and mult are 0, the pair +0.
-        const uint32_t v = MulBf16x2(MulBf16x2(pair[j], 0x7E807E80u), mult[q]);
-        const int at = small_m::CoreRowByte(small_m::CorePairStep(cw.u, j), cw.group,
-                                            small_m::CorePairHalf(j), cw.row, tile_rows);
-        *reinterpret_cast<uint32_t*>(out + at + 4 * cw.t) = v;
-      }
-    }
+  for (int j = 0; j < 4; ++j) {
+    const int at = small_m::CoreRowByte(small_m::CorePairStep(cw.u, j), cw.group,
+                                        small_m::CorePairHalf(j), cw.row, tile_rows) + 4 * cw.t;
+    *reinterpret_cast<uint32_t*>(base + at) = pair[j];
   }
 }
 
@@ -213,24 +183,19 @@ FP4Q_D void DecodeActSlice(const SmallMParams& p, int64_t c0, int nch, int row_u
 cudaError_t LaunchPrepareGemmActCore(const SmallMParams& p, int64_t total, int tile_rows,
                                      int64_t m_rows, uint4* act, int* tickets, int64_t n_tickets,
                                      cudaStream_t s) {
-  const int64_t words = m_rows * total * 16;
-  const int64_t threads = words > n_tickets ? words : n_tickets;
-  if (words >= (int64_t{1} << 32) || total >= (int64_t{1} << 31) || tile_rows < 8 ||
-      tile_rows % 8 != 0 || m_rows % tile_rows != 0 || n_tickets >= (int64_t{1} << 32)) {
+  const int64_t rows = m_rows * total * 16;
+  const int64_t threads = rows > n_tickets ? rows : n_tickets;
+  if ((threads + 255) / 256 > 0x7FFFFFFF || tile_rows < 8 || tile_rows % 8 != 0 ||
+      m_rows % tile_rows != 0) {
     return cudaErrorInvalidConfiguration;
   }
-  // One CTA an SM at most (kPrepThreads threads of at most 32 registers): beside it the GEMM
-  // kernel launched after it (programmatic dependent launch; 256 threads of up to 228 registers)
-  // fits on every SM and starts its weight loads while A is laid out.
-  const int64_t want = (threads + kPrepThreads - 1) / kPrepThreads;
-  const int64_t most = static_cast<int64_t>(SmCount()) * kPrepCtasPerSm;
-  const unsigned blocks = static_cast<unsigned>(want < most ? want : most);
+  const unsigned blocks = static_cast<unsigned>((threads + 255) / 256);
   if (p.mx) {
-    PrepareActCoreKernel<true><<<blocks, kPrepThreads, 0, s>>>(
-        p, total, tile_rows, m_rows, act, tickets, n_tickets, small_m::SignShifts());
+    PrepareActCoreKernel<true><<<blocks, 256, 0, s>>>(p, total, tile_rows, m_rows, act, tickets,
+                                                      n_tickets, small_m::SignShifts());
   } else {
-    PrepareActCoreKernel<false><<<blocks, kPrepThreads, 0, s>>>(
-        p, total, tile_rows, m_rows, act, tickets, n_tickets, small_m::SignShifts());
+    PrepareActCoreKernel<false><<<blocks, 256, 0, s>>>(p, total, tile_rows, m_rows, act, tickets,
+                                                       n_tickets, small_m::SignShifts());
   }
   return cudaGetLastError();
 }

@@ -112,12 +112,10 @@ FP4Q_SMALL_M_HD CoreWord CoreWordAt(int64_t idx, int tile_rows) {
   w.t = static_cast<int>(idx & 3);
   w.row = static_cast<int>((idx >> 2) & 7);
   w.u = static_cast<int>((idx >> 5) & 3);
-  // tc * groups + group, below 2^32 for idx < 2^39 (the prepare kernel's bound): 32-bit division.
-  const uint32_t rest = static_cast<uint32_t>(idx >> 7);
-  const uint32_t groups = static_cast<uint32_t>(tile_rows >> 3);
-  const uint32_t tc = rest / groups;
-  w.tc = tc;
-  w.group = static_cast<int>(rest - tc * groups);
+  const int64_t rest = idx >> 7;  // tc * groups + group
+  const int groups = tile_rows >> 3;
+  w.tc = rest / groups;
+  w.group = static_cast<int>(rest - w.tc * groups);
   return w;
 }
 
