@@ -15,18 +15,21 @@
 // Work split: a CTA = 2 warpgroups x 64 weight rows (128 rows of C^T) x one tile of kN tokens x
 // one K slice; grid (ceil(N / 128), ceil(M / kN), splits), the slices chosen to fill about one
 // wave of one CTA an SM. Per 128-k chunk c:
-//  - the CTA synchronizes (both warpgroups are done with chunk c - 1), thread 0 starts the bulk
-//    copy of A's chunk c + 3 into the stage chunk c - 1 used, and every thread waits on the
-//    mbarrier of chunk c's stage;
+//  - thread 0 waits on the "empty" mbarrier of the stage chunk c - 1 used (each warp arrives on
+//    it once its warpgroup's wgmmas that read the stage are complete; the warpgroups never wait
+//    for each other otherwise), starts the bulk copy of A's chunk c + 3 into it, and every
+//    thread waits on the "full" mbarrier of chunk c's stage;
 //  - the warpgroup issues chunk c's 8 wgmmas (one a k16 step: m64 x kN x 16 into kN / 2 f32 a
 //    thread) from the registers decoded in the previous step, and while they run each lane
 //    decodes its two rows' 32 k of chunk c + 1 into the other of two 32-register sets and
 //    reloads that buffer with chunk c + 1 + kBufs (kBufs chunks of B loads in flight: 4, or 2
 //    at kN = 128 for registers); then the warpgroup waits for its wgmmas.
-// With splits > 1 every CTA writes f32 partial sums and the last CTA of each output tile
-// (matmul_direct.cuh's LastOfSlices) adds them in slice order in its own register layout: one
-// load an output for each other slice, its own slice from registers (a generic loop over the
-// tile, SumSlicesInOrder, was a third of the kernel's time at M = 128 on an H100).
+// With splits == 2 the two CTAs of an output tile run as a 1 x 1 x 2 cluster: after both K loops
+// slice 1 writes its f32 sums into slice 0's shared memory (distributed shared memory, between
+// two cluster barriers) and slice 0 adds them in slice order and stores C. With more splits
+// every CTA writes f32 partial sums and the last CTA of each output tile (matmul_direct.cuh's
+// LastOfSlices) adds them in slice order in its own register layout: one load an output for
+// each other slice, its own slice from registers. Either way C does not depend on timing.
 //
 // Only sm_90a has wgmma: the kernel's body is compiled for it alone and the backend launches it
 // only on compute capability 9.0 (other architectures keep the mid-M kernel and cuBLASLt).
