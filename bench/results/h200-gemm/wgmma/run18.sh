@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Device call 18: two changes of the wgmma kernel against main's, each built from its branch
+# (neither run on a GPU before this call), aimed at call 13b's profile of main's kernel:
+#   bufs3   = .bundle/alt8/ (branch wgmma-bufs3): three chunks of B loads in flight at 128
+#             tokens (two on main), the K loop unrolled over six chunks. At M = 128, 22% of the
+#             stall samples were long-scoreboard waits, most at the first use of a chunk's B loads.
+#   stages6 = .bundle/alt9/ (branch wgmma-stages6): 6 A stages at 128 tokens, 8 below (4 on
+#             main). At M = 256, 9% of the samples waited for A's chunk to land.
+#   old     = the bundle's module (main).
+#   1. the wgmma and mid-M tests with each; memcheck over the wgmma tests with each
+#   2. fp4q_bench --only GEMM at M = 32, 64, 128, 256: old bufs3 stages6 stages6 bufs3 old
+set -uo pipefail
+source bench/results/h200-step/one-pass/lib.sh
+begin g18 "bufs3 $(cat $b/alt8/COMMIT), stages6 $(cat $b/alt9/COMMIT)"
+gunzip -f $b/alt8/new.so.gz $b/alt9/new.so.gz
+declare -A mod=([old]=$b/bin/libfp4q_cuda.so [bufs3]=$b/alt8/new.so [stages6]=$b/alt9/new.so)
+for v in bufs3 stages6; do
+  room 60 "tests $v" && FP4Q_CUDA_MODULE=${mod[$v]} timeout 60 $b/bin/fp4q_cuda_test \
+    --gtest_filter='MatmulTest.Wgmma*:MatmulTest.WithinTolerance*:MatmulTest.MidM*' \
+    > $o/test-matmul-$v.txt 2>&1
+  echo "tests $v rc=$?"; grep -E "^\[ +(PASSED|FAILED) " $o/test-matmul-$v.txt
+done
+i=0
+for v in old bufs3 stages6 stages6 bufs3 old; do
+  i=$((i + 1))
+  room 25 "gemm $v $i" || continue
+  FP4Q_CUDA_MODULE=${mod[$v]} timeout 25 $b/bin/fp4q_bench --out $o/gemm-$i-$v.json --only GEMM \
+    --gemm-m 32,64,128,256 > $o/gemm-$i-$v.txt 2>&1
+  echo "== $i $v rc=$?"; grep -E "^GEMM" $o/gemm-$i-$v.txt | cut -c1-62
+done
+cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+for v in bufs3 stages6; do
+  room 80 "memcheck $v" && FP4Q_CUDA_MODULE=${mod[$v]} timeout 80 $cs --tool memcheck \
+    $b/bin/fp4q_cuda_test \
+    --gtest_filter='MatmulTest.Wgmma*:MatmulTest.WithinToleranceOfCpuReference' \
+    > $o/memcheck-$v.txt 2>&1
+  echo "memcheck $v rc=$?"; grep -E "ERROR SUMMARY|^\[ +(PASSED|FAILED) " $o/memcheck-$v.txt
+done
