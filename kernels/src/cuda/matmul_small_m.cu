@@ -183,8 +183,8 @@ FP4Q_D void DecodeActSlice(const SmallMParams& p, int64_t c0, int nch, int row_u
 cudaError_t LaunchPrepareGemmActCore(const SmallMParams& p, int64_t total, int tile_rows,
                                      int64_t m_rows, uint4* act, int* tickets, int64_t n_tickets,
                                      cudaStream_t s) {
-  const int64_t rows = m_rows * total * 16;
-  const int64_t threads = rows > n_tickets ? rows : n_tickets;
+  const int64_t words = m_rows * total * 16;  // a thread each
+  const int64_t threads = words > n_tickets ? words : n_tickets;
   if ((threads + 255) / 256 > 0x7FFFFFFF || tile_rows < 8 || tile_rows % 8 != 0 ||
       m_rows % tile_rows != 0) {
     return cudaErrorInvalidConfiguration;
