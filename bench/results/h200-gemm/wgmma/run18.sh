@@ -14,25 +14,11 @@ source bench/results/h200-step/one-pass/lib.sh
 begin g18 "bufs3 $(cat $b/alt8/COMMIT), stages6 $(cat $b/alt9/COMMIT)"
 gunzip -f $b/alt8/new.so.gz $b/alt9/new.so.gz
 declare -A mod=([old]=$b/bin/libfp4q_cuda.so [bufs3]=$b/alt8/new.so [stages6]=$b/alt9/new.so)
+declare -A test=()
 for v in bufs3 stages6; do
-  room 60 "tests $v" && FP4Q_CUDA_MODULE=${mod[$v]} timeout 60 $b/bin/fp4q_cuda_test \
-    --gtest_filter='MatmulTest.Wgmma*:MatmulTest.WithinTolerance*:MatmulTest.MidM*' \
-    > $o/test-matmul-$v.txt 2>&1
-  echo "tests $v rc=$?"; grep -E "^\[ +(PASSED|FAILED) " $o/test-matmul-$v.txt
+  gemm_tests $v 'MatmulTest.Wgmma*:MatmulTest.WithinTolerance*:MatmulTest.MidM*'
 done
-i=0
-for v in old bufs3 stages6 stages6 bufs3 old; do
-  i=$((i + 1))
-  room 25 "gemm $v $i" || continue
-  FP4Q_CUDA_MODULE=${mod[$v]} timeout 25 $b/bin/fp4q_bench --out $o/gemm-$i-$v.json --only GEMM \
-    --gemm-m 32,64,128,256 > $o/gemm-$i-$v.txt 2>&1
-  echo "== $i $v rc=$?"; grep -E "^GEMM" $o/gemm-$i-$v.txt | cut -c1-62
-done
-cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+gemm_rounds old bufs3 stages6 stages6 bufs3 old
 for v in bufs3 stages6; do
-  room 80 "memcheck $v" && FP4Q_CUDA_MODULE=${mod[$v]} timeout 80 $cs --tool memcheck \
-    $b/bin/fp4q_cuda_test \
-    --gtest_filter='MatmulTest.Wgmma*:MatmulTest.WithinToleranceOfCpuReference' \
-    > $o/memcheck-$v.txt 2>&1
-  echo "memcheck $v rc=$?"; grep -E "ERROR SUMMARY|^\[ +(PASSED|FAILED) " $o/memcheck-$v.txt
+  gemm_memcheck $v 'MatmulTest.Wgmma*:MatmulTest.WithinToleranceOfCpuReference'
 done

@@ -17,6 +17,12 @@
 #   phases NAME SPIN_US FP4QD_ARGS: python-client/trainloop.py's phases of the Python GPT-2
 #     step (one pass, 1500 steps), the client's fast_socket_spin_us SPIN_US (empty: its
 #     default), fp4qd with FP4QD_ARGS: $o/phases-NAME.txt
+#   gemm_rounds ORDER...: fp4q_bench --only GEMM --gemm-m $GEMM_M (default 32,64,128,256) with
+#     each of ORDER's modules in turn (names in the associative array `mod`):
+#     $o/gemm-I-NAME.{json,txt}
+#   gemm_tests NAME FILTER: fp4q_cuda_test (${test[NAME]} if set; declare -A test, maybe empty)
+#     with ${mod[NAME]}:
+#     $o/test-matmul-NAME.txt; gemm_memcheck NAME FILTER: the same under memcheck
 source bench/results/h200-step/overlap/env.sh
 begin() {
   archive_on_exit $1
@@ -87,4 +93,27 @@ trainer() {
     > $o/trainer-step-$name.txt 2>&1
   echo "trainer_step $name rc=$?"
   grep -E "^copy|wait|delayed scaling|foreach|8192" $o/trainer-step-$name.txt | head -10
+}
+gemm_rounds() {
+  local i=0 v
+  for v in "$@"; do
+    i=$((i + 1))
+    room 25 "gemm $v $i" || continue
+    FP4Q_CUDA_MODULE=${mod[$v]} timeout 25 $b/bin/fp4q_bench --out $o/gemm-$i-$v.json \
+      --only GEMM --gemm-m ${GEMM_M:-32,64,128,256} > $o/gemm-$i-$v.txt 2>&1
+    echo "== $i $v rc=$?"; grep -E "^GEMM" $o/gemm-$i-$v.txt | cut -c1-62
+  done
+}
+gemm_tests() {
+  local t=${test[$1]:-$b/bin/fp4q_cuda_test}
+  room 60 "tests $1" && FP4Q_CUDA_MODULE=${mod[$1]} timeout 60 $t --gtest_filter="$2" \
+    > $o/test-matmul-$1.txt 2>&1
+  echo "tests $1 rc=$?"; grep -E "^\[ +(PASSED|FAILED) " $o/test-matmul-$1.txt
+}
+gemm_memcheck() {
+  local t=${test[$1]:-$b/bin/fp4q_cuda_test}
+  local cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  room 80 "memcheck $1" && FP4Q_CUDA_MODULE=${mod[$1]} timeout 80 $cs --tool memcheck $t \
+    --gtest_filter="$2" > $o/memcheck-$1.txt 2>&1
+  echo "memcheck $1 rc=$?"; grep -E "ERROR SUMMARY|^\[ +(PASSED|FAILED) " $o/memcheck-$1.txt
 }
