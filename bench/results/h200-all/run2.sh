@@ -6,12 +6,6 @@
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
 begin loop2
-tl() {  # tl TAG BATCH ROUNDS SECONDS
-  room $4 "train_loop $1" || return 0
-  timeout $4 python3 bench/train_loop.py --fp4qd "$b/bin/fp4qd" --rounds $3 --batch $2 \
-    --out $o/train-loop-$1.json > $o/train-loop-$1.txt 2>&1; echo "$1 rc=$?"
-  tail -16 $o/train-loop-$1.txt
-}
-tl b256 256 5 200
-tl b64 64 5 160
+train_loop b256 256 5 200
+train_loop b64 64 5 160
 echo "done ($SECONDS s)"

@@ -8,13 +8,7 @@ export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
 mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
 MPS=$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)
 $MPS -d && echo "MPS started" | tee -a $o/gpu.txt
-tl() {  # tl TAG BATCH ROUNDS SECONDS
-  room $4 "train_loop $1" || return 0
-  timeout $4 python3 bench/train_loop.py --fp4qd "$b/bin/fp4qd" --rounds $3 --batch $2 \
-    --out $o/train-loop-$1.json > $o/train-loop-$1.txt 2>&1; echo "$1 rc=$?"
-  tail -16 $o/train-loop-$1.txt
-}
-tl b256-mps 256 5 200
-tl b64-mps 64 5 160
+train_loop b256-mps 256 5 200
+train_loop b64-mps 64 5 160
 echo quit | $MPS
 echo "done ($SECONDS s)"

@@ -4,7 +4,8 @@
 # chunk c - 1's group only, wgmma.wait_group 1, then releases and refills that chunk's stage),
 # against main's. Call 13b's profile of main's kernel at M = 128 found a quarter of the stall
 # samples in fixed-latency waits, and on the H200 the kernel does 17.2 GFLOP in 41.8 us (call
-# 18): 411 TFLOP/s, 42% of the dense bf16 peak (989). Main drains the wgmma pipe every chunk
+# 18): 411 TFLOP/s, 42% of the dense bf16 peak NVIDIA states for it (989 TFLOP/s; not
+# measured here). Main drains the wgmma pipe every chunk
 # (wgmma.wait_group 0), and thread 0 waits for every warp to release a stage before the next
 # chunk's wgmmas are issued.
 # Before the call, here (the module compiles for sm_90a with no spills and no ptxas wgmma

@@ -23,6 +23,9 @@
 #   gemm_tests NAME FILTER: fp4q_cuda_test (${test[NAME]} if set; declare -A test, maybe empty)
 #     with ${mod[NAME]}:
 #     $o/test-matmul-NAME.txt; gemm_memcheck NAME FILTER: the same under memcheck
+#   train_loop TAG BATCH ROUNDS SECONDS [FP4QD FLAGS...]: bench/train_loop.py (the train suite's
+#     model in a loop beside torch's SGD) at BATCH x 128, fp4qd started with FP4QD FLAGS:
+#     $o/train-loop-TAG.{txt,json}
 source bench/results/h200-step/overlap/env.sh
 begin() {
   archive_on_exit $1
@@ -116,4 +119,12 @@ gemm_memcheck() {
   room 80 "memcheck $1" && FP4Q_CUDA_MODULE=${mod[$1]} timeout 80 $cs --tool memcheck $t \
     --gtest_filter="$2" > $o/memcheck-$1.txt 2>&1
   echo "memcheck $1 rc=$?"; grep -E "ERROR SUMMARY|^\[ +(PASSED|FAILED) " $o/memcheck-$1.txt
+}
+train_loop() {
+  local tag=$1 batch=$2 rounds=$3 secs=$4 a args=(); shift 4
+  for a in "$@"; do args+=("--fp4qd-arg=$a"); done
+  room $secs "train_loop $tag" || return 0
+  timeout $secs python3 bench/train_loop.py --fp4qd "$b/bin/fp4qd" "${args[@]}" \
+    --rounds $rounds --batch $batch --out $o/train-loop-$tag.json > $o/train-loop-$tag.txt 2>&1
+  echo "$tag rc=$?"; tail -16 $o/train-loop-$tag.txt
 }
