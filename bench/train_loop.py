@@ -23,12 +23,15 @@ Variants (the same model, seed and data):
   signals).
 
 "fp4q cost" is (variant - torch) / variant: the share of the iteration the stored-weight step
-adds, of the medians over the rounds and of the best rounds (the VM's noise only slows a
-round down). "The step on the worker's stream" (CUDA) is the median GPU time between an event
-recorded before opt.step() and one after it: torch's optimizer kernels, or what the worker's
-stream waits for fp4qd's step (with overlap: ready signal seen, the step's kernels, done
-signal). Usage: python3 bench/train_loop.py --fp4qd build/bin/fp4qd [--out FILE.json]
-(--dry-run: a tiny model on the CPU backend, for CI).
+adds, of the medians over the rounds, of the best rounds (the VM's noise only slows a round
+down) and round by round (each round against torch's round run just before it, the median of
+those: drift between rounds cancels). "The step on the worker's stream" (CUDA) is the median GPU
+time between an event recorded before opt.step() and one after it: torch's optimizer kernels,
+or what the worker's stream waits for fp4qd's step (with overlap: ready signal seen, the step's
+kernels, done signal); "the host in step()" the median wall time of the opt.step() call. Both
+are also given per round. Usage: python3 bench/train_loop.py --fp4qd build/bin/fp4qd
+[--variant 'fp4q overlap' ...] [--out FILE.json] (--dry-run: a tiny model on the CPU backend, for
+CI).
 """
 
 import argparse
@@ -88,6 +91,7 @@ def run_variant(variant, server, cfg, device, args, rounds):
     # holds the stream: torch's optimizer kernels, or with overlap the wait for fp4qd's step
     # (ready signal seen, the step's kernels, done signal).
     marks = []
+    host = []  # seconds the host spent in opt.step(), per iteration
 
     def iteration(i):
         b = batches[i % len(batches)]
@@ -99,11 +103,15 @@ def run_variant(variant, server, cfg, device, args, rounds):
         if device.type == "cuda":
             a, b = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             a.record()
+            t = time.perf_counter()
             opt.step()
+            host.append(time.perf_counter() - t)
             b.record()
             marks.append((a, b))
         else:
+            t = time.perf_counter()
             opt.step()
+            host.append(time.perf_counter() - t)
         opt.zero_grad(set_to_none=True)
         if args.log_every and i % args.log_every == 0:
             losses.append(loss.item())
@@ -115,10 +123,12 @@ def run_variant(variant, server, cfg, device, args, rounds):
             opt.synchronize()
         del headers[:]
         del marks[:]
+        del host[:]
         out = []
         for _ in range(rounds):
             if device.type == "cuda":
                 torch.cuda.synchronize()
+            started = time.time()
             t0 = time.perf_counter()
             for i in range(args.iters):
                 iteration(i)
@@ -127,7 +137,8 @@ def run_variant(variant, server, cfg, device, args, rounds):
             if hasattr(opt, "synchronize"):
                 opt.synchronize()
             out.append((time.perf_counter() - t0) / args.iters)
-        extra = {}
+        extra = {"round_started_unix_s": started,
+                 "step_host_us": statistics.median(host) * 1e6}
         if marks:
             extra["step_on_stream_us"] = statistics.median(a.elapsed_time(b) * 1e3
                                                            for a, b in marks)
@@ -158,6 +169,9 @@ def run_variant(variant, server, cfg, device, args, rounds):
             c.close()
 
 
+VARIANTS = ("torch", "fp4q", "fp4q, host sync", "fp4q overlap", "fp4q overlap, host sync")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_server_args(ap, 8 << 30)
@@ -168,6 +182,9 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--log-every", type=int, default=10,
                     help="loss.item() every N iterations (0: never; default 10)")
+    ap.add_argument("--variant", action="append", metavar="NAME",
+                    help="run this variant (repeatable; default: all; torch always runs): " +
+                    ", ".join("'%s'" % v for v in VARIANTS))
     ap.add_argument("--out", help="write the report (JSON) here")
     ap.add_argument("--dry-run", action="store_true",
                     help="a tiny model on the CPU backend (CI): checks the script, no numbers")
@@ -181,16 +198,24 @@ def main(argv=None):
     if not args.fp4qd and not args.server:
         ap.error("give --fp4qd (start one) or --server")
     server = Fp4qd(args, cuda=device.type == "cuda")
-    variants = (["torch", "fp4q", "fp4q, host sync", "fp4q overlap", "fp4q overlap, host sync"]
-                if device.type == "cuda" else ["torch", "fp4q"])
+    variants = list(VARIANTS) if device.type == "cuda" else ["torch", "fp4q"]
+    if args.variant:
+        chosen = args.variant
+        unknown = [v for v in chosen if v not in VARIANTS]
+        if unknown:
+            ap.error("--variant: unknown %s (known: %s)" % (
+                ", ".join(repr(v) for v in unknown), ", ".join(repr(v) for v in VARIANTS)))
+        variants = ["torch"] + [v for v in variants if v in chosen and v != "torch"]
     times = {v: [] for v in variants}
     losses, extras = {}, {}
+    per_round = {v: [] for v in variants}
     try:
         for _ in range(args.rounds):  # interleaved, so that drift hits every variant alike
             for v in variants:
                 t, lo, extra = run_variant(v, server, cfg, device, args, 1)
                 times[v].extend(t)
                 losses[v], extras[v] = lo, extra
+                per_round[v].append(extra)
     finally:
         server.stop()
     ref = statistics.median(times["torch"]) * 1e3
@@ -203,16 +228,31 @@ def main(argv=None):
                "rounds_ms": [t * 1e3 for t in times[v]],
                "fp4q_cost": None if v == "torch" else (ms - ref) / ms,
                "fp4q_cost_best_rounds": None if v == "torch" else (best - ref_best) / best,
-               "first_losses": losses[v][:3]}
+               # Each round against torch's round just before it (the variants run in turn).
+               "fp4q_cost_paired": None if v == "torch" else statistics.median(
+                   (t - r) / t for t, r in zip(times[v], times["torch"])),
+               "first_losses": losses[v][:3], "per_round": per_round[v]}
         row.update(extras[v])
+        # The medians over the rounds, where each round has the figure.
+        for k in ("step_host_us", "step_on_stream_us", "fp4qd_kernel_us", "fp4qd_server_us",
+                  "fp4qd_queue_us", "fp4qd_ready_wait_us"):
+            xs = [e[k] for e in per_round[v] if k in e]
+            if xs:
+                row[k] = statistics.median(xs)
         rows.append(row)
-        cost = "" if v == "torch" else ", fp4q cost %.1f%% (best rounds: %.1f%%)" % (
-            100 * row["fp4q_cost"], 100 * row["fp4q_cost_best_rounds"])
+        cost = "" if v == "torch" else (
+            ", fp4q cost %.1f%% (best rounds: %.1f%%; round by round against torch's: %.1f%%)"
+            % (100 * row["fp4q_cost"], 100 * row["fp4q_cost_best_rounds"],
+               100 * row["fp4q_cost_paired"]))
         print("%-24s %.3f ms/iteration, best round %.3f (rounds %s)%s" % (
             v, ms, best, " ".join("%.3f" % x for x in row["rounds_ms"]), cost), flush=True)
+        print("%-24s the host in step() (median): %.1f us; by round: %s" % (
+            "", row["step_host_us"], " ".join("%.0f" % e["step_host_us"] for e in per_round[v])),
+              flush=True)
         if "step_on_stream_us" in row:
-            print("%-24s the step on the worker's stream (median): %.1f us"
-                  % ("", row["step_on_stream_us"]), flush=True)
+            print("%-24s the step on the worker's stream (median): %.1f us; by round: %s"
+                  % ("", row["step_on_stream_us"],
+                     " ".join("%.0f" % e["step_on_stream_us"] for e in per_round[v])), flush=True)
         if "fp4qd_kernel_us" in row:
             print("%-24s fp4qd a step (medians): kernels %.1f us, in fp4qd %.1f us, queued %.1f us,"
                   " waiting for the ready signal %.1f us"

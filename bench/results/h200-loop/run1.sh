@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The overlapped training loop round by round (bench/train_loop.py, the train suite's model at
+# batch 256 x 128, torch's SGD and fp4q.optim.SGD overlap=True in turn, 9 rounds): under CUDA
+# MPS with fp4qd's defaults and with its busy-polling off; then in two GPU contexts with its
+# defaults, with host-polled step signals and with busy-polling off (5 rounds). The GPU's clocks,
+# power and temperature sampled every 100 ms beside them (smi.csv). Then the Python client's
+# phases of one 8192 x 8192 step (delayed scaling, one pass) and of the train suite's step in its
+# loop, and a cProfile of each. Repository root, the whole .bundle carried.
+set -uo pipefail
+source bench/results/h200-step/one-pass/lib.sh
+begin loop1
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+  --format=csv -lms 100 > $o/smi.csv 2>&1 &
+smi=$!
+V="--variant=fp4q overlap"
+loop() {  # TAG ROUNDS SECONDS FP4QD FLAGS...: train_loop with only torch and the overlap variant
+  local tag=$1 rounds=$2 secs=$3 a args=(); shift 3
+  for a in "$@"; do args+=("--fp4qd-arg=$a"); done
+  room $secs "loop $tag" || return 0
+  timeout $secs python3 bench/train_loop.py --fp4qd "$b/bin/fp4qd" "${args[@]}" "$V" \
+    --rounds $rounds --batch 256 --out $o/train-loop-$tag.json > $o/train-loop-$tag.txt 2>&1
+  echo "$tag rc=$? ($SECONDS s)"; tail -12 $o/train-loop-$tag.txt
+}
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+MPS=$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)
+$MPS -d && echo "MPS started ($SECONDS s)" | tee -a $o/gpu.txt
+loop mps 9 110
+loop mps-nospin 9 110 --worker_spin_us=0 --fast_socket_spin_us=0
+echo quit | $MPS; sleep 1; echo "MPS stopped ($SECONDS s)" | tee -a $o/gpu.txt
+loop two 5 75
+loop two-host 5 75 --step_device_signals=false
+loop two-nospin 5 75 --worker_spin_us=0 --fast_socket_spin_us=0
+kill $smi
+pyphases() {  # NAME SECONDS ENV...: python-client/trainloop.py's phases (and a cProfile)
+  local name=$1 secs=$2; shift 2
+  room $secs "phases $name" || return 0
+  env B=$b "$@" timeout $secs python3 bench/results/h200-step/python-client/trainloop.py \
+    > $o/phases-$name.txt 2>&1
+  echo "phases $name rc=$? ($SECONDS s)"; grep -E "mode=|pre-send|per step" $o/phases-$name.txt
+}
+pyphases single 40 MODES=single SCALING=delayed ONE_PASS=1 N=600
+pyphases single-profile 40 MODES=single SCALING=delayed ONE_PASS=1 N=300 PROFILE=1 PHASES=0
+pyphases loop 40 MODES=none N=400
+pyphases loop-profile 40 MODES=none N=300 PROFILE=1 PHASES=0
+echo "done ($SECONDS s)"
