@@ -5,7 +5,9 @@
 # defaults, with host-polled step signals and with busy-polling off (5 rounds). The GPU's clocks,
 # power and temperature sampled every 100 ms beside them (smi.csv). Then the Python client's
 # phases of one 8192 x 8192 step (delayed scaling, one pass) and of the train suite's step in its
-# loop, and a cProfile of each. Repository root, the whole .bundle carried.
+# loop, and a cProfile of each; last, each kernel of fp4q_bench's one-pass 8192 x 8192 step alone
+# under Nsight Compute (GPU time, caches and clocks left as they are). Repository root, the whole
+# .bundle carried.
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
 begin loop1
@@ -43,4 +45,11 @@ pyphases single 40 MODES=single SCALING=delayed ONE_PASS=1 N=600
 pyphases single-profile 40 MODES=single SCALING=delayed ONE_PASS=1 N=300 PROFILE=1 PHASES=0
 pyphases loop 40 MODES=none N=400
 pyphases loop-profile 40 MODES=none N=300 PROFILE=1 PHASES=0
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [[ -n "$NCU" ]] && room 60 "ncu one pass"; then
+  timeout 60 $NCU --cache-control none --clock-control none --metrics gpu__time_duration.sum \
+    --launch-skip 40 --launch-count 30 $b/bin/fp4q_bench --only "step one pass" \
+    --step-models 8192 --iters 20 > $o/ncu-one-pass.txt 2>&1
+  echo "ncu rc=$?"; grep -E "^  [A-Za-z].*\(|gpu__time_duration" $o/ncu-one-pass.txt | head -24
+fi
 echo "done ($SECONDS s)"
