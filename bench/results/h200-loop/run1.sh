@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The overlapped training loop round by round (bench/train_loop.py, the train suite's model at
-# batch 256 x 128, torch's SGD and fp4q.optim.SGD overlap=True in turn, 9 rounds): under CUDA
-# MPS with fp4qd's defaults and with its busy-polling off; then in two GPU contexts with its
-# defaults, with host-polled step signals and with busy-polling off (5 rounds). The GPU's clocks,
-# power and temperature sampled every 100 ms beside them (smi.csv). Then the Python client's
-# phases of one 8192 x 8192 step (delayed scaling, one pass) and of the train suite's step in its
-# loop, and a cProfile of each; last, each kernel of fp4q_bench's one-pass 8192 x 8192 step alone
-# under Nsight Compute (GPU time, caches and clocks left as they are). Repository root, the whole
+# batch 256 x 128, torch's SGD and fp4q.optim.SGD overlap=True in turn): under CUDA MPS (7
+# rounds); the Python client's phases of one 8192 x 8192 step (delayed scaling, one pass) and of
+# the train suite's step in its loop; the loop in two GPU contexts (5 rounds) with fp4qd's
+# defaults, with its busy-polling off and with host-polled step signals. The GPU's clocks, power
+# and temperature sampled every 100 ms beside the loops (smi.csv). Then a cProfile of each
+# Python step, and each kernel of fp4q_bench's one-pass 8192 x 8192 step alone under Nsight
+# Compute (GPU time, caches and clocks left as they are). In that order of importance: a part
+# that no longer fits the LIMIT is skipped. Repository root, the whole
 # .bundle carried.
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
@@ -26,14 +27,6 @@ loop() {  # TAG ROUNDS SECONDS FP4QD FLAGS...: train_loop with only torch and th
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
 mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
 MPS=$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)
-$MPS -d && echo "MPS started ($SECONDS s)" | tee -a $o/gpu.txt
-loop mps 9 110
-loop mps-nospin 9 110 --worker_spin_us=0 --fast_socket_spin_us=0
-echo quit | $MPS; sleep 1; echo "MPS stopped ($SECONDS s)" | tee -a $o/gpu.txt
-loop two 5 75
-loop two-host 5 75 --step_device_signals=false
-loop two-nospin 5 75 --worker_spin_us=0 --fast_socket_spin_us=0
-kill $smi
 pyphases() {  # NAME SECONDS ENV...: python-client/trainloop.py's phases (and a cProfile)
   local name=$1 secs=$2; shift 2
   room $secs "phases $name" || return 0
@@ -41,9 +34,16 @@ pyphases() {  # NAME SECONDS ENV...: python-client/trainloop.py's phases (and a 
     > $o/phases-$name.txt 2>&1
   echo "phases $name rc=$? ($SECONDS s)"; grep -E "mode=|pre-send|per step" $o/phases-$name.txt
 }
+$MPS -d && echo "MPS started ($SECONDS s)" | tee -a $o/gpu.txt
+loop mps 7 90
+echo quit | $MPS; sleep 1; echo "MPS stopped ($SECONDS s)" | tee -a $o/gpu.txt
 pyphases single 40 MODES=single SCALING=delayed ONE_PASS=1 N=600
-pyphases single-profile 40 MODES=single SCALING=delayed ONE_PASS=1 N=300 PROFILE=1 PHASES=0
 pyphases loop 40 MODES=none N=400
+loop two 5 70
+loop two-nospin 5 70 --worker_spin_us=0 --fast_socket_spin_us=0
+loop two-host 5 70 --step_device_signals=false
+kill $smi
+pyphases single-profile 40 MODES=single SCALING=delayed ONE_PASS=1 N=300 PROFILE=1 PHASES=0
 pyphases loop-profile 40 MODES=none N=300 PROFILE=1 PHASES=0
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [[ -n "$NCU" ]] && room 60 "ncu one pass"; then
