@@ -3,7 +3,7 @@
 # batch 256 x 128, torch's SGD and fp4q.optim.SGD overlap=True in turn): under CUDA MPS (7
 # rounds); the Python client's phases of one 8192 x 8192 step (delayed scaling, one pass) and of
 # the train suite's step in its loop; the loop in two GPU contexts (5 rounds) with fp4qd's
-# defaults, with its busy-polling off and with host-polled step signals. The GPU's clocks, power
+# defaults, with host-polled step signals and with its busy-polling off. The GPU's clocks, power
 # and temperature sampled every 100 ms beside the loops (smi.csv). Then a cProfile of each
 # Python step, and each kernel of fp4q_bench's one-pass 8192 x 8192 step alone under Nsight
 # Compute (GPU time, caches and clocks left as they are). In that order of importance: a part
@@ -40,8 +40,8 @@ echo quit | $MPS; sleep 1; echo "MPS stopped ($SECONDS s)" | tee -a $o/gpu.txt
 pyphases single 40 MODES=single SCALING=delayed ONE_PASS=1 N=600
 pyphases loop 40 MODES=none N=400
 loop two 5 70
-loop two-nospin 5 70 --worker_spin_us=0 --fast_socket_spin_us=0
 loop two-host 5 70 --step_device_signals=false
+loop two-nospin 5 70 --worker_spin_us=0 --fast_socket_spin_us=0
 kill $smi
 pyphases single-profile 40 MODES=single SCALING=delayed ONE_PASS=1 N=300 PROFILE=1 PHASES=0
 pyphases loop-profile 40 MODES=none N=300 PROFILE=1 PHASES=0
