@@ -197,7 +197,6 @@ def main(argv=None):
         cfg = M.Config(vocab_size=256, block_size=128, layers=4, d_model=384, heads=6)
     if not args.fp4qd and not args.server:
         ap.error("give --fp4qd (start one) or --server")
-    server = Fp4qd(args, cuda=device.type == "cuda")
     variants = list(VARIANTS) if device.type == "cuda" else ["torch", "fp4q"]
     if args.variant:
         chosen = args.variant
@@ -206,6 +205,7 @@ def main(argv=None):
             ap.error("--variant: unknown %s (known: %s)" % (
                 ", ".join(repr(v) for v in unknown), ", ".join(repr(v) for v in VARIANTS)))
         variants = ["torch"] + [v for v in variants if v in chosen and v != "torch"]
+    server = Fp4qd(args, cuda=device.type == "cuda")
     times = {v: [] for v in variants}
     losses, extras = {}, {}
     per_round = {v: [] for v in variants}
