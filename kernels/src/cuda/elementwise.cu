@@ -13,7 +13,6 @@
 #include <cstdlib>
 
 #include "device_numerics.cuh"
-#include "div_magic.h"
 #include "launch.h"
 #include "quantize_unit.cuh"
 
@@ -137,56 +136,6 @@ __global__ void __launch_bounds__(kThreads) DequantizeKernel(const DequantParams
   }
   const size_t es = p.out_dtype == kF32 ? 4 : 2;
   StoreElems(static_cast<char*>(p.out) + (row * p.cols + c0) * es, p.out_dtype, 16, v);
-}
-
-// One thread per 32 consecutive elements of a row whose length is a multiple of 32 (the common
-// case): one 16-byte load of codes and 64 or 128 bytes stored in 16-byte vectors, where the
-// kernel above loads 8 bytes a thread. Thread u's elements are [32 u, 32 u + 32) of the
-// row-major tensor, its codes bytes [16 u, 16 u + 16), and with row-major scales its NVFP4
-// scales [2 u, 2 u + 2) (MXFP4: scale u), so no row is computed; swizzled scales need the row,
-// found by dividing u by cols / 32 with DivByMagic (rows * cols / 32 < 2^32, checked by the
-// launcher). The same arithmetic as DequantizeKernel, element for element.
-template <bool kSwizzled>
-__global__ void __launch_bounds__(kThreads) Dequantize32Kernel(const DequantParams p,
-                                                               uint64_t units, uint64_t magic) {
-  const uint64_t u = static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (u >= units) return;
-  const uint4 w = reinterpret_cast<const uint4*>(p.codes)[u];
-  float sf[2];
-  float s_dec = 1.0f;
-  if (p.mx) {
-    uint64_t at = u;
-    if constexpr (kSwizzled) {
-      const uint64_t row = DivByMagic(static_cast<uint32_t>(u), magic);
-      const int64_t per_row = p.cols >> 5;
-      at = ScaleOffset(static_cast<int64_t>(row), static_cast<int64_t>(u - row * per_row),
-                       per_row, true);
-    }
-    sf[0] = sf[1] = E8M0Value(p.scales[at]);
-  } else {
-    uint64_t at = 2 * u;
-    if constexpr (kSwizzled) {
-      const uint64_t row = DivByMagic(static_cast<uint32_t>(u), magic);
-      const int64_t per_row = p.cols >> 4;
-      at = ScaleOffset(static_cast<int64_t>(row),
-                       static_cast<int64_t>(2 * u - row * per_row), per_row, true);
-      // The pair of a unit sits side by side in the swizzled layout too (StoreUnit).
-    }
-    const uint16_t pair = *reinterpret_cast<const uint16_t*>(p.scales + at);
-    sf[0] = E4M3Value(pair & 0xFFu);
-    sf[1] = E4M3Value(pair >> 8);
-    if (!p.raw) s_dec = __frcp_rn(p.global[1]);
-  }
-  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-  float v[32];
-#pragma unroll
-  for (int e = 0; e < 32; ++e) {
-    const uint32_t code = (words[e >> 3] >> (4 * (e & 7))) & 0xFu;
-    const float prod = __fmul_rn(E2M1Value(code), sf[e >> 4]);
-    v[e] = (p.mx || p.raw) ? prod : __fmul_rn(prod, s_dec);
-  }
-  const size_t es = p.out_dtype == kF32 ? 4 : 2;
-  StoreElems(static_cast<char*>(p.out) + u * 32 * es, p.out_dtype, 32, v);
 }
 
 // ---------------------------------------------------------------- RHT
@@ -339,17 +288,6 @@ cudaError_t LaunchAmax(const void* x, int dtype, int64_t n, float* amax, uint64_
 cudaError_t LaunchDequantize(const DequantParams& p, cudaStream_t s) {
   const int64_t groups = p.rows * (p.cols >> 4);
   if (groups == 0) return cudaSuccess;
-  const uint64_t units = static_cast<uint64_t>(groups) / 2;
-  if ((p.cols & 31) == 0 && units < (uint64_t{1} << 32)) {
-    const unsigned blocks = static_cast<unsigned>((units + kThreads - 1) / kThreads);
-    const uint64_t magic = DivMagic(static_cast<uint32_t>(p.cols >> 5));
-    if (p.swizzled) {
-      Dequantize32Kernel<true><<<blocks, kThreads, 0, s>>>(p, units, magic);
-    } else {
-      Dequantize32Kernel<false><<<blocks, kThreads, 0, s>>>(p, units, magic);
-    }
-    return cudaGetLastError();
-  }
   const int64_t blocks = (groups + kThreads - 1) / kThreads;
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
   DequantizeKernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(p);

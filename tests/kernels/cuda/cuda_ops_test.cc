@@ -56,12 +56,8 @@ TEST_F(CudaTest, DequantizeMatchesCpuOnArbitraryBytes) {
   for (Format format : {Format::kNvfp4, Format::kMxfp4}) {
     for (ScaleLayout layout : {ScaleLayout::kPlain, ScaleLayout::kSwizzled}) {
       for (DType out_dtype : {DType::kF32, DType::kBF16}) {
-        // Rows of a multiple of 32 elements take the kernel with 32 elements a thread; NVFP4
-        // rows of an odd number of blocks (48, 16) the one with 16.
-        std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 32}, {7, 96}, {130, 160},
-                                                           {300, 2080}};
-        if (format == Format::kNvfp4) shapes.insert(shapes.end(), {{5, 48}, {131, 16}});
-        for (auto [rows, cols] : shapes) {
+        for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+                 {1, 32}, {7, 96}, {130, 160}, {300, 2080}}) {
           SCOPED_TRACE(absl::StrCat(FormatName(format), " ", rows, "x", cols,
                                     layout == ScaleLayout::kSwizzled ? " swizzled" : "",
                                     out_dtype == DType::kF32 ? " f32" : " bf16"));

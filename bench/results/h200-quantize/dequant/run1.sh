@@ -5,10 +5,16 @@
 # shapes: NVFP4 rows of an odd number of blocks, which keep the old kernel), memcheck over them,
 # then fp4q_bench's dequantize row and the GEMM at M = 512 and 8192 (whose B, or both operands,
 # are dequantized before cuBLAS) with each module in turn: old new new old new old.
-# Before the call, here: the module and fp4q_cuda_test built from the working tree into
-# .bundle/alt9 (new.so.gz, fp4q_cuda_test, COMMIT), and the service binaries and libraries moved
-# out of .bundle (bin/fp4qd, bin/fp4q, lib/libgrpc*, lib/libcrypto*, lib/libssl*,
-# lib/libprotobuf*) to stay under the carry limit.
+# Not yet run (no machine could be started). The change is dequant32.diff (this folder), kept
+# off main until its GPU tests pass. Before the call, here:
+#   git apply bench/results/h200-quantize/dequant/dequant32.diff
+#   ninja -C build-device libfp4q_cuda.so fp4q_cuda_test && mkdir -p .bundle/alt9
+#   strip --strip-debug -o .bundle/alt9/new.so build-device/bin/libfp4q_cuda.so
+#   strip --strip-debug -o .bundle/alt9/fp4q_cuda_test build-device/bin/fp4q_cuda_test
+#   gzip -f .bundle/alt9/new.so && echo "main+dequant32.diff" > .bundle/alt9/COMMIT
+#   git checkout kernels/src/cuda/elementwise.cu tests/kernels/cuda/cuda_ops_test.cc
+# and keep the carry under its limit (gzip the bundle's module, pack the service binaries and
+# libraries into a tar.xz, unpacked before the script runs).
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
 begin dq1 "dequant32 $(cat $b/alt9/COMMIT)"
