@@ -354,6 +354,12 @@ class StepValuesTest(Assertions):
         opt.param_groups[0]["lr"] = -0.5
         self.assertClientRefused(r"^param_groups\[0\]\['lr'\]: -0.5 must be >= 0 "
                                  r"\(Invalid learning rate\)$", opt.step)
+        # A new lr alone (a scheduler's step) is checked as a whole group is.
+        opt.param_groups[0]["lr"] = float("nan")
+        self.assertClientRefused(r"^param_groups\[0\]\['lr'\]: nan is not finite$", opt.step)
+        opt.param_groups[0]["lr"] = True
+        self.assertClientRefused(r"^param_groups\[0\]\['lr'\]: True is not a number$",
+                                 opt.step)
         opt.param_groups[0]["lr"] = torch.tensor(0.05)  # not a plain number: checked every step
         opt.step()
         opt.step()
