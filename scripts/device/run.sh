@@ -98,11 +98,14 @@ fi
 [[ $load_s =~ ^[0-9]+$ && $iters =~ ^[0-9]+$ && $load_s -ge 2 && $iters -ge 1 ]] ||
   { echo "run.sh: --seconds >= 2 and --iters >= 1 are counts" >&2; exit 2; }
 if [[ -z "$bundle" ]]; then
-  if [[ -d "$here/bin" ]]; then bundle=$here; else bundle=$PWD/.bundle; fi
+  bundle=$PWD/.bundle
+  [[ -d "$here/bin" || -f "$here/packed.tar.xz" ]] && bundle=$here
 fi
 b=$(cd "$bundle" 2>/dev/null && pwd) || { echo "run.sh: no bundle at '$bundle'" >&2; exit 2; }
 [[ -d client/python && -d tests/python ]] ||
   { echo "run.sh: run it from the repository root (client/python, tests/python)" >&2; exit 2; }
+# shellcheck source=scripts/device/unpack.sh
+source scripts/device/unpack.sh "$b" || exit 2  # a bundle made with --pack
 
 out=${OUT:-$PWD/device-out}
 root=/tmp/fp4q-device

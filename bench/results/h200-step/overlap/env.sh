@@ -1,6 +1,7 @@
 # Sourced by the scripts of this folder (run from the repository root, .bundle carried): the
 # bundle's libraries, CUDA module and descriptor, the client on PYTHONPATH, $o for the outputs.
 b=$PWD/.bundle
+source scripts/device/unpack.sh "$b" || exit 1  # a bundle made with --pack
 cuda_lib=/usr/local/cuda/lib64
 export LD_LIBRARY_PATH="$b/lib:$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if [[ ! -e "$cuda_lib/libcublasLt.so.13" ]]; then
