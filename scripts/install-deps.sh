@@ -12,6 +12,7 @@ build_pkgs=(
   python3 python3-grpcio python3-protobuf python3-numpy python3-yaml python3-torch
   python3-matplotlib  # scripts/plot_curves.py (the training curves in docs/TRAINING.md)
   curl yamllint
+  xz-utils  # scripts/device-bundle.sh --pack and tests/scripts/unpack_test.sh
   prometheus  # only for promtool: tests/deploy checks and unit-tests the alert rules
   clang libclang-rt-14-dev  # libFuzzer + sanitizers: scripts/fuzz.sh, ctest fp4q_fuzz_smoke
 )
