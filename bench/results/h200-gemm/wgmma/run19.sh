@@ -15,8 +15,8 @@
 #   strip --strip-debug -o .bundle/alt8/new.so build-device/bin/libfp4q_cuda.so
 #   gzip -f .bundle/alt8/new.so && echo "main+run19-wait1.diff" > .bundle/alt8/COMMIT
 #   git checkout kernels/src/cuda/matmul_wgmma.cu && ninja -C build-device libfp4q_cuda.so
-# and move the service binaries and libraries out of .bundle (run18.sh's note) to stay under
-# the carry limit.
+# with the bundle made by `scripts/device-bundle.sh --pack` first (or the service binaries and
+# libraries moved out of .bundle, run18.sh's note) to stay under the carry limit.
 #   1. the wgmma and mid-M tests with it; memcheck over the wgmma tests
 #   2. fp4q_bench --only GEMM at M = 32, 64, 128, 256: old wait1 wait1 old wait1 old
 set -uo pipefail

@@ -13,8 +13,8 @@
 #   strip --strip-debug -o .bundle/alt9/fp4q_cuda_test build-device/bin/fp4q_cuda_test
 #   gzip -f .bundle/alt9/new.so && echo "main+dequant32.diff" > .bundle/alt9/COMMIT
 #   git checkout kernels/src/cuda/elementwise.cu tests/kernels/cuda/cuda_ops_test.cc
-# and keep the carry under its limit (gzip the bundle's module, pack the service binaries and
-# libraries into a tar.xz, unpacked before the script runs).
+# with the bundle made by `scripts/device-bundle.sh --pack` first (so that it, alt9 and other
+# alt folders fit one call's carry).
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
 begin dq1 "dequant32 $(cat $b/alt9/COMMIT)"
