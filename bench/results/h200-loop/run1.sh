@@ -15,36 +15,22 @@ begin loop1
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
   --format=csv -lms 100 > $o/smi.csv 2>&1 &
 smi=$!
-V="--variant=fp4q overlap"
-loop() {  # TAG ROUNDS SECONDS FP4QD FLAGS...: train_loop with only torch and the overlap variant
-  local tag=$1 rounds=$2 secs=$3 a args=(); shift 3
-  for a in "$@"; do args+=("--fp4qd-arg=$a"); done
-  room $secs "loop $tag" || return 0
-  timeout $secs python3 bench/train_loop.py --fp4qd "$b/bin/fp4qd" "${args[@]}" "$V" \
-    --rounds $rounds --batch 256 --out $o/train-loop-$tag.json > $o/train-loop-$tag.txt 2>&1
-  echo "$tag rc=$? ($SECONDS s)"; tail -12 $o/train-loop-$tag.txt
-}
+loop_args=("--variant=fp4q overlap")  # torch and the overlapped step only
+loop() { train_loop $1 256 "${@:2}"; }  # TAG ROUNDS SECONDS [FP4QD FLAGS...], batch 256
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
 mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
 MPS=$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)
-pyphases() {  # NAME SECONDS ENV...: python-client/trainloop.py's phases (and a cProfile)
-  local name=$1 secs=$2; shift 2
-  room $secs "phases $name" || return 0
-  env B=$b "$@" timeout $secs python3 bench/results/h200-step/python-client/trainloop.py \
-    > $o/phases-$name.txt 2>&1
-  echo "phases $name rc=$? ($SECONDS s)"; grep -E "mode=|pre-send|per step" $o/phases-$name.txt
-}
 $MPS -d && echo "MPS started ($SECONDS s)" | tee -a $o/gpu.txt
 loop mps 7 90
 echo quit | $MPS; sleep 1; echo "MPS stopped ($SECONDS s)" | tee -a $o/gpu.txt
-pyphases single 40 MODES=single SCALING=delayed ONE_PASS=1 N=600
-pyphases loop 40 MODES=none N=400
+client_phases single 40 MODES=single SCALING=delayed ONE_PASS=1 N=600
+client_phases loop 40 MODES=none N=400
 loop two 5 70
 loop two-host 5 70 --step_device_signals=false
 loop two-nospin 5 70 --worker_spin_us=0 --fast_socket_spin_us=0
 kill $smi
-pyphases single-profile 40 MODES=single SCALING=delayed ONE_PASS=1 N=300 PROFILE=1 PHASES=0
-pyphases loop-profile 40 MODES=none N=300 PROFILE=1 PHASES=0
+client_phases single-profile 40 MODES=single SCALING=delayed ONE_PASS=1 N=300 PROFILE=1 PHASES=0
+client_phases loop-profile 40 MODES=none N=300 PROFILE=1 PHASES=0
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [[ -n "$NCU" ]] && room 60 "ncu one pass"; then
   timeout 60 $NCU --cache-control none --clock-control none --metrics gpu__time_duration.sum \

@@ -17,6 +17,8 @@
 #   phases NAME SPIN_US FP4QD_ARGS: python-client/trainloop.py's phases of the Python GPT-2
 #     step (one pass, 1500 steps), the client's fast_socket_spin_us SPIN_US (empty: its
 #     default), fp4qd with FP4QD_ARGS: $o/phases-NAME.txt
+#   client_phases NAME SECONDS ENV...: python-client/trainloop.py with the environment ENV
+#     (VAR=value: MODES, N, SCALING, PROFILE...): $o/phases-NAME.txt
 #   gemm_rounds ORDER...: fp4q_bench --only GEMM --gemm-m $GEMM_M (default 32,64,128,256) with
 #     each of ORDER's modules in turn (names in the associative array `mod`):
 #     $o/gemm-I-NAME.{json,txt}
@@ -24,7 +26,8 @@
 #     with ${mod[NAME]}:
 #     $o/test-matmul-NAME.txt; gemm_memcheck NAME FILTER: the same under memcheck
 #   train_loop TAG BATCH ROUNDS SECONDS [FP4QD FLAGS...]: bench/train_loop.py (the train suite's
-#     model in a loop beside torch's SGD) at BATCH x 128, fp4qd started with FP4QD FLAGS:
+#     model in a loop beside torch's SGD) at BATCH x 128, fp4qd started with FP4QD FLAGS, and
+#     the array loop_args's train_loop.py arguments if set (e.g. --variant=NAME):
 #     $o/train-loop-TAG.{txt,json}
 source bench/results/h200-step/overlap/env.sh
 begin() {
@@ -82,10 +85,14 @@ step_pair() {
   done
 }
 phases() {
-  room 45 "phases $1" || return 0
-  B=$b SPIN_US=$2 FP4QD_ARGS="$3" SCALING=delayed ONE_PASS=1 MODES=gpt2 N=1500 timeout 45 \
-    python3 bench/results/h200-step/python-client/trainloop.py > $o/phases-$1.txt 2>&1
-  echo "phases $1 rc=$?"; grep -E "mode=|pre-send|per step" $o/phases-$1.txt
+  client_phases $1 45 SPIN_US=$2 FP4QD_ARGS="$3" SCALING=delayed ONE_PASS=1 MODES=gpt2 N=1500
+}
+client_phases() {
+  local name=$1 secs=$2; shift 2
+  room $secs "phases $name" || return 0
+  env B=$b "$@" timeout $secs python3 bench/results/h200-step/python-client/trainloop.py \
+    > $o/phases-$name.txt 2>&1
+  echo "phases $name rc=$? ($SECONDS s)"; grep -E "mode=|pre-send|per step" $o/phases-$name.txt
 }
 trainer() {
   local name=$1 a args=(); shift
@@ -125,6 +132,7 @@ train_loop() {
   for a in "$@"; do args+=("--fp4qd-arg=$a"); done
   room $secs "train_loop $tag" || return 0
   timeout $secs python3 bench/train_loop.py --fp4qd "$b/bin/fp4qd" "${args[@]}" \
-    --rounds $rounds --batch $batch --out $o/train-loop-$tag.json > $o/train-loop-$tag.txt 2>&1
+    ${loop_args[@]+"${loop_args[@]}"} --rounds $rounds --batch $batch \
+    --out $o/train-loop-$tag.json > $o/train-loop-$tag.txt 2>&1
   echo "$tag rc=$?"; tail -16 $o/train-loop-$tag.txt
 }
