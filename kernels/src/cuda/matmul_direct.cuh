@@ -1,8 +1,8 @@
-// Device pieces shared by the two direct FP4 GEMM kernels (matmul_small_m.cu for M <= 16,
-// matmul_mid_m.cu for 16 < M <= kMidMMax): both read B's 4-bit codes straight from global
+// Device pieces shared by the direct FP4 GEMM kernels (matmul_small_m.cu for M <= 16,
+// matmul_mid_m.cu and matmul_wgmma.cu above it): they read B's 4-bit codes straight from global
 // memory into registers in the k order of small_m_layout.h, decode them to bf16 MMA operands
-// and multiply them on the tensor cores (mma.sync m16n8k16, f32 accumulation) against A,
-// which PrepareGemmAct writes once into a workspace in fragment order.
+// and multiply them on the tensor cores (mma.sync m16n8k16 or wgmma, f32 accumulation) against
+// A in bf16, laid out in fragment order by a prepare kernel (or, for small M, by each CTA).
 #ifndef FP4Q_KERNELS_SRC_CUDA_MATMUL_DIRECT_CUH_
 #define FP4Q_KERNELS_SRC_CUDA_MATMUL_DIRECT_CUH_
 
@@ -146,6 +146,41 @@ FP4Q_D void LoadRow(const uint8_t* codes, const uint8_t* scales, int64_t k, int6
     const uint2 hi = hi_ok ? __ldg(reinterpret_cast<const uint2*>(codes + 8)) : make_uint2(0, 0);
     w = make_uint4(lo.x, lo.y, hi.x, hi.y);
     x = __ldg(scales) | (hi_ok ? static_cast<uint32_t>(__ldg(scales + 1)) << 8 : 0u);
+  }
+}
+
+// One lane's B data for one chunk: 32 codes and their scale byte(s) for rows g + 8j, j < kRows.
+template <int kRows>
+struct BChunk {
+  uint4 w[kRows];
+  uint32_t x[kRows];
+};
+
+// Each row's scale splats of a chunk (ScaleSplats); NaN scale bytes (0x7F, 0xFF) of any row are
+// tested once (the quantizers never write them).
+template <bool kMx, int kRows>
+FP4Q_D void ChunkScales(const BChunk<kRows>& d, uint32_t (&s)[kRows][2]) {
+  static_assert(kRows == 2 || kRows == 4, "rows in pairs");
+  const bool nan =
+      !kMx && (small_m::E4m3PairHasNan(d.x[0] | (d.x[1] << 16)) ||
+               (kRows == 4 && small_m::E4m3PairHasNan(d.x[kRows - 2] | (d.x[kRows - 1] << 16))));
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) ScaleSplats<kMx>(d.x[j], nan, s[j]);
+}
+
+// Word u (0..3) of each row's codes in a chunk as 4 bf16 pairs (small_m::DecodeWord), scaled.
+template <bool kMx, int kRows>
+FP4Q_D void DecodeChunkWord(const BChunk<kRows>& d, const uint32_t (&s)[kRows][2], int u,
+                            const small_m::SignShifts& sh, uint32_t (&pw)[kRows][4]) {
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    const uint32_t w = u == 0 ? d.w[j].x : u == 1 ? d.w[j].y : u == 2 ? d.w[j].z : d.w[j].w;
+    small_m::DecodeWord(w, pw[j], sh);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      if (kMx) pw[j][q] = MulBf16x2(pw[j][q], 0x7E807E80u);  // * 2^126: e2m1
+      pw[j][q] = MulBf16x2(pw[j][q], s[j][u >> 1]);
+    }
   }
 }
 

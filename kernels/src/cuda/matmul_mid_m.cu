@@ -40,16 +40,16 @@
 namespace fp4q::kernels::cuda {
 namespace {
 
+using direct_gemm::BChunk;
+using direct_gemm::ChunkScales;
 using direct_gemm::CpAsync16;
 using direct_gemm::CpAsyncCommit;
 using direct_gemm::CpAsyncWait;
+using direct_gemm::DecodeChunkWord;
 using direct_gemm::GridDependencyWait;
 using direct_gemm::kChunk;
 using direct_gemm::LoadRow;
 using direct_gemm::Mma16816;
-using direct_gemm::MulBf16x2;
-using direct_gemm::ScaleSplats;
-using small_m::DecodeWord;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
@@ -62,11 +62,7 @@ constexpr int kActRowBytes = kChunk * 2 + 32;         // one chunk of an A row, 
 constexpr int kCtasPerSm = 1;
 constexpr int StageBytes(int tiles) { return 8 * tiles * kActRowBytes; }
 
-// One lane's B data for one chunk: 32 codes and their scale byte(s) for rows g + 8j.
-struct Chunk4 {
-  uint4 w[4];
-  uint32_t x[4];
-};
+using Chunk4 = BChunk<4>;
 
 // grid = (ceil(N / 256), m_rows / (8 kTiles), splits); dynamic shared memory kStages x
 // StageBytes(kTiles). kK32: K % 32 == 0. `act` holds m_rows >= M rows (LaunchPrepareGemmAct).
@@ -159,26 +155,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 
   auto compute = [&](const Chunk4& d, const uint8_t* stage) {
     uint32_t s[4][2];
-    // NaN scale bytes (0x7F, 0xFF) of any row, tested once (the quantizers never write them).
-    const bool nan = !kMx && (small_m::E4m3PairHasNan(d.x[0] | (d.x[1] << 16)) ||
-                              small_m::E4m3PairHasNan(d.x[2] | (d.x[3] << 16)));
-#pragma unroll
-    for (int j = 0; j < 4; ++j) ScaleSplats<kMx>(d.x[j], nan, s[j]);
+    ChunkScales<kMx>(d, s);
     // Lane (g, t) reads A row 8 tl + g, fragment (i, t): 8 bytes at (4 i + t) * 8.
     const uint8_t* act_l = stage + g * kActRowBytes + t * 8;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       uint32_t pw[4][4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t w = u == 0 ? d.w[j].x : u == 1 ? d.w[j].y : u == 2 ? d.w[j].z : d.w[j].w;
-        DecodeWord(w, pw[j], sh);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          if (kMx) pw[j][q] = MulBf16x2(pw[j][q], 0x7E807E80u);  // * 2^126: e2m1
-          pw[j][q] = MulBf16x2(pw[j][q], s[j][u >> 1]);
-        }
-      }
+      DecodeChunkWord<kMx>(d, s, u, sh, pw);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int i = 2 * u + h;

@@ -54,12 +54,12 @@
 namespace fp4q::kernels::cuda {
 namespace {
 
+using direct_gemm::BChunk;
+using direct_gemm::ChunkScales;
+using direct_gemm::DecodeChunkWord;
 using direct_gemm::GridDependencyWait;
 using direct_gemm::kChunk;
 using direct_gemm::LoadRow;
-using direct_gemm::MulBf16x2;
-using direct_gemm::ScaleSplats;
-using small_m::DecodeWord;
 
 constexpr int kWarpgroups = 2;
 constexpr int kThreads = kWarpgroups * 128;
@@ -210,11 +210,7 @@ FP4Q_D void Wgmma(float* d, const uint32_t* a, uint64_t desc) {
 }
 #endif  // FP4Q_WGMMA
 
-// One lane's B data for one chunk: 32 codes and their scale byte(s) for rows g and g + 8.
-struct Chunk2 {
-  uint4 w[2];
-  uint32_t x[2];
-};
+using Chunk2 = BChunk<2>;
 
 // grid = (ceil(N / 128), m_rows / kN, splits); dynamic shared memory kStages x StageBytes(kN).
 // kK32: K % 32 == 0. `act` holds m_rows >= M tokens (LaunchPrepareGemmActCore, tiles of kN).
@@ -305,23 +301,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // 2 (i & 1) of word i / 2), then at 2t + 8, 2t + 9 (the next pair).
   auto decode = [&](const Chunk2& d, uint32_t (&f)[32]) {
     uint32_t s[2][2];
-    // NaN scale bytes (0x7F, 0xFF) of either row, tested once (the quantizers never write them).
-    const bool nan = !kMx && small_m::E4m3PairHasNan(d.x[0] | (d.x[1] << 16));
-    ScaleSplats<kMx>(d.x[0], nan, s[0]);
-    ScaleSplats<kMx>(d.x[1], nan, s[1]);
+    ChunkScales<kMx>(d, s);
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       uint32_t pw[2][4];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const uint32_t w = u == 0 ? d.w[j].x : u == 1 ? d.w[j].y : u == 2 ? d.w[j].z : d.w[j].w;
-        DecodeWord(w, pw[j], sh);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          if (kMx) pw[j][q] = MulBf16x2(pw[j][q], 0x7E807E80u);  // * 2^126: e2m1
-          pw[j][q] = MulBf16x2(pw[j][q], s[j][u >> 1]);
-        }
-      }
+      DecodeChunkWord<kMx>(d, s, u, sh, pw);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int i = 2 * u + h;
