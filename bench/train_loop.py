@@ -1,9 +1,10 @@
 """A training loop's iteration time with fp4q.optim, synchronous and overlap=True, beside torch.
 
-The train suite's transformer (train/fp4q_train: 4 layers, d_model 384, 7.1M parameters, bf16
-autocast) on random byte windows (batch 64 x 128), in a loop as a user writes it: forward,
-backward, opt.step(), opt.zero_grad(set_to_none=True), and no host synchronization except
-`loss.item()` every --log-every iterations. Each variant runs --warmup iterations, then
+The train suite's transformer (train/fp4q_train: 4 layers, d_model 384, 7.1M parameters in its
+blocks, bf16 autocast; --layers, --d-model and --heads change it) on random byte windows (batch
+64 x 128), in a loop as a user writes it: forward, backward, opt.step(),
+opt.zero_grad(set_to_none=True), and no host synchronization except `loss.item()` every
+--log-every iterations. Each variant runs --warmup iterations, then
 --iters timed ones ending in a synchronize; the figure is wall time per iteration.
 
 Variants (the same model, seed and data):
@@ -180,6 +181,9 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds per variant, the variants interleaved (median reported)")
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=4, help="transformer blocks (default 4)")
+    ap.add_argument("--d-model", type=int, default=384, help="model width (default 384)")
+    ap.add_argument("--heads", type=int, default=6, help="attention heads (default 6)")
     ap.add_argument("--log-every", type=int, default=10,
                     help="loss.item() every N iterations (0: never; default 10)")
     ap.add_argument("--variant", action="append", metavar="NAME",
@@ -194,7 +198,13 @@ def main(argv=None):
         cfg = M.Config(vocab_size=256, block_size=16, layers=1, d_model=32, heads=2)
         args.iters, args.warmup, args.rounds, args.batch = 3, 1, 1, 4
     else:
-        cfg = M.Config(vocab_size=256, block_size=128, layers=4, d_model=384, heads=6)
+        if (min(args.layers, args.d_model, args.heads) < 1 or args.d_model % 16 or
+                args.d_model % args.heads):
+            ap.error("--layers, --d-model, --heads: positive, d_model a multiple of 16 (the "
+                     "stored blocks) and of heads (got %d, %d, %d)" % (
+                         args.layers, args.d_model, args.heads))
+        cfg = M.Config(vocab_size=256, block_size=128, layers=args.layers, d_model=args.d_model,
+                       heads=args.heads)
     if not args.fp4qd and not args.server:
         ap.error("give --fp4qd (start one) or --server")
     variants = list(VARIANTS) if device.type == "cuda" else ["torch", "fp4q"]

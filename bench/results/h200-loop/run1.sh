@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The overlapped training loop round by round (bench/train_loop.py, the train suite's model at
 # batch 256 x 128, torch's SGD and fp4q.optim.SGD overlap=True in turn): under CUDA MPS (7
-# rounds); the Python client's phases of one 8192 x 8192 step (delayed scaling, one pass) and of
-# the train suite's step in its loop; the loop in two GPU contexts (5 rounds) with fp4qd's
-# defaults, with host-polled step signals and with its busy-polling off. The GPU's clocks, power
-# and temperature sampled every 100 ms beside the loops (smi.csv). Then a cProfile of each
-# Python step, and each kernel of fp4q_bench's one-pass 8192 x 8192 step alone under Nsight
-# Compute (GPU time, caches and clocks left as they are). In that order of importance: a part
-# that no longer fits the LIMIT is skipped. Repository root, the whole
-# .bundle carried.
+# rounds), then a 6-layer, d_model 512 model (also the step waiting for its reply); the Python
+# client's phases of one 8192 x 8192 step (delayed scaling, one pass) and of the train suite's
+# step in its loop; the loop in two GPU contexts (5 rounds) with fp4qd's defaults, with
+# host-polled step signals and with its busy-polling off. The GPU's clocks, power and
+# temperature sampled every 100 ms beside the loops (smi.csv). Then a cProfile of each Python
+# step, and each kernel of fp4q_bench's one-pass 8192 x 8192 step alone under Nsight Compute (GPU
+# time, caches and clocks left as they are). In that order of importance: a part that no longer
+# fits the LIMIT is skipped. Repository root, the whole .bundle carried.
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
 begin loop1
@@ -22,6 +22,11 @@ mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
 MPS=$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)
 $MPS -d && echo "MPS started ($SECONDS s)" | tee -a $o/gpu.txt
 loop mps 7 90
+# The same under MPS with the largest model the issue names (6 layers, d_model 512: 18.9M
+# parameters in the blocks), the step waiting for its reply and overlapped.
+loop_args=("--variant=fp4q" "--variant=fp4q overlap" --layers=6 --d-model=512 --heads=8)
+loop mps-6x512 5 110
+loop_args=("--variant=fp4q overlap")
 echo quit | $MPS; sleep 1; echo "MPS stopped ($SECONDS s)" | tee -a $o/gpu.txt
 client_phases single 40 MODES=single SCALING=delayed ONE_PASS=1 N=600
 client_phases loop 40 MODES=none N=400
