@@ -14,7 +14,8 @@ count to compare with (bench/results/h200-quantize/lanes/README.md).
                            [--cuobjdump PATH] [--top N] [--json FILE]
 
 cuobjdump: --cuobjdump, else $CUOBJDUMP, else cuobjdump on PATH or in /usr/local/cuda/bin (the
-CUDA toolkit's Debian packages here do not ship it; pip's triton wheel carries one).
+CUDA toolkit's Debian packages here do not ship it; pip's nvidia-cuda-cuobjdump and triton
+wheels carry one).
 """
 
 import argparse
