@@ -95,8 +95,13 @@ def main(argv=None):
         except re.error as e:
             ap.error("--kernel: %s" % e)
     tool = sass_hot_path.find_cuobjdump(args.cuobjdump)
-    sass = [subprocess.run([tool, "-sass", f], capture_output=True, text=True, check=True).stdout
-            for f in (args.old, args.new)]
+    sass = []
+    for f in (args.old, args.new):
+        run = subprocess.run([tool, "-sass", f], capture_output=True, text=True)
+        if run.returncode != 0:
+            ap.error("%s: cuobjdump -sass failed (%s)" % (
+                f, run.stderr.strip() or "exit status %d" % run.returncode))
+        sass.append(run.stdout)
     report = compare(normalized(sass[0]), normalized(sass[1]), args.kernel)
     if args.json:
         with open(args.json, "w") as f:

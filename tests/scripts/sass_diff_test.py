@@ -1,7 +1,10 @@
 """scripts/sass_diff.py on hand-written cuobjdump -sass text (no cuobjdump or GPU needed)."""
 
+import contextlib
+import io
 import os
 import sys
+import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
@@ -66,6 +69,19 @@ class SassDiffTest(unittest.TestCase):
         with self.assertRaises(SystemExit) as e:
             sass_diff.main([__file__, __file__, "--kernel", "("])
         self.assertEqual(e.exception.code, 2)
+        # A file cuobjdump cannot read (here: a stand-in cuobjdump that fails like it does).
+        with tempfile.TemporaryDirectory() as d:
+            tool = os.path.join(d, "cuobjdump")
+            with open(tool, "w") as f:
+                f.write("#!/bin/sh\necho 'cuobjdump fatal   : Could not open input file' >&2\n"
+                        "exit 255\n")
+            os.chmod(tool, 0o755)
+            err = io.StringIO()
+            with self.assertRaises(SystemExit) as e, contextlib.redirect_stderr(err):
+                sass_diff.main([__file__, __file__, "--cuobjdump", tool])
+            self.assertEqual(e.exception.code, 2)
+            self.assertIn("sass_diff_test.py: cuobjdump -sass failed (cuobjdump fatal   : "
+                          "Could not open input file)", err.getvalue())
 
 
 if __name__ == "__main__":
