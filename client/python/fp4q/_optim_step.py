@@ -8,6 +8,7 @@ lost session handled), and torch's optimizer stepped for the parameters kept in 
 import grpc
 import torch
 
+from fp4q._step_plans import _exact
 from fp4q.errors import Fp4qError, ServerRestartedError
 from fp4q.results import StepItem
 from fp4q.tensors import ClientArgumentError
@@ -43,20 +44,11 @@ class _PlanKey:
 
 def _plain_values(group, keys):
     """The group's values of `keys` as a tuple when every one is a plain float, int or bool (or
-    a tuple of them), else None (a tensor or other object is validated at every step)."""
-    values = []
-    for k in keys:
-        v = group.get(k)
-        if type(v) is tuple:
-            if not all(type(x) in _PLAIN for x in v):
-                return None
-        elif type(v) not in _PLAIN:
-            return None
-        values.append(v)
-    return tuple(values)
-
-
-_PLAIN = (float, int, bool)
+    a tuple of them), else None (a tensor or other object is validated at every step). Two
+    tuples are equal only when the values encode the same (fp4q._step_plans._exact: a zero's
+    sign counts)."""
+    values = tuple(_exact(group.get(k)) for k in keys)
+    return None if None in values else values
 
 
 class StepMixin:

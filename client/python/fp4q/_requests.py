@@ -52,7 +52,8 @@ from fp4q import options as opts
 from fp4q import results
 from fp4q import tensors
 from fp4q._messages import Serialized, pb
-from fp4q._step_plans import StepPlans, _server_may_keep, _step_plan_key, _StepPlan
+from fp4q._step_plans import (StepHeads, StepPlans, _server_may_keep, _step_plan_key,
+                              _StepPlan)
 from fp4q.errors import Fp4qError
 
 
@@ -67,6 +68,7 @@ class Requests:
         self._regions = regions
         self._tls = threading.local()
         self._step_plans = StepPlans()
+        self._step_heads = StepHeads()
 
     def call(self, rpc, build, resend=True, order=None):
         """Builds (request, planned) with a Transfer, sends it, returns (reply, planned).
@@ -235,21 +237,8 @@ class Requests:
 
         def head(brief, keep=False, plan_id=0):
             # The fields before the items; a message's encodings concatenate (the items follow).
-            req = pb.StepRequest(step=int(step), kind=kind_value, brief_reply=brief,
-                                 keep_plan=keep, plan_id=plan_id, one_pass=one_pass)
-            for h in groups:
-                h.fill(req.groups.add())
-            if replica is not None:
-                req.replica.group, req.replica.rank = replica[0], int(replica[1])
-            if signal is not None:
-                (region_id, offset), value = signal
-                d = req.done_signal
-                d.region.region_id, d.region.offset, d.value = region_id, int(offset), int(value)
-            if ready is not None:
-                (region_id, offset), value, _order = ready
-                r = req.ready_signal
-                r.region.region_id, r.region.offset, r.value = region_id, int(offset), int(value)
-            return req.SerializeToString()
+            return self._step_heads.encode(step, groups, kind_value, replica, brief, keep,
+                                           plan_id, one_pass, signal, ready)
 
         def build(tr):
             plans = self._step_plans

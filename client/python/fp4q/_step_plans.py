@@ -8,6 +8,7 @@ within the same allocations moved. fp4q._requests._step decides when a plan hold
 """
 
 import collections
+import math
 import threading
 
 import torch
@@ -189,6 +190,98 @@ class StepPlans:
             self._plans.move_to_end(key)
             while len(self._plans) > self.SIZE:
                 self._plans.popitem(last=False)
+
+
+_STEP_KEY = _field_key(pb.StepRequest, "step", _VARINT)
+_INT64 = 1 << 63
+
+
+def _exact(v):
+    """A hyperparameter value as a key that equals another only when both encode the same: a
+    float, int or bool (a zero float with its sign: 0.0 == -0.0, but not as encoded), or a
+    tuple of them; None for anything else (a tensor, whose value may change in place)."""
+    t = type(v)
+    if t is float:
+        return (0.0, math.copysign(1.0, v)) if v == 0.0 else v
+    if t is int or t is bool:
+        return (t, v)  # 1 == 1.0 == True, but their fields' types differ
+    if t is tuple:
+        values = tuple(map(_exact, v))
+        return None if None in values else values
+    return None
+
+
+def _head_key(groups, rest):
+    """StepHeads' key of a head: the groups' classes and field values (_exact) with `rest`;
+    None when a value has no exact key."""
+    key = [rest]
+    for h in groups:
+        values = tuple(map(_exact, h.__dict__.values()))
+        if None in values:
+            return None
+        key.append((type(h), values))
+    return tuple(key)
+
+
+class StepHeads:
+    """The fields of a StepRequest before its items (fp4q._requests._step's head), encoded: a
+    trainer's steps differ in `step` alone (and in their signals' values) until a
+    hyperparameter changes, so the rest is encoded once per set of values and kept, keyed by
+    those values (not by the hyperparameter objects, which the caller may change in place).
+    Protobuf parses fields in any order, so the step number goes before the kept bytes and the
+    signals after them. Thread-safe."""
+
+    SIZE = 16
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._kept = {}
+
+    def encode(self, step, groups, kind=0, replica=None, brief=False, keep=False, plan_id=0,
+               one_pass=False, signal=None, ready=None):
+        """The head's bytes: StepRequest(step, groups, kind, replica, brief_reply, keep_plan,
+        plan_id, one_pass, done_signal, ready_signal), as SerializeToString() gives a message
+        that parses to the same fields. `groups`: hyperparameter objects (fill(msg));
+        `replica`: None or (group, rank); `signal`: None or ((region_id, offset), value);
+        `ready`: None or ((region_id, offset), value, ...)."""
+        step = int(step)
+        if not -_INT64 <= step < _INT64:
+            return pb.StepRequest(step=step).SerializeToString()  # raises as it always did
+        if replica is not None:
+            replica = (replica[0], int(replica[1]))
+        key = _head_key(groups, (kind, replica, brief, keep, plan_id, one_pass))
+        try:
+            hash(key)
+        except TypeError:  # e.g. a replica group that is no string: the message names it
+            key = None
+        fields = None if key is None else self._kept.get(key)
+        if fields is None:
+            req = pb.StepRequest(kind=kind, brief_reply=brief, keep_plan=keep, plan_id=plan_id,
+                                 one_pass=one_pass)
+            for h in groups:
+                h.fill(req.groups.add())
+            if replica is not None:
+                req.replica.group, req.replica.rank = replica
+            fields = req.SerializeToString()
+            if key is not None:
+                with self._lock:
+                    if len(self._kept) >= self.SIZE:
+                        self._kept.clear()
+                    self._kept[key] = fields
+        if step:
+            fields = _STEP_KEY + _varint(step % (1 << 64)) + fields
+        if signal is not None or ready is not None:
+            req = pb.StepRequest()
+            if signal is not None:
+                (region_id, offset), value = signal
+                d = req.done_signal
+                d.region.region_id, d.region.offset, d.value = region_id, int(offset), int(value)
+            if ready is not None:
+                (region_id, offset), value = ready[0], ready[1]
+                r = req.ready_signal
+                r.region.region_id, r.region.offset, r.value = region_id, int(offset), int(value)
+            fields += req.SerializeToString()
+        return fields
 
 
 def _step_plan_key(items):
