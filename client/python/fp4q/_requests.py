@@ -21,8 +21,9 @@ Contract
   in a new session and no rebuild (fp4q.optim's steps, which must notice a lost session).
 - step() keeps the items of its last few requests whose every tensor went as a slice of its own
   allocation (fp4q._step_plans.StepPlans), as their encoding: the next step with the same
-  tensors at the same addresses reuses it after a freshly encoded head (one driver call per
-  allocation instead of a resolution per tensor, stat "step_plans_reused"); when only the
+  tensors at the same addresses reuses it, after its head (the fields before the items, kept
+  per set of hyperparameter values by fp4q._step_plans.StepHeads), with one driver call per
+  allocation instead of a resolution per tensor (stat "step_plans_reused"); when only the
   tensors' offsets within the last plan's allocations moved (new gradient tensors each step)
   the kept items are re-sliced there ("step_plans_resliced"); it builds afresh when an
   allocation, the region cache, the session or the server changed. step_keyed() is
