@@ -3,11 +3,11 @@
 # batch 256 x 128, torch's SGD and fp4q.optim.SGD overlap=True in turn): under CUDA MPS (7
 # rounds), then a 6-layer, d_model 512 model (also the step waiting for its reply); the Python
 # client's phases of one 8192 x 8192 step (delayed scaling, one pass) and of the train suite's
-# step in its loop; the loop in two GPU contexts (5 rounds) with fp4qd's defaults, with
-# host-polled step signals and with its busy-polling off. The GPU's clocks, power and
-# temperature sampled every 100 ms beside the loops (smi.csv). Then a cProfile of each Python
-# step, and each kernel of fp4q_bench's one-pass 8192 x 8192 step alone under Nsight Compute (GPU
-# time, caches and clocks left as they are). In that order of importance: a part that no longer
+# step in its loop; bench/trainer_step.py's GPT-2 step; the loop in two GPU contexts (5 rounds)
+# with fp4qd's defaults, with host-polled step signals and with its busy-polling off. The GPU's
+# clocks, power and temperature sampled every 100 ms beside the loops (smi.csv). Then a cProfile
+# of each Python step, and each kernel of fp4q_bench's one-pass 8192 x 8192 step alone under
+# Nsight Compute (GPU time, caches and clocks left as they are). In that order of importance: a part that no longer
 # fits the LIMIT is skipped. Repository root, the whole .bundle carried.
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
@@ -30,6 +30,7 @@ loop_args=("--variant=fp4q overlap")
 echo quit | $MPS; sleep 1; echo "MPS stopped ($SECONDS s)" | tee -a $o/gpu.txt
 client_phases single 40 MODES=single SCALING=delayed ONE_PASS=1 N=600
 client_phases loop 40 MODES=none N=400
+trainer gpt2  # GPT-2's step from Python with this client (p50, p90), torch's in the same run
 loop two 5 70
 loop two-host 5 70 --step_device_signals=false
 loop two-nospin 5 70 --worker_spin_us=0 --fast_socket_spin_us=0
