@@ -7,8 +7,8 @@
 # with fp4qd's defaults, with host-polled step signals and with its busy-polling off. The GPU's
 # clocks, power and temperature sampled every 100 ms beside the loops (smi.csv). Then a cProfile
 # of each Python step, and each kernel of fp4q_bench's one-pass 8192 x 8192 step alone under
-# Nsight Compute (GPU time, caches and clocks left as they are). In that order of importance: a part that no longer
-# fits the LIMIT is skipped. Repository root, the whole .bundle carried.
+# Nsight Compute (GPU time, caches and clocks left as they are). In that order of importance: a
+# part that no longer fits the LIMIT is skipped. Repository root, the whole .bundle carried.
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
 begin loop1
