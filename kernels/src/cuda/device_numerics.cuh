@@ -158,35 +158,25 @@ FP4Q_D float E8M0Inverse(uint32_t b) {
   return __uint_as_float(b == 254u ? 0x00400000u : ((254u - b) << 23));
 }
 
-// floor(log2 |f|) from the bits of a finite nonzero or infinite f (subnormals included).
-FP4Q_D int FloorLog2Bits(float f) {
-  const uint32_t bits = __float_as_uint(f) & 0x7FFFFFFFu;
-  const int e = static_cast<int>(bits >> 23);
-  if (e != 0) return e - 127;
-  return (31 - __clz(static_cast<int>(bits))) - 149;
-}
-
-// MXFP4 scale byte of a block amax (DESIGN "MXFP4 RCEIL" / "FLOOR").
+// MXFP4 scale byte of a block amax (DESIGN "MXFP4 RCEIL" / "FLOOR"), bamax >= 0 or NaN (a max
+// of magnitudes), without branches: the byte is the clamped exponent + 127.
+//   RCEIL: ceil(log2 p) of p = RN(bamax / 6) is the f32 exponent field of p's bits plus one
+//     unless the mantissa is zero, which adding 0x7FFFFF to the bits carries in (infinity and
+//     NaN land at 255 or 256, clamped to 254); every p <= 2^-127 (zero and the subnormals up
+//     to it) clamps to byte 0, the subnormals above it give 2^-126 (byte 1), as the carry does.
+//   FLOOR: floor(log2 bamax) - 2 is the exponent field - 129 for normal bamax; zero and the
+//     subnormals clamp to byte 0, infinity and NaN give 253.
+// The host reference (cpu::MxScaleByte: floor(log2), a power-of-two test) gives the same byte
+// for every such input: tests/kernels/mx_scale_bits_test.cc, which writes this form out in
+// host arithmetic (all 2^31 of them with FP4Q_MX_EXHAUSTIVE=1).
 FP4Q_D uint32_t MxScaleByte(float bamax, int rule) {
-  int e;
   if (rule == 0) {  // RCEIL
-    const float p = __fmul_rn(bamax, kC6);
-    if (p == 0.0f) {
-      e = -127;
-    } else if (isinf(p)) {
-      e = 128;
-    } else {
-      e = FloorLog2Bits(p);
-      const uint32_t bits = __float_as_uint(p);
-      const bool pow2 = (bits >> 23) != 0 ? (bits & 0x7FFFFFu) == 0u : __popc(bits) == 1;
-      if (!pow2) e += 1;
-    }
-  } else {  // FLOOR
-    if (bamax == 0.0f) return 0u;
-    e = FloorLog2Bits(bamax) - 2;
+    const uint32_t bits = __float_as_uint(__fmul_rn(bamax, kC6)) & 0x7FFFFFFFu;
+    const uint32_t up = (bits + 0x7FFFFFu) >> 23;
+    return bits <= 0x400000u ? 0u : min(up, 254u);
   }
-  e = e < -127 ? -127 : (e > 127 ? 127 : e);
-  return static_cast<uint32_t>(e + 127);
+  const int e = static_cast<int>((__float_as_uint(bamax) & 0x7FFFFFFFu) >> 23) - 2;  // FLOOR
+  return static_cast<uint32_t>(max(e, 0));
 }
 
 // NVFP4 global scale (NUMERICS 2 G2/G3, and 7 for four-over-six with emax6 = 6 * Emax).
