@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The MXFP4 scale byte without branches (MxScaleByte in kernels/src/cuda/device_numerics.cuh:
+# integer work on the f32 bits; the host reference's byte for every non-negative input, NaN and
+# infinity, tests/kernels/mx_scale_bits_test.cc) against the module before it: the quantize GPU
+# tests that cover MXFP4 (bit for bit against the CPU backend) with the new module, memcheck over
+# the MXFP4 ones, then fp4q_bench's MXFP4 row with each module in turn: old new new old new old.
+# In the SASS (scripts/sass_hot_path.py) the lane kernel's MXFP4 bf16 RTN hot loop goes from
+# 17.20 to 15.14 instructions an element (SR 23.31 -> 21.19, RHT + SR 30.28 -> 28.28).
+# Not yet run. Before the call, here, with the .bundle of d6f8e9c (its module is "old"):
+#   ninja -C build-device libfp4q_cuda.so && mkdir -p .bundle/alt10
+#   strip --strip-debug -o .bundle/alt10/new.so build-device/bin/libfp4q_cuda.so
+#   gzip -f .bundle/alt10/new.so && git log -1 --format=%h > .bundle/alt10/COMMIT
+set -uo pipefail
+source bench/results/h200-step/one-pass/lib.sh
+begin mx1 "mxscale $(cat $b/alt10/COMMIT)"
+gunzip -f $b/alt10/new.so.gz
+declare -A mod=([old]=$b/bin/libfp4q_cuda.so [new]=$b/alt10/new.so)
+declare -A test=()
+F='*QuantizeTest.*:CudaTest.QuantizeWithErrorFeedback*:CudaTest.Qdq*:CudaTest.FiniteGuard*'
+F+=':CudaTest.ReproducesTheGoldenVectors:CudaTest.CallsBackToBack*'
+room 90 "tests new" && FP4Q_CUDA_MODULE=${mod[new]} timeout 90 $b/bin/fp4q_cuda_test \
+  --gtest_filter="$F" > $o/test-new.txt 2>&1
+echo "tests new rc=$?"; grep -E "^\[ +(PASSED|FAILED) " $o/test-new.txt | head -20
+gemm_memcheck new '*mxfp4*:*Mxfp*'
+i=0
+for v in old new new old new old; do
+  i=$((i + 1))
+  room 25 "bench $v $i" || continue
+  FP4Q_CUDA_MODULE=${mod[$v]} timeout 25 $b/bin/fp4q_bench --only mxfp4 \
+    --out $o/mx-$i-$v.json > $o/mx-$i-$v.txt 2>&1
+  echo "== $i $v rc=$?"; grep -hE "^copy|mxfp4" $o/mx-$i-$v.txt | cut -c1-110
+done
+echo "done ($SECONDS s)"
