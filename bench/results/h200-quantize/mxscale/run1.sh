@@ -18,16 +18,7 @@ declare -A mod=([old]=$b/bin/libfp4q_cuda.so [new]=$b/alt10/new.so)
 declare -A test=()
 F='*QuantizeTest.*:CudaTest.QuantizeWithErrorFeedback*:CudaTest.Qdq*:CudaTest.FiniteGuard*'
 F+=':CudaTest.ReproducesTheGoldenVectors:CudaTest.CallsBackToBack*'
-room 90 "tests new" && FP4Q_CUDA_MODULE=${mod[new]} timeout 90 $b/bin/fp4q_cuda_test \
-  --gtest_filter="$F" > $o/test-new.txt 2>&1
-echo "tests new rc=$?"; grep -E "^\[ +(PASSED|FAILED) " $o/test-new.txt | head -20
+module_tests new "$F" 90 quantize
 gemm_memcheck new '*mxfp4*:*Mxfp*'
-i=0
-for v in old new new old new old; do
-  i=$((i + 1))
-  room 25 "bench $v $i" || continue
-  FP4Q_CUDA_MODULE=${mod[$v]} timeout 25 $b/bin/fp4q_bench --only mxfp4 \
-    --out $o/mx-$i-$v.json > $o/mx-$i-$v.txt 2>&1
-  echo "== $i $v rc=$?"; grep -hE "^copy|mxfp4" $o/mx-$i-$v.txt | cut -c1-110
-done
+only_rounds mxfp4 old new new old new old
 echo "done ($SECONDS s)"

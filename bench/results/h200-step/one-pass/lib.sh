@@ -19,12 +19,13 @@
 #     default), fp4qd with FP4QD_ARGS: $o/phases-NAME.txt
 #   client_phases NAME SECONDS ENV...: python-client/trainloop.py with the environment ENV
 #     (VAR=value: MODES, N, SCALING, PROFILE...): $o/phases-NAME.txt
-#   gemm_rounds ORDER...: fp4q_bench --only GEMM --gemm-m $GEMM_M (default 32,64,128,256) with
-#     each of ORDER's modules in turn (names in the associative array `mod`):
-#     $o/gemm-I-NAME.{json,txt}
-#   gemm_tests NAME FILTER: fp4q_cuda_test (${test[NAME]} if set; declare -A test, maybe empty)
-#     with ${mod[NAME]}:
-#     $o/test-matmul-NAME.txt; gemm_memcheck NAME FILTER: the same under memcheck
+#   only_rounds ONLY ORDER...: fp4q_bench --only ONLY with each of ORDER's modules in turn
+#     (names in the associative array `mod`), 25 s each: $o/<only, lower case>-I-NAME.{json,txt}
+#   gemm_rounds ORDER...: only_rounds GEMM, with --gemm-m $GEMM_M (default 32,64,128,256)
+#   module_tests NAME FILTER [SECONDS [TAG]]: fp4q_cuda_test (${test[NAME]} if set; declare -A
+#     test, maybe empty) with ${mod[NAME]}: $o/test-TAG-NAME.txt (TAG default "module")
+#   gemm_tests NAME FILTER: module_tests NAME FILTER 60 matmul; gemm_memcheck NAME FILTER: the
+#     tests under memcheck: $o/memcheck-NAME.txt
 #   train_loop TAG BATCH ROUNDS SECONDS [FP4QD FLAGS...]: bench/train_loop.py (the train suite's
 #     model in a loop beside torch's SGD) at BATCH x 128, fp4qd started with FP4QD FLAGS, and
 #     the array loop_args's train_loop.py arguments if set (e.g. --variant=NAME):
@@ -104,21 +105,25 @@ trainer() {
   echo "trainer_step $name rc=$?"
   grep -E "^copy|wait|delayed scaling|foreach|8192" $o/trainer-step-$name.txt | head -10
 }
-gemm_rounds() {
-  local i=0 v
+gemm_rounds() { only_rounds GEMM "$@"; }
+only_rounds() {
+  local only=$1 i=0 v args=(); shift
+  [[ $only == GEMM ]] && args=(--gemm-m ${GEMM_M:-32,64,128,256})
   for v in "$@"; do
     i=$((i + 1))
-    room 25 "gemm $v $i" || continue
-    FP4Q_CUDA_MODULE=${mod[$v]} timeout 25 $b/bin/fp4q_bench --out $o/gemm-$i-$v.json \
-      --only GEMM --gemm-m ${GEMM_M:-32,64,128,256} > $o/gemm-$i-$v.txt 2>&1
-    echo "== $i $v rc=$?"; grep -E "^GEMM" $o/gemm-$i-$v.txt | cut -c1-62
+    room 25 "$only $v $i" || continue
+    local f=$o/${only,,}-$i-$v
+    FP4Q_CUDA_MODULE=${mod[$v]} timeout 25 $b/bin/fp4q_bench --out $f.json --only "$only" \
+      ${args[@]+"${args[@]}"} > $f.txt 2>&1
+    echo "== $i $v rc=$?"; grep -E "^copy|^GEMM|^\| [a-z ]*$only" $f.txt | cut -c1-100
   done
 }
-gemm_tests() {
-  local t=${test[$1]:-$b/bin/fp4q_cuda_test}
-  room 60 "tests $1" && FP4Q_CUDA_MODULE=${mod[$1]} timeout 60 $t --gtest_filter="$2" \
-    > $o/test-matmul-$1.txt 2>&1
-  echo "tests $1 rc=$?"; grep -E "^\[ +(PASSED|FAILED) " $o/test-matmul-$1.txt
+gemm_tests() { module_tests "$1" "$2" 60 matmul; }
+module_tests() {
+  local t=${test[$1]:-$b/bin/fp4q_cuda_test} secs=${3:-60} f=$o/test-${4:-module}-$1.txt
+  room $secs "tests $1" && FP4Q_CUDA_MODULE=${mod[$1]} timeout $secs $t --gtest_filter="$2" \
+    > $f 2>&1
+  echo "tests $1 rc=$?"; grep -E "^\[ +(PASSED|FAILED) " $f | head -20
 }
 gemm_memcheck() {
   local t=${test[$1]:-$b/bin/fp4q_cuda_test}
