@@ -13,9 +13,7 @@
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
 begin mx1 "mxscale $(cat $b/alt10/COMMIT)"
-gunzip -f $b/alt10/new.so.gz
-declare -A mod=([old]=$b/bin/libfp4q_cuda.so [new]=$b/alt10/new.so)
-declare -A test=()
+alt_pair new alt10
 F='*QuantizeTest.*:CudaTest.QuantizeWithErrorFeedback*:CudaTest.Qdq*:CudaTest.FiniteGuard*'
 F+=':CudaTest.ReproducesTheGoldenVectors:CudaTest.CallsBackToBack*'
 module_tests new "$F" 90 quantize

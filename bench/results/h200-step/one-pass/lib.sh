@@ -19,6 +19,8 @@
 #     default), fp4qd with FP4QD_ARGS: $o/phases-NAME.txt
 #   client_phases NAME SECONDS ENV...: python-client/trainloop.py with the environment ENV
 #     (VAR=value: MODES, N, SCALING, PROFILE...): $o/phases-NAME.txt
+#   alt_pair NAME DIR: mod[old] the bundle's module, mod[NAME] $b/DIR/new.so (gunzipped), and
+#     test empty
 #   only_rounds ONLY ORDER...: fp4q_bench --only ONLY with each of ORDER's modules in turn
 #     (names in the associative array `mod`), 25 s each: $o/<only, lower case>-I-NAME.{json,txt}
 #   gemm_rounds ORDER...: only_rounds GEMM, with --gemm-m $GEMM_M (default 32,64,128,256)
@@ -117,6 +119,10 @@ only_rounds() {
       ${args[@]+"${args[@]}"} > $f.txt 2>&1
     echo "== $i $v rc=$?"; grep -E "^copy|^GEMM|^\| [a-z ]*$only" $f.txt | cut -c1-100
   done
+}
+alt_pair() {
+  [[ -f $b/$2/new.so.gz ]] && gunzip -f $b/$2/new.so.gz
+  declare -gA mod=([old]=$b/bin/libfp4q_cuda.so [$1]=$b/$2/new.so) test=()
 }
 gemm_tests() { module_tests "$1" "$2" 60 matmul; }
 module_tests() {
