@@ -251,10 +251,9 @@ class StepHeads:
             replica = (replica[0], int(replica[1]))
         key = _head_key(groups, (kind, replica, brief, keep, plan_id, one_pass))
         try:
-            hash(key)
-        except TypeError:  # e.g. a replica group that is no string: the message names it
-            key = None
-        fields = None if key is None else self._kept.get(key)
+            fields = None if key is None else self._kept.get(key)
+        except TypeError:  # unhashable, e.g. a replica group that is no string: the message
+            key = fields = None  # names it
         if fields is None:
             req = pb.StepRequest(kind=kind, brief_reply=brief, keep_plan=keep, plan_id=plan_id,
                                  one_pass=one_pass)
