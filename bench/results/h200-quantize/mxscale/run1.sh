@@ -7,7 +7,8 @@
 # tests.
 # In the SASS (scripts/sass_hot_path.py) the lane kernel's MXFP4 bf16 RTN hot loop goes from
 # 17.20 to 15.14 instructions an element (SR 23.31 -> 21.19, RHT + SR 30.28 -> 28.28).
-# Not yet run. Before the call, here, with the .bundle of d6f8e9c (its module is "old"):
+# Ran as call 1 (README.md). Before the call, here, with the .bundle of d6f8e9c (its module is
+# "old"):
 #   ninja -C build-device libfp4q_cuda.so && mkdir -p .bundle/alt10
 #   strip --strip-debug -o .bundle/alt10/new.so build-device/bin/libfp4q_cuda.so
 #   gzip -f .bundle/alt10/new.so && git log -1 --format=%h > .bundle/alt10/COMMIT
