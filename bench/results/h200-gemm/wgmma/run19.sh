@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
-# Device call 19 (not yet run): the wgmma kernel with one group of wgmmas left queued on the
-# tensor cores while the lanes decode the next chunk (run19-wait1.diff: each step waits for
+# Device call 19 (ran: README.md, not kept): the wgmma kernel with one group of wgmmas left queued
+# on the tensor cores while the lanes decode the next chunk (call19/wait1.diff: each step waits for
 # chunk c - 1's group only, wgmma.wait_group 1, then releases and refills that chunk's stage),
 # against main's. Call 13b's profile of main's kernel at M = 128 found a quarter of the stall
-# samples in fixed-latency waits, and on the H200 the kernel does 17.2 GFLOP in 41.8 us (call
-# 18): 411 TFLOP/s, 42% of the dense bf16 peak NVIDIA states for it (989 TFLOP/s; not
-# measured here). Main drains the wgmma pipe every chunk
-# (wgmma.wait_group 0), and thread 0 waits for every warp to release a stage before the next
-# chunk's wgmmas are issued.
+# samples in fixed-latency waits, and on the H200 the kernel does 17.2 GFLOP in 41.8 us (call 18):
+# 411 TFLOP/s, 42% of the dense bf16 peak NVIDIA states for it (989 TFLOP/s; not measured here).
+# Main drains the wgmma pipe every chunk (wgmma.wait_group 0), and thread 0 waits for every warp to
+# release a stage before the next chunk's wgmmas are issued.
 # Before the call, here (the module compiles for sm_90a with no spills and no ptxas wgmma
 # serialization warning: 188-228 registers):
-#   git apply bench/results/h200-gemm/wgmma/run19-wait1.diff
+#   git apply bench/results/h200-gemm/wgmma/call19/wait1.diff
 #   ninja -C build-device libfp4q_cuda.so && mkdir -p .bundle/alt8
 #   strip --strip-debug -o .bundle/alt8/new.so build-device/bin/libfp4q_cuda.so
 #   gzip -f .bundle/alt8/new.so && echo "main+run19-wait1.diff" > .bundle/alt8/COMMIT

@@ -5,8 +5,8 @@
 # shapes: NVFP4 rows of an odd number of blocks, which keep the old kernel), memcheck over them,
 # then fp4q_bench's dequantize row and the GEMM at M = 512 and 8192 (whose B, or both operands,
 # are dequantized before cuBLAS) with each module in turn: old new new old new old.
-# Not yet run (no machine could be started). The change is dequant32.diff (this folder), kept
-# off main until its GPU tests pass. Before the call, here:
+# Ran as call 1 (README.md: slower, not kept). The change is dequant32.diff (this folder), kept
+# off main. Before the call, here:
 #   git apply bench/results/h200-quantize/dequant/dequant32.diff
 #   ninja -C build-device libfp4q_cuda.so fp4q_cuda_test && mkdir -p .bundle/alt9
 #   strip --strip-debug -o .bundle/alt9/new.so build-device/bin/libfp4q_cuda.so
