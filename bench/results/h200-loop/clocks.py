@@ -1,14 +1,16 @@
 """The GPU's SM clock, power and temperature during each round of run1.sh's loops.
 
-Usage: python3 clocks.py DIR (a call's raw folder: smi.csv and train-loop-*.json). Each round of
-each variant starts at its per_round round_started_unix_s and ends at the next round's start (the
-last at the file's end); the nvidia-smi samples in between give its median SM clock (MHz), power
-(W) and temperature (C), printed beside the round's ms per iteration and host time in step().
+Usage: python3 clocks.py DIR (a call's raw folder: smi.csv or smi.csv.gz, and train-loop-*.json).
+Each round of each variant starts at its per_round round_started_unix_s and ends at the next
+round's start (the last at the file's end); the nvidia-smi samples in between give its median SM
+clock (MHz), power (W) and temperature (C), printed beside the round's ms per iteration and host
+time in step().
 """
 
 import csv
 import datetime
 import glob
+import gzip
 import json
 import os
 import statistics
@@ -17,7 +19,7 @@ import sys
 
 def samples(path):
     out = []
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for row in csv.reader(f):
             if not row or not row[0][:1].isdigit():
                 continue
@@ -28,7 +30,8 @@ def samples(path):
 
 
 def main(folder):
-    smi = samples(os.path.join(folder, "smi.csv"))
+    smi_path = os.path.join(folder, "smi.csv")
+    smi = samples(smi_path if os.path.exists(smi_path) else smi_path + ".gz")
     for path in sorted(glob.glob(os.path.join(folder, "train-loop-*.json"))):
         rep = json.load(open(path))
         starts = sorted((r["started"], row["variant"], i, r, row["rounds_ms"][i])

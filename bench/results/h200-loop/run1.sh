@@ -9,6 +9,7 @@
 # of each Python step, and each kernel of fp4q_bench's one-pass 8192 x 8192 step alone under
 # Nsight Compute (GPU time, caches and clocks left as they are). In that order of importance: a
 # part that no longer fits the LIMIT is skipped. Repository root, the whole .bundle carried.
+# Ran as call 1 on an H100 (README.md).
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
 begin loop1
