@@ -20,11 +20,15 @@ What runs: `fp4q.optim.SGD.step()` through fp4qd, every layer real but the GPU.
 
 Reported, medians over --steps steps after --warmup:
   - step_us: the wall time of step();
-  - server_us and kernel_us: fp4qd's own time for the Step and its kernels' (ReplyHeader);
+  - server_us, kernel_us and queue_us: fp4qd's own time for the Step, its kernels' and the
+    Step's wait in the device's work queue before it started (ReplyHeader);
   - client_and_transport_us: step_us - server_us; client_before_send_us and
     client_after_reply_us: the client's own parts of it, from step()'s start to the fast
     socket exchange and from the exchange's end to step()'s return;
   - the same run's floor: an empty ServerInfo round trip over the same fast socket.
+With --gap-ms the process sleeps that long after the round trip and before each step, as a
+training loop's forward and backward passes leave fp4qd idle between steps: its threads stop
+busy-polling after a while and the step then pays their wake-ups.
 These are this machine's CPU times. On the GPU's host the same code runs, slower or faster as
 that CPU is, and with the CUDA backend's launches in place of the CPU kernels. The fake CUDA
 tensors answer data_ptr(), device and is_cuda from Python, which costs more than torch's own
@@ -207,15 +211,18 @@ def main():
     ap.add_argument("--shuffle-grads", action="store_true",
                     help="with --fresh-grads: the new gradients at shuffled places of the same "
                          "buffer (the allocator giving each gradient another block)")
+    ap.add_argument("--gap-ms", type=float, default=0.0,
+                    help="idle milliseconds before each step, as a training loop's forward and "
+                         "backward passes leave between steps (default 0: back to back)")
     ap.add_argument("--json", help="also write the report there")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="then a cProfile of --steps more steps: its N costliest functions")
     args = ap.parse_args()
     for name, v, least in (("--params", args.params, 1), ("--rows", args.rows, 1),
                            ("--steps", args.steps, 1), ("--warmup", args.warmup, 0),
-                           ("--profile", args.profile, 0)):
+                           ("--profile", args.profile, 0), ("--gap-ms", args.gap_ms, 0)):
         if v < least:
-            ap.error("%s: %d is not >= %d" % (name, v, least))
+            ap.error("%s: %g is not >= %d" % (name, v, least))
     fp4qd = os.path.join(args.build, "bin", "fp4qd")
     module = os.path.join(args.build, FAKE_MODULE)
     for path in (fp4qd, module):
@@ -260,13 +267,15 @@ def main():
             before_step(k)
             opt.step()
             client.server_info()
-        wall, server_us, kernel_us, empty, before, after = [], [], [], [], [], []
+        wall, server_us, kernel_us, queue_us, empty, before, after = [], [], [], [], [], [], []
         progress = max(1, args.steps // 4)
         exchanges = []  # (start, end) of each fast socket exchange
         for k in range(args.steps):
             t = time.perf_counter()
             client.server_info()
             empty.append((time.perf_counter() - t) * 1e6)
+            if args.gap_ms > 0:
+                time.sleep(args.gap_ms / 1e3)
             before_step(args.warmup + k)
             with timed_exchanges(exchanges):
                 t = time.perf_counter()
@@ -279,6 +288,7 @@ def main():
             h = client.last_header
             server_us.append(h.server_micros)
             kernel_us.append(h.kernel_micros)
+            queue_us.append(h.queue_micros)
             if (k + 1) % progress == 0:
                 print("step_host: %d/%d steps" % (k + 1, args.steps), file=sys.stderr)
         poisoned = params.map[:per * args.params].count(b"\xff\xff")
@@ -297,7 +307,9 @@ def main():
             "params": args.params, "shape": [args.rows, 16], "momentum": args.momentum,
             "steps": args.steps,
             "step_us": {"p50": p50(wall), "min": min(wall)},
+            "gap_ms": args.gap_ms,
             "server_us": p50(server_us), "kernel_us": p50(kernel_us),
+            "queue_us": p50(queue_us),
             "client_and_transport_us": p50([w - s for w, s in zip(wall, server_us)]),
             "client_before_send_us": p50(before), "client_after_reply_us": p50(after),
             "empty_round_trip_us": {"p50": p50(empty), "min": min(empty)},
@@ -306,12 +318,14 @@ def main():
             "client_spin_us": args.spin_us,
             "lr_schedule": args.lr_schedule, "fresh_grads": args.fresh_grads,
         }
-        print("%d matrices of %dx16, SGD momentum %g: step() p50 %.1f us (min %.1f); fp4qd %.0f "
-              "us, its kernels %.0f us; client and transport %.1f us (before the send %.1f, "
-              "after the reply %.1f); an empty round trip %.1f us; replies busy-polled for %d, "
-              "slept for after a spin %d"
-              % (args.params, args.rows, args.momentum, report["step_us"]["p50"],
-                 report["step_us"]["min"], report["server_us"], report["kernel_us"],
+        print("%d matrices of %dx16, SGD momentum %g%s: step() p50 %.1f us (min %.1f); fp4qd %.0f "
+              "us, its kernels %.0f us, its device queue %.0f us; client and transport %.1f us "
+              "(before the send %.1f, after the reply %.1f); an empty round trip %.1f us; replies "
+              "busy-polled for %d, slept for after a spin %d"
+              % (args.params, args.rows, args.momentum,
+                 ", %g ms idle before each" % args.gap_ms if args.gap_ms else "",
+                 report["step_us"]["p50"], report["step_us"]["min"], report["server_us"],
+                 report["kernel_us"], report["queue_us"],
                  report["client_and_transport_us"], report["client_before_send_us"],
                  report["client_after_reply_us"], report["empty_round_trip_us"]["p50"],
                  stats.get("fast_socket_polled", 0), stats.get("fast_socket_polled_then_slept", 0)))
