@@ -127,7 +127,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<DeviceSet
       xo.threads = e->options_.cpu_workers > 0 ? e->options_.cpu_workers : std::max(1, hw);
     } else {
       xo.threads = e->options_.streams_per_gpu;  // one stream per worker (executor.h)
-      for (int w = 0; w < xo.threads; ++w) {
+      // And one for requests run on their transport's thread (EngineOptions::idle_inline).
+      const int count = xo.threads + (e->options_.idle_inline ? 1 : 0);
+      for (int w = 0; w < count; ++w) {
         absl::StatusOr<kernels::Stream> st = d.backend->CreateStream();
         if (!st.ok()) {
           for (kernels::Stream made : streams) d.backend->DestroyStream(made);
@@ -139,12 +141,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<DeviceSet
           e->streams_.clear();
           return absl::Status(st.status().code(),
                               absl::StrCat("device ", d.label, ": cannot create stream ", w,
-                                           " of ", xo.threads, ": ", st.status().message()));
+                                           " of ", count, ": ", st.status().message()));
         }
         streams.push_back(*st);
       }
-      xo.streams = streams;
+      xo.streams.assign(streams.begin(), streams.begin() + xo.threads);
+      if (e->options_.idle_inline) xo.inline_stream = streams.back();
     }
+    xo.run_inline = e->options_.idle_inline;
     e->streams_.push_back(std::move(streams));
     e->pools_.push_back(
         std::make_unique<ScratchPool>(d.backend.get(), e->options_.scratch_cache_bytes));

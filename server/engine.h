@@ -69,6 +69,11 @@ struct EngineOptions {
   // spin; one worker per device at a time). Zero: always sleep. Unset: automatic on GPUs
   // (spin_policy.h), never on the CPU backend, whose workers run the kernels on those cores.
   std::optional<absl::Duration> worker_spin = absl::ZeroDuration();
+  // A request whose transport allows it (RequestContext::run_inline_when_idle) runs on the
+  // transport's thread when its device has nothing queued or running (Executor's "Running on
+  // the caller's thread"), on a stream of its own per GPU: no worker wake-up after an idle gap.
+  // fp4qd's --idle_inline (off by default until it has run on a GPU).
+  bool idle_inline = false;
   // Request scratch buffers kept cached per device (ScratchPool); 0: none.
   uint64_t scratch_cache_bytes = uint64_t{256} << 20;
   int max_open_handles = 1024;
@@ -324,7 +329,8 @@ class Engine {
   std::unique_ptr<RegionManager> regions_;
   std::unique_ptr<StepPlans> plans_;  // step plans per session (engine_step.cc)
   std::vector<std::unique_ptr<Executor>> executors_;  // one per device, same order
-  std::vector<std::vector<kernels::Stream>> streams_;  // the workers' streams, per device
+  // The workers' streams and the idle-inline stream, per device.
+  std::vector<std::vector<kernels::Stream>> streams_;
   std::vector<std::unique_ptr<ScratchPool>> pools_;    // per device
   std::unique_ptr<Executor> control_;
 

@@ -368,6 +368,14 @@ void Engine::StartStep(std::shared_ptr<StepJob> job) {
   std::unique_lock<std::mutex> order_lock(step_order_mu_, std::defer_lock);
   if (parts > 1) order_lock.lock();
   const absl::Time queued_at = absl::Now();
+  // Parts on several devices run side by side: none runs on the transport's thread.
+  RequestContext split_ctx;
+  const RequestContext* part_ctx = &job->ranks[0].ctx;
+  if (parts > 1 && part_ctx->run_inline_when_idle) {
+    split_ctx = *part_ctx;
+    split_ctx.run_inline_when_idle = false;
+    part_ctx = &split_ctx;
+  }
   for (auto& [index, items] : by_device) {
     Device* device = &devices_->device(index);
     Executor::Keys keys;
@@ -375,7 +383,7 @@ void Engine::StartStep(std::shared_ptr<StepJob> job) {
     ScratchPool* pool = pools_[device->index].get();
     std::vector<size_t> mine = items;
     absl::Status queued = ExecutorFor(*device).Submit(
-        job->ranks[0].ctx,
+        *part_ctx,
         [this, job, device, pool, mine, barrier, queued_at, part_done](kernels::Stream stream) {
           ReplyMeta meta;
           meta.device_uuid = device->label;

@@ -41,6 +41,7 @@ Executor::~Executor() { Shutdown(); }
 absl::Status Executor::Submit(const RequestContext& ctx, Work work, Reject reject,
                               bool bypass_bound, Keys keys) {
   int64_t depth = 0;
+  bool here = false;  // run on this thread
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) {
@@ -53,9 +54,25 @@ absl::Status Executor::Submit(const RequestContext& ctx, Work work, Reject rejec
                                                        ": work queue is full (",
                                                        options_.max_queue_depth, " queued)"));
     }
-    queue_.push_back(Task{ctx, std::move(work), std::move(reject), std::move(keys)});
     spin_.Arrived(std::chrono::steady_clock::now());
-    depth = static_cast<int64_t>(queue_.size());
+    if (options_.run_inline && ctx.run_inline_when_idle && queue_.empty() && running_ == 0 &&
+        !inline_running_) {
+      // Idle: nothing could be ordered before this task, so it runs here at once.
+      here = inline_running_ = true;
+      ++running_;
+      running_keys_.insert(running_keys_.end(), keys.begin(), keys.end());
+      inline_runs_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      queue_.push_back(Task{ctx, std::move(work), std::move(reject), std::move(keys)});
+      depth = static_cast<int64_t>(queue_.size());
+    }
+  }
+  if (here) {
+    Task task{ctx, std::move(work), std::move(reject), std::move(keys)};
+    RunTask(task, options_.inline_stream);
+    Finished(task.keys, /*here=*/true);
+    cv_.notify_all();  // held-back tasks, and a Shutdown waiting for this run
+    return absl::OkStatus();
   }
   submitted_.fetch_add(1, std::memory_order_release);
   if (observer_ != nullptr) observer_->QueueDepth(options_.device, depth);
@@ -71,6 +88,10 @@ void Executor::Shutdown() {
   }
   submitted_.fetch_add(1, std::memory_order_release);  // ends a worker's spin at once
   cv_.notify_all();
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !inline_running_; });
+  }
   for (auto& t : workers_) {
     if (t.joinable()) t.join();
   }
@@ -156,26 +177,34 @@ void Executor::WorkerLoop(kernels::Stream stream) {
       ++running_;
     }
     if (observer_ != nullptr) observer_->QueueDepth(options_.device, depth);
-    if (task.ctx.is_cancelled && task.ctx.is_cancelled()) {
-      task.reject(absl::CancelledError("the request was cancelled before its work started"));
-    } else if (absl::Now() >= task.ctx.deadline) {
-      task.reject(
-          absl::DeadlineExceededError("the request's deadline passed before its work started"));
-    } else {
-      task.work(stream);
-    }
-    // Destroy the task's captures (replies, pins) before the next one starts.
-    const Keys keys = std::move(task.keys);
-    task = Task{};
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      --running_;
-      for (uint64_t k : keys) {
-        running_keys_.erase(std::find(running_keys_.begin(), running_keys_.end(), k));
-      }
-    }
+    RunTask(task, stream);
+    Finished(task.keys, /*here=*/false);
     // A task held back by these keys may start now, on any worker.
-    if (!keys.empty()) cv_.notify_all();
+    if (!task.keys.empty()) cv_.notify_all();
+  }
+}
+
+void Executor::RunTask(Task& task, kernels::Stream stream) {
+  if (task.ctx.is_cancelled && task.ctx.is_cancelled()) {
+    task.reject(absl::CancelledError("the request was cancelled before its work started"));
+  } else if (absl::Now() >= task.ctx.deadline) {
+    task.reject(
+        absl::DeadlineExceededError("the request's deadline passed before its work started"));
+  } else {
+    task.work(stream);
+  }
+  // Destroy the task's captures (replies, pins) before the next one starts; the keys stay.
+  task.ctx = RequestContext{};
+  task.work = nullptr;
+  task.reject = nullptr;
+}
+
+void Executor::Finished(const Keys& keys, bool here) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (here) inline_running_ = false;
+  --running_;
+  for (uint64_t k : keys) {
+    running_keys_.erase(std::find(running_keys_.begin(), running_keys_.end(), k));
   }
 }
 

@@ -19,7 +19,14 @@
 //   starts without a thread wake-up (tens of microseconds on a VM), for one CPU core per device
 //   kept busy while requests keep coming. How long: `spin` (zero: never), or with `spin` unset
 //   twice the last gap between two submissions when it was at most 2 ms (spin_policy.h).
-// - Shutdown() stops accepting (UNAVAILABLE), runs what is queued, and joins the workers.
+// - Running on the caller's thread: with `inline_stream` set (or a CPU executor, whose streams
+//   are null) and a request context that allows it (RequestContext::run_inline_when_idle),
+//   Submit runs the work at once on the calling thread when nothing is queued or running, with
+//   `inline_stream`: no worker is woken (after an idle gap the wake-up is tens of microseconds
+//   on a VM). It counts as running while it runs (load(), keys), so later tasks queue as usual
+//   and run beside it on the workers' own streams. One such run at a time per executor.
+// - Shutdown() stops accepting (UNAVAILABLE), runs what is queued, waits for a run on a
+//   caller's thread to end, and joins the workers.
 #ifndef FP4Q_SERVER_EXECUTOR_H_
 #define FP4Q_SERVER_EXECUTOR_H_
 
@@ -56,6 +63,10 @@ class Executor {
     std::optional<absl::Duration> spin = absl::ZeroDuration();  // see "Spinning" above
     // The CPUs fp4qd may use, for the automatic spin (SpinPolicy; 0: UsableCpus()).
     int usable_cpus = 0;
+    // Work run on a submitting thread (see "Running on the caller's thread"): allowed at all,
+    // and the stream it gets (not owned; outlives the executor; nullptr on the CPU backend).
+    bool run_inline = false;
+    kernels::Stream inline_stream = nullptr;
   };
   using Work = std::function<void(kernels::Stream)>;
   using Reject = std::function<void(absl::Status)>;
@@ -71,7 +82,8 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
 
   // Queues `work`. On a non-OK return nothing was queued and neither callback will run.
-  // Exactly one of `work` / `reject` runs later, on a worker thread. `keys`: see above.
+  // Exactly one of `work` / `reject` runs later, on a worker thread, or before Submit returns,
+  // on the calling thread (see "Running on the caller's thread"). `keys`: see above.
   absl::Status Submit(const RequestContext& ctx, Work work, Reject reject,
                       bool bypass_bound = false, Keys keys = {});
 
@@ -85,6 +97,8 @@ class Executor {
   int capacity() const { return options_.max_queue_depth; }
   // Spins that ended with a task submitted (its worker started it without a wake-up).
   int64_t spin_pickups() const { return spin_pickups_.load(std::memory_order_relaxed); }
+  // Tasks run on the submitting thread.
+  int64_t inline_runs() const { return inline_runs_.load(std::memory_order_relaxed); }
   int threads() const { return options_.threads; }
   const std::string& device() const { return options_.device; }
 
@@ -96,6 +110,12 @@ class Executor {
     Keys keys;
   };
   void WorkerLoop(kernels::Stream stream);
+  // Runs `task`'s work with `stream` unless its context was cancelled or its deadline passed
+  // (then its reject), and destroys its captures.
+  static void RunTask(Task& task, kernels::Stream stream);
+  // The end of a task that held `keys` (`here`: run on a submitting thread): no longer running,
+  // its keys free.
+  void Finished(const Keys& keys, bool here);
   // Index of the first queued task that may start now, or -1. Requires mu_.
   int NextRunnable() const;
 
@@ -111,6 +131,8 @@ class Executor {
   std::atomic<bool> spinning_{false};   // one worker spins at a time
   SpinPolicy spin_;                     // how long it spins
   std::atomic<int64_t> spin_pickups_{0};
+  bool inline_running_ = false;  // a task runs on a submitting thread (mu_)
+  std::atomic<int64_t> inline_runs_{0};
   std::vector<std::thread> workers_;
 };
 

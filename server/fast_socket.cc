@@ -310,6 +310,10 @@ void FastSocketServer::Connection::Start(const v1::FastRequest& req,
   }
   std::shared_ptr<Connection> self = shared_from_this();
   rc.is_cancelled = [self] { return self->gone_.load(); };
+  // The work may run on this thread when its device is idle: a caller waiting for this reply
+  // then pays no worker wake-up. Requests pipelined behind it on this connection are read when
+  // it is done.
+  rc.run_inline_when_idle = true;
   std::unique_ptr<google::protobuf::Message> request = layer->NewRequest(call.method);
   const bool parsed = request != nullptr && request->ParseFromString(req.request());
   {

@@ -211,10 +211,15 @@ TEST(E2eFastSocketTest, HostileTableGivesTheSameAnswersAsGrpcAndChangesNothing) 
   EXPECT_TRUE(stub->ServerInfo(ictx.get(), v1::ServerInfoRequest(), &info).ok());
 }
 
-TEST(E2eFastSocketTest, ResultsAreByteIdenticalToGrpcAndPipelinedCallsAllReturn) {
+// Both ways fp4qd can run a fast socket call's work: on its connection's thread when the device
+// is idle (--idle_inline), or always on a device worker.
+class E2eFastSocketResultsTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(E2eFastSocketResultsTest, ResultsAreByteIdenticalToGrpcAndPipelinedCallsAllReturn) {
   TempDir dir;
   const std::string sock = dir.File("fast.sock");
-  auto server = ServerProcess::Start({"--fast_socket=" + sock});
+  auto server = ServerProcess::Start(
+      {"--fast_socket=" + sock, GetParam() ? "--idle_inline=true" : "--idle_inline=false"});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = (*server)->Stub();
   const std::string session = OpenSession(*stub, "identity");
@@ -336,6 +341,11 @@ TEST(E2eFastSocketTest, ResultsAreByteIdenticalToGrpcAndPipelinedCallsAllReturn)
   EXPECT_EQ(seen.begin()->first, 100u);
   EXPECT_EQ(seen.rbegin()->first, 299u);
 }
+
+INSTANTIATE_TEST_SUITE_P(IdleInline, E2eFastSocketResultsTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "OnConnectionThreadWhenIdle" : "OnWorkers";
+                         });
 
 TEST(E2eFastSocketTest, FramesThatAreNotCallsGetTheirCodeAndTheConnectionStays) {
   TempDir dir;

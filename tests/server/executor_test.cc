@@ -326,6 +326,185 @@ TEST(ExecutorTest, AutomaticSpinPicksUpACallerThatComesBackWithin2Ms) {
   std::printf("spin pickups: %lld of 100 tasks 300 us apart\n", static_cast<long long>(picked));
 }
 
+// An executor that may run work on a submitting thread: two workers with streams a and b, the
+// caller's runs with stream c.
+struct InlineExecutor {
+  int a = 0, b = 0, c = 0;
+  Executor x;
+  explicit InlineExecutor(bool run_inline = true)
+      : x(
+            [&] {
+              Executor::Options o;
+              o.threads = 2;
+              o.max_queue_depth = 8;
+              o.streams = {&a, &b};
+              o.run_inline = run_inline;
+              o.inline_stream = &c;
+              return o;
+            }(),
+            nullptr) {}
+};
+
+RequestContext InlineContext() {
+  RequestContext ctx;
+  ctx.run_inline_when_idle = true;
+  return ctx;
+}
+
+TEST(ExecutorTest, IdleRunsAllowedWorkOnTheCallingThreadWithItsOwnStream) {
+  InlineExecutor e;
+  std::thread::id ran_on;
+  kernels::Stream stream = nullptr;
+  ASSERT_TRUE(e.x.Submit(
+                     InlineContext(),
+                     [&](kernels::Stream s) {
+                       ran_on = std::this_thread::get_id();
+                       stream = s;
+                     },
+                     [](absl::Status s) { FAIL() << s; })
+                  .ok());
+  // Done before Submit returned, here, with the caller's stream.
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  EXPECT_EQ(stream, &e.c);
+  EXPECT_EQ(e.x.inline_runs(), 1);
+  EXPECT_EQ(e.x.load(), 0);
+  e.x.Shutdown();
+}
+
+TEST(ExecutorTest, WorkRunsOnAWorkerWhenNotAllowedOrNotIdle) {
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant);
+    // 0: the context does not allow it; 1: the executor does not; 2: a task is running.
+    InlineExecutor e(/*run_inline=*/variant != 1);
+    absl::Notification release, busy;
+    if (variant == 2) {
+      ASSERT_TRUE(e.x.Submit(
+                         {},
+                         [&](kernels::Stream) {
+                           busy.Notify();
+                           EXPECT_TRUE(release.WaitForNotificationWithTimeout(absl::Seconds(10)));
+                         },
+                         [](absl::Status s) { FAIL() << s; })
+                      .ok());
+      ASSERT_TRUE(busy.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    }
+    std::promise<std::pair<std::thread::id, kernels::Stream>> ran;
+    ASSERT_TRUE(e.x.Submit(
+                       variant == 0 ? RequestContext{} : InlineContext(),
+                       [&](kernels::Stream s) {
+                         ran.set_value({std::this_thread::get_id(), s});
+                       },
+                       [](absl::Status s) { FAIL() << s; })
+                    .ok());
+    release.Notify();
+    const auto [thread, stream] = ran.get_future().get();
+    EXPECT_NE(thread, std::this_thread::get_id());
+    EXPECT_TRUE(stream == &e.a || stream == &e.b);
+    EXPECT_EQ(e.x.inline_runs(), 0);
+    e.x.Shutdown();
+  }
+}
+
+// While work runs on a caller's thread it holds its keys and counts as running: a task of the
+// same key waits for it, a task of another key runs beside it on a worker.
+TEST(ExecutorTest, WorkOnTheCallingThreadHoldsItsKeys) {
+  InlineExecutor e;
+  std::atomic<bool> inline_done{false}, same_started{false};
+  std::atomic<int> same_saw_inline_done{-1};
+  absl::Notification other_ran;
+  std::thread submitter;
+  ASSERT_TRUE(e.x.Submit(
+                     InlineContext(),
+                     [&](kernels::Stream) {
+                       EXPECT_EQ(e.x.load(), 1);
+                       submitter = std::thread([&] {
+                         ASSERT_TRUE(e.x.Submit(
+                                            InlineContext(),
+                                            [&](kernels::Stream) {
+                                              same_started = true;
+                                              same_saw_inline_done = inline_done ? 1 : 0;
+                                            },
+                                            [](absl::Status s) { FAIL() << s; }, false,
+                                            {Executor::KeyOf("w")})
+                                         .ok());
+                         ASSERT_TRUE(e.x.Submit(
+                                            InlineContext(),
+                                            [&](kernels::Stream) { other_ran.Notify(); },
+                                            [](absl::Status s) { FAIL() << s; }, false,
+                                            {Executor::KeyOf("v")})
+                                         .ok());
+                       });
+                       // The other key's task runs while this one still does.
+                       EXPECT_TRUE(other_ran.WaitForNotificationWithTimeout(absl::Seconds(10)));
+                       absl::SleepFor(absl::Milliseconds(50));
+                       EXPECT_FALSE(same_started.load());
+                       inline_done = true;
+                     },
+                     [](absl::Status s) { FAIL() << s; }, false, {Executor::KeyOf("w")})
+                  .ok());
+  submitter.join();
+  e.x.Shutdown();
+  EXPECT_EQ(same_saw_inline_done.load(), 1) << "the same key's task started before it ended";
+  EXPECT_EQ(e.x.inline_runs(), 1);
+}
+
+TEST(ExecutorTest, WorkOnTheCallingThreadChecksDeadlineAndCancellation) {
+  InlineExecutor e;
+  RequestContext past = InlineContext();
+  past.deadline = absl::Now() - absl::Seconds(1);
+  RequestContext gone = InlineContext();
+  gone.is_cancelled = [] { return true; };
+  absl::Status expired, cancelled;
+  bool ran = false;
+  ASSERT_TRUE(e.x.Submit(
+                     past, [&](kernels::Stream) { ran = true; },
+                     [&](absl::Status s) { expired = s; })
+                  .ok());
+  ASSERT_TRUE(e.x.Submit(
+                     gone, [&](kernels::Stream) { ran = true; },
+                     [&](absl::Status s) { cancelled = s; })
+                  .ok());
+  // Answered here, before Submit returned.
+  EXPECT_THAT(expired, StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("deadline")));
+  EXPECT_THAT(cancelled, StatusIs(absl::StatusCode::kCancelled, HasSubstr("cancelled")));
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(e.x.inline_runs(), 2);
+  EXPECT_EQ(e.x.load(), 0);
+  e.x.Shutdown();
+}
+
+TEST(ExecutorTest, ShutdownWaitsForWorkOnACallingThread) {
+  InlineExecutor e;
+  absl::Notification started, release;
+  std::atomic<bool> finished{false};
+  std::thread caller([&] {
+    ASSERT_TRUE(e.x.Submit(
+                       InlineContext(),
+                       [&](kernels::Stream) {
+                         started.Notify();
+                         EXPECT_TRUE(release.WaitForNotificationWithTimeout(absl::Seconds(10)));
+                         finished = true;
+                       },
+                       [](absl::Status s) { FAIL() << s; })
+                    .ok());
+  });
+  ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  std::atomic<bool> shut{false};
+  std::thread stopper([&] {
+    e.x.Shutdown();
+    shut = true;
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(shut.load()) << "Shutdown returned while work ran on a caller's thread";
+  // New work is refused meanwhile.
+  EXPECT_THAT(e.x.Submit(InlineContext(), [](kernels::Stream) {}, [](absl::Status) {}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
+  release.Notify();
+  stopper.join();
+  caller.join();
+  EXPECT_TRUE(finished.load());
+}
+
 INSTANTIATE_TEST_SUITE_P(FixedAndAutomatic, ExecutorSpinTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& p) {
                            return p.param ? "Automatic" : "Fixed";
