@@ -5,7 +5,8 @@ Run on a machine with a GPU, torch >= 2.x, grpcio and protobuf (no protoc needed
 generated client/python/fp4q/_proto/ folder, made here by `python3 client/python/fp4q/_protogen.py`):
 
   PYTHONPATH=client/python:tests/python python3 tests/python/gpu_ipc_check.py \
-      --fp4qd BUILD/bin/fp4qd --out OUTDIR [--steps 300]
+      --fp4qd BUILD/bin/fp4qd --out OUTDIR [--steps 300] [--fast-socket PATH] \
+      [--fp4qd-arg=FLAG ...]
   (or --target HOST:PORT --metrics HOST:PORT for a server already running with
    --backend cuda --allow_cuda_ipc)
 
@@ -608,19 +609,30 @@ def main():
     p.add_argument("--metrics")
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--fp4qd-arg", action="append", default=[],
+                   help="with --fp4qd: one more flag for it (repeatable), e.g. "
+                        "--fp4qd-arg=--idle_inline=true")
+    p.add_argument("--fast-socket", metavar="PATH",
+                   help="with --fp4qd: it serves this fast socket too, and the checks' clients "
+                        "make their calls over it (default: gRPC)")
     args = p.parse_args()
+    for flag, given in (("--fp4qd-arg", args.fp4qd_arg), ("--fast-socket", args.fast_socket)):
+        if given and not args.fp4qd:
+            p.error("%s: only with --fp4qd (a server this check starts)" % flag)
     os.makedirs(args.out, exist_ok=True)
     if not torch.cuda.is_available():
         print("gpu_ipc_check: no CUDA device visible to torch", file=sys.stderr)
         return 2
     if args.fp4qd:
         os.environ["FP4Q_FP4QD"] = args.fp4qd
-        server = fp4q_testing.Server("--allow_cuda_ipc", "--cuda_ipc_over_tcp", backend="cuda")
+        fast = ["--fast_socket=" + args.fast_socket] if args.fast_socket else []
+        server = fp4q_testing.Server("--allow_cuda_ipc", "--cuda_ipc_over_tcp", *fast,
+                                     *args.fp4qd_arg, backend="cuda")
     else:
         server = _Remote(args.target, args.metrics)
     checks = Checks()
-    ipc = fp4q.Client(server.target, ipc="require", timeout=300)
-    inline = fp4q.Client(server.target, ipc="never", timeout=300)
+    ipc = fp4q.Client(server.target, ipc="require", timeout=300, fast_socket=args.fast_socket)
+    inline = fp4q.Client(server.target, ipc="never", timeout=300, fast_socket=args.fast_socket)
     try:
         checks.run("server_serves_this_gpu_with_ipc", lambda: check_server(ipc, server))
         checks.run("handle_matches_torch_sharing", lambda: check_handle_matches_torch(ipc))
