@@ -167,9 +167,10 @@ struct RequestContext {
   // outputs that could not fit before they do the work.
   uint64_t reply_limit = 0;
   // The calling thread may run the request's device work itself when the device's executor is
-  // idle (Executor::Submit), instead of waking a worker. Set by transports whose thread waits
-  // for this reply anyway (a fast socket connection); the engine clears it for work split over
-  // several devices, whose parts must run side by side.
+  // idle (Executor::Submit), instead of waking a worker. Set by the fast socket, whose
+  // connection thread would only wait for this reply (requests pipelined behind it are read
+  // once it is done); the engine clears it for work split over several devices, whose parts
+  // must run side by side.
   bool run_inline_when_idle = false;
 };
 
