@@ -21,9 +21,10 @@
 //   twice the last gap between two submissions when it was at most 2 ms (spin_policy.h).
 // - Running on the caller's thread: with `run_inline` set and a request context that allows it
 //   (RequestContext::run_inline_when_idle), Submit runs the work at once on the calling thread
-//   when nothing is queued or running, with `inline_stream` (null on the CPU backend): no
-//   worker is woken (after an idle gap the wake-up is tens of microseconds on a VM). It counts as running while it runs (load(), keys), so later tasks queue as usual
-//   and run beside it on the workers' own streams. One such run at a time per executor.
+//   when nothing is queued or running, with `inline_stream` (null on the CPU backend): no worker
+//   is woken (after an idle gap the wake-up is tens of microseconds on a VM). It counts as
+//   running while it runs (load(), keys), so later tasks queue as usual and run beside it on the
+//   workers' own streams. One such run at a time per executor.
 // - Shutdown() stops accepting (UNAVAILABLE), runs what is queued, waits for a run on a
 //   caller's thread to end, and joins the workers.
 #ifndef FP4Q_SERVER_EXECUTOR_H_
