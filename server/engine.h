@@ -72,8 +72,8 @@ struct EngineOptions {
   // A request whose transport allows it (RequestContext::run_inline_when_idle) runs on the
   // transport's thread when its device has nothing queued or running (Executor's "Running on
   // the caller's thread"), on a stream of its own per GPU: no worker wake-up after an idle gap.
-  // fp4qd's --idle_inline (off by default until it has run on a GPU).
-  bool idle_inline = false;
+  // fp4qd's --idle_inline.
+  bool idle_inline = true;
   // Request scratch buffers kept cached per device (ScratchPool); 0: none.
   uint64_t scratch_cache_bytes = uint64_t{256} << 20;
   int max_open_handles = 1024;

@@ -88,11 +88,11 @@ ABSL_FLAG(int32_t, worker_spin_us, -1,
           "keep coming; 0-1000000, or -1: automatic (twice the gap between the device's last "
           "two requests when it was at most 2 ms; never on the CPU backend or where fp4qd may "
           "use fewer than 8 CPUs)");
-ABSL_FLAG(bool, idle_inline, false,
+ABSL_FLAG(bool, idle_inline, true,
           "a fast socket request whose device has nothing queued or running runs on its "
           "connection's thread (on a CUDA stream of its own per GPU) instead of waking a device "
           "worker: saves that wake-up for a request that comes after an idle gap, such as a "
-          "training loop's synchronous step (off by default until it has run on a GPU)");
+          "training loop's synchronous step; false: every request runs on a device worker");
 ABSL_FLAG(int32_t, step_ready_timeout_ms, 5000,
           "the longest a Step polls its ready signal (the worker's gradients complete) before "
           "refusing with DEADLINE_EXCEEDED, and the wait of a request that names none; the "

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fp4qd --idle_inline on a GPU (off by default until this has run): a fast socket request whose
+# fp4qd --idle_inline on a GPU, on and off (call 3 of README.md): a fast socket request whose
 # device is idle runs on its connection's thread, with a CUDA stream of its own, instead of
 # waking a device worker. In order of importance, each part only if it fits the LIMIT:
 #   1. tests/python/gpu_ipc_check.py with the checks' calls over the fast socket and
