@@ -37,6 +37,7 @@ CallLayer::CallLayer(Engine* engine, Metrics* metrics, CallLayerOptions options)
   env_.engine = engine_;
   env_.max_message_bytes = options_.max_message_bytes;
   env_.fast_socket_frame_bytes = options_.fast_socket_frame_bytes;
+  env_.fast_socket_heads_up_micros = options_.fast_socket_heads_up_micros;
 }
 
 std::unique_ptr<pb::Message> CallLayer::NewRequest(absl::string_view method) const {

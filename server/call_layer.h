@@ -41,6 +41,7 @@ struct CallLayerOptions {
   std::map<std::string, std::string> namespace_tokens;
   uint64_t max_message_bytes = uint64_t{512} << 20;  // gRPC's limit, for ServerInfo
   uint32_t fast_socket_frame_bytes = 0;               // 0: no fast socket (ServerInfo)
+  uint32_t fast_socket_heads_up_micros = 0;           // 0: no heads-ups (ServerInfo)
 };
 
 // One call as the transport saw it.

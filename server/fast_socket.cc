@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -61,6 +62,8 @@ class FastSocketServer::Connection : public std::enable_shared_from_this<Connect
   enum class Read { kFrame, kNone, kClosed };
   Read ReadFrame(std::vector<char>* buf);
   void HandleFrame(const char* data, size_t n, size_t real_size);
+  // A heads-up frame: checked, then the next wait busy-polls until `arrival` + its time.
+  void HeadsUp(const v1::FastRequest& req, std::chrono::steady_clock::time_point arrival);
   void Hello(const v1::FastRequest& req, std::chrono::steady_clock::time_point arrival);
   // Hands a call to the call layer; the completion replies from the engine's thread.
   void Start(const v1::FastRequest& req, std::chrono::steady_clock::time_point arrival);
@@ -75,6 +78,8 @@ class FastSocketServer::Connection : public std::enable_shared_from_this<Connect
   const int wake_fd_;  // eventfd: the outbox has replies, or a call slot freed up
   const PeerInfo peer_;
   SpinPolicy spin_;  // connection thread only, but for Budget's reads
+  // Until when a heads-up asked this thread to busy-poll (connection thread only).
+  std::chrono::steady_clock::time_point heads_up_until_{};
   std::string session_id_;  // bound by hello; connection thread only
   std::string bound_namespace_;  // the namespace the hello's token binds (with namespace_bound_)
   bool namespace_bound_ = false;
@@ -104,10 +109,15 @@ void FastSocketServer::Connection::Run(int stop_fd) {
       idle = in_flight_ == 0;
     }
     // The automatic spin waits for the peer's next request once every reply is out (a caller
-    // waiting for a reply sends nothing): ReleaseLocked wakes this thread for it.
-    const auto spin = can_read && !want_write && (idle || !spin_.automatic())
-                          ? spin_.Budget()
-                          : std::chrono::steady_clock::duration::zero();
+    // waiting for a reply sends nothing): ReleaseLocked wakes this thread for it. A heads-up
+    // asks for a spin until its time is up.
+    auto spin = can_read && !want_write && (idle || !spin_.automatic())
+                    ? spin_.Budget()
+                    : std::chrono::steady_clock::duration::zero();
+    if (can_read && !want_write && heads_up_until_ != std::chrono::steady_clock::time_point{}) {
+      spin = std::max(spin, heads_up_until_ - std::chrono::steady_clock::now());
+      heads_up_until_ = {};  // one spin per heads-up
+    }
     // Under the automatic spin at most kMaxAutoSpinners connections busy-poll at once.
     const bool capped = spin_.automatic();
     if (spin > spin.zero() &&
@@ -185,7 +195,13 @@ FastSocketServer::Connection::Read FastSocketServer::Connection::ReadFrame(std::
 
 void FastSocketServer::Connection::HandleFrame(const char* data, size_t n, size_t real_size) {
   const auto arrival = std::chrono::steady_clock::now();
+  v1::FastRequest req;
+  const bool parsed = real_size != 0 && real_size <= kMaxFrameBytes &&
+                      req.ParseFromArray(data, static_cast<int>(n));
+  // A heads-up is not an arrival of work: the automatic spin's gaps are between calls.
+  if (parsed && req.heads_up_micros() != 0) return HeadsUp(req, arrival);
   spin_.Arrived(arrival);
+  heads_up_until_ = {};  // the call a heads-up announced, or another frame: no spin for it
   if (real_size == 0) {
     return ReplyError(0,
                       absl::InvalidArgumentError(
@@ -200,8 +216,7 @@ void FastSocketServer::Connection::HandleFrame(const char* data, size_t n, size_
                           kMaxFrameBytes, " bytes (send large inline tensors over gRPC)")),
                       "FastSocket");
   }
-  v1::FastRequest req;
-  if (!req.ParseFromArray(data, static_cast<int>(n))) {
+  if (!parsed) {
     return ReplyError(0,
                       absl::InvalidArgumentError(absl::StrCat(
                           "frame: ", n, " bytes are not a fp4q.v1.FastRequest")),
@@ -240,6 +255,33 @@ void FastSocketServer::Connection::HandleFrame(const char* data, size_t n, size_
                       "FastSocket");
   }
   Start(req, arrival);
+}
+
+void FastSocketServer::Connection::HeadsUp(const v1::FastRequest& req,
+                                           std::chrono::steady_clock::time_point arrival) {
+  const uint64_t id = req.call_id();
+  const uint32_t limit = server_->heads_up_limit_micros_;
+  absl::Status bad;
+  if (req.has_hello() || !req.method().empty()) {
+    bad = absl::InvalidArgumentError(
+        "FastRequest.heads_up_micros: set beside a method or a hello (a heads-up is a frame of "
+        "its own, answered by nothing)");
+  } else if (limit == 0) {
+    bad = absl::InvalidArgumentError(
+        "FastRequest.heads_up_micros: this fp4qd takes no heads-ups (ServerInfo "
+        "limits.fast_socket_max_heads_up_micros is 0: its fast socket threads never busy-poll)");
+  } else if (req.heads_up_micros() > limit) {
+    bad = absl::InvalidArgumentError(absl::StrCat(
+        "FastRequest.heads_up_micros: ", req.heads_up_micros(), " exceeds this fp4qd's limit of ",
+        limit, " (ServerInfo limits.fast_socket_max_heads_up_micros)"));
+  } else if (session_id_.empty()) {
+    bad = absl::FailedPreconditionError(
+        "FastRequest.heads_up_micros: the connection is not bound to a session; its first "
+        "frame must be a hello naming an open session");
+  }
+  if (!bad.ok()) return ReplyError(id, bad, "FastSocket");
+  heads_up_until_ = arrival + std::chrono::microseconds(req.heads_up_micros());
+  server_->heads_ups_.fetch_add(1);
 }
 
 void FastSocketServer::Connection::Hello(const v1::FastRequest& req,
@@ -409,6 +451,11 @@ void FastSocketServer::Connection::ReleaseLocked(bool counted) {
 }
 
 // ---------------------------------------------------------------- the server
+
+uint32_t FastSocketServer::HeadsUpLimitMicros(const std::optional<absl::Duration>& spin,
+                                              int usable_cpus) {
+  return SpinPolicy(spin, usable_cpus).may_spin() ? kMaxHeadsUpMicros : 0;
+}
 
 absl::StatusOr<std::unique_ptr<FastSocketServer>> FastSocketServer::Create(
     CallLayer* layer, Metrics* metrics, FastSocketOptions options, Logger* logger) {

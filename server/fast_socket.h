@@ -24,6 +24,9 @@
 // - Replies are at most kMaxFrameBytes: the call layer refuses state-changing calls whose
 //   inline outputs could not fit before they run, and answers others over the limit with
 //   RESOURCE_EXHAUSTED.
+// - A heads-up frame (FastRequest.heads_up_micros) gets no reply: the connection's thread
+//   busy-polls for the next frame until then (heads_up_limit_micros() at most; 0 where the
+//   spin policy never spins, and the frame is then INVALID_ARGUMENT like any bad field).
 // - A closed connection cancels its calls that have not started; its thread waits for the rest
 //   before closing the fd. Stop stops accepting, closes every connection and joins the threads;
 //   the engine must still be running then. Thread-safe.
@@ -73,6 +76,12 @@ class FastSocketServer {
   // Connections busy-polling at once under the automatic spin (a fixed spin has no such cap:
   // the operator gave the cores).
   static constexpr int kMaxAutoSpinners = 2;
+  // The longest heads-up (FastRequest.heads_up_micros) taken where the threads may spin.
+  static constexpr uint32_t kMaxHeadsUpMicros = 2000;
+
+  // The heads-up limit ServerInfo reports (limits.fast_socket_max_heads_up_micros) for a fast
+  // socket with this spin: kMaxHeadsUpMicros where its threads may busy-poll (SpinPolicy), else 0.
+  static uint32_t HeadsUpLimitMicros(const std::optional<absl::Duration>& spin, int usable_cpus);
 
   // `layer`, `metrics` (may be null) and `logger` are not owned and outlive the server.
   static absl::StatusOr<std::unique_ptr<FastSocketServer>> Create(CallLayer* layer,
@@ -90,6 +99,9 @@ class FastSocketServer {
   int64_t refused() const { return refused_.load(); }
   // Frames a busy-polling connection thread read without a wake-up.
   int64_t spin_pickups() const { return spin_pickups_.load(); }
+  // Heads-ups taken (FastRequest.heads_up_micros).
+  int64_t heads_ups() const { return heads_ups_.load(); }
+  uint32_t heads_up_limit_micros() const { return heads_up_limit_micros_; }
   const std::string& path() const { return options_.path; }
 
  private:
@@ -100,7 +112,11 @@ class FastSocketServer {
   };
 
   FastSocketServer(CallLayer* layer, Metrics* metrics, FastSocketOptions options, Logger* logger)
-      : layer_(layer), metrics_(metrics), options_(std::move(options)), logger_(logger) {}
+      : layer_(layer),
+        metrics_(metrics),
+        options_(std::move(options)),
+        logger_(logger),
+        heads_up_limit_micros_(HeadsUpLimitMicros(options_.spin, options_.usable_cpus)) {}
   void AcceptLoop();
   void Accept(int fd);
   void Refuse(int fd, absl::string_view why, const std::optional<PeerInfo>& peer);
@@ -110,6 +126,7 @@ class FastSocketServer {
   Metrics* const metrics_;
   const FastSocketOptions options_;
   Logger* const logger_;
+  const uint32_t heads_up_limit_micros_;
   int listen_fd_ = -1;
   int stop_fd_ = -1;  // eventfd, written once by Stop: readable for every poll() from then on
   std::thread accept_thread_;
@@ -119,6 +136,7 @@ class FastSocketServer {
   std::atomic<int64_t> refused_{0};
   std::atomic<int> auto_spinners_{0};  // connections busy-polling under the automatic spin
   std::atomic<int64_t> spin_pickups_{0};
+  std::atomic<int64_t> heads_ups_{0};
   absl::Time last_refusal_log_ = absl::InfinitePast();  // accept thread only
 };
 

@@ -307,6 +307,7 @@ std::vector<Op> MakeTable() {
         const bool fast = env.fast_socket_frame_bytes != 0;
         l->set_fast_socket_reply_margin_bytes(fast ? v1::FAST_SOCKET_REPLY_MARGIN_BYTES : 0);
         l->set_fast_socket_reply_framing_bytes(fast ? v1::FAST_SOCKET_REPLY_FRAMING_BYTES : 0);
+        l->set_fast_socket_max_heads_up_micros(fast ? env.fast_socket_heads_up_micros : 0);
         if (!env.engine->CudaIpcAllowedFor(ctx.peer)) {  // listed only for callers who may
           auto* modes = rep->mutable_supported_modes();
           for (int i = modes->size() - 1; i >= 0; --i) {

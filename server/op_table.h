@@ -29,6 +29,7 @@ struct OpEnvironment {
   Engine* engine = nullptr;
   uint64_t max_message_bytes = 0;        // reported in ServerInfo.limits
   uint32_t fast_socket_frame_bytes = 0;  // 0: no fast socket (ServerInfo.limits)
+  uint32_t fast_socket_heads_up_micros = 0;  // 0: no heads-ups (ServerInfo.limits)
 };
 
 using OpReply = std::function<void(absl::Status status,

@@ -199,6 +199,18 @@ std::string SpinDescription(std::optional<absl::Duration> spin, bool cpu_backend
   return "automatic (busy-polls for a caller back within 2 ms)";
 }
 
+// --fast_socket_spin_us: -1 is automatic (unset).
+std::optional<absl::Duration> FastSpinFlag(const ServerOptions& o) {
+  if (o.fast_socket_spin_us < 0) return std::nullopt;
+  return absl::Microseconds(o.fast_socket_spin_us);
+}
+
+// The fast socket's spin: the flag's, where automatic never on the CPU backend.
+std::optional<absl::Duration> FastSpin(const ServerOptions& o, bool cpu_backend) {
+  const std::optional<absl::Duration> spin = FastSpinFlag(o);
+  return spin.has_value() || !cpu_backend ? spin : absl::ZeroDuration();
+}
+
 // `cpu_backend`: the devices are the CPU backend's (no automatic spin: its workers need the cores).
 absl::Status StartListeners(const ServerOptions& o, bool cpu_backend, CallLayer* layer,
                             Metrics* metrics, std::shared_ptr<prometheus::Registry> registry,
@@ -219,17 +231,13 @@ absl::Status StartListeners(const ServerOptions& o, bool cpu_backend, CallLayer*
     if (!u.ok()) return u.status();
     l->unix_listener = *std::move(u);
   }
-  // The fast socket's spin: -1 is automatic (unset), which never spins on the CPU backend.
-  const std::optional<absl::Duration> fast_spin =
-      o.fast_socket_spin_us >= 0
-          ? std::optional<absl::Duration>(absl::Microseconds(o.fast_socket_spin_us))
-          : std::nullopt;
+  const std::optional<absl::Duration> fast_spin = FastSpinFlag(o);
   if (!o.fast_socket.empty()) {
     FastSocketOptions fo;
     fo.path = o.fast_socket;
     fo.allowed_uids = allowed;
     fo.max_connections = o.fast_socket_max_connections;
-    fo.spin = fast_spin.has_value() || !cpu_backend ? fast_spin : absl::ZeroDuration();
+    fo.spin = FastSpin(o, cpu_backend);
     absl::StatusOr<std::unique_ptr<FastSocketServer>> f =
         FastSocketServer::Create(layer, metrics, std::move(fo), &log);
     if (!f.ok()) return f.status();
@@ -268,7 +276,8 @@ absl::Status StartListeners(const ServerOptions& o, bool cpu_backend, CallLayer*
     l->fast_socket->Start();
     log.Info("listening on the fast socket",
              {{"path", l->fast_socket->path()},
-              {"spin", SpinDescription(fast_spin, cpu_backend)}});
+              {"spin", SpinDescription(fast_spin, cpu_backend)},
+              {"heads_up_max_us", absl::StrCat(l->fast_socket->heads_up_limit_micros())}});
   }
   return absl::OkStatus();
 }
@@ -408,6 +417,10 @@ int RunServer(const ServerOptions& o, Logger& log) {
   if (!engine_or.ok()) return exit_code;
   Engine& engine = **engine_or;
 
+  if (!o.fast_socket.empty()) {
+    layer_options->fast_socket_heads_up_micros =
+        FastSocketServer::HeadsUpLimitMicros(FastSpin(o, backend_kind == "cpu"), 0);
+  }
   CallLayer layer(&engine, &metrics, *std::move(layer_options));
   Listeners l;
   if (absl::Status s =

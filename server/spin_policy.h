@@ -45,6 +45,11 @@ class SpinPolicy {
         auto_allowed_(!fixed.has_value() && (cpus > 0 ? cpus : UsableCpus()) >= kAutoMinThreads) {}
 
   bool automatic() const { return !fixed_.has_value(); }
+  // Whether the thread ever busy-polls: a fixed spin above zero, or the automatic spin where it
+  // is allowed (enough usable CPUs).
+  bool may_spin() const {
+    return fixed_.has_value() ? *fixed_ > absl::ZeroDuration() : auto_allowed_;
+  }
 
   // Work arrived at `now` (steady clock); the gap since the previous arrival sets the automatic
   // spin. Thread-safe.

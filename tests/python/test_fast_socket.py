@@ -5,6 +5,7 @@ raw protocol and the client's checks of it: test_fast_socket_protocol.py."""
 
 import os
 import threading
+import time
 import unittest
 
 import grpc
@@ -12,6 +13,8 @@ import torch
 
 import fast_socket_testing
 import fp4q
+import fp4q.optim
+import fp4q_testing
 from fast_socket_testing import Counting, randn
 
 # SERVER, FAST_PATH, GRPC (gRPC only) and FAST (the fast socket), set by setUpModule.
@@ -183,6 +186,65 @@ class SpinTest(Counting):
             self.assertIn("fast_socket_spin_us", str(cm.exception))
 
 
+class HeadsUpTest(Counting):
+    """Heads-ups before steps (fp4q.Client(fast_socket_heads_up=...)): sent after an idle gap
+    where fp4qd takes them, and the steps' results those of a gRPC client's."""
+
+    @staticmethod
+    def steps(client, prefix, gap_s=0.005, count=4):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 16, bias=False),
+                                    torch.nn.Linear(16, 32, bias=False))
+        opt = fp4q.optim.SGD(model.parameters(), lr=0.1, client=client, name_prefix=prefix)
+        for i in range(count):
+            for p in model.parameters():
+                p.grad = randn(*p.shape, seed=40 + i)
+            time.sleep(gap_s)  # the forward and backward passes of a training loop
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    def test_steps_after_a_gap_send_heads_ups_where_fp4qd_takes_them(self):
+        path = fp4q_testing.socket_path("heads-up.sock")
+        # A fixed spin: fp4qd's fast socket threads busy-poll, on the CPU backend too.
+        server = fp4q_testing.Server("--fast_socket", path, "--fast_socket_spin_us=20")
+        try:
+            with fp4q.Client(server.target, timeout=60, fast_socket=path) as fast, \
+                    fp4q.Client(server.target, timeout=60) as grpc_only:
+                self.assertEqual(fast.server_info().limits.fast_socket_max_heads_up_micros, 2000)
+                before = self.snapshot(fast)
+                got = self.steps(fast, "fast/")
+                self.assertEqual(fast.stats["fast_socket_heads_ups"], 4)  # one per step
+                self.assertEqual(fast.stats["fast_socket_connects"] -
+                                 before["fast_socket_connects"], 1)
+                for a, b in zip(got, self.steps(grpc_only, "grpc/")):
+                    self.assertSameTensor(a, b)
+                # A connection idle for less than HEADS_UP_AFTER gets none (its fp4qd thread
+                # still busy-polls from the call before).
+                from fp4q import _fast_socket
+                after = _fast_socket.HEADS_UP_AFTER
+                _fast_socket.HEADS_UP_AFTER = 60.0
+                try:
+                    self.steps(fast, "tight/", count=2)
+                finally:
+                    _fast_socket.HEADS_UP_AFTER = after
+                self.assertEqual(fast.stats["fast_socket_heads_ups"], 4)
+            with fp4q.Client(server.target, timeout=60, fast_socket=path,
+                             fast_socket_heads_up=False) as off:
+                self.steps(off, "off/")
+                self.assertEqual(off.stats["fast_socket_heads_ups"], 0)
+        finally:
+            server.stop()
+
+    def test_no_heads_up_where_fp4qd_takes_none(self):
+        # This module's fp4qd runs the CPU backend with the automatic spin: its threads never
+        # busy-poll, so it takes no heads-ups and the client sends none.
+        with fp4q.Client(SERVER.target, timeout=60, fast_socket=FAST_PATH) as c:
+            self.assertEqual(c.server_info().limits.fast_socket_max_heads_up_micros, 0)
+            self.steps(c, "none/", count=2)
+            self.assertEqual(c.stats["fast_socket_heads_ups"], 0)
+            self.assertEqual(c._fast.limits.heads_up_micros, 0)
+
+
 class ErrorParityTest(Counting):
     def test_server_errors_match_grpc(self):
         qa = GRPC.quantize(randn(8, 32, seed=7)).rowwise
@@ -325,7 +387,7 @@ class EveryMethodTest(Counting):
             # one connection.
             self.assertCounts(c, before, calls=9, connects=1)
             self.assertEqual(c.server_info().limits.fast_socket_max_frame_bytes, 65536)
-            self.assertEqual(c._fast.limits, (65536, 4096, 32))  # as the server reports them
+            self.assertEqual(c._fast.limits, (65536, 4096, 32, 0))  # as the server reports them
 
     def test_a_step_whose_reply_cannot_fit_goes_by_grpc(self):
         name = "fast-step-big-%d" % os.getpid()

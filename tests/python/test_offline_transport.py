@@ -89,27 +89,36 @@ class ReplyBoundTest(unittest.TestCase):
     """What a reply may carry, against fp4qd's own bounds (server/op_table.cc) and limits."""
 
     def test_the_limits_are_the_proto_s_and_then_the_server_s(self):
-        self.assertEqual(_fast_frames.DEFAULT_LIMITS, (65536, 4096, 32))
+        self.assertEqual(_fast_frames.DEFAULT_LIMITS, (65536, 4096, 32, 0))
         limits = _fast_frames.DEFAULT_LIMITS
         # fp4qd refuses bound + margin > frame - 32 (its reply limit): exactly at the edge.
         self.assertTrue(limits.reply_fits(65536 - 32 - 4096))
         self.assertFalse(limits.reply_fits(65536 - 32 - 4096 + 1))
         info = pb.ServerInfoReply(limits=pb.Limits(fast_socket_max_frame_bytes=32768,
                                                    fast_socket_reply_margin_bytes=8192))
-        self.assertEqual(_fast_frames.Limits.from_server_info(info, limits), (32768, 8192, 32))
+        self.assertEqual(_fast_frames.Limits.from_server_info(info, limits),
+                         (32768, 8192, 32, 0))
         framed = pb.ServerInfoReply(limits=pb.Limits(fast_socket_reply_framing_bytes=64))
         wider = _fast_frames.Limits.from_server_info(framed, limits)
-        self.assertEqual(wider, (65536, 4096, 64))
+        self.assertEqual(wider, (65536, 4096, 64, 0))
         self.assertTrue(wider.reply_fits(65536 - 64 - 4096))
         self.assertFalse(wider.reply_fits(65536 - 64 - 4096 + 1))
         self.assertEqual(_fast_frames.Limits.from_server_info(pb.ServerInfoReply(), limits),
                          limits)  # a server reporting none: kept
+        # The heads-up limit is taken as reported: 0 (none, or an older fp4qd) means none.
+        heads = pb.ServerInfoReply(limits=pb.Limits(fast_socket_max_heads_up_micros=2000))
+        taking = _fast_frames.Limits.from_server_info(heads, limits)
+        self.assertEqual(taking, (65536, 4096, 32, 2000))
+        self.assertEqual(_fast_frames.Limits.from_server_info(pb.ServerInfoReply(), taking),
+                         (65536, 4096, 32, 0))
+        self.assertEqual(_fast_frames.GENERIC.heads_up(2000),
+                         pb.FastRequest(heads_up_micros=2000).SerializeToString())
         fs = _fast_socket.FastSocket("/nonexistent")
         step = pb.StepRequest(items=[pb.StepItem(name="w", return_dequantized=True,
                                                  update=pb.Tensor(shape=[48, 128]))])
         fs.frame("Step", step)  # 24576 + 16 + 49 bytes + the margin: fits 65536
         fs.set_limits(info)
-        self.assertEqual(fs.limits, (32768, 8192, 32))
+        self.assertEqual(fs.limits, (32768, 8192, 32, 0))
         with self.assertRaises(_fast_socket.FrameTooLarge):
             fs.frame("Step", step)  # not in 32768 - 32 - 8192
 

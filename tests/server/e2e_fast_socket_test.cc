@@ -318,6 +318,8 @@ TEST_P(E2eFastSocketResultsTest, ResultsAreByteIdenticalToGrpcAndPipelinedCallsA
   EXPECT_EQ(info_fast->limits().fast_socket_max_frame_bytes(), 65536u);
   EXPECT_EQ(info_fast->limits().fast_socket_reply_margin_bytes(), 4096u);
   EXPECT_EQ(info_fast->limits().fast_socket_reply_framing_bytes(), 32u);
+  // The CPU backend's fast socket threads never busy-poll: no heads-ups.
+  EXPECT_EQ(info_fast->limits().fast_socket_max_heads_up_micros(), 0u);
   EXPECT_EQ(info_fast->SerializeAsString(), info_grpc.SerializeAsString());
 
   // Pipelining: 200 frames sent before any reply is read (beyond the per-connection limit of

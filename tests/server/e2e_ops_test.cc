@@ -500,6 +500,7 @@ TEST_F(E2eOpsTest, ServerInfoAndHealth) {
   EXPECT_EQ(info.limits().fast_socket_max_frame_bytes(), 0u);  // no --fast_socket: none
   EXPECT_EQ(info.limits().fast_socket_reply_margin_bytes(), 0u);
   EXPECT_EQ(info.limits().fast_socket_reply_framing_bytes(), 0u);
+  EXPECT_EQ(info.limits().fast_socket_max_heads_up_micros(), 0u);
   EXPECT_NE(info.server_epoch(), 0u);
   EXPECT_EQ(info.header().server_epoch(), info.server_epoch());
   EXPECT_THAT(info.supported_modes(), ::testing::Contains("nvfp4"));

@@ -69,11 +69,13 @@ _TIMEOUT_KEY = _key(pb.FastRequest, "timeout_micros", _WIRE_VARINT)
 _HELLO_KEY = _key(pb.FastRequest, "hello", _WIRE_BYTES)
 _METHOD_KEY = _key(pb.FastRequest, "method", _WIRE_BYTES)
 _REQUEST_KEY = _key(pb.FastRequest, "request", _WIRE_BYTES)
+_HEADS_UP_KEY = _key(pb.FastRequest, "heads_up_micros", _WIRE_VARINT)
 
 
-class Limits(collections.namedtuple("Limits", ("max_frame", "reply_margin", "reply_framing"))):
-    """The fast socket's frame limit, the room kept in a reply for its fixed fields, and what the
-    FastReply envelope takes of a frame."""
+class Limits(collections.namedtuple("Limits", ("max_frame", "reply_margin", "reply_framing",
+                                               "heads_up_micros"), defaults=(0,))):
+    """The fast socket's frame limit, the room kept in a reply for its fixed fields, what the
+    FastReply envelope takes of a frame, and the longest heads-up the server takes (0: none)."""
 
     __slots__ = ()
 
@@ -81,14 +83,16 @@ class Limits(collections.namedtuple("Limits", ("max_frame", "reply_margin", "rep
     def from_server_info(cls, info, current):
         """The limits a ServerInfoReply reports (limits.fast_socket_max_frame_bytes,
         fast_socket_reply_margin_bytes and fast_socket_reply_framing_bytes), each kept at
-        `current`'s value where it is 0 (a server that reports none, or has no fast socket)."""
+        `current`'s value where it is 0 (a server that reports none, or has no fast socket); and
+        fast_socket_max_heads_up_micros as it is (0: the server takes no heads-ups)."""
         limits = getattr(info, "limits", None)
         if limits is None:
             return current
         frame = int(limits.fast_socket_max_frame_bytes) or current.max_frame
         margin = int(limits.fast_socket_reply_margin_bytes) or current.reply_margin
         framing = int(limits.fast_socket_reply_framing_bytes) or current.reply_framing
-        return cls(frame, margin, framing)
+        heads_up = int(getattr(limits, "fast_socket_max_heads_up_micros", 0))
+        return cls(frame, margin, framing, heads_up)
 
     def reply_fits(self, bound):
         """Whether a reply carrying `bound` bytes beyond its fixed fields fits in a frame."""
@@ -158,6 +162,12 @@ class GenericFraming:
 
     def hello(self, body):
         return Frame(_HELLO_KEY + varint(len(body)) + body)
+
+    @staticmethod
+    def heads_up(micros):
+        """The bytes of a heads-up frame: a call follows within `micros` (FastRequest field 6;
+        no call_id, no reply)."""
+        return _HEADS_UP_KEY + varint(micros)
 
     def parse(self, data, rpc):
         """The Reply of a frame; the method's reply decoded as METHODS[rpc]'s reply class when

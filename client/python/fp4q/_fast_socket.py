@@ -25,6 +25,10 @@ starts at the proto's values (FastSocketLimit) and follows the server's ServerIn
   never left) is tried once more on a fresh one.
 - `reset()` (the session was dropped or re-opened) closes the idle connections and makes the busy
   ones close when they come back, so every later call says hello again.
+- `heads_up()` tells fp4qd that a call follows soon on the connection the next call will take,
+  when that connection has sat idle HEADS_UP_AFTER or longer and the server takes heads-ups
+  (limits.heads_up_micros): fp4qd's thread for it then wakes while the caller still prepares the
+  call, and busy-polls for it (FastRequest.heads_up_micros; no reply).
 - Thread-safe; it knows nothing of sessions beyond the id each call names (fp4q._transport
   decides which calls come here and what a refused hello means for the session).
 
@@ -85,14 +89,23 @@ class _SendGone(Exception):
     """A send on a reused connection found the peer gone: the frame was not delivered."""
 
 
+# A connection idle this long (seconds) gets a heads-up before a step (FastSocket.heads_up):
+# fp4qd's thread for it has stopped busy-polling by then (it polls for a caller back within
+# twice its last gap, and at most 2 ms).
+HEADS_UP_AFTER = 1e-3
+# The heads-up's time: fp4qd busy-polls this long at most for the call that follows it.
+HEADS_UP_MICROS = 2000
+
+
 class _Conn:
-    __slots__ = ("sock", "session_id", "generation", "timeout")
+    __slots__ = ("sock", "session_id", "generation", "timeout", "idle_since")
 
     def __init__(self, sock, session_id, generation):
         self.sock = sock
         self.session_id = session_id
         self.generation = generation
         self.timeout = sock.gettimeout()
+        self.idle_since = time.monotonic()  # its last exchange's end
 
     def settimeout(self, seconds):
         """sock.settimeout, skipped when unchanged (each one costs system calls)."""
@@ -186,6 +199,7 @@ class FastSocket:
         return found
 
     def _release(self, conn):
+        conn.idle_since = time.monotonic()
         with self._lock:
             keep = (not self._closed and conn.generation == self._generation and
                     len(self._idle) < self._max_idle)
@@ -193,6 +207,34 @@ class FastSocket:
                 self._idle.append(conn)
         if not keep:
             conn.close()
+
+    def heads_up(self, session_id):
+        """Sends a heads-up (see the module docstring) on the idle connection of `session_id`
+        that the next call takes, when it has been idle HEADS_UP_AFTER or longer and the server
+        takes heads-ups; True when one was sent. Never raises: a connection whose send fails is
+        closed (the next call connects again)."""
+        micros = self.limits.heads_up_micros
+        if not micros:
+            return False
+        with self._lock:
+            if not self._idle:
+                return False
+            conn = self._idle[-1]  # what _take_idle pops first
+            if (conn.session_id != session_id or conn.generation != self._generation or
+                    time.monotonic() - conn.idle_since < HEADS_UP_AFTER):
+                return False
+            self._idle.pop()
+        try:
+            sent = conn.sock.send(self.framing.heads_up(min(micros, HEADS_UP_MICROS)),
+                                  socket.MSG_DONTWAIT)
+        except OSError:
+            sent = 0
+        if not sent:
+            conn.close()
+            return False
+        self._count("fast_socket_heads_ups")
+        self._release(conn)
+        return True
 
     # ------------------------------------------------------------------ calls
 

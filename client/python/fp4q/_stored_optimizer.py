@@ -447,6 +447,8 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # fp4qd's thread for the step wakes while the checks below run (after an idle gap).
+        self.client._transport.heads_up()
         self.synchronize()
         self._check_epoch()
         hypers = self._hyper_for_step()

@@ -69,7 +69,7 @@ class Transport:
     """`session` is the client's fp4q._session.Session; `count(key, n=1)` adds to its stats."""
 
     def __init__(self, target, *, session, timeout, token, channel_options, fast_socket,
-                 fast_socket_spin_us, count):
+                 fast_socket_spin_us, count, fast_socket_heads_up=True):
         if fast_socket_spin_us is not None and (
                 isinstance(fast_socket_spin_us, bool) or
                 not isinstance(fast_socket_spin_us, int) or
@@ -95,6 +95,7 @@ class Transport:
                                              else fast_socket_spin_us * 1e-6)
                      if fast_socket else None)
         self._count = count
+        self.heads_ups = bool(fast_socket_heads_up)
 
     def close(self):
         if self.fast is not None:
@@ -133,6 +134,15 @@ class Transport:
             elif rpc in _fast_socket.AUTO_SPIN:
                 self.fast.server_on_cpu = reply.header.backend == "cpu"
         return reply
+
+    def heads_up(self):
+        """A fast socket heads-up for a call about to be sent in the current session
+        (FastSocket.heads_up), unless the client was made with fast_socket_heads_up=False."""
+        fast = self.fast
+        if fast is not None and self.heads_ups:
+            sid = self._session.id
+            if sid is not None:
+                fast.heads_up(sid)
 
     def begin(self, rpc, request):
         """Sends one request (fast socket or gRPC, sent once: no resend in a new session) and

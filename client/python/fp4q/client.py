@@ -84,11 +84,15 @@ class Client:
         None (the default): only the replies of Step and UpdateWeight, up to twice the last
         such call's round trip when it took at most 2 ms (a trainer's repeated step; see
         fp4q._fast_socket.AUTO_SPIN), and never from a server on the CPU backend; 0: never.
+      fast_socket_heads_up: before a step (fp4q.optim) whose fast socket connection sat idle
+        1 ms or more, send fp4qd a heads-up (a frame with no reply) so that its thread wakes
+        while this process prepares the step, where fp4qd takes heads-ups (its
+        limits.fast_socket_max_heads_up_micros). Default True.
     """
 
     def __init__(self, target=None, *, ipc="auto", client_name="fp4q-python", timeout=None,
                  max_regions=256, channel_options=(), bearer_token=None, fast_socket=None,
-                 fast_socket_spin_us=None, namespace=None):
+                 fast_socket_spin_us=None, namespace=None, fast_socket_heads_up=True):
         self.target = target or os.environ.get("FP4Q_SERVER") or DEFAULT_TARGET
         if bearer_token is None:
             bearer_token = os.environ.get("FP4Q_TOKEN") or None
@@ -108,7 +112,8 @@ class Client:
         self._transport = _transport.Transport(
             self.target, session=self._session, timeout=timeout, token=bearer_token,
             channel_options=channel_options, fast_socket=fast_socket,
-            fast_socket_spin_us=fast_socket_spin_us, count=self._count)
+            fast_socket_spin_us=fast_socket_spin_us, count=self._count,
+            fast_socket_heads_up=fast_socket_heads_up)
         self._requests = _requests.Requests(self._raw, self._session.lost, self._ipc,
                                             lambda rpc, req: self._transport.begin(rpc, req))
 

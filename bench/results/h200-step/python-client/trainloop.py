@@ -6,6 +6,7 @@
 # step, then synchronized), gpt2 (the GPT-2-shaped matrices, fixed gradients), single (one
 # 8192x8192 matrix, fixed gradients).
 # FP4QD_ARGS: more fp4qd flags (space-separated). SPIN_US: the client's fast_socket_spin_us (unset: its default).
+# HEADS_UP=0: fp4q.Client(fast_socket_heads_up=False).
 # Env: B (bundle dir), LD_LIBRARY_PATH, FP4Q_CUDA_MODULE, FP4Q_PROTO_DESCRIPTOR. Run from repo root.
 # SCALING: fp4q.optim's scaling (default: its own); ONE_PASS=1: one_pass=True (SCALING=delayed). PROFILE=1: also a cProfile of opt.step() over steps 20.. (PHASES=0: without the phase timers).
 import collections, os, statistics, subprocess, sys, time
@@ -59,8 +60,9 @@ if os.environ.get("PHASES", "1") == "1":
     timed(_rg.Transfer, "input", "input")
     timed(_fs.FastSocket, "frame", "frame")
 
+kw = {} if os.environ.get("HEADS_UP", "1") == "1" else {"fast_socket_heads_up": False}
 c = fp4q.Client("unix://" + sock, fast_socket=fast,
-                fast_socket_spin_us=int(os.environ["SPIN_US"]) if os.environ.get("SPIN_US") else None)
+                fast_socket_spin_us=int(os.environ["SPIN_US"]) if os.environ.get("SPIN_US") else None, **kw)
 cfg = M.Config(vocab_size=256, block_size=128, layers=4, d_model=384, heads=6)
 N = int(os.environ.get("N", "200"))
 GAP = float(os.environ.get("GAP_MS", "7")) / 1e3
