@@ -447,9 +447,11 @@ class StoredOptimizer(StepMixin, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        # fp4qd's thread for the step wakes while the checks below run (after an idle gap).
-        self.client._transport.heads_up()
         self.synchronize()
+        if self._overlapped is None:
+            # fp4qd's thread for the step wakes while the checks below run (after an idle gap).
+            # An overlapped step is sent while the backward pass runs, which it waits for.
+            self.client._transport.heads_up()
         self._check_epoch()
         hypers = self._hyper_for_step()
         key, group_index = self._step_key()
