@@ -151,6 +151,9 @@ def run_variant(variant, server, cfg, device, args, rounds):
                           "steps_timed_by_fp4qd": len(headers)})
             if r is not None:  # synchronous steps: the stream was idle / the word timed out
                 extra.update({"sent_stream_idle": r.idle, "ready_fallbacks": r.fallbacks})
+            # How the client waited for the step replies, and its heads-ups (fp4q._fast_socket).
+            extra["client_waits"] = {k: v for k, v in c.stats.items()
+                                     if k.startswith("fast_socket_") and k != "fast_socket_calls"}
             if headers:
                 # fp4qd's reply header, medians: the step's device work (check, apply, report;
                 # launches included), the request's whole time in fp4qd (with a ready signal:
@@ -269,6 +272,10 @@ def main(argv=None):
                   % ("", row["fp4qd_kernel_us"], row["fp4qd_server_us"], row["fp4qd_queue_us"],
                      row["fp4qd_ready_wait_us"]),
                   flush=True)
+        if row.get("client_waits"):
+            print("%-24s the client's waits for replies (last round): %s"
+                  % ("", " ".join("%s %d" % (k[len("fast_socket_"):], n)
+                                  for k, n in sorted(row["client_waits"].items()))), flush=True)
     report = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv),
               "fp4qd_command": server.command, "commit": commit(), "torch": torch.__version__,
               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",

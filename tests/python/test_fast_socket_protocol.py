@@ -210,6 +210,43 @@ class ClientProtocolTest(Counting):
         self.assertGreater(first.timeout_micros, 25 * 10**6)
         self.assertLessEqual(first.timeout_micros, 30 * 10**6)
 
+    def test_a_step_reply_expected_late_is_slept_for_then_polled(self):
+        """A Step whose reply came after AUTO_SPIN_MAX (a synchronous step sent while the
+        backward pass runs): the next one sleeps until shortly before the last round trip's
+        time, then busy-polls (AUTO_WAKE_MAX's rule)."""
+        from fp4q import _fast_socket as fs
+
+        def late_step(n, req):
+            time.sleep(0.02)
+            body = pb.StepReply()
+            body.header.server_epoch = self.epoch
+            return pb.FastReply(call_id=req.call_id,
+                                reply=body.SerializeToString()).SerializeToString()
+        self.script = [late_step] * 3
+        f = self.client._fast
+        f.server_on_cpu = False  # the stand-in stands for a GPU server
+        self.assertIsNone(f._wake_after("Step"))  # no round trip yet: the plain spin
+        msg = f.frame("Step", pb.StepRequest())
+        waits = ("fast_socket_replied_before_spin", "fast_socket_polled",
+                 "fast_socket_polled_then_slept")
+        for i in range(3):
+            before = [self.client.stats[k] for k in waits]
+            reply = f.call("Step", msg, self.client.session_id, None, None)
+            self.assertEqual(reply.header.server_epoch, self.epoch)
+            counted = [self.client.stats[k] - b for k, b in zip(waits, before)]
+            # Every reply counted once: the first after the plain spin ran out, the later ones
+            # by the sleep-then-poll path (which of its three outcomes depends on the timing).
+            self.assertEqual(sum(counted), 1)
+            if i == 0:
+                self.assertEqual(counted, [0, 0, 1])
+            last = f._last_round_trip["Step"]
+            self.assertGreaterEqual(last, 0.02)
+            self.assertEqual(f._wake_after("Step"),
+                             last - fs.AUTO_SPIN_MAX if last <= fs.AUTO_WAKE_MAX else None)
+        f._last_round_trip["Step"] = 0.06  # slower than AUTO_WAKE_MAX: slept for throughout
+        self.assertIsNone(f._wake_after("Step"))
+        self.assertEqual(f._spin_for("Step"), 0.0)
+
     def test_server_errors_keep_the_connection(self):
         def error(code):
             return lambda n, req: pb.FastReply(call_id=req.call_id, code=code,

@@ -40,6 +40,7 @@ raises HelloRefused (the client turns it into an Fp4qError and handles the sessi
 
 import errno
 import itertools
+import math
 import select
 import socket
 import threading
@@ -64,6 +65,12 @@ _SEND_GONE = (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.ECONNREFUSED)
 # the H200, bench/results/h200-step/one-pass call 11: 1.03-1.13 ms sleeping, 0.80-0.85 ms
 # busy-polling, alternated in one run).
 AUTO_SPIN = frozenset(("Step", "UpdateWeight"))
+# A reply of those rpcs expected later than AUTO_SPIN_MAX but within AUTO_WAKE_MAX seconds (a
+# synchronous step sent with a ready signal while the backward pass still runs, whose reply
+# waits for it) is slept for until AUTO_SPIN_MAX before the last such round trip's time, then
+# busy-polled for up to 2 * AUTO_SPIN_MAX: the thread's wake-up falls before the reply instead
+# of after it, at the cost of that spin.
+AUTO_WAKE_MAX = 50e-3
 AUTO_SPIN_MAX = 2e-3
 
 
@@ -133,6 +140,13 @@ def _remaining(deadline, rpc):
 
 def _deadline_error(rpc):
     return Fp4qError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", rpc)
+
+
+def _readable_within(sock, seconds):
+    """True when `sock` has something to read within `seconds` (slept for in poll())."""
+    p = select.poll()
+    p.register(sock.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(p.poll(max(0, math.ceil(seconds * 1e3))))
 
 
 def _readable(sock):
@@ -362,6 +376,16 @@ class FastSocket:
             return AUTO_SPIN_MAX
         return 0.0 if last > AUTO_SPIN_MAX else min(2 * last, AUTO_SPIN_MAX)
 
+    def _wake_after(self, rpc):
+        """With spin=None, seconds after the send of a call() of `rpc` at which its thread wakes
+        to busy-poll for the reply (AUTO_WAKE_MAX's rule), or None (it never sleeps first)."""
+        if self._spin is not None or rpc not in AUTO_SPIN or self.server_on_cpu:
+            return None
+        last = self._last_round_trip.get(rpc)
+        if last is None or not AUTO_SPIN_MAX < last <= AUTO_WAKE_MAX:
+            return None
+        return last - AUTO_SPIN_MAX
+
     def _spin_recv(self, conn, spin):
         """The reply frame when it arrives within `spin` seconds (busy-polling a non-blocking
         socket: the thread is not put to sleep and woken; the GIL is released only for each
@@ -419,9 +443,15 @@ class FastSocket:
         with our call_id (its code unchecked). Raising leaves `conn` out of step (the caller
         closes it)."""
         spin = self._spin_for(rpc)
+        wake = self._wake_after(rpc) if not spin else None
         sent = time.monotonic()
         call_id = self._send_frame(conn, rpc, msg, deadline, reused)
-        reply = self._recv_reply(conn, rpc, call_id, deadline, spin)
+        if wake is None:
+            reply = self._recv_reply(conn, rpc, call_id, deadline, spin)
+        else:
+            until = sent + wake if deadline is None else min(sent + wake, deadline)
+            reply = self._recv_reply(conn, rpc, call_id, deadline, 2 * AUTO_SPIN_MAX,
+                                     sleep_until=until)
         if self._spin is None and rpc in AUTO_SPIN:
             self._last_round_trip[rpc] = time.monotonic() - sent
         return reply
@@ -449,15 +479,20 @@ class FastSocket:
             raise self._unavailable(rpc, "send: %d of %d bytes sent" % (sent, len(data)))
         return call_id
 
-    def _recv_reply(self, conn, rpc, call_id, deadline, spin=None):
+    def _recv_reply(self, conn, rpc, call_id, deadline, spin=None, sleep_until=None):
         """The reply frame to `call_id` on `conn`, decoded (its code unchecked); busy-polled for
-        `spin` seconds first (None: the fixed spin, none with spin=None)."""
+        `spin` seconds first (None: the fixed spin, none with spin=None), and before that slept
+        for until monotonic time `sleep_until` when given (the reply, if it comes by then, is
+        read at once)."""
         sock = conn.sock
         max_frame = self.limits.max_frame
         if spin is None:
             spin = self._spin or 0.0
         try:
             data = None
+            if sleep_until is not None and _readable_within(sock, sleep_until - time.monotonic()):
+                self._count("fast_socket_replied_before_spin")
+                spin = 0.0
             if spin > 0:
                 data = self._spin_recv(conn, spin)
                 self._count("fast_socket_polled" if data is not None else

@@ -83,7 +83,9 @@ class Client:
         before sleeping: saves the thread's wake-up for a CPU core kept busy while waiting.
         None (the default): only the replies of Step and UpdateWeight, up to twice the last
         such call's round trip when it took at most 2 ms (a trainer's repeated step; see
-        fp4q._fast_socket.AUTO_SPIN), and never from a server on the CPU backend; 0: never.
+        fp4q._fast_socket.AUTO_SPIN), from 2 ms before the last round trip's time when that
+        took 2-50 ms (slept for until then), and never from a server on the CPU backend; 0:
+        never.
       fast_socket_heads_up: before a step (fp4q.optim) whose fast socket connection sat idle
         1 ms or more, send fp4qd a heads-up (a frame with no reply) so that its thread wakes
         while this process prepares the step, where fp4qd takes heads-ups (its
