@@ -314,21 +314,23 @@ def main():
             "client_before_send_us": p50(before), "client_after_reply_us": p50(after),
             "empty_round_trip_us": {"p50": p50(empty), "min": min(empty)},
             "stats": {k: stats[k] for k in sorted(stats)
-                      if k.startswith(("step_plans", "fast_socket_polled"))},
+                      if k.startswith(("step_plans", "fast_socket_polled", "fast_socket_heads_ups",
+                                       "fast_socket_replied"))},
             "client_spin_us": args.spin_us,
             "lr_schedule": args.lr_schedule, "fresh_grads": args.fresh_grads,
         }
         print("%d matrices of %dx16, SGD momentum %g%s: step() p50 %.1f us (min %.1f); fp4qd %.0f "
               "us, its kernels %.0f us, its device queue %.0f us; client and transport %.1f us "
               "(before the send %.1f, after the reply %.1f); an empty round trip %.1f us; replies "
-              "busy-polled for %d, slept for after a spin %d"
+              "busy-polled for %d, slept for after a spin %d; heads-ups sent %d"
               % (args.params, args.rows, args.momentum,
                  ", %g ms idle before each" % args.gap_ms if args.gap_ms else "",
                  report["step_us"]["p50"], report["step_us"]["min"], report["server_us"],
                  report["kernel_us"], report["queue_us"],
                  report["client_and_transport_us"], report["client_before_send_us"],
                  report["client_after_reply_us"], report["empty_round_trip_us"]["p50"],
-                 stats.get("fast_socket_polled", 0), stats.get("fast_socket_polled_then_slept", 0)))
+                 stats.get("fast_socket_polled", 0), stats.get("fast_socket_polled_then_slept", 0),
+                 stats.get("fast_socket_heads_ups", 0)))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(report, f, indent=1)
