@@ -94,6 +94,9 @@ absl::StatusOr<v1::FastReply> FastSocket::Call(v1::FastRequest& request) {
   // The hello is waited for without a spin (as in the Python client): it is no call to count.
   const absl::Duration spin =
       request.has_hello() ? absl::ZeroDuration() : SpinForLocked(request.method());
+  const std::optional<absl::Duration> wake =
+      request.has_hello() || spin > absl::ZeroDuration() ? std::nullopt
+                                                         : WakeAfterLocked(request.method());
   const absl::Time sent = absl::Now();
   const absl::Time deadline = sent + options_.timeout;
   while (true) {
@@ -104,8 +107,12 @@ absl::StatusOr<v1::FastReply> FastSocket::Call(v1::FastRequest& request) {
     return Errno("send", options_.path, n < 0 ? errno : EMSGSIZE);
   }
   v1::FastReply reply;
+  const absl::Time sleep_until = wake.has_value() ? sent + *wake : absl::InfinitePast();
+  const absl::Duration poll = wake.has_value() ? 2 * kAutoSpinMax : spin;
   while (true) {
-    if (absl::Status s = Receive(deadline, spin, &reply); !s.ok()) return s;
+    absl::Status s = Receive(deadline, poll, sleep_until, &reply);
+    idle_since_ = absl::Now();
+    if (!s.ok()) return s;
     // Replies to earlier calls that timed out here may still arrive: skip them.
     if (reply.call_id() == id || reply.call_id() == 0) break;
     if (reply.call_id() > id) {
@@ -142,6 +149,39 @@ absl::Duration FastSocket::SpinForLocked(absl::string_view method) const {
   return last > kAutoSpinMax ? absl::ZeroDuration() : std::min(2 * last, kAutoSpinMax);
 }
 
+std::optional<absl::Duration> FastSocket::WakeAfterLocked(absl::string_view method) const {
+  const int slot = AutoSlot(method);
+  if (options_.spin.has_value() || slot < 0 || server_on_cpu_) return std::nullopt;
+  const absl::Duration last = last_round_trip_[slot];
+  if (last <= kAutoSpinMax || last > kAutoWakeMax) return std::nullopt;
+  return last - kAutoSpinMax;
+}
+
+std::optional<absl::Duration> FastSocket::WakeAfter(absl::string_view method) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return WakeAfterLocked(method);
+}
+
+bool FastSocket::HeadsUp() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_ || heads_up_limit_ == 0 || absl::Now() - idle_since_ < kHeadsUpAfter) return false;
+  v1::FastRequest request;
+  request.set_heads_up_micros(std::min(heads_up_limit_, kHeadsUpMicros));
+  const std::string bytes = request.SerializeAsString();
+  ssize_t n = 0;
+  do {
+    n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;  // the server is behind
+  if (n != static_cast<ssize_t>(bytes.size())) {
+    broken_ = true;
+    return false;
+  }
+  ++stats_.heads_ups;
+  idle_since_ = absl::Now();
+  return true;
+}
+
 absl::Duration FastSocket::SpinFor(absl::string_view method) const {
   std::lock_guard<std::mutex> lock(mu_);
   return SpinForLocked(method);
@@ -156,6 +196,8 @@ void FastSocket::SeeBackend(const google::protobuf::Message& reply) {
   const std::string* backend = nullptr;
   if (const auto* info = dynamic_cast<const v1::ServerInfoReply*>(&reply)) {
     backend = &info->backend();
+    std::lock_guard<std::mutex> lock(mu_);
+    heads_up_limit_ = info->limits().fast_socket_max_heads_up_micros();
   } else if (const auto* step = dynamic_cast<const v1::StepReply*>(&reply)) {
     if (step->has_header()) backend = &step->header().backend();
   } else if (const auto* update = dynamic_cast<const v1::UpdateWeightReply*>(&reply)) {
@@ -166,7 +208,25 @@ void FastSocket::SeeBackend(const google::protobuf::Message& reply) {
   server_on_cpu_ = *backend == "cpu";
 }
 
-absl::Status FastSocket::Receive(absl::Time deadline, absl::Duration spin, v1::FastReply* reply) {
+absl::Status FastSocket::Receive(absl::Time deadline, absl::Duration spin, absl::Time sleep_until,
+                                v1::FastReply* reply) {
+  bool early = false;
+  const absl::Duration first = std::min(sleep_until, deadline) - absl::Now();
+  if (first > absl::ZeroDuration()) {
+    pollfd p{fd_, POLLIN, 0};
+    const int ms = static_cast<int>(
+        std::min<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(first, absl::Milliseconds(1))),
+                          60000));
+    const int ready = ::poll(&p, 1, ms);
+    if (ready < 0 && errno != EINTR) {
+      broken_ = true;
+      return Errno("poll", options_.path, errno);
+    }
+    if (ready > 0) {
+      early = true;  // the reply (or the peer's close) came while the thread slept first
+      spin = absl::ZeroDuration();
+    }
+  }
   const absl::Time spin_until = absl::Now() + spin;
   bool slept = false;
   while (true) {
@@ -203,7 +263,11 @@ absl::Status FastSocket::Receive(absl::Time deadline, absl::Duration spin, v1::F
       return absl::InternalError(absl::StrCat("fast socket ", options_.path, ": a reply of ", n,
                                               " bytes is not a fp4q.v1.FastReply"));
     }
-    if (spin > absl::ZeroDuration()) ++(slept ? stats_.polled_then_slept : stats_.polled);
+    if (early) {
+      ++stats_.replied_before_spin;
+    } else if (spin > absl::ZeroDuration()) {
+      ++(slept ? stats_.polled_then_slept : stats_.polled);
+    }
     return absl::OkStatus();
   }
 }

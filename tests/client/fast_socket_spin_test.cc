@@ -96,6 +96,17 @@ class FakeFastServer {
     return it == calls_.end() ? 0 : it->second;
   }
 
+  // The heads-up limit its ServerInfo replies report (0 by default: it takes none).
+  void SetHeadsUpLimit(uint32_t micros) {
+    absl::MutexLock lock(&mu_);
+    heads_up_limit_ = micros;
+  }
+  // The heads_up_micros of the heads-up frames received (answered by nothing).
+  std::vector<uint32_t> heads_ups() const {
+    absl::MutexLock lock(&mu_);
+    return heads_ups_;
+  }
+
  private:
   // Waits until `fd` is readable; false once the destructor asked the thread to stop.
   bool WaitFor(int fd) const {
@@ -121,7 +132,13 @@ class FakeFastServer {
       if (n <= 0) break;  // the client closed the connection
       v1::FastRequest request;
       v1::FastReply reply;
-      if (!request.ParseFromArray(buffer.data(), static_cast<int>(n))) {
+      const bool parsed = request.ParseFromArray(buffer.data(), static_cast<int>(n));
+      if (parsed && request.heads_up_micros() != 0) {
+        absl::MutexLock lock(&mu_);
+        heads_ups_.push_back(request.heads_up_micros());
+        continue;  // as fp4qd: no reply
+      }
+      if (!parsed) {
         reply.set_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
         reply.set_message("not a fp4q.v1.FastRequest");
       } else {
@@ -166,6 +183,10 @@ class FakeFastServer {
       v1::ServerInfoReply r;
       *r.mutable_header() = header;
       r.set_backend(behaviour.backend);
+      {
+        absl::MutexLock lock(&mu_);
+        r.mutable_limits()->set_fast_socket_max_heads_up_micros(heads_up_limit_);
+      }
       bytes = r.SerializeAsString();
     } else if (request.method() == "KeepAlive") {
       v1::KeepAliveReply r;
@@ -188,6 +209,8 @@ class FakeFastServer {
   mutable absl::Mutex mu_;
   std::map<std::string, Behaviour> behaviours_;  // mu_
   std::map<std::string, int> calls_;             // mu_
+  uint32_t heads_up_limit_ = 0;                  // mu_
+  std::vector<uint32_t> heads_ups_;              // mu_
 };
 
 std::unique_ptr<FastSocket> ConnectTo(const FakeFastServer& server,
@@ -250,7 +273,8 @@ TEST(FastSocketSpin, AutomaticSpinFollowsEachMethodsLastRoundTrip) {
   EXPECT_EQ(Waited(socket->stats()), spun);
 
   // A Step the server holds 5 ms: the spin (<= 2 ms) runs out, the thread sleeps for it, and
-  // the next Step does not spin at all.
+  // the next Step does not spin from the send: it sleeps until 2 ms before the last round
+  // trip's time, then busy-polls (kAutoWakeMax's rule).
   server.Set("Step", {kSlowReply, "cuda"});
   FastSocketStats before = socket->stats();
   ASSERT_TRUE(socket->Step(v1::StepRequest()).ok());
@@ -261,13 +285,18 @@ TEST(FastSocketSpin, AutomaticSpinFollowsEachMethodsLastRoundTrip) {
   EXPECT_EQ(Waited(after), spun + 1);  // 2 after two Steps, unless the first fast one was slow
   EXPECT_EQ(socket->SpinFor("Step"), absl::ZeroDuration());
   EXPECT_EQ(socket->SpinFor("UpdateWeight"), max);
+  std::optional<absl::Duration> wake = socket->WakeAfter("Step");
+  ASSERT_TRUE(wake.has_value());
+  EXPECT_GE(*wake, kSlowReply - max);
+  EXPECT_EQ(socket->WakeAfter("UpdateWeight"), std::nullopt);  // not measured yet
+  EXPECT_EQ(socket->WakeAfter("KeepAlive"), std::nullopt);
 
-  // Another slow Step sleeps without spinning: nothing counted.
+  // Another slow Step: counted once, by one of the sleep-then-poll outcomes.
   before = socket->stats();
   ASSERT_TRUE(socket->Step(v1::StepRequest()).ok());
   after = socket->stats();
-  EXPECT_EQ(after.polled, before.polled);
-  EXPECT_EQ(after.polled_then_slept, before.polled_then_slept);
+  EXPECT_EQ(Waited(after) + after.replied_before_spin,
+            Waited(before) + before.replied_before_spin + 1);
   EXPECT_EQ(socket->SpinFor("Step"), absl::ZeroDuration());
 
   // KeepAlive never spins: nothing counted.
@@ -286,6 +315,41 @@ TEST(FastSocketSpin, AutomaticSpinFollowsEachMethodsLastRoundTrip) {
   EXPECT_LE(socket->SpinFor("Step"), std::min(2 * fast_again, max));
   EXPECT_EQ(socket->SpinFor("UpdateWeight"), max);
   EXPECT_EQ(server.calls("KeepAlive"), 1);
+}
+
+// HeadsUp sends nothing before the server said it takes heads-ups, and nothing to a server that
+// takes none; after an idle gap on a server that takes them it sends one frame, which nothing
+// answers (the next call's reply is its own).
+TEST(FastSocketHeadsUp, SentAfterAnIdleGapWhereTheServerTakesThem) {
+  FakeFastServer server;
+  std::unique_ptr<FastSocket> socket = ConnectTo(server);
+  ASSERT_NE(socket, nullptr);
+  absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_FALSE(socket->HeadsUp()) << "sent before any ServerInfo reply";
+  ASSERT_TRUE(socket->ServerInfo().ok());  // limit 0: takes none
+  absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_FALSE(socket->HeadsUp());
+
+  server.SetHeadsUpLimit(1500);
+  ASSERT_TRUE(socket->ServerInfo().ok());
+  absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_TRUE(socket->HeadsUp());
+  EXPECT_EQ(socket->stats().heads_ups, 1u);
+  absl::StatusOr<v1::StepReply> step = socket->Step(v1::StepRequest());
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(server.calls("Step"), 1);
+  // The frame carried the server's limit (under the client's 2000 us), and nothing else.
+  EXPECT_EQ(server.heads_ups(), std::vector<uint32_t>({1500u}));
+  ASSERT_TRUE(socket->KeepAlive().ok());
+
+  // A server limit over the client's own: the client's.
+  server.SetHeadsUpLimit(5000);
+  ASSERT_TRUE(socket->ServerInfo().ok());
+  absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_TRUE(socket->HeadsUp());
+  ASSERT_TRUE(socket->KeepAlive().ok());
+  EXPECT_EQ(server.heads_ups(), std::vector<uint32_t>({1500u, FastSocket::kHeadsUpMicros}));
+  EXPECT_EQ(socket->stats().heads_ups, 2u);
 }
 
 TEST(FastSocketSpin, CpuBackendTurnsTheAutomaticSpinOff) {
