@@ -4,11 +4,8 @@
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
 begin loop3 "CUDA MPS"
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-MPS=$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)
-$MPS -d && echo "MPS started" | tee -a $o/gpu.txt
+mps_start
 train_loop b256-mps 256 5 200
 train_loop b64-mps 64 5 160
-echo quit | $MPS
+mps_stop
 echo "done ($SECONDS s)"

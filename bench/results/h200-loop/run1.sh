@@ -18,17 +18,14 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
 smi=$!
 loop_args=("--variant=fp4q overlap")  # torch and the overlapped step only
 loop() { train_loop $1 256 "${@:2}"; }  # TAG ROUNDS SECONDS [FP4QD FLAGS...], batch 256
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-MPS=$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)
-$MPS -d && echo "MPS started ($SECONDS s)" | tee -a $o/gpu.txt
+mps_start
 loop mps 7 90
 # The same under MPS with the largest model the issue names (6 layers, d_model 512: 18.9M
 # parameters in the blocks), the step waiting for its reply and overlapped.
 loop_args=("--variant=fp4q" "--variant=fp4q overlap" --layers=6 --d-model=512 --heads=8)
 loop mps-6x512 5 110
 loop_args=("--variant=fp4q overlap")
-echo quit | $MPS; sleep 1; echo "MPS stopped ($SECONDS s)" | tee -a $o/gpu.txt
+mps_stop
 client_phases single 40 MODES=single SCALING=delayed ONE_PASS=1 N=600
 client_phases loop 40 MODES=none N=400
 trainer gpt2  # GPT-2's step from Python with this client (p50, p90), torch's in the same run

@@ -10,10 +10,7 @@
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
 begin loop8 "sync loop: sleep-then-poll on and off"
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-MPS=$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)
-$MPS -d && echo "MPS started ($SECONDS s)" | tee -a $o/gpu.txt
+mps_start
 args=(--fp4qd "$b/bin/fp4qd" --variant=fp4q --layers=6 --d-model=512 --heads=8 --rounds 5
       --batch 256)
 for r in 1 2; do
@@ -26,5 +23,5 @@ for r in 1 2; do
     grep -E "^fp4q |worker's stream|waits" $o/sync-$m-$r.txt
   done
 done
-echo quit | $MPS
+mps_stop
 echo "done ($SECONDS s)"

@@ -151,9 +151,7 @@ def _readable_within(sock, seconds):
 
 def _readable(sock):
     """True when an idle connection has something to read: EOF or a frame nobody awaits."""
-    p = select.poll()
-    p.register(sock.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
-    return bool(p.poll(0))
+    return _readable_within(sock, 0)
 
 
 class FastSocket:

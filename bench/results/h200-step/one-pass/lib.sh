@@ -28,6 +28,8 @@
 #     test, maybe empty) with ${mod[NAME]}: $o/test-TAG-NAME.txt (TAG default "module")
 #   gemm_tests NAME FILTER: module_tests NAME FILTER 60 matmul; gemm_memcheck NAME FILTER: the
 #     tests under memcheck: $o/memcheck-NAME.txt
+#   mps_start / mps_stop: the CUDA MPS control daemon started (its pipe and log folders in /tmp;
+#     a line in $o/gpu.txt) / stopped
 #   train_loop TAG BATCH ROUNDS SECONDS [FP4QD FLAGS...]: bench/train_loop.py (the train suite's
 #     model in a loop beside torch's SGD) at BATCH x 128, fp4qd started with FP4QD FLAGS, and
 #     the array loop_args's train_loop.py arguments if set (e.g. --variant=NAME):
@@ -146,4 +148,13 @@ train_loop() {
     ${loop_args[@]+"${loop_args[@]}"} --rounds $rounds --batch $batch \
     --out $o/train-loop-$tag.json > $o/train-loop-$tag.txt 2>&1
   echo "$tag rc=$?"; tail -16 $o/train-loop-$tag.txt
+}
+mps_start() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+  MPS=$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)
+  $MPS -d && echo "MPS started ($SECONDS s)" | tee -a $o/gpu.txt
+}
+mps_stop() {
+  echo quit | $MPS; sleep 1; echo "MPS stopped ($SECONDS s)" | tee -a $o/gpu.txt
 }
