@@ -139,6 +139,8 @@ struct Report {
   uint64_t align = 16;
   std::optional<uint64_t> spin_us;  // unset: the client's automatic spin
   uint64_t polled = 0, polled_then_slept = 0;  // FastSocketStats over every step
+  uint64_t heads_ups = 0;  // FastSocketStats::heads_ups over every step
+  uint64_t gap_us = 0;     // --gap-us
   bool plan = false;  // the steps named a server step plan (--plan)
   bool one_pass = false;  // the steps ran in one pass (--one-pass)
   uint64_t iters = 0, warmup = 0;

@@ -27,7 +27,8 @@ const char kUsage[] =
     "           [--state-dtype f32|bf16|nvfp4] [--lr X] [--iters N] [--warmup N]\n"
     "           [--init ipc|inline] [--align BYTES]\n"
     "           [--prefix NAME] [--copy-bandwidth GBPS] [--cuda-runtime LIB] [--json FILE]\n"
-    "           [--fast-socket PATH [--spin-us N]] [--plan] [--one-pass]\n"
+    "           [--fast-socket PATH [--spin-us N] [--no-heads-up]] [--plan] [--one-pass]\n"
+    "           [--gap-us N]\n"
     "\n"
     "The trainer's step: one Step call updates every weight of a model stored in\n"
     "NVFP4 (1x16) on the server. On GPU 0 it allocates one bf16 gradient buffer and one bf16\n"
@@ -73,6 +74,11 @@ const char kUsage[] =
     "                     (StepRequest.keep_plan), then each step as its plan_id alone\n"
     "  --one-pass         ask for one-pass steps (StepRequest.one_pass: plain SGD, delayed\n"
     "                     scaling); fails if the server runs a step in two\n"
+    "  --gap-us N         sleep N us before each step, as a training loop's forward and\n"
+    "                     backward passes leave the server idle between steps (default 0: back\n"
+    "                     to back); over the fast socket each step after a gap of 1 ms or more\n"
+    "                     starts with a heads-up (FastSocket::HeadsUp) where the server takes them\n"
+    "  --no-heads-up      with --fast-socket: send no heads-ups\n"
     "\n"
     "Report (JSON on stdout): the parameter count; wall_us, and the reply header's kernel_us,\n"
     "queue_us and server_us, overhead_us (wall - kernel) and client_and_transport_us (wall -\n"
@@ -84,7 +90,8 @@ const char kUsage[] =
     "reads the inputs twice) and achieved_gbps = floor bytes / p50 time of the wall and of the\n"
     "kernels; with --copy-bandwidth, floor_us_at_copy_bandwidth and pct_of_copy_bandwidth;\n"
     "spin_us (\"auto\": the automatic spin), replies_polled and replies_polled_then_slept\n"
-    "(the replies that came while busy-polling, and after the spin ran out).\n"
+    "(the replies that came while busy-polling, and after the spin ran out); gap_us and\n"
+    "heads_ups (the heads-ups sent; the wall time counts each from its send).\n"
     "Progress goes to stderr.\n"
     "Exit code 0 when every step succeeded; 1 on any error, or without a GPU (said why); 2 on\n"
     "bad usage.\n";
@@ -202,6 +209,18 @@ absl::Status ParseConfig(const ParsedArgs& args, Config* c) {
       return absl::InvalidArgumentError("option '--spin-us': 0-1000000, with --fast-socket");
     }
     c->spin_us = *spin;
+  }
+  if (args.values.count("gap-us") != 0) {
+    absl::StatusOr<uint64_t> gap = GetUint64(args, "gap-us", 0);
+    if (!gap.ok() || *gap > 1000000) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "option '--gap-us' must be in [0, 1000000], got '", GetString(args, "gap-us", ""), "'"));
+    }
+    c->gap_us = *gap;
+  }
+  c->heads_up = args.flags.count("no-heads-up") == 0;
+  if (!c->heads_up && c->fast_socket.empty()) {
+    return absl::InvalidArgumentError("option '--no-heads-up' needs --fast-socket");
   }
   c->plan = args.flags.count("plan") != 0;
   c->one_pass = args.flags.count("one-pass") != 0;

@@ -27,6 +27,8 @@ struct Config {
   std::optional<double> copy_bandwidth;
   bool plan = false;  // --plan: the items kept as a server step plan after the first step
   bool one_pass = false;  // --one-pass: StepRequest.one_pass, and every reply must say so
+  uint64_t gap_us = 0;    // --gap-us: the host sleeps this long before each step
+  bool heads_up = true;   // --no-heads-up clears it: no heads-up before a step after a gap
 };
 
 // The options as a Config; INVALID_ARGUMENT naming the option on a mistake.

@@ -25,6 +25,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -129,8 +130,9 @@ int RunBenchStep(const CommandContext& context) {
   spec.valued = {"model",   "layers",      "shapes", "optimizer",      "rounding",
                  "scaling", "state-dtype", "lr",     "iters",          "warmup",
                  "init",    "align",       "prefix", "copy-bandwidth", "cuda-runtime",
-                 "json",    "fast-socket", "spin-us",        "momentum"};
-  spec.boolean = {"ef", "no-ef", "plan", "one-pass"};
+                 "json",    "fast-socket", "spin-us",        "momentum",
+                 "gap-us"};
+  spec.boolean = {"ef", "no-ef", "plan", "one-pass", "no-heads-up"};
   absl::StatusOr<ParsedArgs> args = ParseArgs(context.args, 0, spec);
   if (!args.ok()) return UsageFailure(kName, std::string(args.status().message()));
   if (args->help) {
@@ -271,6 +273,12 @@ int RunBenchStep(const CommandContext& context) {
     absl::StatusOr<std::unique_ptr<FastSocket>> f = FastSocket::Connect(fo, (*session)->id());
     if (!f.ok()) return Failure(kName, WithContext(f.status(), "--fast-socket"));
     fast = *std::move(f);
+    if (c.gap_us > 0 && c.heads_up) {
+      // HeadsUp() sends only where a ServerInfo reply on this connection said the server takes
+      // heads-ups.
+      absl::StatusOr<v1::ServerInfoReply> fast_info = fast->ServerInfo();
+      if (!fast_info.ok()) return Failure(kName, WithContext(fast_info.status(), "--fast-socket"));
+    }
   }
   const double setup_s = SecondsSince(t_setup);
   std::fprintf(stderr, "fp4q %s: set up in %.1f s; %llu + %llu steps\n", kName, setup_s,
@@ -285,7 +293,9 @@ int RunBenchStep(const CommandContext& context) {
   for (uint64_t i = 0; i < c.warmup + c.iters; ++i) {
     const int64_t step = static_cast<int64_t>(i) + 1;  // the weights were created at step 0
     req.set_step(step);
+    if (c.gap_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(c.gap_us));
     const auto t0 = std::chrono::steady_clock::now();
+    if (fast != nullptr && c.heads_up && c.gap_us > 0) fast->HeadsUp();
     absl::StatusOr<v1::StepReply> rep = fast != nullptr ? fast->Step(req) : client.Step(req, call);
     const double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
@@ -336,6 +346,8 @@ int RunBenchStep(const CommandContext& context) {
   r.spin_us = c.spin_us;
   r.polled = polled.polled;
   r.polled_then_slept = polled.polled_then_slept;
+  r.heads_ups = polled.heads_ups;
+  r.gap_us = c.gap_us;
   r.plan = c.plan;
   r.one_pass = c.one_pass;
   r.backend = info->backend();
@@ -371,11 +383,14 @@ int RunBenchStep(const CommandContext& context) {
                bench_step::GigabytesPerSecond(floor.total(), r.wall.p50),
                bench_step::GigabytesPerSecond(floor.total(), r.kernel.p50));
   if (!c.fast_socket.empty()) {
-    std::fprintf(stderr, "fp4q %s: replies busy-polled for %llu, slept for after a spin %llu (%s)\n",
+    std::fprintf(stderr,
+                 "fp4q %s: replies busy-polled for %llu, slept for after a spin %llu (%s); "
+                 "heads-ups %llu\n",
                  kName, static_cast<unsigned long long>(r.polled),
                  static_cast<unsigned long long>(r.polled_then_slept),
                  c.spin_us.has_value() ? absl::StrCat("--spin-us ", *c.spin_us).c_str()
-                                       : "the automatic spin");
+                                       : "the automatic spin",
+                 static_cast<unsigned long long>(r.heads_ups));
   }
   const std::string text = bench_step::ReportJson(r);
   std::fputs(text.c_str(), stdout);

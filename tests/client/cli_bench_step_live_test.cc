@@ -49,15 +49,32 @@ TEST(LiveCudaIpc, BenchStepStepsASmallModelOverGrpcAndTheFastSocket) {
   TempDir dir;
   const std::string sock = dir.File("fp4qd.sock");
   const std::string fast = "/tmp/fp4q-bench-step-" + std::to_string(::getpid()) + ".fast";
-  absl::StatusOr<std::unique_ptr<ServerProcess>> server = StartFp4qd(
-      {"--backend=cuda", "--allow_cuda_ipc", "--unix_socket=" + sock, "--fast_socket=" + fast});
+  // --fast_socket_spin_us given: fp4qd takes heads-ups on any machine with the CUDA backend.
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      StartFp4qd({"--backend=cuda", "--allow_cuda_ipc", "--unix_socket=" + sock,
+                  "--fast_socket=" + fast, "--fast_socket_spin_us=20"});
   ASSERT_THAT(server, IsOk());
-  for (const bool over_fast : {false, true}) {
-    SCOPED_TRACE(over_fast ? "fast socket" : "gRPC");
+  struct Case {
+    const char* what;
+    std::vector<std::string> args;
+    int64_t gap_us, heads_ups;
+  };
+  const std::vector<Case> cases = {
+      {"gRPC", {}, 0, 0},
+      {"fast socket", {"--fast-socket", fast}, 0, 0},
+      // A heads-up before each of the 6 steps (1 warm-up, 5 timed), each after a 3 ms gap.
+      {"fast socket, gaps", {"--fast-socket", fast, "--gap-us", "3000"}, 3000, 6},
+      {"fast socket, gaps, no heads-ups",
+       {"--fast-socket", fast, "--gap-us", "3000", "--no-heads-up"}, 3000, 0},
+      {"gRPC, gaps", {"--gap-us", "3000"}, 3000, 0},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const bool over_fast = !c.args.empty() && c.args[0] == "--fast-socket";
     std::vector<std::string> argv = {
         CliPath(), "--server", "unix://" + sock, "bench-step", "--shapes", "256x512,64x1024,1x16",
         "--iters", "5",        "--warmup",       "1",          "--json",   dir.File("r.json")};
-    if (over_fast) argv.insert(argv.end(), {"--fast-socket", fast});
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
     absl::StatusOr<RunResult> r = testing::Run(argv);
     ASSERT_THAT(r, IsOk());
     ASSERT_EQ(r->exit_code, 0) << r->err << "\nserver log:\n" << (*server)->Log();
@@ -70,6 +87,8 @@ TEST(LiveCudaIpc, BenchStepStepsASmallModelOverGrpcAndTheFastSocket) {
     EXPECT_GE(*doc->Find("wall_us")->Find("p50")->AsDouble(),
               *doc->Find("kernel_us")->Find("p50")->AsDouble());
     EXPECT_GT(*doc->Find("server_state_bytes")->AsInt64(), 0);
+    EXPECT_EQ(*doc->Find("gap_us")->AsInt64(), c.gap_us);
+    EXPECT_EQ(*doc->Find("heads_ups")->AsInt64(), c.heads_ups);
   }
   absl::StatusOr<v1::ListTensorsReply> list = ConnectTo("unix://" + sock)->ListTensors();
   ASSERT_THAT(list, IsOk());

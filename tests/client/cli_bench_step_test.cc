@@ -75,6 +75,9 @@ TEST(CliBenchStep, UsageMistakesExitTwoWithAMessage) {
       {{"--prefix", "bad name"}, "option '--prefix': 'bad name' must be 1-200 bytes"},
       {{"--copy-bandwidth", "-5"}, "option '--copy-bandwidth' must be in (0, 1e6] GB/s, got -5"},
       {{"--spin-us", "10"}, "option '--spin-us': 0-1000000, with --fast-socket"},
+      {{"--gap-us", "1000001"}, "option '--gap-us' must be in [0, 1000000], got '1000001'"},
+      {{"--gap-us", "-1"}, "option '--gap-us' must be in [0, 1000000], got '-1'"},
+      {{"--no-heads-up"}, "option '--no-heads-up' needs --fast-socket"},
       {{"--one-pass"}, "option '--one-pass' needs plain SGD (--optimizer sgd, no --momentum) "
                        "and --scaling delayed"},
       {{"--one-pass", "--scaling", "delayed", "--momentum", "0.5"},
@@ -105,7 +108,8 @@ TEST(CliBenchStep, HelpListsTheCommandAndItsOptions) {
   for (const char* option :
        {"--optimizer sgd|adamw", "[--momentum X]", "[--ef|--no-ef]", "--rounding rtn|sr",
         "--scaling current|delayed", "--state-dtype f32|bf16|nvfp4", "--copy-bandwidth GBPS",
-        "--fast-socket PATH", "--json FILE", "13.125 B per parameter"}) {
+        "--fast-socket PATH", "--json FILE", "13.125 B per parameter", "[--gap-us N]",
+        "[--no-heads-up]", "heads_ups"}) {
     EXPECT_THAT(r.out, HasSubstr(option));
   }
 }
