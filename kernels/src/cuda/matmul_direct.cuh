@@ -70,11 +70,9 @@ inline Workspace CarveWorkspace(void* ws, int64_t act_rows, int64_t total, int64
 }
 
 // Raises `kernel`'s dynamic shared-memory limit to `bytes` once per device (a bit each in
-// `opted`, the caller's static for that kernel; devices past 63 set it every call), and its
-// preferred shared-memory carveout to `carveout` percent when that is 0 or more.
+// `opted`, the caller's static for that kernel; devices past 63 set it every call).
 template <typename Kernel>
-cudaError_t OptInSharedMemory(Kernel kernel, size_t bytes, std::atomic<uint64_t>& opted,
-                              int carveout = -1) {
+cudaError_t OptInSharedMemory(Kernel kernel, size_t bytes, std::atomic<uint64_t>& opted) {
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
@@ -83,10 +81,6 @@ cudaError_t OptInSharedMemory(Kernel kernel, size_t bytes, std::atomic<uint64_t>
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(bytes));
   if (e != cudaSuccess) return e;
-  if (carveout >= 0) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout);
-    if (e != cudaSuccess) return e;
-  }
   opted.fetch_or(bit, std::memory_order_acq_rel);
   return cudaSuccess;
 }

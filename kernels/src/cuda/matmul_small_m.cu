@@ -228,34 +228,9 @@ constexpr int kRowsPerCta = kWarps * 16;
 // recomputes addresses in the loop (1 n8 tile) or spills (2).
 constexpr int kCtasPerSm = 3;
 constexpr int kPad = 16;              // bf16 of padding per shared row (32 bytes)
-// Chunks of B loads a lane has in flight in registers (3 was slower:
-// bench/results/h200-gemm/small-m/): the path for K % 32 == 16.
+// Chunks of B loads a lane has in flight (3 was slower: bench/results/h200-gemm/small-m/).
 constexpr int kStages = 2;
 constexpr int kSmemBudget = 48 * 1024;
-// K % 32 == 0: B's codes go through a ring of kAsyncStages chunks in shared memory per warp
-// (cp.async: bytes in flight without registers; the scale bytes, 2 of every 18, stay plain
-// loads into a register ring as deep). 8 KB a stage per CTA; a CTA's shared memory is at most
-// kAsyncCtaSmem so that kCtasPerSm fit an SM (228 KB, 1 KB of it reserved per CTA).
-#ifndef FP4Q_SMALL_M_ASYNC_STAGES1
-#define FP4Q_SMALL_M_ASYNC_STAGES1 6
-#endif
-#ifndef FP4Q_SMALL_M_ASYNC_STAGES2
-#define FP4Q_SMALL_M_ASYNC_STAGES2 3
-#endif
-constexpr int kAsyncCtaSmem = 72 * 1024;
-constexpr int kRingLaneBytes = 32;  // rows g and g + 8: 16 code bytes each
-constexpr int kRingStageBytes = kThreads * kRingLaneBytes;
-template <bool kK32, int kTiles>
-constexpr int AsyncStages() {
-  return !kK32 ? 0 : (kTiles == 1 ? FP4Q_SMALL_M_ASYNC_STAGES1 : FP4Q_SMALL_M_ASYNC_STAGES2);
-}
-inline int AsyncStagesFor(bool k32, int tiles) {
-  return !k32 ? 0 : (tiles == 1 ? AsyncStages<true, 1>() : AsyncStages<true, 2>());
-}
-static_assert(AsyncStages<true, 1>() >= 2 && AsyncStages<true, 2>() >= 2, "a ring of 2 or more");
-static_assert(AsyncStages<true, 1>() * kRingStageBytes + (kSmemBudget / 2) <= kAsyncCtaSmem &&
-                  AsyncStages<true, 2>() * kRingStageBytes + 8 * 1024 <= kAsyncCtaSmem,
-              "room for A's slice beside the ring");
 
 // One lane's B data for one chunk: 32 codes and their scale byte(s) per row.
 struct Chunk {
@@ -264,10 +239,7 @@ struct Chunk {
 };
 
 // grid = (ceil(N / 128), splits); dynamic shared memory: 8 kTiles rows x (chunks * 128 + kPad)
-// bf16, then (K % 32 == 0) the ring of B's codes: [stage][warp][row g / g + 8][lane] x 16
-// bytes, so that a warp's copies and reads of one row are 512 contiguous bytes (no bank
-// conflicts). A lane reads back only what it copied: cp.async.wait_group, no barrier.
-// kK32: K % 32 == 0. kTiles: n8 tiles of A rows (1: M <= 8, 2: M <= 16).
+// bf16. kK32: K % 32 == 0. kTiles: n8 tiles of A rows (1: M <= 8, 2: M <= 16).
 template <bool kMx, bool kK32, int kTiles>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     SmallMKernel(const SmallMParams p, int chunks, int64_t total_chunks, float* partial,
@@ -330,41 +302,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     ld_k += kChunk;
   };
 
-  // The async path: chunk loads as copies into the lane's ring slots, the scales into xs.
-  constexpr int kS = AsyncStages<kK32, kTiles>();
-  const uint32_t ring =
-      static_cast<uint32_t>(__cvta_generic_to_shared(smem)) +
-      static_cast<uint32_t>(8 * kTiles * stride * 2) + warp * 2 * 512 + lane * 16;
-  auto issue_next = [&](int slot, uint32_t& xa, uint32_t& xb) {
-    const uint32_t dst = ring + static_cast<uint32_t>(slot * kRingStageBytes);
-    const bool a_ok = ld_left_a > 0;
-    const bool b_ok = ld_left_b > 0;
-    // A copy of 0 source bytes reads nothing and zero-fills; it is given a valid address.
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
-                 "l"(a_ok ? ld_ca : p.b.codes), "r"(a_ok ? 16 : 0) : "memory");
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + 512),
-                 "l"(b_ok ? ld_cb : p.b.codes), "r"(b_ok ? 16 : 0) : "memory");
-    direct_gemm::CpAsyncCommit();
-    xa = !a_ok ? 0u : (kMx ? __ldg(ld_sa) : __ldg(reinterpret_cast<const uint16_t*>(ld_sa)));
-    xb = !b_ok ? 0u : (kMx ? __ldg(ld_sb) : __ldg(reinterpret_cast<const uint16_t*>(ld_sb)));
-    --ld_left_a;
-    --ld_left_b;
-    ld_ca += 64;
-    ld_cb += 64;
-    ld_sa += sstep;
-    ld_sb += sstep;
-  };
-
   // ---- the first chunks of B loads, then A's slice.
-  Chunk buf[kS > 0 ? 1 : kStages];
-  uint32_t xs[kS > 0 ? kS : 1][2];
-  if constexpr (kS > 0) {
+  Chunk buf[kStages];
 #pragma unroll
-    for (int q = 0; q < kS; ++q) issue_next(q, xs[q][0], xs[q][1]);
-  } else {
-#pragma unroll
-    for (int q = 0; q < kStages; ++q) load_next(buf[q]);
-  }
+  for (int q = 0; q < kStages; ++q) load_next(buf[q]);
   direct_gemm::DecodeActSlice<kMx>(p, c0, nch, stride / 4, reinterpret_cast<uint2*>(smem),
                                    threadIdx.x, kThreads);
   // Rows M .. 8 kTiles - 1 feed MMA columns whose results are dropped; zero them anyway.
@@ -415,33 +356,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     }
   };
 
-  if constexpr (kS > 0) {
-    if (n0 < N) {  // warp-uniform
-      const __nv_bfloat16* act_c = act_s;
-      for (int c = 0; c < nch; c += kS) {
-#pragma unroll
-        for (int q = 0; q < kS; ++q) {
-          if (q == 0 || c + q < nch) {
-            direct_gemm::CpAsyncWait<kS - 1>();  // chunk c + q's copies are in its slot
-            const uint32_t at = ring + static_cast<uint32_t>(q * kRingStageBytes);
-            Chunk cur;
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(cur.wa.x), "=r"(cur.wa.y), "=r"(cur.wa.z), "=r"(cur.wa.w)
-                         : "r"(at) : "memory");
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(cur.wb.x), "=r"(cur.wb.y), "=r"(cur.wb.z), "=r"(cur.wb.w)
-                         : "r"(at + 512) : "memory");
-            cur.xa = xs[q][0];
-            cur.xb = xs[q][1];
-            issue_next(q, xs[q][0], xs[q][1]);  // chunk c + q + kS, into the slot just read
-            compute(cur, act_c);
-            act_c += kChunk;
-          }
-        }
-      }
-    }
-    direct_gemm::CpAsyncWait<0>();  // no copy outlives the CTA's shared memory
-  } else if (n0 < N) {  // warp-uniform
+  if (n0 < N) {  // warp-uniform
     const __nv_bfloat16* act_c = act_s;
     for (int c = 0; c < nch; c += kStages) {
 #pragma unroll
@@ -487,24 +402,12 @@ struct Plan {
   int64_t groups;     // row groups of 128
 };
 
-// Shared memory of A's slice: 8 tiles rows of chunks * 128 + kPad bf16.
-int64_t ActSliceBytes(int tiles, int64_t chunks) {
-  return 16 * tiles * (chunks * kChunk + kPad);
-}
-
-// K % 32 == 0 (every MXFP4 K): the kernel with the ring of B's codes (AsyncStages).
-bool K32(int64_t k) { return (k & 31) == 0; }
-
 Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   Plan pl;
   pl.tiles = m > 8 ? 2 : 1;
   pl.total = (k + kChunk - 1) / kChunk;
   pl.groups = (n + kRowsPerCta - 1) / kRowsPerCta;
-  // A's slice in what the ring leaves (K % 32 == 0), else in 48 KB: 11 chunks with the ring
-  // (6 or 3 stages), else 23 or 11.
-  const int stages = AsyncStagesFor(K32(k), pl.tiles);
-  const int64_t budget = stages > 0 ? kAsyncCtaSmem - stages * kRingStageBytes : kSmemBudget;
-  const int64_t max_chunks = (budget / (16 * pl.tiles) - kPad) / kChunk;
+  const int64_t max_chunks = (kSmemBudget / (16 * pl.tiles) - kPad) / kChunk;  // 23 or 11
   direct_gemm::SplitK(pl.groups, pl.total, static_cast<int64_t>(SmCount()) * kCtasPerSm,
                       max_chunks, &pl.chunks, &pl.splits);
   return pl;
@@ -513,20 +416,12 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
 template <bool kMx, bool kK32, int kTiles>
 cudaError_t LaunchMain(const SmallMParams& p, const Plan& pl, float* partial, int* tickets,
                        cudaStream_t s) {
-  constexpr int kS = AsyncStages<kK32, kTiles>();
-  const size_t smem =
-      static_cast<size_t>(ActSliceBytes(kTiles, pl.chunks)) + size_t{kS} * kRingStageBytes;
-  auto* kernel = SmallMKernel<kMx, kK32, kTiles>;
-  if (kS > 0) {  // over 48 KB: the kernel's limit raised to kAsyncCtaSmem once per device
-    static std::atomic<uint64_t> opted{0};
-    // All of the SM's unified memory as shared memory: kCtasPerSm CTAs of up to 72 KB.
-    const cudaError_t e = direct_gemm::OptInSharedMemory(kernel, kAsyncCtaSmem, opted,
-                                                         cudaSharedmemCarveoutMaxShared);
-    if (e != cudaSuccess) return e;
-  }
-  // The sign shifts as kernel arguments: ptxas cannot fold them (small_m_layout.h).
-  kernel<<<dim3(static_cast<unsigned>(pl.groups), static_cast<unsigned>(pl.splits)), kThreads,
-           smem, s>>>(p, pl.chunks, pl.total, partial, tickets, small_m::SignShifts());
+  // At most 48 KB of shared memory (kSmemBudget): no opt-in. The sign shifts as kernel
+  // arguments: ptxas cannot fold them (small_m_layout.h).
+  SmallMKernel<kMx, kK32, kTiles>
+      <<<dim3(static_cast<unsigned>(pl.groups), static_cast<unsigned>(pl.splits)), kThreads,
+         static_cast<size_t>(8 * kTiles) * (pl.chunks * kChunk + kPad) * 2, s>>>(
+          p, pl.chunks, pl.total, partial, tickets, small_m::SignShifts());
   return cudaGetLastError();
 }
 
@@ -553,7 +448,7 @@ cudaError_t LaunchSmallMMatmul(const SmallMParams& p, cudaStream_t s) {
   float* partial = static_cast<float*>(p.workspace);
   int* tickets = p.zeroed_tickets;
   if (pl.splits > 1 && (partial == nullptr || tickets == nullptr)) return cudaErrorInvalidValue;
-  const bool k32 = K32(p.b.cols);
+  const bool k32 = (p.b.cols & 31) == 0;
   if (p.mx) {  // K % 32 == 0
     return pl.tiles == 1 ? LaunchMain<true, true, 1>(p, pl, partial, tickets, s)
                          : LaunchMain<true, true, 2>(p, pl, partial, tickets, s);
