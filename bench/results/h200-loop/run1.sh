@@ -39,7 +39,7 @@ NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/
 if [[ -n "$NCU" ]] && room 60 "ncu one pass"; then
   timeout 60 $NCU --cache-control none --clock-control none --metrics gpu__time_duration.sum \
     --launch-skip 40 --launch-count 30 $b/bin/fp4q_bench --only "step one pass" \
-    --step-models 8192 --iters 20 > $o/ncu-one-pass.txt 2>&1
+    --step-models 8192 --iters 20 --out /tmp/ncu-bench.json > $o/ncu-one-pass.txt 2>&1
   echo "ncu rc=$?"; grep -E "^  [A-Za-z].*\(|gpu__time_duration" $o/ncu-one-pass.txt | head -24
 fi
 echo "done ($SECONDS s)"
