@@ -9,16 +9,7 @@
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
 begin all4
-room 240 "whole bench" && timeout 240 stdbuf -oL $b/bin/fp4q_bench --out $o/bench-all.json \
-  > $o/bench-all.txt 2>&1
-echo "whole bench rc=$? ($SECONDS s)"; grep -E "^copy|^\|" $o/bench-all.txt | cut -d'|' -f2-7 \
-  | head -70
-bw=$(python3 -c "import json;print(json.load(open('$o/bench-all.json'))['copy_gbps'])" \
-  2>/dev/null || echo 4200)
-start_fp4qd $bw
-step_pair gpt2 1 40 30 --model gpt2-small --iters 300 --warmup 20
-step_pair sq8192 1 40 30 --model square8192 --iters 200 --warmup 20
-step_pair llama 1 100 90 --model llama3-8b --iters 10 --warmup 2
+headline_steps
 # With a 5 ms gap before each step (a training loop's forward and backward), heads-ups off and
 # on in turn.
 for r in 1 2; do

@@ -28,6 +28,9 @@
 #     test, maybe empty) with ${mod[NAME]}: $o/test-TAG-NAME.txt (TAG default "module")
 #   gemm_tests NAME FILTER: module_tests NAME FILTER 60 matmul; gemm_memcheck NAME FILTER: the
 #     tests under memcheck: $o/memcheck-NAME.txt
+#   headline_steps: fp4q_bench's every row ($o/bench-all.*), then fp4qd started at that run's copy
+#     bandwidth (start_fp4qd; 4200 GB/s when the bench did not run) and step_pair over GPT-2
+#     small, 8192 x 8192 and Llama-3-8B-shaped layers; fp4qd is left running ($pid)
 #   mps_start / mps_stop: the CUDA MPS control daemon started (its pipe and log folders in /tmp;
 #     a line in $o/gpu.txt) / stopped
 #   train_loop TAG BATCH ROUNDS SECONDS [FP4QD FLAGS...]: bench/train_loop.py (the train suite's
@@ -148,6 +151,18 @@ train_loop() {
     ${loop_args[@]+"${loop_args[@]}"} --rounds $rounds --batch $batch \
     --out $o/train-loop-$tag.json > $o/train-loop-$tag.txt 2>&1
   echo "$tag rc=$?"; tail -16 $o/train-loop-$tag.txt
+}
+headline_steps() {
+  room 240 "whole bench" && timeout 240 stdbuf -oL $b/bin/fp4q_bench --out $o/bench-all.json \
+    > $o/bench-all.txt 2>&1
+  echo "whole bench rc=$? ($SECONDS s)"; grep -E "^copy|^\|" $o/bench-all.txt | cut -d'|' -f2-7 \
+    | head -70
+  bw=$(python3 -c "import json;print(json.load(open('$o/bench-all.json'))['copy_gbps'])" \
+    2>/dev/null || echo 4200)
+  start_fp4qd $bw
+  step_pair gpt2 1 40 30 --model gpt2-small --iters 300 --warmup 20
+  step_pair sq8192 1 40 30 --model square8192 --iters 200 --warmup 20
+  step_pair llama 1 100 90 --model llama3-8b --iters 10 --warmup 2
 }
 mps_start() {
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
