@@ -77,7 +77,7 @@ const char kUsage[] =
     "  --gap-us N         sleep N us before each step, as a training loop's forward and\n"
     "                     backward passes leave the server idle between steps (default 0: back\n"
     "                     to back); over the fast socket each step after a gap of 1 ms or more\n"
-    "                     starts with a heads-up (FastSocket::HeadsUp) where the server takes them\n"
+    "                     starts with a heads-up (FastSocket::HeadsUp) where fp4qd takes them\n"
     "  --no-heads-up      with --fast-socket: send no heads-ups\n"
     "\n"
     "Report (JSON on stdout): the parameter count; wall_us, and the reply header's kernel_us,\n"

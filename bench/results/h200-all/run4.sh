@@ -19,7 +19,10 @@ for r in 1 2; do
       room 30 "gap $m $h $r" || continue
       timeout 30 $S --model $m --one-pass --iters 200 --warmup 10 --gap-us 5000 $flag \
         --json $o/gap-$m-$h-$r.json > $o/gap-$m-$h-$r.log 2>&1
-      echo "gap $m $h $r rc=$? $(python3 -c "import json;d=json.load(open('$o/gap-$m-$h-$r.json'));print('wall p50 %.1f p90 %.1f us, kernel p50 %.1f, server p50 %.1f, heads-ups %d' % (d['wall_us']['p50'], d['wall_us']['p90'], d['kernel_us']['p50'], d['server_us']['p50'], d['heads_ups']))" 2>&1 | tail -1)"
+      echo "gap $m $h $r rc=$? $(python3 -c "import json;d=json.load(open('$o/gap-$m-$h-$r.json'))
+print('wall p50 %.1f p90 %.1f us, kernel p50 %.1f, server p50 %.1f, heads-ups %d' % (
+  d['wall_us']['p50'], d['wall_us']['p90'], d['kernel_us']['p50'], d['server_us']['p50'],
+  d['heads_ups']))" 2>&1 | tail -1)"
     done
   done
 done

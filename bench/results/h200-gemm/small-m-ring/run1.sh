@@ -10,7 +10,8 @@
 #   strip --strip-debug -o .bundle/ring/fp4q_cuda_test build-device/bin/fp4q_cuda_test
 #   (FP4Q_SMALL_M_ASYNC_STAGES1 set to 4 in matmul_small_m.cu, the module rebuilt:)
 #   strip --strip-debug -o .bundle/ring/s4.so build-device/bin/libfp4q_cuda.so
-#   gzip -f .bundle/ring/*.so .bundle/ring/fp4q_cuda_test; git log -1 --format=%h > .bundle/ring/COMMIT
+#   gzip -f .bundle/ring/*.so .bundle/ring/fp4q_cuda_test
+#   git log -1 --format=%h > .bundle/ring/COMMIT
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
 begin ring1 "ring modules of $(cat $b/ring/COMMIT)"
