@@ -301,6 +301,7 @@ std::string ReportJson(const Report& r) {
       r.spin_us.has_value() ? absl::StrCat(*r.spin_us) : std::string("\"auto\""),
       ",\n  \"replies_polled\": ", r.polled,
       ",\n  \"replies_polled_then_slept\": ", r.polled_then_slept,
+      ",\n  \"replies_before_spin\": ", r.replied_before_spin,
       ",\n  \"gap_us\": ", r.gap_us, ",\n  \"heads_ups\": ", r.heads_ups,
       ",\n  \"step_plan\": ", r.plan ? "true" : "false",
       ",\n  \"one_pass\": ", r.one_pass ? "true" : "false",

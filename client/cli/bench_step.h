@@ -138,7 +138,8 @@ struct Report {
   std::string init;  // "ipc" or "inline"
   uint64_t align = 16;
   std::optional<uint64_t> spin_us;  // unset: the client's automatic spin
-  uint64_t polled = 0, polled_then_slept = 0;  // FastSocketStats over every step
+  // FastSocketStats over every step
+  uint64_t polled = 0, polled_then_slept = 0, replied_before_spin = 0;
   uint64_t heads_ups = 0;  // FastSocketStats::heads_ups over every step
   uint64_t gap_us = 0;     // --gap-us
   bool plan = false;  // the steps named a server step plan (--plan)

@@ -346,6 +346,7 @@ int RunBenchStep(const CommandContext& context) {
   r.spin_us = c.spin_us;
   r.polled = polled.polled;
   r.polled_then_slept = polled.polled_then_slept;
+  r.replied_before_spin = polled.replied_before_spin;
   r.heads_ups = polled.heads_ups;
   r.gap_us = c.gap_us;
   r.plan = c.plan;
@@ -384,10 +385,11 @@ int RunBenchStep(const CommandContext& context) {
                bench_step::GigabytesPerSecond(floor.total(), r.kernel.p50));
   if (!c.fast_socket.empty()) {
     std::fprintf(stderr,
-                 "fp4q %s: replies busy-polled for %llu, slept for after a spin %llu (%s); "
-                 "heads-ups %llu\n",
+                 "fp4q %s: replies busy-polled for %llu, slept for after a spin %llu, in "
+                 "before the spin %llu (%s); heads-ups %llu\n",
                  kName, static_cast<unsigned long long>(r.polled),
                  static_cast<unsigned long long>(r.polled_then_slept),
+                 static_cast<unsigned long long>(r.replied_before_spin),
                  c.spin_us.has_value() ? absl::StrCat("--spin-us ", *c.spin_us).c_str()
                                        : "the automatic spin",
                  static_cast<unsigned long long>(r.heads_ups));

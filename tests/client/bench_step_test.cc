@@ -355,10 +355,12 @@ TEST(BenchStepReport, JsonCarriesTheFloorTheTimesAndTheCopyShare) {
   EXPECT_FALSE(doc->Find("one_pass")->bool_value());
   EXPECT_EQ(*doc->Find("gap_us")->AsInt64(), 0);
   EXPECT_EQ(*doc->Find("heads_ups")->AsInt64(), 0);
+  EXPECT_EQ(*doc->Find("replies_before_spin")->AsInt64(), 0);
 
   r.copy_bandwidth_gbps = 4000.0;
   r.gap_us = 5000;
   r.heads_ups = 13;
+  r.replied_before_spin = 4;
   r.one_pass = true;
   doc = common::ParseJson(ReportJson(r));
   ASSERT_THAT(doc, IsOk());
@@ -366,6 +368,7 @@ TEST(BenchStepReport, JsonCarriesTheFloorTheTimesAndTheCopyShare) {
   EXPECT_TRUE(doc->Find("one_pass")->bool_value());
   EXPECT_EQ(*doc->Find("gap_us")->AsInt64(), 5000);
   EXPECT_EQ(*doc->Find("heads_ups")->AsInt64(), 13);
+  EXPECT_EQ(*doc->Find("replies_before_spin")->AsInt64(), 4);
   EXPECT_DOUBLE_EQ(*doc->Find("floor_us_at_copy_bandwidth")->AsDouble(), 220.2);
   EXPECT_DOUBLE_EQ(*doc->Find("pct_of_copy_bandwidth")->Find("wall_p50")->AsDouble(), 44.0);
   EXPECT_DOUBLE_EQ(*doc->Find("pct_of_copy_bandwidth")->Find("kernel_p50")->AsDouble(), 100.1);
