@@ -385,7 +385,7 @@ int RunBenchStep(const CommandContext& context) {
                bench_step::GigabytesPerSecond(floor.total(), r.kernel.p50));
   if (!c.fast_socket.empty()) {
     std::fprintf(stderr,
-                 "fp4q %s: replies busy-polled for %llu, slept for after a spin %llu, in "
+                 "fp4q %s: replies busy-polled for %llu, slept for after a spin %llu, arrived "
                  "before the spin %llu (%s); heads-ups %llu\n",
                  kName, static_cast<unsigned long long>(r.polled),
                  static_cast<unsigned long long>(r.polled_then_slept),
