@@ -117,6 +117,42 @@ class OptimizerStepKeyTest(unittest.TestCase):
         (layout, pointers), groups = self.opt._step_key()
         self.assertEqual((layout[4], len(pointers), groups), (None, 6, {0: 0, 1: 1}))
 
+    def test_keys_of_gradients_that_alternate_between_places_are_kept(self):
+        # Two sets of gradient tensors in turn, as torch's allocator hands a backward pass after
+        # zero_grad(set_to_none=True): each set's key is found again, the same object.
+        sets = [[torch.ones(32, 16) for _ in self.params] for _ in range(2)]
+
+        def use(grads):
+            for p, g in zip(self.params, grads):
+                p.grad = g
+            return self.opt._step_key()
+
+        first = [use(sets[0]), use(sets[1])]
+        self.assertNotEqual(first[0][0], first[1][0])
+        for round_ in range(3):
+            for i in (0, 1):
+                key, groups = use(sets[i])
+                self.assertIs(key, first[i][0], (round_, i))
+                self.assertIs(groups, first[i][1])
+        # A kept key is checked in full: one gradient of set 0 moved gives a new key.
+        moved = list(sets[0])
+        moved[2] = torch.ones(32, 16)
+        key, _ = use(moved)
+        self.assertNotEqual(key, first[0][0])
+        self.assertEqual(key.pointers[4], moved[2].data_ptr())
+        # The last RECENT_KEYS keys are kept: set 1 is still there after three more sets, and
+        # gone (an equal key, computed afresh) after four.
+        extra = [[torch.ones(32, 16) for _ in self.params] for _ in range(4)]
+        for grads in extra[:2]:
+            use(grads)
+        self.assertEqual(self.opt.RECENT_KEYS, 4)
+        self.assertIs(use(sets[1])[0], first[1][0])
+        for grads in extra:
+            use(grads)
+        again, _ = use(sets[1])
+        self.assertEqual(again, first[1][0])
+        self.assertIsNot(again, first[1][0])
+
     def test_a_bad_gradient_is_refused_as_the_items_refuse_it(self):
         self.opt._stored[1].dtype = torch.bfloat16  # as if the model was converted since
         with self.assertRaisesRegex(

@@ -54,7 +54,11 @@ def _plain_values(group, keys):
 class StepMixin:
     """StoredOptimizer's step machinery (see fp4q.optim); it uses the optimizer's fields."""
 
-    _last_key = None  # _step_key's (which have gradients, their shapes, key, group index)
+    # _step_key's last keys, most recent first: (which have gradients, their shapes, key, group
+    # index). Several: with zero_grad(set_to_none=True) torch's allocator hands the next
+    # backward pass's gradients blocks that alternate between a few sets of addresses.
+    _recent_keys = ()
+    RECENT_KEYS = 4
     _ready_steps = None  # fp4q._overlap.ReadySteps: overlap=False's steps with ready signals
     _one_pass = False  # ask for one-pass steps (StepRequest.one_pass)
     one_pass_steps = 0  # steps fp4qd ran in one pass
@@ -119,36 +123,17 @@ class StepMixin:
         `_plan_token` stands for them); the pointers: the gradient's and the parameter's
         addresses of each parameter with a gradient.
 
-        When every parameter has a gradient where it had one, and every gradient and parameter
-        has the address, dtype, shape and contiguity it had, the last key is the answer (the
-        layout holds nothing else); else it is computed afresh. The last key holds no tensor:
-        a gradient freed by zero_grad(set_to_none=True) goes back to torch's allocator, and
-        the next backward pass reuses its memory."""
-        last = self._last_key
-        if last is not None and len(last[0]) == len(self._stored):
-            present, shapes, key, group_index = last
-            layout, pointers = key.layout, key.pointers
-            k = 0
-            try:
-                for i, (s, had, shape) in enumerate(zip(self._stored, present, shapes)):
-                    p = s.param
-                    g = p.grad
-                    if g is None:
-                        if had:
-                            break
-                        continue
-                    entry = layout[i + 1]
-                    if (not had or g.data_ptr() != pointers[k] or
-                            p.data_ptr() != pointers[k + 1] or g.dtype is not entry[0] or
-                            p.dtype is not s.dtype or g.shape != shape or p.shape != shape or
-                            g.is_contiguous() is not entry[1] or
-                            p.is_contiguous() is not entry[3]):
-                        break
-                    k += 2
-                else:
-                    return key, group_index
-            except RuntimeError:
-                pass  # a tensor without storage (a sparse gradient): refused below
+        When every parameter has a gradient where it had one of the last RECENT_KEYS keys, and
+        every gradient and parameter has the address, dtype, shape and contiguity it had there,
+        that key is the answer (the layout holds nothing else); else it is computed afresh. The
+        kept keys hold no tensor: a gradient freed by zero_grad(set_to_none=True) goes back to
+        torch's allocator, and the next backward pass reuses its memory."""
+        recent = self._recent_keys
+        for j, last in enumerate(recent):
+            if self._key_holds(last):
+                if j:
+                    recent.insert(0, recent.pop(j))
+                return last[2], last[3]
         layout = [self._plan_token]
         pointers = []
         append, point = layout.append, pointers.append
@@ -171,8 +156,39 @@ class StepMixin:
             point(g.data_ptr())
             point(p.data_ptr())
         key = _PlanKey(tuple(layout), tuple(pointers))
-        self._last_key = (present, shapes, key, group_index)
+        if not isinstance(recent, list):
+            recent = self._recent_keys = []
+        recent.insert(0, (present, shapes, key, group_index))
+        del recent[self.RECENT_KEYS:]
         return key, group_index
+
+    def _key_holds(self, last):
+        """Whether the parameters and their gradients are as `last` (an entry of _recent_keys)
+        saw them: _step_key's check, False at the first difference."""
+        if len(last[0]) != len(self._stored):
+            return False
+        present, shapes, key = last[0], last[1], last[2]
+        layout, pointers = key.layout, key.pointers
+        k = 0
+        try:
+            for i, (s, had, shape) in enumerate(zip(self._stored, present, shapes)):
+                p = s.param
+                g = p.grad
+                if g is None:
+                    if had:
+                        return False
+                    continue
+                entry = layout[i + 1]
+                if (not had or g.data_ptr() != pointers[k] or
+                        p.data_ptr() != pointers[k + 1] or g.dtype is not entry[0] or
+                        p.dtype is not s.dtype or g.shape != shape or p.shape != shape or
+                        g.is_contiguous() is not entry[1] or
+                        p.is_contiguous() is not entry[3]):
+                    return False
+                k += 2
+        except RuntimeError:
+            return False  # a tensor without storage (a sparse gradient): refused afresh
+        return True
 
     def _items(self):
         items, group_index = [], {}
