@@ -1,7 +1,8 @@
 """What one read of a tensor attribute costs this host's Python (the reads fp4q.optim's step
 plan key makes per parameter: grad, data_ptr(), dtype, shape, is_contiguous()), for CPU and
 CUDA tensors, plain and nn.Parameter, and the whole key check (StepMixin._step_key) over 50
-parameters. Run from the repository root: python3 bench/results/h200-step/one-pass/attr_cost.py"""
+parameters, and over 16 whose gradients alternate between two sets of tensors. Run from the
+repository root: python3 bench/results/h200-step/one-pass/attr_cost.py"""
 import os
 import sys
 import timeit
@@ -36,3 +37,24 @@ for dev in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
     opt._step_key()
     t = min(timeit.repeat(opt._step_key, number=2000, repeat=5)) / 2000
     print("%-5s _step_key, 50 parameters: %.1f us" % (dev, t * 1e6))
+    # The key over 16 parameters whose gradients alternate between two sets of tensors (torch's
+    # allocator after zero_grad(set_to_none=True)), less the assignments alone.
+    ps = [s.param for s in stored[:16]]
+    opt._stored = stored[:16]
+    sets = [[torch.randn(64, 16, device=dev, dtype=torch.bfloat16) for _ in ps] for _ in range(2)]
+    turn = [0]
+
+    def assign():
+        grads = sets[turn[0]]
+        turn[0] ^= 1
+        for q, g in zip(ps, grads):
+            q.grad = g
+
+    def assign_and_key():
+        assign()
+        opt._step_key()
+
+    t_assign = min(timeit.repeat(assign, number=2000, repeat=5)) / 2000
+    t_key = min(timeit.repeat(assign_and_key, number=2000, repeat=5)) / 2000
+    print("%-5s _step_key, 16 parameters, gradients alternating between 2 sets: %.1f us"
+          % (dev, (t_key - t_assign) * 1e6))
