@@ -211,6 +211,10 @@ def main():
     ap.add_argument("--shuffle-grads", action="store_true",
                     help="with --fresh-grads: the new gradients at shuffled places of the same "
                          "buffer (the allocator giving each gradient another block)")
+    ap.add_argument("--alternate-grads", action="store_true",
+                    help="with --fresh-grads: the new gradients at one of two fixed placements "
+                         "in turn (torch's allocator alternating between two sets of blocks "
+                         "after zero_grad(set_to_none=True))")
     ap.add_argument("--gap-ms", type=float, default=0.0,
                     help="idle milliseconds before each step, as a training loop's forward and "
                          "backward passes leave between steps (default 0: back to back)")
@@ -223,6 +227,10 @@ def main():
                            ("--profile", args.profile, 0), ("--gap-ms", args.gap_ms, 0)):
         if v < least:
             ap.error("%s: %g is not >= %d" % (name, v, least))
+    if (args.shuffle_grads or args.alternate_grads) and not args.fresh_grads:
+        ap.error("--shuffle-grads and --alternate-grads place fresh gradients: add --fresh-grads")
+    if args.shuffle_grads and args.alternate_grads:
+        ap.error("--shuffle-grads and --alternate-grads exclude each other")
     fp4qd = os.path.join(args.build, "bin", "fp4qd")
     module = os.path.join(args.build, FAKE_MODULE)
     for path in (fp4qd, module):
@@ -260,6 +268,8 @@ def main():
                 order = list(range(len(model)))
                 if args.shuffle_grads:
                     random.Random(k).shuffle(order)
+                elif args.alternate_grads and k % 2:
+                    order.reverse()
                 for i, p in zip(order, model):
                     p.grad = FakeCudaTensor(gbase + i * per, (args.rows, 16))
 
@@ -318,6 +328,7 @@ def main():
                                        "fast_socket_replied"))},
             "client_spin_us": args.spin_us,
             "lr_schedule": args.lr_schedule, "fresh_grads": args.fresh_grads,
+            "alternate_grads": args.alternate_grads,
         }
         print("%d matrices of %dx16, SGD momentum %g%s: step() p50 %.1f us (min %.1f); fp4qd %.0f "
               "us, its kernels %.0f us, its device queue %.0f us; client and transport %.1f us "
