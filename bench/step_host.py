@@ -154,6 +154,7 @@ def fake_driver(buffers):
         return base, b.nbytes, base >> 40  # (base, size, buffer id)
 
     return [mock.patch.object(_cuda_driver, "allocation_identity", identity),
+            mock.patch.object(_cuda_driver, "buffer_id", lambda ptr: identity(ptr)[2]),
             mock.patch.object(_cuda_driver, "address_range",
                               lambda ptr: (find(ptr)[0], find(ptr)[1].nbytes)),
             mock.patch.object(_cuda_driver, "ipc_handle", lambda base: buffers[base].handle),

@@ -91,24 +91,37 @@ def check_buffer_id_identifies_allocation(ipc):
     ptr = a.data_ptr() + 4096
     base, size = fp4q._cuda_driver.address_range(ptr)
     start, range_size, buffer_id = fp4q._cuda_driver.allocation_identity(ptr)
-    other = []
-    t = threading.Thread(target=lambda: other.append(
-        fp4q._cuda_driver.allocation_identity(ptr)))
+    single = fp4q._cuda_driver.buffer_id(ptr)  # the plan check's singular call
+    other, single_other = [], []
+
+    def without_context():
+        other.append(fp4q._cuda_driver.allocation_identity(ptr))
+        try:  # cuda.h does not promise this one here: the plan check falls back if it fails
+            single_other.append(fp4q._cuda_driver.buffer_id(ptr))
+        except fp4q._cuda_driver.DriverError as e:
+            single_other.append(str(e))
+
+    t = threading.Thread(target=without_context)
     t.start()
     t.join()
     del a
     torch.cuda.empty_cache()
     b = torch.empty(32 << 20, dtype=torch.uint8, device="cuda")
     start2, _, buffer_id2 = fp4q._cuda_driver.allocation_identity(b.data_ptr())
+    single2 = fp4q._cuda_driver.buffer_id(b.data_ptr() + 4096)
     hits0, regs0 = ipc._regions.hits, ipc._regions.registrations
     for _ in range(3):
         ipc.register_tensor(b[256:])
     hits, regs = ipc._regions.hits - hits0, ipc._regions.registrations - regs0
     return {"ok": start == base and buffer_id != 0 and other == [(start, range_size, buffer_id)]
-            and (start2 != start or buffer_id2 != buffer_id) and hits == 2 and regs <= 1,
+            and (start2 != start or buffer_id2 != buffer_id) and hits == 2 and regs <= 1
+            and single == buffer_id and single2 == buffer_id2,
             "range_start_is_base": start == base, "range_size": range_size,
             "address_range_size": size, "buffer_id": buffer_id,
             "same_from_thread_without_context": other == [(start, range_size, buffer_id)],
+            "singular_call_same_id": single == buffer_id and single2 == buffer_id2,
+            "singular_call_from_thread_without_context": single_other[0] if single_other
+            else None,
             "realloc_same_base": start2 == start, "realloc_new_buffer_id": buffer_id2 != buffer_id,
             "cache_hits": hits, "registrations": regs}
 

@@ -268,6 +268,28 @@ class CudaDriverTest(unittest.TestCase):
                           _cuda_driver.CU_POINTER_ATTRIBUTE_BUFFER_ID), (11, 12, 7))
 
 
+    def test_buffer_id_is_one_cu_pointer_get_attribute_call(self):
+        seen = []
+
+        class FakeLib:
+            def cuPointerGetAttribute(self, data, attribute, ptr):
+                seen.append((attribute, ptr))
+                if ptr == 0xdead:
+                    return 1  # CUDA_ERROR_INVALID_VALUE: a pointer the driver does not know
+                ctypes.c_uint64.from_address(data).value = 0x1234567890
+                return 0
+
+            def cuGetErrorName(self, result, name):
+                return 0
+
+        with mock.patch.object(_cuda_driver, "_lib", FakeLib()):
+            self.assertEqual(_cuda_driver.buffer_id(0x7f0000000100), 0x1234567890)
+            with self.assertRaisesRegex(_cuda_driver.DriverError, r"cuPointerGetAttribute"
+                                        r"\(BUFFER_ID, 0xdead\) failed: CUresult 1"):
+                _cuda_driver.buffer_id(0xdead)
+        self.assertEqual(seen, [(7, 0x7f0000000100), (7, 0xdead)])
+
+
 class IpcUuidTest(unittest.TestCase):
     """The server's GPU spelling is looked up once per ServerInfo reply, not per tensor."""
 

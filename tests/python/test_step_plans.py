@@ -65,6 +65,10 @@ class StepPlanTest(unittest.TestCase):
             base, size, _, buffer_id = find(ptr)
             return base, size, buffer_id
 
+        def buffer_id(ptr):
+            self.driver_calls["buffer id"] += 1
+            return find(ptr)[3]
+
         def address_range(ptr):
             self.driver_calls["range"] += 1
             return find(ptr)[:2]
@@ -74,6 +78,7 @@ class StepPlanTest(unittest.TestCase):
             return self.allocs[base][1]
 
         patches = [mock.patch.object(_cuda_driver, "allocation_identity", allocation_identity),
+                   mock.patch.object(_cuda_driver, "buffer_id", buffer_id),
                    mock.patch.object(_cuda_driver, "address_range", address_range),
                    mock.patch.object(_cuda_driver, "ipc_handle", ipc_handle),
                    mock.patch.object(_cuda_driver, "bind_context", lambda index: None),
@@ -129,7 +134,7 @@ class StepPlanTest(unittest.TestCase):
         self.assertEqual(first["export"], 2)  # one registration per allocation
         self.driver_calls.clear()
         result = self.step(2, lr=0.05)
-        self.assertEqual(dict(self.driver_calls), {"identity": 2})  # not one per tensor (6)
+        self.assertEqual(dict(self.driver_calls), {"buffer id": 2})  # not one per tensor (6)
         self.assertEqual(self.stats["step_plans_reused"], 1)
         self.assertEqual([r.last_step for r in result.items], [2, 2, 2])
         a, b = self.sent
@@ -151,7 +156,7 @@ class StepPlanTest(unittest.TestCase):
         grads[1] = FakeCudaTensor(GRADS + 0x8000)
         self.driver_calls.clear()
         self.step(2, items=self.items(grads=grads))
-        self.assertEqual(dict(self.driver_calls), {"identity": 2})  # none per tensor
+        self.assertEqual(dict(self.driver_calls), {"buffer id": 2})  # none per tensor
         self.assertEqual((self.stats["step_plans_reused"], self.stats["step_plans_resliced"]),
                          (1, 1))
         self.assertEqual([it.update.region.offset for it in self.sent[1].items],
@@ -194,14 +199,41 @@ class StepPlanTest(unittest.TestCase):
 
     def test_a_driver_failure_or_disabled_ipc_builds_the_step_afresh(self):
         self.step(1)
-        with mock.patch.object(_cuda_driver, "allocation_identity",
-                               side_effect=_cuda_driver.DriverError("CUDA_ERROR_DEINITIALIZED")):
-            plan = self.requests._step_plans.get(_step_plans._step_plan_key(self.items())).plan
+        plan = self.requests._step_plans.get(_step_plans._step_plan_key(self.items())).plan
+        failed = _cuda_driver.DriverError("CUDA_ERROR_DEINITIALIZED")
+        with mock.patch.object(_cuda_driver, "allocation_identity", side_effect=failed), \
+                mock.patch.object(_cuda_driver, "buffer_id", side_effect=failed):
             self.assertFalse(self.regions.plan_valid(plan))
         self.regions.mode = "never"
         self.assertFalse(self.regions.plan_valid(plan))
         self.regions.mode = "auto"
         self.assertTrue(self.regions.plan_valid(plan))
+
+    def test_the_plan_check_reads_each_allocations_buffer_id(self):
+        self.step(1)
+        plan = self.requests._step_plans.get(_step_plans._step_plan_key(self.items())).plan
+        self.driver_calls.clear()
+        self.assertTrue(self.regions.plan_valid(plan))
+        self.assertEqual(dict(self.driver_calls), {"buffer id": 2})
+        # Where the singular call fails (a thread without a context, say) the plural one
+        # decides, allocation by allocation.
+        self.driver_calls.clear()
+        with mock.patch.object(_cuda_driver, "buffer_id",
+                               side_effect=_cuda_driver.DriverError("CUDA_ERROR_INVALID_CONTEXT")):
+            self.assertTrue(self.regions.plan_valid(plan))
+        self.assertEqual(dict(self.driver_calls), {"identity": 2})
+        # The gradients' allocation freed and made again at the same address and size: a new
+        # buffer id, and the plan no longer holds (nothing else asked).
+        size, handle, _ = self.allocs[GRADS]
+        self.allocs[GRADS] = (size, handle, 21)
+        self.driver_calls.clear()
+        self.assertFalse(self.regions.plan_valid(plan))
+        self.assertEqual(dict(self.driver_calls), {"buffer id": 1})
+        # Freed and not made again: the singular call fails, so does the plural one's id.
+        del self.allocs[GRADS]
+        self.driver_calls.clear()
+        self.assertFalse(self.regions.plan_valid(plan))
+        self.assertEqual(dict(self.driver_calls), {"buffer id": 1, "identity": 1})
 
     def test_requests_that_are_not_all_direct_slices_are_not_kept(self):
         cpu = [fp4q.StepItem(name="w0", update=torch.ones(32, 16))]
@@ -350,7 +382,7 @@ class StepPlanTest(unittest.TestCase):
         self.driver_calls.clear()
         self.keyed(2, moved, built)
         self.assertEqual(len(built), 1)
-        self.assertEqual(dict(self.driver_calls), {"identity": 2})
+        self.assertEqual(dict(self.driver_calls), {"buffer id": 2})
         self.assertEqual(self.stats["step_plans_resliced"], 1)
         self.assertEqual([it.update.region.offset for it in self.sent[1].items],
                          [0x40000, 0x42000, 0x44000])

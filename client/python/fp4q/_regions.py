@@ -183,9 +183,17 @@ class Regions:
         if info is None or info is not plan.info or plan.generation != self.cache.generation:
             return False
         self._ensure_session()
-        for _index, start, range_size, buffer_id, ptr, _region, _base in plan.allocations:
+        # Each allocation's buffer id alone: ids are unique over the process's life, so an
+        # equal id is the same allocation, alive, with the range the plan recorded.
+        for _index, _start, _range_size, buffer_id, ptr, _region, _base in plan.allocations:
             try:
-                if _cuda_driver.allocation_identity(ptr) != (start, range_size, buffer_id):
+                if _cuda_driver.buffer_id(ptr) == buffer_id:
+                    continue
+                return False
+            except _cuda_driver.DriverError:
+                pass  # the singular call refused: the plural call decides
+            try:
+                if _cuda_driver.allocation_identity(ptr)[2] != buffer_id:
                     return False
             except _cuda_driver.DriverError:
                 return False
