@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.join(os.getcwd(), "train"))
 import torch, fp4q, fp4q.optim
 from fp4q_train import model as M
 import fp4q._fast_socket as _fs, fp4q._requests as _rq, fp4q._regions as _rg, fp4q._optim_step as _os
+import fp4q._transport as _tp, fp4q._step_plans as _sp
 
 B = os.environ["B"]
 sock, fast = "/tmp/tl.sock", "/tmp/tl.fast"
@@ -59,6 +60,15 @@ if os.environ.get("PHASES", "1") == "1":
     timed(_rq.StepPlans, "resliced", "resliced")
     timed(_rg.Transfer, "input", "input")
     timed(_fs.FastSocket, "frame", "frame")
+    timed(_tp.Transport, "heads_up", "heads_up")
+    timed(_fs.FastSocket, "_take_idle", "take_idle")
+    timed(_sp.StepHeads, "encode", "head")
+entered = []
+_orig_check_epoch = _os.StepMixin._check_epoch
+def _check_epoch(self):
+    entered.append(time.perf_counter())  # _step's first call after the heads-up
+    return _orig_check_epoch(self)
+_os.StepMixin._check_epoch = _check_epoch
 
 kw = {} if os.environ.get("HEADS_UP", "1") == "1" else {"fast_socket_heads_up": False}
 c = fp4q.Client("unix://" + sock, fast_socket=fast,
@@ -119,7 +129,7 @@ def run(mode, prefix):
     y = torch.randint(0, 256, (64, 128), device="cuda")
     spent.clear(); calls.clear()
     stats0 = dict(c.stats)
-    ws, fb, pre, post, xch = [], [], [], [], []
+    ws, fb, pre, post, xch, enter = [], [], [], [], [], []
     mats = [torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     for i in range(N):
         gap(mode, mats)
@@ -153,6 +163,7 @@ def run(mode, prefix):
         torch.cuda.synchronize(); t2 = time.perf_counter()
         a, b = marks[-1]
         pre.append(a - t1); post.append(t15 - b); xch.append(b - a)
+        enter.append(entered[-1] - t1 if entered else 0.0)
         if mode == "none":
             opt.zero_grad(set_to_none=True)
         elif mode == "zero":
@@ -166,6 +177,7 @@ def run(mode, prefix):
         statistics.median(h.server_micros for h in hdr[skip:]), statistics.median(h.kernel_micros for h in hdr[skip:]),
         statistics.median(h.queue_micros for h in hdr[skip:]), len(stored)))
     print("   pre-send p50 %.1f us, exchange p50 %.1f us, after-reply p50 %.1f us" % (statistics.median(pre[skip:]) * 1e6, statistics.median(xch[skip:]) * 1e6, statistics.median(post[skip:]) * 1e6))
+    print("   pre-send: step() to the epoch check (after the heads-up) p50 %.1f us" % (statistics.median(enter[skip:]) * 1e6))
     print("   per step (mean): " + ", ".join("%s %.1f us (%d calls)" % (k, v / N * 1e6, calls[k]) for k, v in spent.items()))
     print("   stats: %s" % stats)
     sys.stdout.flush()
