@@ -177,7 +177,8 @@ def run(mode, prefix):
         statistics.median(h.server_micros for h in hdr[skip:]), statistics.median(h.kernel_micros for h in hdr[skip:]),
         statistics.median(h.queue_micros for h in hdr[skip:]), len(stored)))
     print("   pre-send p50 %.1f us, exchange p50 %.1f us, after-reply p50 %.1f us" % (statistics.median(pre[skip:]) * 1e6, statistics.median(xch[skip:]) * 1e6, statistics.median(post[skip:]) * 1e6))
-    print("   pre-send: step() to the epoch check (after the heads-up) p50 %.1f us" % (statistics.median(enter[skip:]) * 1e6))
+    print("   pre-send: step() to the epoch check (after the heads-up) p50 %.1f us"
+          % (statistics.median(enter[skip:]) * 1e6))
     print("   per step (mean): " + ", ".join("%s %.1f us (%d calls)" % (k, v / N * 1e6, calls[k]) for k, v in spent.items()))
     print("   stats: %s" % stats)
     sys.stdout.flush()
