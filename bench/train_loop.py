@@ -61,6 +61,7 @@ def run_variant(variant, server, cfg, device, args, rounds):
     torch.manual_seed(1)
     model = M.Transformer(cfg).to(device)
     c = None
+    phases = {}  # --step-phases: label -> seconds of each call, of the timed iterations
     if variant == "torch":
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     else:
@@ -81,6 +82,8 @@ def run_variant(variant, server, cfg, device, args, rounds):
                                 header.ready_wait_micros))
             return check_epoch(header, rpc)
         opt._check_reply_epoch = record
+        if args.step_phases:
+            _time_phases(opt, phases)
     headers = []
     g = torch.Generator(device=device).manual_seed(2)
     batches = [torch.randint(0, 256, (args.batch, cfg.block_size + 1), device=device,
@@ -125,6 +128,8 @@ def run_variant(variant, server, cfg, device, args, rounds):
         del headers[:]
         del marks[:]
         del host[:]
+        for spent in phases.values():
+            del spent[:]
         out = []
         for _ in range(rounds):
             if device.type == "cuda":
@@ -140,6 +145,9 @@ def run_variant(variant, server, cfg, device, args, rounds):
             out.append((time.perf_counter() - t0) / args.iters)
         extra = {"round_started_unix_s": started,
                  "step_host_us": statistics.median(host) * 1e6}
+        if phases:
+            extra["step_phases_us"] = {k: statistics.median(v) * 1e6 for k, v in phases.items()
+                                       if v}
         if marks:
             extra["step_on_stream_us"] = statistics.median(a.elapsed_time(b) * 1e3
                                                            for a, b in marks)
@@ -173,6 +181,56 @@ def run_variant(variant, server, cfg, device, args, rounds):
             c.close()
 
 
+def _time_phases(opt, phases):
+    """--step-phases: wraps the parts of opt.step() (an fp4q.optim optimizer) with timers that
+    append each call's seconds to phases[label]. A label's part runs inside those above it that
+    it is indented under (in the report's order)."""
+    def wrap(owner, name, label):
+        f = getattr(owner, name, None)
+        if f is None:
+            return
+        spent = phases.setdefault(label, [])
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                spent.append(time.perf_counter() - t)
+        setattr(owner, name, timed)
+
+    for name, label in PHASES:
+        if not name.startswith(("requests.", "overlapped.")):
+            wrap(opt, name, label)
+    wrap(opt.client._requests, "step_begin", "  requests.step_begin")
+    wrap(opt.client._requests, "step_keyed", "  requests.step_keyed")
+    o = opt._overlapped
+    if o is not None:
+        wrap(o, "_watcher", "  overlapped: the watcher's queue")
+        order = o._order
+
+        def timed_order(value):
+            inner = order(value)
+            spent = phases.setdefault("    the ready word (host waits on other devices, fill)",
+                                      [])
+
+            def timed(transfer):
+                t = time.perf_counter()
+                try:
+                    return inner(transfer)
+                finally:
+                    spent.append(time.perf_counter() - t)
+            return timed
+        o._order = timed_order
+
+
+# opt.step()'s parts that --step-phases times (attribute of the optimizer, label).
+PHASES = (("synchronize", "synchronize (the step in flight's outcome)"),
+          ("_check_epoch", "epoch check"), ("_hyper_for_step", "hyperparameters"),
+          ("_step_key", "step plan key"), ("_send", "send (request, exchange or hand-off)"),
+          ("_torch_step", "torch's step of the unstored parameters"))
+
+
 VARIANTS = ("torch", "fp4q", "fp4q, host sync", "fp4q overlap", "fp4q overlap, host sync")
 
 
@@ -193,6 +251,8 @@ def main(argv=None):
                     help="run this variant (repeatable; default: all; torch always runs): " +
                     ", ".join("'%s'" % v for v in VARIANTS))
     ap.add_argument("--out", help="write the report (JSON) here")
+    ap.add_argument("--step-phases", action="store_true",
+                    help="also time opt.step()'s parts (fp4q variants; the timers add a few us)")
     ap.add_argument("--dry-run", action="store_true",
                     help="a tiny model on the CPU backend (CI): checks the script, no numbers")
     args = ap.parse_args(argv)
@@ -272,6 +332,11 @@ def main(argv=None):
                   % ("", row["fp4qd_kernel_us"], row["fp4qd_server_us"], row["fp4qd_queue_us"],
                      row["fp4qd_ready_wait_us"]),
                   flush=True)
+        if row.get("step_phases_us"):
+            ph = row["step_phases_us"]
+            order = [lb for _, lb in PHASES] + sorted(k for k in ph if k.startswith(" "))
+            print("%-24s step() parts, medians of the last round (us): %s" % ("", "; ".join(
+                "%s %.1f" % (lb.strip(), ph[lb]) for lb in order if lb in ph)), flush=True)
         if row.get("client_waits"):
             print("%-24s the client's waits for replies (last round): %s"
                   % ("", " ".join("%s %d" % (k[len("fast_socket_"):], n)
