@@ -253,9 +253,18 @@ def main(argv=None):
     ap.add_argument("--out", help="write the report (JSON) here")
     ap.add_argument("--step-phases", action="store_true",
                     help="also time opt.step()'s parts (fp4q variants; the timers add a few us)")
+    ap.add_argument("--switch-interval", type=float, metavar="SECONDS",
+                    help="sys.setswitchinterval (Python's default 0.005): how long a thread "
+                    "waiting for the GIL (the overlapped step's reply watcher) waits before "
+                    "the running one must yield it")
     ap.add_argument("--dry-run", action="store_true",
                     help="a tiny model on the CPU backend (CI): checks the script, no numbers")
     args = ap.parse_args(argv)
+    if args.switch_interval is not None:
+        if not args.switch_interval > 0:
+            ap.error("--switch-interval: a positive number of seconds (got %r)"
+                     % args.switch_interval)
+        sys.setswitchinterval(args.switch_interval)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")
     if args.dry_run:
         cfg = M.Config(vocab_size=256, block_size=16, layers=1, d_model=32, heads=2)
@@ -346,7 +355,8 @@ def main(argv=None):
               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
               "model": vars(cfg) if hasattr(cfg, "__dict__") else str(cfg),
               "batch": args.batch, "iters": args.iters, "warmup": args.warmup,
-              "log_every": args.log_every, "rows": rows}
+              "log_every": args.log_every, "switch_interval_s": sys.getswitchinterval(),
+              "rows": rows}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
