@@ -36,8 +36,11 @@ CI).
 """
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import re
 import statistics
 import sys
@@ -62,6 +65,7 @@ def run_variant(variant, server, cfg, device, args, rounds):
     model = M.Transformer(cfg).to(device)
     c = None
     phases = {}  # --step-phases: label -> seconds of each call, of the timed iterations
+    profiler = None  # --profile-step: a cProfile of opt.step() over the timed iterations
     if variant == "torch":
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     else:
@@ -97,6 +101,12 @@ def run_variant(variant, server, cfg, device, args, rounds):
     marks = []
     host = []  # seconds the host spent in opt.step(), per iteration
 
+    def step():
+        if profiler is not None:
+            profiler.runcall(opt.step)
+        else:
+            opt.step()
+
     def iteration(i):
         b = batches[i % len(batches)]
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_autocast):
@@ -108,13 +118,13 @@ def run_variant(variant, server, cfg, device, args, rounds):
             a, b = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             a.record()
             t = time.perf_counter()
-            opt.step()
+            step()
             host.append(time.perf_counter() - t)
             b.record()
             marks.append((a, b))
         else:
             t = time.perf_counter()
-            opt.step()
+            step()
             host.append(time.perf_counter() - t)
         opt.zero_grad(set_to_none=True)
         if args.log_every and i % args.log_every == 0:
@@ -130,6 +140,8 @@ def run_variant(variant, server, cfg, device, args, rounds):
         del host[:]
         for spent in phases.values():
             del spent[:]
+        if args.profile_step and variant != "torch":
+            profiler = cProfile.Profile()  # step() reads it when called
         out = []
         for _ in range(rounds):
             if device.type == "cuda":
@@ -143,6 +155,13 @@ def run_variant(variant, server, cfg, device, args, rounds):
             if hasattr(opt, "synchronize"):
                 opt.synchronize()
             out.append((time.perf_counter() - t0) / args.iters)
+        if profiler is not None:
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(45)
+            path = "%s-%s.txt" % (args.profile_step, re.sub(r"[^A-Za-z0-9]+", "-", variant))
+            with open(path, "a") as f:
+                f.write("== %s, a round of %d iterations\n%s" % (variant, args.iters,
+                                                               text.getvalue()))
         extra = {"round_started_unix_s": started,
                  "step_host_us": statistics.median(host) * 1e6}
         if phases:
@@ -253,6 +272,10 @@ def main(argv=None):
     ap.add_argument("--out", help="write the report (JSON) here")
     ap.add_argument("--step-phases", action="store_true",
                     help="also time opt.step()'s parts (fp4q variants; the timers add a few us)")
+    ap.add_argument("--profile-step", metavar="PREFIX",
+                    help="also cProfile opt.step() in each fp4q variant's rounds (slower: "
+                    "profiled rounds' times are not the unprofiled ones), appended to "
+                    "PREFIX-<variant>.txt")
     ap.add_argument("--switch-interval", type=float, metavar="SECONDS",
                     help="sys.setswitchinterval (Python's default 0.005): how long a thread "
                     "waiting for the GIL (the overlapped step's reply watcher) waits before "
