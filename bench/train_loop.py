@@ -276,6 +276,10 @@ def main(argv=None):
                     help="also cProfile opt.step() in each fp4q variant's rounds (slower: "
                     "profiled rounds' times are not the unprofiled ones), appended to "
                     "PREFIX-<variant>.txt")
+    ap.add_argument("--torch-side", choices=("foreach", "torch-step"), default="foreach",
+                    help="how fp4q.optim.SGD steps the parameters it keeps in torch: torch's "
+                    "multi-tensor calls (its default, fp4q._torch_side) or torch's step() (for "
+                    "comparison)")
     ap.add_argument("--switch-interval", type=float, metavar="SECONDS",
                     help="sys.setswitchinterval (Python's default 0.005): how long a thread "
                     "waiting for the GIL (the overlapped step's reply watcher) waits before "
@@ -283,6 +287,9 @@ def main(argv=None):
     ap.add_argument("--dry-run", action="store_true",
                     help="a tiny model on the CPU backend (CI): checks the script, no numbers")
     args = ap.parse_args(argv)
+    if args.torch_side == "torch-step":
+        from fp4q import _torch_side
+        _torch_side.sgd_step = lambda inner: False
     if args.switch_interval is not None:
         if not args.switch_interval > 0:
             ap.error("--switch-interval: a positive number of seconds (got %r)"
@@ -379,6 +386,7 @@ def main(argv=None):
               "model": vars(cfg) if hasattr(cfg, "__dict__") else str(cfg),
               "batch": args.batch, "iters": args.iters, "warmup": args.warmup,
               "log_every": args.log_every, "switch_interval_s": sys.getswitchinterval(),
+              "torch_side": args.torch_side,
               "rows": rows}
     if args.out:
         with open(args.out, "w") as f:

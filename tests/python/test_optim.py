@@ -293,6 +293,37 @@ class StepValuesTest(Assertions):
         self.assertEqual(c.get_weight("param0", dequantized=False).info.last_step, 3)
         c.close()
 
+    def test_parameters_kept_in_torch_are_stepped_by_torch_s_multi_tensor_calls(self):
+        # Momentum without Nesterov: from the second step on (the buffers exist),
+        # fp4q._torch_side.sgd_step steps the parameters kept in torch, not torch's step().
+        c = client()
+        lin = torch.nn.Linear(32, 16)
+        twin = torch.nn.Linear(32, 16)
+        twin.load_state_dict(lin.state_dict())
+        opt = fp4q.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9, dampening=0.1,
+                             weight_decay=1e-3, client=c)
+        ref = torch.optim.SGD([twin.bias], lr=0.1, momentum=0.9, dampening=0.1,
+                              weight_decay=1e-3)
+        inner_steps = []
+        inner_step = opt._inner.step
+        opt._inner.step = lambda *a, **k: inner_steps.append(1) or inner_step(*a, **k)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        ref_sched = torch.optim.lr_scheduler.StepLR(ref, step_size=1, gamma=0.5)
+        x, w = randn(8, 32, seed=52), randn(8, 16, seed=53)
+        for _ in range(4):
+            for m, o in ((lin, opt), (twin, ref)):
+                o.zero_grad(set_to_none=True)
+                (m(x) * w).sum().backward()
+                o.step()
+            sched.step()
+            ref_sched.step()
+            self.assertSameBits(lin.bias.detach(), twin.bias.detach())
+        self.assertEqual(len(inner_steps), 1)  # the first step made the momentum buffer
+        self.assertSameBits(opt._inner.state[lin.bias]["momentum_buffer"],
+                            ref.state[twin.bias]["momentum_buffer"])
+        del opt._inner.step
+        c.close()
+
     def test_add_param_group_creates_the_new_weights(self):
         c = client()
         a0, b0 = randn(16, 32, seed=55), randn(16, 48, seed=56)

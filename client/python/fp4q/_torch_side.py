@@ -1,0 +1,119 @@
+"""torch.optim.SGD's step for the parameters fp4q.optim.SGD keeps in torch, without its wrappers.
+
+fp4q.optim.SGD steps the parameters it does not store (biases, norms, embeddings, ...) with a
+torch.optim.SGD of the same hyperparameters. torch's step() costs the host far more than its
+kernels: the profiler and hook wrappers, the gradient-mode and differentiable checks, the
+per-parameter state gathering and grouping by device and dtype (on a GPU host, 0.4-0.7 ms a
+step for a small transformer's 37 such parameters). In an overlapped training loop that host
+time is the step's cost when the host, not the GPU, bounds the iteration.
+
+sgd_step(inner) makes the same tensor calls as torch's multi-tensor SGD
+(torch.optim.sgd._multi_tensor_sgd, the path torch takes for CUDA parameters by default) for the
+configuration fp4q.optim.SGD creates (foreach, fused, maximize and differentiable left at their
+defaults) once every momentum buffer exists, and nothing else:
+
+    grads = _foreach_add(grads, params, alpha=weight_decay)        # when weight_decay != 0
+    _foreach_mul_(bufs, momentum); _foreach_add_(bufs, grads, alpha=1 - dampening)
+    _foreach_add_(params, bufs or grads, alpha=-lr)
+
+so the parameters and buffers get bit for bit what torch's step would give them (on the CPU,
+where torch loops over the tensors one by one, the foreach calls run the same per-tensor
+operations). It declines (returns False, having changed nothing) for anything else: another
+optimizer class, Nesterov momentum (torch's multi-tensor path then updates the gradients in
+place), a tensor learning rate, sparse gradients, a missing momentum buffer (the first step, or
+a parameter whose gradient appears late), parameters of several devices or dtypes in one group,
+and any step hook (torch's global ones or the inner optimizer's), which torch's step() would run.
+The caller then calls inner.step().
+"""
+
+import torch
+from torch.optim import optimizer as _torch_optimizer
+
+_DEFAULTS = (("foreach", None), ("fused", None), ("maximize", False),
+             ("differentiable", False), ("nesterov", False))
+
+
+def _hooked(inner):
+    for name in ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks"):
+        if getattr(_torch_optimizer, name, None):
+            return True
+    return bool(getattr(inner, "_optimizer_step_pre_hooks", None) or
+                getattr(inner, "_optimizer_step_post_hooks", None))
+
+
+_NONE_KEPT = []
+
+
+def _keeps_none_buffers():
+    """Whether this torch's SGD records {"momentum_buffer": None} in a parameter's state when
+    it steps without momentum (1.13 does, 2.x does not); asked of torch once, on a CPU tensor.
+    Where it does, a step without momentum is taken only for parameters whose state has it,
+    so that state_dict() stays what torch's steps would leave."""
+    if not _NONE_KEPT:
+        p = torch.nn.Parameter(torch.zeros(1))
+        p.grad = torch.zeros(1)
+        probe = torch.optim.SGD([p], lr=0.0)
+        probe.step()
+        _NONE_KEPT.append("momentum_buffer" in probe.state.get(p, ()))
+    return _NONE_KEPT[0]
+
+
+def _plan(inner):
+    """Per group with gradients: (params, grads, bufs or None, lr, momentum, dampening,
+    weight_decay), or None where the step is not this module's."""
+    if type(inner) is not torch.optim.SGD or _hooked(inner):
+        return None
+    state = inner.state
+    none_kept = _keeps_none_buffers()
+    work = []
+    for group in inner.param_groups:
+        for key, default in _DEFAULTS:
+            if group.get(key, default) != default:
+                return None
+        lr = group["lr"]
+        if isinstance(lr, torch.Tensor):
+            return None
+        momentum, dampening, wd = group["momentum"], group["dampening"], group["weight_decay"]
+        params, grads, bufs = [], [], []
+        kind = None
+        for p in group["params"]:
+            g = p.grad
+            if g is None:
+                continue
+            if g.is_sparse:
+                return None
+            here = (p.device, p.dtype)
+            if kind is None:
+                kind = here
+            elif here != kind:
+                return None
+            params.append(p)
+            grads.append(g)
+            if momentum != 0:
+                buf = state[p].get("momentum_buffer") if p in state else None
+                if buf is None:
+                    return None
+                bufs.append(buf)
+            elif none_kept and "momentum_buffer" not in state.get(p, ()):
+                return None  # torch's step records the parameter's None buffer first
+        if params:
+            work.append((params, grads, bufs if momentum != 0 else None, lr, momentum,
+                         dampening, wd))
+    return work
+
+
+def sgd_step(inner):
+    """inner's step (a torch.optim.SGD) by torch's multi-tensor calls; True when taken, False
+    (nothing changed) when inner.step() must run instead. Call under torch.no_grad()."""
+    work = _plan(inner)
+    if work is None:
+        return False
+    for params, grads, bufs, lr, momentum, dampening, wd in work:
+        if wd != 0:
+            grads = torch._foreach_add(grads, params, alpha=wd)
+        if bufs is not None:
+            torch._foreach_mul_(bufs, momentum)
+            torch._foreach_add_(bufs, grads, alpha=1 - dampening)
+            grads = bufs
+        torch._foreach_add_(params, grads, alpha=-lr)
+    return True
