@@ -303,7 +303,10 @@ class StepValuesTest(Assertions):
         opt = fp4q.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9, dampening=0.1,
                              weight_decay=1e-3, client=c)
         ref = torch.optim.SGD([twin.bias], lr=0.1, momentum=0.9, dampening=0.1,
-                              weight_decay=1e-3)
+                              weight_decay=1e-3, foreach=True)
+        # On the CPU torch takes its multi-tensor path only with foreach=True (on CUDA with the
+        # default None, which the inner optimizer has).
+        opt._inner.param_groups[0]["foreach"] = True
         inner_steps = []
         inner_step = opt._inner.step
         opt._inner.step = lambda *a, **k: inner_steps.append(1) or inner_step(*a, **k)

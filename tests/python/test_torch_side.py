@@ -5,6 +5,7 @@ GPU, no server."""
 import unittest
 
 import torch
+from torch.optim import optimizer as torch_optimizer
 
 from fp4q import _torch_side
 
@@ -15,9 +16,11 @@ def _tensors(seed, shapes, dtype=torch.float32, device="cpu"):
 
 
 class SgdStepTest(unittest.TestCase):
-    """On CPU tensors (torch's single-tensor path, which the foreach calls match there)."""
+    """On CPU tensors with foreach=True (torch's multi-tensor path there; with foreach None
+    torch loops over the tensors one by one, and sgd_step declines)."""
     SHAPES = ((384,), (1152,), (256, 384), (7,))
     DEVICE = "cpu"
+    FOREACH = True
 
     def twins(self, groups, **hyper):
         """Two SGDs over equal parameters: (ours, torch's, our params, torch's params)."""
@@ -26,6 +29,8 @@ class SgdStepTest(unittest.TestCase):
             values = _tensors(10 + gi, shapes, dtype, self.DEVICE)
             mine.append(dict(extra, params=[torch.nn.Parameter(v.clone()) for v in values]))
             theirs.append(dict(extra, params=[torch.nn.Parameter(v.clone()) for v in values]))
+        if self.FOREACH is not None:
+            hyper = dict(hyper, foreach=self.FOREACH)
         a, b = torch.optim.SGD(mine, **hyper), torch.optim.SGD(theirs, **hyper)
         pa = [p for g in mine for p in g["params"]]
         pb = [p for g in theirs for p in g["params"]]
@@ -162,7 +167,7 @@ class SgdStepTest(unittest.TestCase):
         handle = a.register_step_pre_hook(lambda *args: None)
         self.declined(a, pa)
         handle.remove()
-        handle = torch.optim.optimizer.register_optimizer_step_post_hook(lambda *args: None)
+        handle = torch_optimizer.register_optimizer_step_post_hook(lambda *args: None)
         try:
             self.declined(a, pa)
         finally:
@@ -170,12 +175,22 @@ class SgdStepTest(unittest.TestCase):
         with torch.no_grad():
             self.assertTrue(_torch_side.sgd_step(a))  # no hook left
 
+    def test_declines_foreach_false_and_cpu_tensors_without_foreach(self):
+        a, pa = self.stepped_once(lr=0.1, momentum=0.9)
+        a.param_groups[0]["foreach"] = False
+        self.declined(a, pa)
+        if self.DEVICE == "cpu":
+            a.param_groups[0]["foreach"] = None  # torch's single-tensor loop on the CPU
+            self.declined(a, pa)
+
 
 @unittest.skipUnless(torch.cuda.is_available(), "no CUDA device: torch's multi-tensor path on "
                      "a GPU is checked on GPU machines (bench/results/h200-loop/run9.sh)")
 class CudaSgdStepTest(SgdStepTest):
-    """On CUDA tensors: torch's multi-tensor path (foreach kernels), which sgd_step calls."""
+    """On CUDA tensors with foreach None, as fp4q.optim.SGD's inner optimizer has it: torch's
+    multi-tensor path (foreach kernels), which sgd_step calls."""
     DEVICE = "cuda"
+    FOREACH = None
 
 
 if __name__ == "__main__":

@@ -9,17 +9,18 @@ time is the step's cost when the host, not the GPU, bounds the iteration.
 
 sgd_step(inner) makes the same tensor calls as torch's multi-tensor SGD
 (torch.optim.sgd._multi_tensor_sgd, the path torch takes for CUDA parameters by default) for the
-configuration fp4q.optim.SGD creates (foreach, fused, maximize and differentiable left at their
-defaults) once every momentum buffer exists, and nothing else:
+configuration fp4q.optim.SGD creates (fused, maximize and differentiable left at their defaults)
+once every momentum buffer exists, and nothing else:
 
     grads = _foreach_add(grads, params, alpha=weight_decay)        # when weight_decay != 0
     _foreach_mul_(bufs, momentum); _foreach_add_(bufs, grads, alpha=1 - dampening)
     _foreach_add_(params, bufs or grads, alpha=-lr)
 
-so the parameters and buffers get bit for bit what torch's step would give them (on the CPU,
-where torch loops over the tensors one by one, the foreach calls run the same per-tensor
-operations). It declines (returns False, having changed nothing) for anything else: another
-optimizer class, Nesterov momentum (torch's multi-tensor path then updates the gradients in
+so the parameters and buffers get bit for bit what torch's step would give them. torch takes
+that path for plain CUDA tensors when the group's foreach is None (its default), and for any
+tensors when it is True; elsewhere (CPU tensors with foreach None: torch's single-tensor loop,
+whose bf16 results differ) and for anything else it declines (returns False, having changed
+nothing): foreach=False, another optimizer class, Nesterov momentum (torch's multi-tensor path then updates the gradients in
 place), a tensor learning rate, sparse gradients, a missing momentum buffer (the first step, or
 a parameter whose gradient appears late), parameters of several devices or dtypes in one group,
 and any step hook (torch's global ones or the inner optimizer's), which torch's step() would run.
@@ -29,8 +30,9 @@ The caller then calls inner.step().
 import torch
 from torch.optim import optimizer as _torch_optimizer
 
-_DEFAULTS = (("foreach", None), ("fused", None), ("maximize", False),
-             ("differentiable", False), ("nesterov", False))
+_DEFAULTS = (("fused", None), ("maximize", False), ("differentiable", False),
+             ("nesterov", False))
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _hooked(inner):
@@ -70,6 +72,9 @@ def _plan(inner):
         for key, default in _DEFAULTS:
             if group.get(key, default) != default:
                 return None
+        foreach = group.get("foreach")
+        if foreach is False:
+            return None
         lr = group["lr"]
         if isinstance(lr, torch.Tensor):
             return None
@@ -81,6 +86,10 @@ def _plan(inner):
             if g is None:
                 continue
             if g.is_sparse:
+                return None
+            # foreach=None: torch takes the multi-tensor path for plain CUDA tensors only.
+            if foreach is None and (p.device.type != "cuda" or type(p) not in _PLAIN or
+                                    type(g) not in _PLAIN):
                 return None
             here = (p.device, p.dtype)
             if kind is None:
