@@ -8,6 +8,7 @@ import contextlib
 import gc
 import threading
 import unittest
+import weakref
 from unittest import mock
 
 import grpc
@@ -411,15 +412,18 @@ class StepPlanTest(unittest.TestCase):
 
     def begun(self):
         """Requests whose begin() sends at once (self.sent) and hands the reply over only when
-        waited for (self.replies_read counts them); self.fail_wait, when set, is raised
-        instead."""
+        waited for (self.replies_read counts them), after self.reply_gate (a threading.Event)
+        is set when there is one; self.fail_wait, when set, is raised instead."""
         self.replies_read = 0
         self.fail_wait = None
+        self.reply_gate = None
 
         def begin(rpc, request):
             reply = self.server(rpc, request)
 
             def wait():
+                if self.reply_gate is not None:
+                    self.reply_gate.wait(timeout=10)
                 self.replies_read += 1
                 if self.fail_wait is not None:
                     raise self.fail_wait
@@ -549,6 +553,42 @@ class StepPlanTest(unittest.TestCase):
         self.assertEqual(freed, [threading.current_thread().name])
         self.assertEqual([t for t in threading.enumerate() if t.name == "fp4q-overlap"], [])
 
+
+    def test_with_ready_signals_a_sent_step_holds_its_gradients_no_longer(self):
+        # The stream waits for the step before its later work, so torch's allocator may hand
+        # the gradients' memory on at once; without ready signals a step built afresh holds
+        # them to the reply (a step of a kept plan never held them).
+        requests = self.begun()
+        signal = FakeCudaTensor(SIGNAL, shape=(8,), dtype=torch.int32)
+        patches = [
+            mock.patch.object(_overlap, "_new_signal", lambda device: (signal, mock.Mock())),
+            mock.patch.object(_cuda_driver, "stream_wait_value32", lambda s, p, v: None),
+            mock.patch.object(torch.cuda, "device", lambda d: contextlib.nullcontext())]
+        for p in patches:
+            p.start()
+            self.addCleanup(p.stop)
+        client = mock.Mock(_ipc=self.regions, _requests=requests)
+        groups = [fp4q.SgdHyperparameters(lr=0.1)]
+        for ready in (False, True):
+            o = _overlap.OverlappedSteps(client, torch.device("cuda", 0), ready=ready)
+            for step in (1, 2):  # the second step's items come from its kept plan
+                grads = [FakeCudaTensor(GRADS + 0x1000 * i) for i in range(3)]
+                alive = [weakref.ref(g) for g in grads]
+                key = (("layout", ready), tuple(x for g, p in zip(grads, self.params)
+                                          for x in (g.data_ptr(), p.data_ptr())))
+                self.reply_gate = threading.Event()  # the reply comes only when set
+                self.assertIsNone(o.send(step, key, lambda: self.items(grads=grads), groups,
+                                         None))
+                del grads
+                gc.collect()
+                held = 3 if not ready and step == 1 else 0
+                self.assertEqual(sum(r() is not None for r in alive), held,
+                                 "ready=%s, step %d" % (ready, step))
+                self.reply_gate.set()
+                self.assertEqual(o.finish()[1].applied_items, 3)
+                gc.collect()
+                self.assertEqual(sum(r() is not None for r in alive), 0)
+        self.assertEqual(self.stats["step_plans_reused"], 2)
 
     def ready_steps(self):
         """An fp4q._overlap.ReadySteps on fake device 0 whose signal tensor is a fake; its

@@ -73,6 +73,7 @@ def _watch(jobs, signal, side):
             except BaseException as e2:  # noqa: BLE001
                 job.error.__context__ = e2
         job.done.set()
+        job = None  # the step's tensors are not held while this thread waits for the next
 
 
 # The words of the signal tensor (int32 elements; region slices are 16-byte aligned).
@@ -124,6 +125,13 @@ class OverlappedSteps:
         except _cuda_driver.DriverError:
             self.completed += 1
             return pending.wait()  # the stream cannot wait on the device: the host waits
+        if ready is not None:
+            # The gradients were made on this stream (the ready word is written behind them)
+            # and its later work now waits for the step: torch's allocator may hand their
+            # memory to the next backward pass at once. Held until the reply, they were not
+            # freed by zero_grad(set_to_none=True), the next gradients landed elsewhere, and
+            # no kept step plan matched them (h200-loop call 13).
+            pending.let_go()
         job = _Job(step, value, pending)
         self._inflight = job
         self._watcher().put(job)

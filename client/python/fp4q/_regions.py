@@ -373,6 +373,12 @@ class Transfer:
             if dev != skip:
                 torch.cuda.current_stream(dev).synchronize()
 
+    def let_go(self):
+        """Drops the references that keep the request's tensors alive until its reply: the
+        caller has ordered every later use of their memory after the server's work (a stream
+        wait on the step's done signal)."""
+        self._keep = []
+
     def writes_in_place(self):
         """True when no output of this request is copied into its tensor after the reply."""
         return not self._copy_back

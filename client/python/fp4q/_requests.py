@@ -525,9 +525,15 @@ class _PendingCall:
         try:
             reply = self._sent.wait()
             self._transfer.after_reply()
-            return reply, self._planned
+            planned, self._planned = self._planned, None  # held by the caller alone now
+            return reply, planned
         finally:
             self._transfer.release()
+
+    def let_go(self, planned):
+        """Transfer.let_go, and `planned` replaced by planned(planned)."""
+        self._transfer.let_go()
+        self._planned = planned(self._planned)
 
 
 class PendingStep:
@@ -541,6 +547,11 @@ class PendingStep:
     def wait(self):
         reply, built = self._call.wait()
         return self._decode(reply, built)
+
+    def let_go(self):
+        """Holds the step's tensors no longer (see Transfer.let_go): the request is sent and
+        its reply is brief (begun steps' are), which needs no item."""
+        self._call.let_go(lambda built: (None,) + tuple(built[1:]))
 
 
 def fill_operand(msg, q, tr, field, device, dense=False):
