@@ -8,7 +8,7 @@
 # Repository root, .bundle carried.
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
-export LIMIT=${LIMIT:-230}
+export LIMIT=${LIMIT:-170}
 begin loop14 "the overlapped step lets its gradients go once sent"
 (cd tests/python && PYTHONPATH=../../client/python:. timeout 60 python3 -m unittest -v \
   test_torch_side) > $o/test-torch-side.txt 2>&1
@@ -18,6 +18,6 @@ timeout 60 python3 bench/results/h200-loop/plan_misses.py --fp4qd $b/bin/fp4qd \
   > $o/plan-misses-overlap.txt 2>&1
 echo "== plan misses rc=$?"; tail -12 $o/plan-misses-overlap.txt
 loop_args=("--variant=fp4q overlap" "--variant=fp4q" --step-phases)
-train_loop mps-phases 256 5 120
+train_loop mps-phases 256 3 80
 mps_stop
 echo "done ($SECONDS s)"
