@@ -577,8 +577,8 @@ class StepPlanTest(unittest.TestCase):
                 key = (("layout", ready), tuple(x for g, p in zip(grads, self.params)
                                           for x in (g.data_ptr(), p.data_ptr())))
                 self.reply_gate = threading.Event()  # the reply comes only when set
-                self.assertIsNone(o.send(step, key, lambda: self.items(grads=grads), groups,
-                                         None))
+                self.assertIsNone(o.send(step, key, lambda g=grads: self.items(grads=g),
+                                         groups, None))
                 del grads
                 gc.collect()
                 held = 3 if not ready and step == 1 else 0

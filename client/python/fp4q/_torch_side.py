@@ -20,11 +20,11 @@ so the parameters and buffers get bit for bit what torch's step would give them.
 that path for plain CUDA tensors when the group's foreach is None (its default), and for any
 tensors when it is True; elsewhere (CPU tensors with foreach None: torch's single-tensor loop,
 whose bf16 results differ) and for anything else it declines (returns False, having changed
-nothing): foreach=False, another optimizer class, Nesterov momentum (torch's multi-tensor path then updates the gradients in
-place), a tensor learning rate, sparse gradients, a missing momentum buffer (the first step, or
-a parameter whose gradient appears late), parameters of several devices or dtypes in one group,
-and any step hook (torch's global ones or the inner optimizer's), which torch's step() would run.
-The caller then calls inner.step().
+nothing): foreach=False, another optimizer class, Nesterov momentum (torch's multi-tensor path
+then updates the gradients in place), a tensor learning rate, sparse gradients, a missing
+momentum buffer (the first step, or a parameter whose gradient appears late), parameters of
+several devices or dtypes in one group, and any step hook (torch's global ones or the inner
+optimizer's), which torch's step() would run. The caller then calls inner.step().
 """
 
 import torch
