@@ -230,7 +230,7 @@ def _time_phases(opt, phases):
 
         def timed_order(value):
             inner = order(value)
-            spent = phases.setdefault("    the ready word (host waits on other devices, fill)",
+            spent = phases.setdefault("    the ready word (host waits on other devices, its write)",
                                       [])
 
             def timed(transfer):

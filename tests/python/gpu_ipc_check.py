@@ -403,37 +403,48 @@ def check_optim_overlap(ipc):
     ready signal would read the last step's; a ready word never written is refused after
     fp4qd's timeout (DEADLINE_EXCEEDED) with nothing changed and the stream released.
     overlap=False's steps, with their ready signals (the default) and without (the host
-    waits), are bit-identical too; a synchronous step whose ready word is never written is sent
-    again after the host's wait and applies once."""
+    waits), are bit-identical too, every ready word written by the driver (cuStreamWriteValue32);
+    a synchronous step whose ready word is never written is sent again after the host's wait
+    and applies once."""
     import threading
     import fp4q.optim
-    from fp4q import _overlap
+    from fp4q import _cuda_driver, _overlap
     g = torch.Generator(device="cuda").manual_seed(6)
+    # The ready words are written by the driver (cuStreamWriteValue32), not by a fill_: counted.
+    driver_write, driver_writes = _cuda_driver.stream_write_value32, []
+
+    def counted_write(stream, ptr, value):
+        driver_write(stream, ptr, value)
+        driver_writes.append(value)
+    _cuda_driver.stream_write_value32 = counted_write
     shapes = [(64, 128), (128, 64), (32, 256)]
     start = [torch.randn(s, device="cuda", generator=g).mul_(0.05).to(torch.bfloat16)
              for s in shapes]
     runs = {}
     # overlap=False with the host's wait, overlap=False with ready signals (the stream is busy
     # at every step: each step carries one), overlap=True.
-    for variant, overlap, ready in (("host", False, False), ("ready", False, True),
-                                    ("overlap", True, True)):
-        params = [torch.nn.Parameter(w.clone()) for w in start]
-        opt = fp4q.optim.SGD(params, lr=0.05, momentum=0.9, error_feedback=True, client=ipc,
-                             name_prefix="overlap_check_%s_" % variant, overlap=overlap,
-                             ready_signal=ready)
-        history = []
-        for step in range(8):
-            gg = torch.Generator(device="cuda").manual_seed(200 + step)
-            torch.cuda._sleep(3000000)  # the gradients come late on the stream
-            for p in params:
-                p.grad = torch.randn(p.shape, device="cuda", generator=gg).to(torch.bfloat16)
-                p.data.fill_(float("nan"))  # queued before the step: the server must write it
-            opt.step()
-            history.append([p.detach().clone() for p in params])  # queued after the wait
-            opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        opt.synchronize()
-        runs[variant] = (history, opt, params)
+    try:
+        for variant, overlap, ready in (("host", False, False), ("ready", False, True),
+                                        ("overlap", True, True)):
+            params = [torch.nn.Parameter(w.clone()) for w in start]
+            opt = fp4q.optim.SGD(params, lr=0.05, momentum=0.9, error_feedback=True, client=ipc,
+                                 name_prefix="overlap_check_%s_" % variant, overlap=overlap,
+                                 ready_signal=ready)
+            history = []
+            for step in range(8):
+                gg = torch.Generator(device="cuda").manual_seed(200 + step)
+                torch.cuda._sleep(3000000)  # the gradients come late on the stream
+                for p in params:
+                    p.grad = torch.randn(p.shape, device="cuda", generator=gg).to(torch.bfloat16)
+                    p.data.fill_(float("nan"))  # queued before the step: the server must write it
+                opt.step()
+                history.append([p.detach().clone() for p in params])  # queued after the wait
+                opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            opt.synchronize()
+            runs[variant] = (history, opt, params)
+    finally:
+        _cuda_driver.stream_write_value32 = driver_write
     (h_sync, _, _), (h_ready, sync_opt, sync_params), (h_over, opt, params) = (
         runs["host"], runs["ready"], runs["overlap"])
     steps_equal = [all(same(a, b) for a, b in zip(x, y)) for x, y in zip(h_sync, h_over)]
@@ -444,7 +455,8 @@ def check_optim_overlap(ipc):
            "server_step": opt.server_step, "sent_overlapped": o.sent,
            "completed_in_step": o.completed, "sent_with_ready_signal": o.ready_sent,
            "sync_ready_steps_bit_identical": ready_equal,
-           "sync_ready": None if r is None else {"sent": r.sent, "idle": r.idle}}
+           "sync_ready": None if r is None else {"sent": r.sent, "idle": r.idle},
+           "ready_words_by_the_driver": len(driver_writes)}
     # Without overlap, a ready word never written: fp4qd refuses the step after its timeout,
     # and step() sends it again after the host's wait; the step applies once.
     if r is not None:
@@ -521,7 +533,8 @@ def check_optim_overlap(ipc):
         "ready_signal: the worker's stream did not write" in out["ready_error"])
     out["ok"] = (sync_ok and all(steps_equal) and finite and opt.server_step == 10 and
                  o.sent >= 12 and
-                 o.ready_sent >= 8 and out["released_after_device_refusal"] and
+                 o.ready_sent >= 8 and out["ready_words_by_the_driver"] == 16 and
+                 out["released_after_device_refusal"] and
                  out["released_after_host_refusal"] and out["released_after_ready_timeout"]
                  and out["server_step_after_resend"] == 9 and
                  out["server_step_after_ready_resend"] == 10 and nan_ok and del_ok and ready_ok)

@@ -25,11 +25,13 @@ class FakeCudaTensor(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl
     is_cuda = True
+    at = weakref.WeakValueDictionary()  # ptr -> the latest such tensor, for driver writes
 
     @staticmethod
     def __new__(cls, ptr, shape=(32, 16), index=0, dtype=torch.bfloat16):
         t = torch.Tensor._make_subclass(cls, torch.zeros(shape, dtype=dtype))
         t.fake_ptr, t.fake_device = ptr, torch.device("cuda", index)
+        FakeCudaTensor.at[ptr] = t
         return t
 
     @property
@@ -78,10 +80,22 @@ class StepPlanTest(unittest.TestCase):
             self.driver_calls["export"] += 1
             return self.allocs[base][1]
 
+        self.word_writes = []  # (stream, ptr, value) of each cuStreamWriteValue32
+
+        def stream_write_value32(stream, ptr, value):
+            """The driver's write, done at once into the fake signal tensor's bytes."""
+            self.word_writes.append((stream, ptr, value))
+            signal = FakeCudaTensor.at.get(SIGNAL)
+            if signal is None or not SIGNAL <= ptr < SIGNAL + 4 * signal.numel():
+                raise _cuda_driver.DriverError("0x%x: CUDA_ERROR_INVALID_VALUE" % ptr)
+            signal.view(-1)[(ptr - SIGNAL) // 4] = _overlap._as_int32(value)
+
         patches = [mock.patch.object(_cuda_driver, "allocation_identity", allocation_identity),
                    mock.patch.object(_cuda_driver, "buffer_id", buffer_id),
                    mock.patch.object(_cuda_driver, "address_range", address_range),
                    mock.patch.object(_cuda_driver, "ipc_handle", ipc_handle),
+                   mock.patch.object(_cuda_driver, "stream_write_value32",
+                                     stream_write_value32),
                    mock.patch.object(_cuda_driver, "bind_context", lambda index: None),
                    mock.patch.object(ipc, "_current_device", lambda i: contextlib.nullcontext()),
                    mock.patch.object(ipc, "device_uuid", return_value="gpu-00aa"),
@@ -531,6 +545,8 @@ class StepPlanTest(unittest.TestCase):
         self.assertEqual((r.region.region_id, r.region.offset, r.value, r.timeout_ms),
                          (d.region.region_id, d.region.offset + 16, 1, 0))
         self.assertEqual([int(v) for v in signal], [0, 0, 0, 0, 1, 0, 0, 0])
+        handle = torch.cuda.current_stream.return_value.cuda_stream
+        self.assertEqual(self.word_writes, [(handle, SIGNAL + 16, 1)])  # by the driver
         self.assertEqual(waits, [(SIGNAL, 1)])
         self.assertEqual((o.finish()[0], o.ready_sent), (1, 1))
         # Gradients on another device too: that device's stream is still waited for.
@@ -553,6 +569,50 @@ class StepPlanTest(unittest.TestCase):
         self.assertEqual(freed, [threading.current_thread().name])
         self.assertEqual([t for t in threading.enumerate() if t.name == "fp4q-overlap"], [])
 
+
+    def test_the_ready_word_is_a_driver_write_on_the_device_s_stream_or_a_fill(self):
+        signal = FakeCudaTensor(SIGNAL, shape=(8,), dtype=torch.int32)
+        entered = []
+
+        @contextlib.contextmanager
+        def device(d):
+            entered.append(d)
+            yield
+        patches = [mock.patch.object(torch.cuda, "device", device),
+                   mock.patch.object(torch.cuda, "current_device", lambda: 0)]
+        for p in patches:
+            p.start()
+            self.addCleanup(p.stop)
+        stream = torch.cuda.current_stream.return_value
+        stream.cuda_stream = 0x5000
+        sent = []
+        transfer = mock.Mock()
+        order = _overlap._ready_order(signal, torch.device("cuda", 0), 0xFFFFFFFF,
+                                      lambda: sent.append(1))
+        order(transfer)
+        transfer.before_send.assert_called_once_with(skip=torch.device("cuda", 0))
+        self.assertEqual(self.word_writes, [(0x5000, SIGNAL + 16, 0xFFFFFFFF)])
+        self.assertEqual((int(signal[4]), entered, sent), (-1, [], [1]))
+        # torch's default stream (handle 0) of a device other than the current one: the driver
+        # call names the current context's legacy stream, so that device is made current.
+        stream.cuda_stream = 0
+        _overlap._write_ready(signal, torch.device("cuda", 1), 7)
+        self.assertEqual((self.word_writes[-1], entered), ((0, SIGNAL + 16, 7), [
+            torch.device("cuda", 1)]))
+        _overlap._write_ready(signal, torch.device("cuda", 0), 8)  # the current device's
+        self.assertEqual((self.word_writes[-1], len(entered)), ((0, SIGNAL + 16, 8), 1))
+        # A driver that refuses the write (no stream memory operations): a one-element fill_
+        # on that device's stream instead.
+        refusals = []
+
+        def refuse(stream, ptr, value):
+            refusals.append(value)
+            raise _cuda_driver.DriverError("cuStreamWriteValue32: CUDA_ERROR_NOT_SUPPORTED")
+        with mock.patch.object(_cuda_driver, "stream_write_value32", refuse):
+            _overlap._write_ready(signal, torch.device("cuda", 0), 9)
+        self.assertEqual((refusals, int(signal[4]), entered[-1]),
+                         ([9], 9, torch.device("cuda", 0)))
+        self.assertEqual([int(v) for v in signal], [0, 0, 0, 0, 9, 0, 0, 0])
 
     def test_with_ready_signals_a_sent_step_holds_its_gradients_no_longer(self):
         # The stream waits for the step before its later work, so torch's allocator may hand

@@ -71,6 +71,13 @@ def _driver():
                                   ctypes.c_uint]
                     lib.fp4q_wait_value32 = f
                     break
+            for name in ("cuStreamWriteValue32_v2", "cuStreamWriteValue32"):
+                f = getattr(lib, name, None)
+                if f is not None:
+                    f.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32,
+                                  ctypes.c_uint]
+                    lib.fp4q_write_value32 = f
+                    break
             _lib = lib
         return _lib
 
@@ -180,6 +187,24 @@ def stream_wait_value32(stream, ptr, value):
         raise DriverError("cuStreamWaitValue32 is not in this libcuda")
     _check(f(stream, ptr, value & 0xFFFFFFFF, CU_STREAM_WAIT_VALUE_GEQ),
            "cuStreamWaitValue32(0x%x, %d)", ptr, value)
+
+
+CU_STREAM_WRITE_VALUE_DEFAULT = 0x0  # a memory fence before the write (stream-scoped)
+
+
+def stream_write_value32(stream, ptr, value):
+    """Queues on CUDA stream `stream` (a CUstream handle) the write of the 32-bit `value` to
+    the word at device address `ptr`, behind the work queued on it before and after a memory
+    fence, so that a reader that sees the value also sees every earlier write of the stream
+    (cuda.h: the default flags "provide a memory fence before the write"). One driver call: no
+    kernel, no tensor. A handle of 0 is the legacy default stream of the thread's current
+    context."""
+    lib = _driver()
+    f = getattr(lib, "fp4q_write_value32", None)
+    if f is None:
+        raise DriverError("cuStreamWriteValue32 is not in this libcuda")
+    _check(f(stream, ptr, value & 0xFFFFFFFF, CU_STREAM_WRITE_VALUE_DEFAULT),
+           "cuStreamWriteValue32(0x%x, %d)", ptr, value)
 
 
 def ipc_handle(base):
