@@ -221,7 +221,8 @@ def main():
                          "backward passes leave between steps (default 0: back to back)")
     ap.add_argument("--json", help="also write the report there")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
-                    help="then a cProfile of --steps more steps: its N costliest functions")
+                    help="then a cProfile of --steps more steps: its N costliest functions "
+                    "(by own time; STEP_HOST_SORT=ncalls or cumulative sorts otherwise)")
     args = ap.parse_args()
     for name, v, least in (("--params", args.params, 1), ("--rows", args.rows, 1),
                            ("--steps", args.steps, 1), ("--warmup", args.warmup, 0),
@@ -355,7 +356,8 @@ def main():
                 before_step(k)
                 opt.step()
             prof.disable()
-            pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+            pstats.Stats(prof).sort_stats(os.environ.get("STEP_HOST_SORT", "tottime")).print_stats(
+                args.profile)
         client.close()
     finally:
         if server is not None:
