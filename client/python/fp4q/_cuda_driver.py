@@ -64,20 +64,15 @@ def _driver():
             lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
             lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p),
                                                      ctypes.c_int]
-            for name in ("cuStreamWaitValue32_v2", "cuStreamWaitValue32"):
-                f = getattr(lib, name, None)
+            # The stream memory operations (stream, address, value, flags), as lib.fp4q_<op>:
+            # the _v2 entry point where this libcuda has it.
+            for op, name in (("wait_value32", "cuStreamWaitValue32"),
+                             ("write_value32", "cuStreamWriteValue32")):
+                f = getattr(lib, name + "_v2", None) or getattr(lib, name, None)
                 if f is not None:
                     f.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32,
                                   ctypes.c_uint]
-                    lib.fp4q_wait_value32 = f
-                    break
-            for name in ("cuStreamWriteValue32_v2", "cuStreamWriteValue32"):
-                f = getattr(lib, name, None)
-                if f is not None:
-                    f.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32,
-                                  ctypes.c_uint]
-                    lib.fp4q_write_value32 = f
-                    break
+                    setattr(lib, "fp4q_" + op, f)
             _lib = lib
         return _lib
 
