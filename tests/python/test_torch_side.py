@@ -175,6 +175,55 @@ class SgdStepTest(unittest.TestCase):
         with torch.no_grad():
             self.assertTrue(_torch_side.sgd_step(a))  # no hook left
 
+    def test_the_kept_plan_is_reused_and_follows_load_state_dict(self):
+        a, b, pa, pb = self.twins([(self.SHAPES, torch.float32, {}),
+                                   (self.SHAPES[:2], torch.bfloat16, {"lr": 0.02})],
+                                  lr=0.05, momentum=0.9)
+        self.assertEqual(self.run_steps(a, b, pa, pb, 3), 2)
+        kept = _torch_side._kept[a]
+        self.assertEqual(self.run_steps(a, b, pa, pb, 2, lr_schedule=lambda k: 0.01 * (k + 1)),
+                         2)
+        self.assertIs(_torch_side._kept[a], kept)  # reused, with each step's lr
+        # New buffers (and a new state dict) in both: a plan that kept the old ones would step
+        # with them, and the results would differ from torch's.
+        state = b.state_dict()
+        for entry in state["state"].values():
+            entry["momentum_buffer"] = entry["momentum_buffer"] * -3
+        a.load_state_dict(state)
+        b.load_state_dict(state)
+        self.assertEqual(self.run_steps(a, b, pa, pb, 2), 2)
+        self.assertIsNot(_torch_side._kept[a], kept)
+
+    def test_a_kept_plan_declines_what_changed_since(self):
+        a, b, pa, pb = self.twins([(self.SHAPES, torch.float32, {})], lr=0.05, momentum=0.9)
+        self.assertEqual(self.run_steps(a, b, pa, pb, 3), 2)
+        self.grads(pa, pb, 7)
+        group = a.param_groups[0]
+        for change, undo in (
+                (lambda: group.update(nesterov=True), lambda: group.update(nesterov=False)),
+                (lambda: group.update(lr=torch.tensor(0.05)), lambda: group.update(lr=0.05)),
+                (lambda: group.update(foreach=False), lambda: group.update(foreach=self.FOREACH))):
+            self.assertIn(a, _torch_side._kept)
+            change()
+            self.declined(a, pa)
+            self.assertNotIn(a, _torch_side._kept)  # dropped: torch's step() runs next
+            undo()
+            with torch.no_grad():
+                self.assertTrue(_torch_side.sgd_step(a))  # built again
+            self.grads(pa, pb, 8)
+        dense = pa[0].grad
+        pa[0].grad = dense.to_sparse()
+        self.declined(a, pa)
+        pa[0].grad = dense
+        with torch.no_grad():
+            self.assertTrue(_torch_side.sgd_step(a))
+        bf16 = dict(dtype=torch.bfloat16, device=self.DEVICE)
+        mixed = torch.nn.Parameter(torch.ones(16, **bf16))
+        mixed.grad = torch.ones(16, **bf16)
+        group["params"].append(mixed)
+        a.state[mixed]["momentum_buffer"] = torch.zeros(16, **bf16)
+        self.declined(a, pa + [mixed])
+
     def test_declines_foreach_false_and_cpu_tensors_without_foreach(self):
         a, pa = self.stepped_once(lr=0.1, momentum=0.9)
         a.param_groups[0]["foreach"] = False
