@@ -570,6 +570,28 @@ class StepPlanTest(unittest.TestCase):
         self.assertEqual([t for t in threading.enumerate() if t.name == "fp4q-overlap"], [])
 
 
+    def test_a_held_tensor_s_slot_is_kept_while_its_region_and_the_server_are(self):
+        signal = FakeCudaTensor(SIGNAL, shape=(8,), dtype=torch.int32)
+        slot, kept = self.regions.register_held(signal)
+        self.assertEqual((slot, self.stats["registrations"]), (("region-1", 0), 1))
+        calls = sum(self.driver_calls.values())
+        for _ in range(3):
+            self.assertEqual(self.regions.register_held(signal, kept), (slot, kept))
+        self.assertEqual(sum(self.driver_calls.values()), calls)  # no driver call, no RPC
+        # A region leaving the cache (another allocation evicted it, or a new session cleared
+        # it): registered again.
+        self.regions.clear()
+        slot, kept = self.regions.register_held(signal, kept)
+        self.assertEqual(slot, ("region-2", 0))
+        self.assertEqual(self.regions.register_held(signal, kept)[0], ("region-2", 0))
+        # The server's ServerInfo forgotten (a restarted server): checked again.
+        self.regions.forget_server_info()
+        calls = self.driver_calls["identity"]
+        slot, kept = self.regions.register_held(signal, kept)
+        self.assertEqual((slot, self.driver_calls["identity"]), (("region-2", 0), calls + 1))
+        self.assertEqual(self.regions.register_held(signal, kept)[0], ("region-2", 0))
+        self.assertEqual(self.driver_calls["identity"], calls + 1)
+
     def test_the_ready_word_is_a_driver_write_on_the_device_s_stream_or_a_fill(self):
         signal = FakeCudaTensor(SIGNAL, shape=(8,), dtype=torch.int32)
         entered = []

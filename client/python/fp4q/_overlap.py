@@ -97,6 +97,7 @@ class OverlappedSteps:
         self._ready = bool(ready)
         self._signal, self._side = _new_signal(self._device)
         self._ptr = self._signal.data_ptr()
+        self._slot = None  # Regions.register_held's last answer for the signal tensor
         self._value = 0
         self._inflight = None
         self._jobs = None
@@ -108,7 +109,7 @@ class OverlappedSteps:
         """Sends step `step` (fp4q._requests.step_begin). Returns its StepResult when it
         completed now; else None (finish() takes its outcome)."""
         assert self._inflight is None, "finish() the step in flight first"
-        slot = self._client._ipc.register_tensor(self._signal)
+        slot, self._slot = self._client._ipc.register_held(self._signal, self._slot)
         value = (self._value + 1) & 0xFFFFFFFF
         ready = None
         if self._ready:
@@ -246,6 +247,7 @@ class ReadySteps:
         self._client = client
         self._device = torch.device(device)
         self._signal = None  # made at the first step that needs it
+        self._slot = None  # Regions.register_held's last answer for it
         self._value = 0
         self.sent = 0        # steps sent with a ready signal
         self.idle = 0        # steps sent without: the stream had nothing queued
@@ -270,7 +272,7 @@ class ReadySteps:
         if self._signal is None:
             self._signal = _new_signal(self._device)[0]
         try:
-            slot = self._client._ipc.register_tensor(self._signal)
+            slot, self._slot = self._client._ipc.register_held(self._signal, self._slot)
         except Fp4qError as e:  # e.g. the session's region limit: the host waits instead
             self._turn_off(e.message)
             return None, None

@@ -144,6 +144,20 @@ class Regions:
         except ipc.NoIpc as e:
             raise Fp4qError(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
 
+    def register_held(self, tensor, kept=None):
+        """register_tensor() for a tensor the caller holds as long as it uses the answer (its
+        allocation cannot be freed and made again meanwhile), as (slot, kept): `kept` is the
+        last call's, and while the server's ServerInfo reply and the region cache's
+        generation are the ones it was answered under (no region left the cache, no new
+        session, no restarted server) the last slot is the answer again, without the
+        registration's checks and driver call."""
+        cache = self.cache
+        if kept is not None and kept[1] is self.info and kept[2] == cache.generation:
+            return kept[0], kept
+        generation = cache.generation  # before: a region leaving meanwhile redoes it next time
+        slot = self.register_tensor(tensor)
+        return slot, (slot, self.info, generation)
+
     def _register_for_cache(self, handle, size, uuid):
         try:
             return self.register(handle, size, uuid)
