@@ -2,6 +2,7 @@
 for bit what torch.optim.SGD.step() gives, and declined (nothing changed) where it is not. No
 GPU, no server."""
 
+import copy
 import unittest
 
 import torch
@@ -185,12 +186,14 @@ class SgdStepTest(unittest.TestCase):
                          2)
         self.assertIs(_torch_side._kept[a], kept)  # reused, with each step's lr
         # New buffers (and a new state dict) in both: a plan that kept the old ones would step
-        # with them, and the results would differ from torch's.
-        state = b.state_dict()
+        # with them, and the results would differ from torch's. Each optimizer gets its own
+        # copy: torch 2.x's state_dict() hands out its live state, and its load_state_dict()
+        # keeps tensors that need no conversion, so one dict would give both the same buffers.
+        state = copy.deepcopy(b.state_dict())
         for entry in state["state"].values():
             entry["momentum_buffer"] = entry["momentum_buffer"] * -3
-        a.load_state_dict(state)
-        b.load_state_dict(state)
+        a.load_state_dict(copy.deepcopy(state))
+        b.load_state_dict(copy.deepcopy(state))
         self.assertEqual(self.run_steps(a, b, pa, pb, 2), 2)
         self.assertIsNot(_torch_side._kept[a], kept)
 

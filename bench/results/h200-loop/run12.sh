@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The overlapped loop over more rounds (call 14's three rounds of the 4-layer model varied from
+# -2.4% to 9.2% round by round): under CUDA MPS, torch's SGD and fp4q.optim.SGD(overlap=True)
+# interleaved, 9 rounds of the train suite's 4-layer, d_model 384 model, then 5 of the 6-layer,
+# d_model 512 one; no phase timers. First tests/python/test_torch_side.py on this torch (its
+# load_state_dict test fixed to give each optimizer its own copy of the state).
+# Repository root, .bundle carried.
+set -uo pipefail
+source bench/results/h200-step/one-pass/lib.sh
+export LIMIT=${LIMIT:-200}
+begin loop16 "the overlapped loop, 9 + 5 rounds"
+(cd tests/python && PYTHONPATH=../../client/python:. timeout 60 python3 -m unittest -v \
+  test_torch_side) > $o/test-torch-side.txt 2>&1
+echo "test_torch_side rc=$?"; tail -3 $o/test-torch-side.txt
+mps_start
+loop_args=("--variant=fp4q overlap")
+train_loop mps 256 9 80
+loop_args=("--variant=fp4q overlap" --layers=6 --d-model=512 --heads=8)
+train_loop mps-6x512 256 5 70
+mps_stop
+echo "done ($SECONDS s)"
