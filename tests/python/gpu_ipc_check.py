@@ -457,6 +457,16 @@ def check_optim_overlap(ipc):
            "sync_ready_steps_bit_identical": ready_equal,
            "sync_ready": None if r is None else {"sent": r.sent, "idle": r.idle},
            "ready_words_by_the_driver": len(driver_writes)}
+    # The handle the driver calls use: torch's raw current stream where this torch has it, as
+    # Stream.cuda_stream has it, on the default stream and inside another one.
+    raw, raw_ok = _overlap._raw_stream, True
+    if raw is not None:
+        here, side = torch.cuda.current_device(), torch.cuda.Stream()
+        handles = [(raw(here), torch.cuda.current_stream().cuda_stream)]
+        with torch.cuda.stream(side):
+            handles.append((raw(here), torch.cuda.current_stream().cuda_stream))
+        raw_ok = all(a == b for a, b in handles) and handles[1][1] == side.cuda_stream
+        out["raw_stream_handles"] = handles
     # Without overlap, a ready word never written: fp4qd refuses the step after its timeout,
     # and step() sends it again after the host's wait; the step applies once.
     if r is not None:
@@ -531,7 +541,7 @@ def check_optim_overlap(ipc):
     ready_ok = bool(out["ready_error"]) and out["ready_error"].startswith(
         "DEADLINE_EXCEEDED: step 10 (overlap=True") and (
         "ready_signal: the worker's stream did not write" in out["ready_error"])
-    out["ok"] = (sync_ok and all(steps_equal) and finite and opt.server_step == 10 and
+    out["ok"] = (sync_ok and raw_ok and all(steps_equal) and finite and opt.server_step == 10 and
                  o.sent >= 12 and
                  o.ready_sent >= 8 and out["ready_words_by_the_driver"] == 16 and
                  out["released_after_device_refusal"] and

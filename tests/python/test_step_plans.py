@@ -96,6 +96,8 @@ class StepPlanTest(unittest.TestCase):
                    mock.patch.object(_cuda_driver, "ipc_handle", ipc_handle),
                    mock.patch.object(_cuda_driver, "stream_write_value32",
                                      stream_write_value32),
+                   # torch's current stream is the mock below, on GPU machines too
+                   mock.patch.object(_overlap, "_raw_stream", None),
                    mock.patch.object(_cuda_driver, "bind_context", lambda index: None),
                    mock.patch.object(ipc, "_current_device", lambda i: contextlib.nullcontext()),
                    mock.patch.object(ipc, "device_uuid", return_value="gpu-00aa"),

@@ -2,13 +2,21 @@
 # The overlapped loop over more rounds (call 14's three rounds of the 4-layer model varied from
 # -2.4% to 9.2% round by round): under CUDA MPS, torch's SGD and fp4q.optim.SGD(overlap=True)
 # interleaved, 9 rounds of the train suite's 4-layer, d_model 384 model, then 5 of the 6-layer,
-# d_model 512 one; no phase timers. First tests/python/test_torch_side.py on this torch (its
+# d_model 512 one; no phase timers. First tests/python/gpu_ipc_check.py (the driver calls on
+# torch's raw current stream handle) and tests/python/test_torch_side.py on this torch (its
 # load_state_dict test fixed to give each optimizer its own copy of the state).
 # Repository root, .bundle carried.
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
-export LIMIT=${LIMIT:-200}
+export LIMIT=${LIMIT:-250}
 begin loop16 "the overlapped loop, 9 + 5 rounds"
+if room 90 "gpu_ipc_check"; then
+  timeout 90 python3 tests/python/gpu_ipc_check.py --fp4qd $b/bin/fp4qd --out $o/ipc \
+    --steps 100 --fast-socket /tmp/fp4q-check.sock > $o/gpu_ipc_check.txt 2>&1
+  echo "gpu_ipc_check rc=$?"; tail -1 $o/gpu_ipc_check.txt
+  grep -o '"raw_stream_handles": [^]]*]]\|"ready_words_by_the_driver": [0-9]*\|^FAIL [a-z_]*' \
+    $o/gpu_ipc_check.txt
+fi
 (cd tests/python && PYTHONPATH=../../client/python:. timeout 60 python3 -m unittest -v \
   test_torch_side) > $o/test-torch-side.txt 2>&1
 echo "test_torch_side rc=$?"; tail -3 $o/test-torch-side.txt

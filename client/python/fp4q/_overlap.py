@@ -186,11 +186,19 @@ def _end_watcher(thread, jobs, signal, side):
         thread.join(timeout=1.0)
 
 
+# torch's handle of a device's current stream as an int, without making a Stream object (about
+# a tenth of torch.cuda.current_stream's host time); absent from builds without CUDA.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _on_current_stream(device, call, *args):
     """call(stream, *args), `stream` the CUstream handle of `device`'s current stream. A handle
     of 0 (torch's default stream) names the legacy stream of the thread's current context, so
     the call is then made with `device` current."""
-    stream = torch.cuda.current_stream(device).cuda_stream
+    if _raw_stream is not None and device.index is not None:
+        stream = _raw_stream(device.index)
+    else:
+        stream = torch.cuda.current_stream(device).cuda_stream
     if stream == 0 and device.index is not None and device.index != torch.cuda.current_device():
         with torch.cuda.device(device):
             return call(0, *args)
