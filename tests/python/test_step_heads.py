@@ -54,6 +54,35 @@ class StepHeadsTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             heads.encode(2**63, [sgd], 0, None, False, False, 0, False)
 
+    def test_the_signals_are_encoded_as_the_protobuf_library_encodes_them(self):
+        heads = _step_plans.StepHeads()
+        sgd = fp4q.SgdHyperparameters(lr=0.01)
+        base = heads.encode(3, [sgd])
+        for region_id in ("region-1", "", "r" * 200, "r\u00e9gion"):
+            for offset in (0, 16, 127, 128, 2**40, 2**64 - 1):
+                for value in (0, 1, 127, 128, 2**31, 2**32 - 1):
+                    req = pb.StepRequest()
+                    req.done_signal.region.region_id = region_id
+                    req.done_signal.region.offset = offset
+                    req.done_signal.value = value
+                    req.ready_signal.region.region_id = region_id
+                    req.ready_signal.region.offset = offset + 1 if offset < 2**64 - 1 else 0
+                    req.ready_signal.value = value
+                    got = heads.encode(3, [sgd], signal=((region_id, offset), value),
+                                       ready=((region_id, req.ready_signal.region.offset),
+                                              value, print))
+                    self.assertEqual(got, base + req.SerializeToString(),
+                                     (region_id, offset, value))
+        # Out of their fields' ranges: refused as the library refuses them; a bytes region id
+        # is the library's to take.
+        for signal in ((("r", -16), 1), (("r", 16), 2**32), (("r", 2**64), 1)):
+            with self.assertRaisesRegex(ValueError, "out of range"):
+                heads.encode(3, [sgd], signal=signal)
+        req = pb.StepRequest()
+        req.done_signal.region.region_id, req.done_signal.value = "r", 1
+        self.assertEqual(heads.encode(3, [sgd], signal=((b"r", 0), 1)),
+                         base + req.SerializeToString())
+
     def test_the_kept_fields_follow_the_values_not_the_objects(self):
         heads = _step_plans.StepHeads()
         h = fp4q.SgdHyperparameters(lr=0.01, momentum=0.9)

@@ -269,18 +269,41 @@ class StepHeads:
                     self._kept[key] = fields
         if step:
             fields = _STEP_KEY + _varint(step % (1 << 64)) + fields
-        if signal is not None or ready is not None:
-            req = pb.StepRequest()
-            if signal is not None:
-                (region_id, offset), value = signal
-                d = req.done_signal
-                d.region.region_id, d.region.offset, d.value = region_id, int(offset), int(value)
-            if ready is not None:
-                (region_id, offset), value = ready[0], ready[1]
-                r = req.ready_signal
-                r.region.region_id, r.region.offset, r.value = region_id, int(offset), int(value)
-            fields += req.SerializeToString()
+        if signal is not None:
+            fields += _signal_field(_DONE_KEY, signal[0], signal[1])
+        if ready is not None:
+            fields += _signal_field(_READY_KEY, ready[0], ready[1])
         return fields
+
+
+_DONE_KEY = _field_key(pb.StepRequest, "done_signal", _LEN)
+_READY_KEY = _field_key(pb.StepRequest, "ready_signal", _LEN)
+# DoneSignal and ReadySignal share their first two fields (region, value).
+_SIGNAL_REGION_KEY = _field_key(pb.DoneSignal, "region", _LEN)
+_SIGNAL_VALUE_KEY = _field_key(pb.DoneSignal, "value", _VARINT)
+assert (_SIGNAL_REGION_KEY, _SIGNAL_VALUE_KEY) == (
+    _field_key(pb.ReadySignal, "region", _LEN), _field_key(pb.ReadySignal, "value", _VARINT))
+
+
+def _signal_field(key, slice_, value):
+    """A StepRequest's done_signal or ready_signal field (`key`) with region `slice_`
+    ((region_id, offset)) and `value`, byte for byte what the protobuf library writes (a zero
+    offset or value and an empty region id left out); through the library for values outside
+    their fields' ranges, which it refuses."""
+    region_id, offset = slice_
+    offset, value = int(offset), int(value)
+    if not (0 <= offset < 1 << 64 and 0 <= value < 1 << 32 and type(region_id) is str):
+        req = pb.DoneSignal(value=value)
+        req.region.region_id, req.region.offset = region_id, offset  # raises as it always did
+        body = req.SerializeToString()
+        return key + _varint(len(body)) + body
+    raw = region_id.encode()
+    region = (_REGION_ID_KEY + _varint(len(raw)) + raw if raw else b"") + (
+        _OFFSET_KEY + _varint(offset) if offset else b"")
+    body = _SIGNAL_REGION_KEY + _varint(len(region)) + region
+    if value:
+        body += _SIGNAL_VALUE_KEY + _varint(value)
+    return key + _varint(len(body)) + body
 
 
 def _step_plan_key(items):
