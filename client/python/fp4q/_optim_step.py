@@ -55,8 +55,8 @@ def _plain_values(group, keys):
 class StepMixin:
     """StoredOptimizer's step machinery (see fp4q.optim); it uses the optimizer's fields."""
 
-    # _step_key's last keys, most recent first: (which have gradients, their shapes, key, group
-    # index). Several: with zero_grad(set_to_none=True) torch's allocator hands the next
+    # _step_key's last keys, most recent first: (what _key_holds checks, key, group index).
+    # Several: with zero_grad(set_to_none=True) torch's allocator hands the next
     # backward pass's gradients blocks that alternate between a few sets of addresses.
     _recent_keys = ()
     RECENT_KEYS = 4
@@ -131,62 +131,63 @@ class StepMixin:
         torch's allocator, and the next backward pass reuses its memory."""
         recent = self._recent_keys
         for j, last in enumerate(recent):
-            if self._key_holds(last):
+            if self._key_holds(last[0]):
                 if j:
                     recent.insert(0, recent.pop(j))
-                return last[2], last[3]
+                return last[1], last[2]
         layout = [self._plan_token]
         pointers = []
         append, point = layout.append, pointers.append
         group_index = {}
-        present, shapes = [], []
+        checks = []
         for s in self._stored:
             p = s.param
             g = p.grad
-            present.append(g is not None)
             if g is None:
                 append(None)
-                shapes.append(None)
+                checks.append((s, None))
                 continue
             if g.is_sparse or g.shape != p.shape or p.dtype != s.dtype:
                 self._refuse_gradient(s, g)
             if s.group not in group_index:
                 group_index[s.group] = len(group_index)
-            shapes.append(g.shape)
-            append((g.dtype, g.is_contiguous(), p.shape, p.is_contiguous()))
-            point(g.data_ptr())
-            point(p.data_ptr())
+            g_contiguous, p_contiguous = g.is_contiguous(), p.is_contiguous()
+            append((g.dtype, g_contiguous, p.shape, p_contiguous))
+            g_ptr, p_ptr = g.data_ptr(), p.data_ptr()
+            point(g_ptr)
+            point(p_ptr)
+            checks.append((s, (g_ptr, p_ptr, g.dtype, p.dtype, g.shape, g_contiguous,
+                               p_contiguous)))
         key = _PlanKey(tuple(layout), tuple(pointers))
         if not isinstance(recent, list):
             recent = self._recent_keys = []
-        recent.insert(0, (present, shapes, key, group_index))
+        recent.insert(0, (tuple(checks), key, group_index))
         del recent[self.RECENT_KEYS:]
         return key, group_index
 
-    def _key_holds(self, last):
-        """Whether the parameters and their gradients are as `last` (an entry of _recent_keys)
-        saw them: _step_key's check, False at the first difference."""
-        if len(last[0]) != len(self._stored):
+    def _key_holds(self, checks):
+        """Whether the parameters and their gradients are as `checks` (of an entry of
+        _recent_keys: per stored parameter, its _Stored and None where it had no gradient, else
+        its gradient's and its own address, dtype, shape and contiguity) saw them: _step_key's
+        check, False at the first difference."""
+        if len(checks) != len(self._stored):
             return False
-        present, shapes, key = last[0], last[1], last[2]
-        layout, pointers = key.layout, key.pointers
-        k = 0
         try:
-            for i, (s, had, shape) in enumerate(zip(self._stored, present, shapes)):
+            for s, want in checks:
                 p = s.param
                 g = p.grad
-                if g is None:
-                    if had:
+                if want is None:
+                    if g is not None:
                         return False
                     continue
-                entry = layout[i + 1]
-                if (not had or g.data_ptr() != pointers[k] or
-                        p.data_ptr() != pointers[k + 1] or g.dtype is not entry[0] or
-                        p.dtype is not s.dtype or g.shape != shape or p.shape != shape or
-                        g.is_contiguous() is not entry[1] or
-                        p.is_contiguous() is not entry[3]):
+                if g is None:
                     return False
-                k += 2
+                g_ptr, p_ptr, g_dtype, p_dtype, shape, g_contiguous, p_contiguous = want
+                if (g.data_ptr() != g_ptr or p.data_ptr() != p_ptr or g.dtype is not g_dtype or
+                        p.dtype is not p_dtype or g.shape != shape or p.shape != shape or
+                        g.is_contiguous() is not g_contiguous or
+                        p.is_contiguous() is not p_contiguous):
+                    return False
         except RuntimeError:
             return False  # a tensor without storage (a sparse gradient): refused afresh
         return True
