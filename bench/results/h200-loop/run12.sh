@@ -10,16 +10,8 @@ set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
 export LIMIT=${LIMIT:-250}
 begin loop16 "the overlapped loop, 9 + 5 rounds"
-if room 90 "gpu_ipc_check"; then
-  timeout 90 python3 tests/python/gpu_ipc_check.py --fp4qd $b/bin/fp4qd --out $o/ipc \
-    --steps 100 --fast-socket /tmp/fp4q-check.sock > $o/gpu_ipc_check.txt 2>&1
-  echo "gpu_ipc_check rc=$?"; tail -1 $o/gpu_ipc_check.txt
-  grep -o '"raw_stream_handles": [^]]*]]\|"ready_words_by_the_driver": [0-9]*\|^FAIL [a-z_]*' \
-    $o/gpu_ipc_check.txt
-fi
-(cd tests/python && PYTHONPATH=../../client/python:. timeout 60 python3 -m unittest -v \
-  test_torch_side) > $o/test-torch-side.txt 2>&1
-echo "test_torch_side rc=$?"; tail -3 $o/test-torch-side.txt
+ipc_check 90
+torch_side_tests
 mps_start
 loop_args=("--variant=fp4q overlap")
 train_loop mps 256 9 80

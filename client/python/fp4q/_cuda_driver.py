@@ -170,21 +170,24 @@ def buffer_id(ptr):
 
 
 CU_STREAM_WAIT_VALUE_GEQ = 0x0  # (int32_t)(*addr - value) >= 0: cyclic, wraps safely
+CU_STREAM_WRITE_VALUE_DEFAULT = 0x0  # a memory fence before the write (stream-scoped)
+
+
+def _stream_memop(op, name, stream, ptr, value, flags):
+    """The stream memory operation lib.fp4q_<op> (cuda.h's `name`) on `stream`, `ptr`, the
+    32-bit `value` and `flags`."""
+    f = getattr(_driver(), "fp4q_" + op, None)
+    if f is None:
+        raise DriverError("%s is not in this libcuda" % name)
+    _check(f(stream, ptr, value & 0xFFFFFFFF, flags), "%s(0x%x, %d)", name, ptr, value)
 
 
 def stream_wait_value32(stream, ptr, value):
     """Makes CUDA stream `stream` (a CUstream handle, e.g. torch's Stream.cuda_stream) wait,
     on the device and without blocking the host, until the 32-bit word at device address `ptr`
     reaches `value` (cyclic comparison)."""
-    lib = _driver()
-    f = getattr(lib, "fp4q_wait_value32", None)
-    if f is None:
-        raise DriverError("cuStreamWaitValue32 is not in this libcuda")
-    _check(f(stream, ptr, value & 0xFFFFFFFF, CU_STREAM_WAIT_VALUE_GEQ),
-           "cuStreamWaitValue32(0x%x, %d)", ptr, value)
-
-
-CU_STREAM_WRITE_VALUE_DEFAULT = 0x0  # a memory fence before the write (stream-scoped)
+    _stream_memop("wait_value32", "cuStreamWaitValue32", stream, ptr, value,
+                  CU_STREAM_WAIT_VALUE_GEQ)
 
 
 def stream_write_value32(stream, ptr, value):
@@ -194,12 +197,8 @@ def stream_write_value32(stream, ptr, value):
     (cuda.h: the default flags "provide a memory fence before the write"). One driver call: no
     kernel, no tensor. A handle of 0 is the legacy default stream of the thread's current
     context."""
-    lib = _driver()
-    f = getattr(lib, "fp4q_write_value32", None)
-    if f is None:
-        raise DriverError("cuStreamWriteValue32 is not in this libcuda")
-    _check(f(stream, ptr, value & 0xFFFFFFFF, CU_STREAM_WRITE_VALUE_DEFAULT),
-           "cuStreamWriteValue32(0x%x, %d)", ptr, value)
+    _stream_memop("write_value32", "cuStreamWriteValue32", stream, ptr, value,
+                  CU_STREAM_WRITE_VALUE_DEFAULT)
 
 
 def ipc_handle(base):

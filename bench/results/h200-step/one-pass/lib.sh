@@ -31,6 +31,9 @@
 #   headline_steps: fp4q_bench's every row ($o/bench-all.*), then fp4qd started at that run's copy
 #     bandwidth (start_fp4qd; 4200 GB/s when the bench did not run) and step_pair over GPT-2
 #     small, 8192 x 8192 and Llama-3-8B-shaped layers; fp4qd is left running ($pid)
+#   ipc_check SECONDS: tests/python/gpu_ipc_check.py (fp4qd started by it, the checks' calls over
+#     the fast socket, 100 training steps): $o/gpu_ipc_check.txt and $o/ipc/
+#   torch_side_tests: tests/python/test_torch_side.py on this torch: $o/test-torch-side.txt
 #   mps_start / mps_stop: the CUDA MPS control daemon started (its pipe and log folders in /tmp;
 #     a line in $o/gpu.txt) / stopped
 #   train_loop TAG BATCH ROUNDS SECONDS [FP4QD FLAGS...]: bench/train_loop.py (the train suite's
@@ -163,6 +166,19 @@ headline_steps() {
   step_pair gpt2 1 40 30 --model gpt2-small --iters 300 --warmup 20
   step_pair sq8192 1 40 30 --model square8192 --iters 200 --warmup 20
   step_pair llama 1 100 90 --model llama3-8b --iters 10 --warmup 2
+}
+ipc_check() {
+  room $1 "gpu_ipc_check" || return 0
+  timeout $1 python3 tests/python/gpu_ipc_check.py --fp4qd $b/bin/fp4qd --out $o/ipc \
+    --steps 100 --fast-socket /tmp/fp4q-check.sock > $o/gpu_ipc_check.txt 2>&1
+  echo "gpu_ipc_check rc=$?"; tail -1 $o/gpu_ipc_check.txt
+  grep -o '"raw_stream_handles": [^]]*]]\|"ready_words_by_the_driver": [0-9]*\|^FAIL [a-z_]*' \
+    $o/gpu_ipc_check.txt
+}
+torch_side_tests() {
+  (cd tests/python && PYTHONPATH=../../client/python:. timeout 60 python3 -m unittest -v \
+    test_torch_side) > $o/test-torch-side.txt 2>&1
+  echo "test_torch_side rc=$?"; tail -3 $o/test-torch-side.txt
 }
 mps_start() {
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
