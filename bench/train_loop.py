@@ -30,7 +30,10 @@ those: drift between rounds cancels). "The step on the worker's stream" (CUDA) i
 time between an event recorded before opt.step() and one after it: torch's optimizer kernels,
 or what the worker's stream waits for fp4qd's step (with overlap: ready signal seen, the step's
 kernels, done signal); "the host in step()" the median wall time of the opt.step() call. Both
-are also given per round. Usage: python3 bench/train_loop.py --fp4qd build/bin/fp4qd
+are also given per round. "Bound by" reads fp4qd's median wait for the ready signal: a step
+sent 2 ms or more before its backward pass ends says the GPU bounds the loop (the host's
+time in step() is hidden), one that arrives within 0.2 ms says the host does (that time is the
+step's cost). Usage: python3 bench/train_loop.py --fp4qd build/bin/fp4qd
 [--variant 'fp4q overlap' ...] [--out FILE.json] (--dry-run: a tiny model on the CPU backend, for
 CI).
 """
@@ -198,6 +201,26 @@ def run_variant(variant, server, cfg, device, args, rounds):
             except fp4q.Fp4qError:
                 pass
             c.close()
+
+
+# fp4qd's median wait for a step's ready signal above which the host is taken to run ahead of the
+# GPU (the GPU bounds the loop), and below which the host is taken to keep the GPU waiting.
+GPU_BOUND_WAIT_US, HOST_BOUND_WAIT_US = 2000.0, 200.0
+
+
+def _bound_by(ready_wait_us):
+    """What bounds the loop, from fp4qd's wait for the ready signal: a step sent long before its
+    backward pass ends means the host runs ahead of the GPU (whose time then sets the iteration,
+    and hides the host's time in step()); one that arrives as the backward pass ends means the
+    host keeps up only just, and its time in step() is the step's cost. None in between, and
+    for steps sent without a ready signal (a wait of 0)."""
+    if ready_wait_us >= GPU_BOUND_WAIT_US:
+        return ("the GPU: the host sent each step %.1f ms before the backward pass ended"
+                % (ready_wait_us / 1e3))
+    if 0 < ready_wait_us <= HOST_BOUND_WAIT_US:
+        return ("the host: each step arrived %.0f us before the backward pass ended"
+                % ready_wait_us)
+    return None
 
 
 def _time_phases(opt, phases):
@@ -371,6 +394,9 @@ def main(argv=None):
                   % ("", row["fp4qd_kernel_us"], row["fp4qd_server_us"], row["fp4qd_queue_us"],
                      row["fp4qd_ready_wait_us"]),
                   flush=True)
+            row["bound_by"] = _bound_by(row["fp4qd_ready_wait_us"])
+            if row["bound_by"]:
+                print("%-24s the loop is bound by %s" % ("", row["bound_by"]), flush=True)
         if row.get("step_phases_us"):
             ph = row["step_phases_us"]
             order = [lb for _, lb in PHASES] + sorted(k for k in ph if k.startswith(" "))
