@@ -26,6 +26,10 @@ Reported, medians over --steps steps after --warmup:
     client_after_reply_us: the client's own parts of it, from step()'s start to the fast
     socket exchange and from the exchange's end to step()'s return;
   - the same run's floor: an empty ServerInfo round trip over the same fast socket.
+With --overlap, fp4q.optim.SGD(overlap=True): each step() sends the step with its ready signal
+(the fake driver writes the word into shared memory at once) and done signal (fp4qd writes it
+there) and returns; the reply is taken by synchronize() outside the timed call, so step_us is
+the host's time in step() alone, the figure that bounds a host-bound overlapped training loop.
 With --gap-ms the process sleeps that long after the round trip and before each step, as a
 training loop's forward and backward passes leave fp4qd idle between steps: its threads stop
 busy-polling after a while and the step then pays their wake-ups.
@@ -46,6 +50,7 @@ import os
 import platform
 import random
 import statistics
+import struct
 import sys
 import time
 from unittest import mock
@@ -58,7 +63,7 @@ import torch  # noqa: E402
 
 import fp4q  # noqa: E402
 import fp4q.optim  # noqa: E402
-from fp4q import _cuda_driver, ipc  # noqa: E402
+from fp4q import _cuda_driver, _overlap, ipc  # noqa: E402
 from fp4qd_process import Fp4qd, commit  # noqa: E402
 
 FAKE_UUID = "GPU-fake-shm-0"  # fake_shm_cuda_module.cc's one device
@@ -131,8 +136,22 @@ class FakeCudaParameter(_OnCuda0, torch.nn.Parameter):
         return self.fake_data
 
 
+class FakeCudaSignal(_OnCuda0, torch.Tensor):
+    """fp4q._overlap's signal tensor (8 int32 words) at `ptr` on cuda:0: its words live in the
+    shared memory object `buffer` (at offset ptr - base), which the fake driver's stream writes
+    and fp4qd reads and writes."""
+
+    @staticmethod
+    def __new__(cls, ptr):
+        t = torch.Tensor._make_subclass(cls, torch.zeros(8, dtype=torch.int32))
+        t.fake_ptr = ptr
+        return t
+
+
 class IdleStream:
     """torch.cuda's current stream, as the client sees it here: every step finds it idle."""
+
+    cuda_stream = 0x5000  # a handle, not the default stream's 0
 
     def query(self):
         return True
@@ -142,7 +161,10 @@ class IdleStream:
 
 
 def fake_driver(buffers):
-    """Patches standing in for the CUDA driver: `buffers` {base address: SharedBuffer}."""
+    """Patches standing in for the CUDA driver: `buffers` {base address: SharedBuffer}. The
+    "GPU" is fp4qd's host, which runs a step's work before its reply: a stream's write of a word
+    (overlap=True's ready word) is made at once, and a stream's wait for one (its done word) is
+    over at once."""
     def find(ptr):
         for base, b in buffers.items():
             if base <= ptr < base + b.nbytes:
@@ -153,6 +175,10 @@ def fake_driver(buffers):
         base, b = find(ptr)
         return base, b.nbytes, base >> 40  # (base, size, buffer id)
 
+    def write_value32(stream, ptr, value):
+        base, b = find(ptr)
+        b.map[ptr - base:ptr - base + 4] = struct.pack("<I", value & 0xFFFFFFFF)
+
     return [mock.patch.object(_cuda_driver, "allocation_identity", identity),
             mock.patch.object(_cuda_driver, "buffer_id", lambda ptr: identity(ptr)[2]),
             mock.patch.object(_cuda_driver, "address_range",
@@ -162,7 +188,10 @@ def fake_driver(buffers):
             mock.patch.object(ipc, "_current_device", lambda i: contextlib.nullcontext()),
             mock.patch.object(ipc, "device_uuid", return_value=FAKE_UUID.lower()),
             mock.patch.object(torch.cuda, "current_stream", lambda device=None: IdleStream()),
-            mock.patch.object(torch.cuda, "synchronize", lambda device=None: None)]
+            mock.patch.object(torch.cuda, "synchronize", lambda device=None: None),
+            mock.patch.object(_cuda_driver, "stream_write_value32", write_value32),
+            mock.patch.object(_cuda_driver, "stream_wait_value32", lambda s, ptr, v: find(ptr)),
+            mock.patch.object(_overlap, "_raw_stream", None)]
 
 
 def p50(xs):
@@ -219,6 +248,11 @@ def main():
     ap.add_argument("--gap-ms", type=float, default=0.0,
                     help="idle milliseconds before each step, as a training loop's forward and "
                          "backward passes leave between steps (default 0: back to back)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="fp4q.optim.SGD(overlap=True): step() sends the step with its ready and "
+                         "done signals and returns; the previous step's reply is taken "
+                         "(synchronize()) before each timed step(), so step_us is the host's "
+                         "time in step() alone")
     ap.add_argument("--json", help="also write the report there")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="then a cProfile of --steps more steps: its N costliest functions "
@@ -242,12 +276,15 @@ def main():
     per = args.rows * 16 * 2
     nbytes = (per * args.params + 4095) // 4096 * 4096
     grads, params = SharedBuffer("g", nbytes), SharedBuffer("p", nbytes)
+    signals = SharedBuffer("s", 4096)  # overlap=True's signal tensor
     server = None
     try:
         gen = torch.Generator().manual_seed(1)
         grads.fill_bf16(gen, 0.01)
-        gbase, pbase = 1 << 40, 2 << 40  # fake device addresses
-        patches = fake_driver({gbase: grads, pbase: params})
+        gbase, pbase, sbase = 1 << 40, 2 << 40, 3 << 40  # fake device addresses
+        patches = fake_driver({gbase: grads, pbase: params, sbase: signals})
+        patches.append(mock.patch.object(_overlap, "_new_signal", lambda device: (
+            FakeCudaSignal(sbase), IdleStream())))
         for p in patches:
             p.start()
         ns = argparse.Namespace(fp4qd=fp4qd, fp4qd_arg=["--cuda_module=" + module] +
@@ -261,7 +298,16 @@ def main():
             p = FakeCudaParameter(pbase + i * per, initial)
             p.grad = FakeCudaTensor(gbase + i * per, (args.rows, 16))
             model.append(p)
-        opt = fp4q.optim.SGD(model, lr=1e-3, momentum=args.momentum, client=client)
+        opt = fp4q.optim.SGD(model, lr=1e-3, momentum=args.momentum, client=client,
+                             overlap=args.overlap)
+        headers = []  # every Step reply's header (an overlapped one is read on another thread)
+        check_epoch = opt._check_reply_epoch
+
+        def record(header, rpc):
+            if rpc == "Step" and header is not None:
+                headers.append(header)
+            return check_epoch(header, rpc)
+        opt._check_reply_epoch = record
         params.map[:per * args.params] = b"\xff" * (per * args.params)  # poison: NaN bf16
         def before_step(k):
             if args.lr_schedule:
@@ -289,26 +335,38 @@ def main():
             if args.gap_ms > 0:
                 time.sleep(args.gap_ms / 1e3)
             before_step(args.warmup + k)
+            opt.synchronize()  # with overlap, the last step's reply: not this step's time
             with timed_exchanges(exchanges):
                 t = time.perf_counter()
                 opt.step()
                 end = time.perf_counter()
             wall.append((end - t) * 1e6)
-            before.append((exchanges[0][0] - t) * 1e6)
-            after.append((end - exchanges[-1][1]) * 1e6)
+            if exchanges:  # without overlap: the step's exchange
+                before.append((exchanges[0][0] - t) * 1e6)
+                after.append((end - exchanges[-1][1]) * 1e6)
             exchanges.clear()
-            h = client.last_header
+            opt.synchronize()
+            h = headers[-1]
             server_us.append(h.server_micros)
             kernel_us.append(h.kernel_micros)
             queue_us.append(h.queue_micros)
             if (k + 1) % progress == 0:
                 print("step_host: %d/%d steps" % (k + 1, args.steps), file=sys.stderr)
+        opt.synchronize()
         poisoned = params.map[:per * args.params].count(b"\xff\xff")
         if poisoned:
             raise RuntimeError("%d DQ(W) values were not written by the steps" % poisoned)
         stats = dict(client.stats)
         if stats.get("step_plans_on_server", 0) < args.steps and not args.shuffle_grads:
             raise RuntimeError("the steps did not go as server step plans: %s" % stats)
+        o = opt._overlapped
+        overlapped = None if o is None else {"sent": o.sent, "completed_in_step": o.completed,
+                                             "sent_with_ready_signal": o.ready_sent}
+        total = args.warmup + args.steps
+        if args.overlap and overlapped != {"sent": total, "completed_in_step": 0,
+                                           "sent_with_ready_signal": total}:
+            raise RuntimeError("not every one of the %d steps was sent overlapped with a ready "
+                               "signal: %s" % (total, overlapped))
         report = {
             "tool": "bench/step_host.py",
             "commit": commit(),
@@ -322,8 +380,13 @@ def main():
             "gap_ms": args.gap_ms,
             "server_us": p50(server_us), "kernel_us": p50(kernel_us),
             "queue_us": p50(queue_us),
-            "client_and_transport_us": p50([w - s for w, s in zip(wall, server_us)]),
-            "client_before_send_us": p50(before), "client_after_reply_us": p50(after),
+            "overlap": args.overlap, "overlapped": overlapped,
+            # Without overlap: step() waits for the reply, whose time is fp4qd's and the
+            # exchange's; with overlap step() is the host's time alone.
+            "client_and_transport_us": None if args.overlap else p50(
+                [w - s for w, s in zip(wall, server_us)]),
+            "client_before_send_us": p50(before) if before else None,
+            "client_after_reply_us": p50(after) if after else None,
             "empty_round_trip_us": {"p50": p50(empty), "min": min(empty)},
             "stats": {k: stats[k] for k in sorted(stats)
                       if k.startswith(("step_plans", "fast_socket_polled", "fast_socket_heads_ups",
@@ -332,18 +395,28 @@ def main():
             "lr_schedule": args.lr_schedule, "fresh_grads": args.fresh_grads,
             "alternate_grads": args.alternate_grads,
         }
-        print("%d matrices of %dx16, SGD momentum %g%s: step() p50 %.1f us (min %.1f); fp4qd %.0f "
-              "us, its kernels %.0f us, its device queue %.0f us; client and transport %.1f us "
-              "(before the send %.1f, after the reply %.1f); an empty round trip %.1f us; replies "
-              "busy-polled for %d, slept for after a spin %d; heads-ups sent %d"
-              % (args.params, args.rows, args.momentum,
-                 ", %g ms idle before each" % args.gap_ms if args.gap_ms else "",
-                 report["step_us"]["p50"], report["step_us"]["min"], report["server_us"],
-                 report["kernel_us"], report["queue_us"],
-                 report["client_and_transport_us"], report["client_before_send_us"],
-                 report["client_after_reply_us"], report["empty_round_trip_us"]["p50"],
-                 stats.get("fast_socket_polled", 0), stats.get("fast_socket_polled_then_slept", 0),
-                 stats.get("fast_socket_heads_ups", 0)))
+        head = "%d matrices of %dx16, SGD momentum %g%s" % (
+            args.params, args.rows, args.momentum,
+            ", %g ms idle before each" % args.gap_ms if args.gap_ms else "")
+        if args.overlap:
+            print("%s, overlap=True: step() p50 %.1f us (min %.1f), the host's time (the step "
+                  "sent with its signals, its reply taken later); fp4qd %.0f us, its kernels "
+                  "%.0f us; an empty round trip %.1f us; step plans on the server %d"
+                  % (head, report["step_us"]["p50"], report["step_us"]["min"],
+                     report["server_us"], report["kernel_us"],
+                     report["empty_round_trip_us"]["p50"], stats.get("step_plans_on_server", 0)))
+        else:
+            print("%s: step() p50 %.1f us (min %.1f); fp4qd %.0f us, its kernels %.0f us, its "
+                  "device queue %.0f us; client and transport %.1f us (before the send %.1f, "
+                  "after the reply %.1f); an empty round trip %.1f us; replies busy-polled for "
+                  "%d, slept for after a spin %d; heads-ups sent %d"
+                  % (head, report["step_us"]["p50"], report["step_us"]["min"],
+                     report["server_us"], report["kernel_us"], report["queue_us"],
+                     report["client_and_transport_us"], report["client_before_send_us"],
+                     report["client_after_reply_us"], report["empty_round_trip_us"]["p50"],
+                     stats.get("fast_socket_polled", 0),
+                     stats.get("fast_socket_polled_then_slept", 0),
+                     stats.get("fast_socket_heads_ups", 0)))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(report, f, indent=1)
@@ -355,6 +428,7 @@ def main():
             for k in range(args.steps):
                 before_step(k)
                 opt.step()
+                opt.synchronize()  # with overlap, the step's reply (its own entry here)
             prof.disable()
             pstats.Stats(prof).sort_stats(os.environ.get("STEP_HOST_SORT", "tottime")).print_stats(
                 args.profile)
@@ -364,6 +438,7 @@ def main():
             server.stop()
         grads.close()
         params.close()
+        signals.close()
 
 
 if __name__ == "__main__":
