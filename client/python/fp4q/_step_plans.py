@@ -60,6 +60,18 @@ def _varint(n):
     if n < 0x4000:
         return bytes((n & 0x7F | 0x80, n >> 7))
     return _fast_frames.varint(n)
+def _region_id_field(region_id):
+    """RegionSlice's region_id field, as the protobuf library writes it (nothing when empty)."""
+    raw = region_id.encode()
+    return _REGION_ID_KEY + _varint(len(raw)) + raw if raw else b""
+
+
+def _slice_body(rid, offset):
+    """A RegionSlice's bytes: its region_id field `rid` (_region_id_field), then the offset
+    unless zero."""
+    return rid + _OFFSET_KEY + _varint(offset) if offset else rid
+
+
 _ITEMS_KEY = _field_key(pb.StepRequest, "items", _LEN)
 _UPDATE_KEY = _field_key(pb.StepItem, "update", _LEN)
 _OUT_KEY = _field_key(pb.StepItem, "dequantized_out", _LEN)
@@ -101,9 +113,8 @@ class _SlicedItems:
             region_id, offset = slice_
             rid = ids.get(region_id)
             if rid is None:
-                raw = region_id.encode()
-                rid = ids[region_id] = _REGION_ID_KEY + varint(len(raw)) + raw
-            body = rid + _OFFSET_KEY + varint(offset) if offset else rid
+                rid = ids[region_id] = _region_id_field(region_id)
+            body = _slice_body(rid, offset)
             return key + varint(len(body)) + body
 
         out = []
@@ -297,9 +308,7 @@ def _signal_field(key, slice_, value):
         req.region.region_id, req.region.offset = region_id, offset  # raises as it always did
         body = req.SerializeToString()
         return key + _varint(len(body)) + body
-    raw = region_id.encode()
-    region = (_REGION_ID_KEY + _varint(len(raw)) + raw if raw else b"") + (
-        _OFFSET_KEY + _varint(offset) if offset else b"")
+    region = _slice_body(_region_id_field(region_id), offset)
     body = _SIGNAL_REGION_KEY + _varint(len(region)) + region
     if value:
         body += _SIGNAL_VALUE_KEY + _varint(value)
