@@ -63,7 +63,7 @@ import torch  # noqa: E402
 
 import fp4q  # noqa: E402
 import fp4q.optim  # noqa: E402
-from fp4q import _cuda_driver, _overlap, ipc  # noqa: E402
+from fp4q import _cuda_driver, _overlap, _streams, ipc  # noqa: E402
 from fp4qd_process import Fp4qd, commit  # noqa: E402
 
 FAKE_UUID = "GPU-fake-shm-0"  # fake_shm_cuda_module.cc's one device
@@ -191,7 +191,9 @@ def fake_driver(buffers):
             mock.patch.object(torch.cuda, "synchronize", lambda device=None: None),
             mock.patch.object(_cuda_driver, "stream_write_value32", write_value32),
             mock.patch.object(_cuda_driver, "stream_wait_value32", lambda s, ptr, v: find(ptr)),
-            mock.patch.object(_overlap, "_raw_stream", None)]
+            mock.patch.object(_cuda_driver, "stream_query", lambda stream: True),
+            mock.patch.object(_cuda_driver, "stream_synchronize", lambda stream: None),
+            mock.patch.object(_streams, "_raw_stream", None)]
 
 
 def p50(xs):

@@ -408,7 +408,7 @@ def check_optim_overlap(ipc):
     and applies once."""
     import threading
     import fp4q.optim
-    from fp4q import _cuda_driver, _overlap
+    from fp4q import _cuda_driver, _overlap, _streams
     g = torch.Generator(device="cuda").manual_seed(6)
     # The ready words are written by the driver (cuStreamWriteValue32), not by a fill_: counted.
     driver_write, driver_writes = _cuda_driver.stream_write_value32, []
@@ -459,7 +459,7 @@ def check_optim_overlap(ipc):
            "ready_words_by_the_driver": len(driver_writes)}
     # The handle the driver calls use: torch's raw current stream where this torch has it, as
     # Stream.cuda_stream has it, on the default stream and inside another one.
-    raw, raw_ok = _overlap._raw_stream, True
+    raw, raw_ok = _streams._raw_stream, True
     if raw is not None:
         here, side = torch.cuda.current_device(), torch.cuda.Stream()
         handles = [(raw(here), torch.cuda.current_stream().cuda_stream)]
@@ -467,6 +467,32 @@ def check_optim_overlap(ipc):
             handles.append((raw(here), torch.cuda.current_stream().cuda_stream))
         raw_ok = all(a == b for a, b in handles) and handles[1][1] == side.cuda_stream
         out["raw_stream_handles"] = handles
+    # The current stream's query and host wait by the driver (fp4q._streams) answer as torch's
+    # Stream does, on the default stream and on another, with no fallback to torch's.
+    fell_back = []
+    torch_stream = torch.cuda.current_stream
+
+    def counted_stream(*a, **k):
+        fell_back.append(1)
+        return torch_stream(*a, **k)
+
+    def by_driver(call, dev):
+        torch.cuda.current_stream = counted_stream  # a fallback to torch's Stream is counted
+        try:
+            return call(dev)
+        finally:
+            torch.cuda.current_stream = torch_stream
+    answers = []
+    dev = torch.device("cuda", torch.cuda.current_device())
+    for stream in (None, torch.cuda.Stream()):
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(20000000)  # about 10 ms: the stream is busy
+            busy = by_driver(_streams.idle, dev)
+            by_driver(_streams.synchronize, dev)
+            answers.append((busy, by_driver(_streams.idle, dev), torch_stream(dev).query()))
+    out["stream_idle_busy_then_synchronized"] = answers
+    out["stream_calls_by_torch"] = len(fell_back)
+    streams_ok = answers == [(False, True, True)] * 2 and (raw is None or not fell_back)
     # Without overlap, a ready word never written: fp4qd refuses the step after its timeout,
     # and step() sends it again after the host's wait; the step applies once.
     if r is not None:
@@ -541,7 +567,7 @@ def check_optim_overlap(ipc):
     ready_ok = bool(out["ready_error"]) and out["ready_error"].startswith(
         "DEADLINE_EXCEEDED: step 10 (overlap=True") and (
         "ready_signal: the worker's stream did not write" in out["ready_error"])
-    out["ok"] = (sync_ok and raw_ok and all(steps_equal) and finite and opt.server_step == 10 and
+    out["ok"] = (sync_ok and raw_ok and streams_ok and all(steps_equal) and finite and opt.server_step == 10 and
                  o.sent >= 12 and
                  o.ready_sent >= 8 and out["ready_words_by_the_driver"] == 16 and
                  out["released_after_device_refusal"] and

@@ -10,7 +10,7 @@ from unittest import mock
 import torch
 
 import fp4q
-from fp4q import _cuda_driver, _overlap, _regions, _requests, ipc
+from fp4q import _cuda_driver, _overlap, _regions, _requests, _streams, ipc
 from fp4q._messages import Serialized, pb
 
 
@@ -88,14 +88,27 @@ class StepFixture:
                 raise _cuda_driver.DriverError("0x%x: CUDA_ERROR_INVALID_VALUE" % ptr)
             signal.view(-1)[(ptr - SIGNAL) // 4] = _overlap._as_int32(value)
 
+        self.stream_calls = []  # (driver call, stream handle) of each query and synchronize
+
+        def stream_query(stream):
+            self.stream_calls.append(("query", stream))
+            return torch.cuda.current_stream.return_value.query()
+
+        def stream_synchronize(stream):
+            self.stream_calls.append(("synchronize", stream))
+            torch.cuda.current_stream.return_value.synchronize()
+
         patches = [mock.patch.object(_cuda_driver, "allocation_identity", allocation_identity),
                    mock.patch.object(_cuda_driver, "buffer_id", buffer_id),
                    mock.patch.object(_cuda_driver, "address_range", address_range),
                    mock.patch.object(_cuda_driver, "ipc_handle", ipc_handle),
                    mock.patch.object(_cuda_driver, "stream_write_value32",
                                      stream_write_value32),
-                   # torch's current stream is the mock below, on GPU machines too
-                   mock.patch.object(_overlap, "_raw_stream", None),
+                   # torch's current stream is the mock below, on GPU machines too; the
+                   # driver's stream calls answer as that stream does
+                   mock.patch.object(_streams, "_raw_stream", None),
+                   mock.patch.object(_cuda_driver, "stream_query", stream_query),
+                   mock.patch.object(_cuda_driver, "stream_synchronize", stream_synchronize),
                    mock.patch.object(_cuda_driver, "bind_context", lambda index: None),
                    mock.patch.object(ipc, "_current_device", lambda i: contextlib.nullcontext()),
                    mock.patch.object(ipc, "device_uuid", return_value="gpu-00aa"),

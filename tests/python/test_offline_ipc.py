@@ -13,7 +13,7 @@ import grpc
 import torch
 
 import fp4q
-from fp4q import _cuda_driver, _regions, ipc
+from fp4q import _cuda_driver, _regions, _streams, ipc
 from fp4q._messages import pb
 
 
@@ -289,6 +289,35 @@ class CudaDriverTest(unittest.TestCase):
                 _cuda_driver.buffer_id(0xdead)
         self.assertEqual(seen, [(7, 0x7f0000000100), (7, 0xdead)])
 
+    def test_the_stream_query_and_synchronize_are_one_driver_call_each(self):
+        seen = []
+
+        class FakeLib:
+            def cuStreamQuery(self, stream):
+                seen.append(("query", stream))
+                return {0x5000: 0, 0x6000: 600}.get(stream, 400)  # 400: INVALID_HANDLE
+
+            def cuStreamSynchronize(self, stream):
+                seen.append(("synchronize", stream))
+                return 0 if stream != 0xbad else 700  # 700: an earlier kernel's fault
+
+            def cuGetErrorName(self, result, name):
+                return 0
+
+        with mock.patch.object(_cuda_driver, "_lib", FakeLib()):
+            self.assertIs(_cuda_driver.stream_query(0x5000), True)  # everything done
+            self.assertIs(_cuda_driver.stream_query(0x6000), False)  # CUDA_ERROR_NOT_READY
+            with self.assertRaisesRegex(_cuda_driver.DriverError,
+                                        r"cuStreamQuery\(0x7000\) failed: CUresult 400"):
+                _cuda_driver.stream_query(0x7000)
+            self.assertIsNone(_cuda_driver.stream_synchronize(0))
+            with self.assertRaisesRegex(_cuda_driver.DriverError,
+                                        r"cuStreamSynchronize\(0xbad\) failed: CUresult 700"):
+                _cuda_driver.stream_synchronize(0xbad)
+        self.assertEqual(seen, [("query", 0x5000), ("query", 0x6000), ("query", 0x7000),
+                                ("synchronize", 0), ("synchronize", 0xbad)])
+        self.assertEqual(_cuda_driver.CUDA_ERROR_NOT_READY, 600)
+
 
 class IpcUuidTest(unittest.TestCase):
     """The server's GPU spelling is looked up once per ServerInfo reply, not per tensor."""
@@ -375,9 +404,9 @@ class TransferTest(unittest.TestCase):
         self.assertEqual(self.slices, [(t, "GPU-00AA")])  # the server's spelling
         self.assertTrue(tr.uses_regions)
         self.assertEqual(self.stats, collections.Counter(ipc_tensors=1))
-        with mock.patch.object(torch.cuda, "current_stream") as stream:
+        with mock.patch.object(_streams, "synchronize") as synchronize:
             tr.before_send()
-        stream.assert_called_once_with(torch.device("cuda:0"))
+        synchronize.assert_called_once_with(torch.device("cuda:0"))
         tr.release()
 
     def test_a_misaligned_tensor_is_sent_as_an_aligned_copy(self):

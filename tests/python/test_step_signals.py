@@ -293,6 +293,8 @@ class StepSignalTest(StepFixture, unittest.TestCase):
         # The backward pass still queued: the stream writes the word, the host does not wait.
         result = self.requests.step_keyed(1, None, self.items, groups, None, ready.ready())
         stream.synchronize.assert_not_called()
+        # The stream was asked about by the driver (cuStreamQuery), on its handle.
+        self.assertEqual(self.stream_calls, [("query", stream.cuda_stream)])
         self.assertEqual(result.applied_items, 3)  # the reply was waited for
         r = self.sent[-1].ready_signal
         self.assertEqual((r.region.offset, r.value, r.timeout_ms), (16, 1, 0))

@@ -64,6 +64,8 @@ def _driver():
             lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
             lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p),
                                                      ctypes.c_int]
+            lib.cuStreamQuery.argtypes = [ctypes.c_void_p]
+            lib.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
             # The stream memory operations (stream, address, value, flags), as lib.fp4q_<op>:
             # the _v2 entry point where this libcuda has it.
             for op, name in (("wait_value32", "cuStreamWaitValue32"),
@@ -169,6 +171,7 @@ def buffer_id(ptr):
     return b.one.value
 
 
+CUDA_ERROR_NOT_READY = 600  # cuda.h: the queried work is not yet complete
 CU_STREAM_WAIT_VALUE_GEQ = 0x0  # (int32_t)(*addr - value) >= 0: cyclic, wraps safely
 CU_STREAM_WRITE_VALUE_DEFAULT = 0x0  # a memory fence before the write (stream-scoped)
 
@@ -199,6 +202,24 @@ def stream_write_value32(stream, ptr, value):
     context."""
     _stream_memop("write_value32", "cuStreamWriteValue32", stream, ptr, value,
                   CU_STREAM_WRITE_VALUE_DEFAULT)
+
+
+def stream_query(stream):
+    """True when CUDA stream `stream` (a CUstream handle; 0: the legacy default stream of the
+    thread's current context) has completed everything queued on it, False while some of it
+    is still running or queued (cuStreamQuery's CUDA_ERROR_NOT_READY). Raises DriverError on
+    any other answer (an invalid handle, no current context, an earlier kernel's error)."""
+    result = _driver().cuStreamQuery(stream)
+    if result == CUDA_ERROR_NOT_READY:
+        return False
+    _check(result, "cuStreamQuery(0x%x)", stream or 0)
+    return True
+
+
+def stream_synchronize(stream):
+    """Blocks the calling thread (the GIL released) until CUDA stream `stream` (as
+    stream_query's) has completed everything queued on it (cuStreamSynchronize)."""
+    _check(_driver().cuStreamSynchronize(stream), "cuStreamSynchronize(0x%x)", stream or 0)
 
 
 def ipc_handle(base):

@@ -37,7 +37,7 @@ import weakref
 import grpc
 import torch
 
-from fp4q import _cuda_driver
+from fp4q import _cuda_driver, _streams
 from fp4q.errors import Fp4qError
 
 
@@ -122,7 +122,8 @@ class OverlappedSteps:
             self.completed += 1
             return result
         try:
-            _on_current_stream(self._device, _cuda_driver.stream_wait_value32, self._ptr, value)
+            _streams.on_current_stream(self._device, _cuda_driver.stream_wait_value32, self._ptr,
+                                       value)
         except _cuda_driver.DriverError:
             self.completed += 1
             return pending.wait()  # the stream cannot wait on the device: the host waits
@@ -186,25 +187,6 @@ def _end_watcher(thread, jobs, signal, side):
         thread.join(timeout=1.0)
 
 
-# torch's handle of a device's current stream as an int, without making a Stream object (about
-# a tenth of torch.cuda.current_stream's host time); absent from builds without CUDA.
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
-def _on_current_stream(device, call, *args):
-    """call(stream, *args), `stream` the CUstream handle of `device`'s current stream. A handle
-    of 0 (torch's default stream) names the legacy stream of the thread's current context, so
-    the call is then made with `device` current."""
-    if _raw_stream is not None and device.index is not None:
-        stream = _raw_stream(device.index)
-    else:
-        stream = torch.cuda.current_stream(device).cuda_stream
-    if stream == 0 and device.index is not None and device.index != torch.cuda.current_device():
-        with torch.cuda.device(device):
-            return call(0, *args)
-    return call(stream, *args)
-
-
 def _write_ready(signal, device, value):
     """Queues on `device`'s current stream, behind the work queued on it (the backward pass),
     the write of `value` to the ready word (signal[READY_WORD]): one driver call
@@ -213,8 +195,8 @@ def _write_ready(signal, device, value):
     device switch, a view and a kernel launch: about 100 us a step on an H100's host (h200-loop
     call 13), against a few for the driver call."""
     try:
-        _on_current_stream(device, _cuda_driver.stream_write_value32,
-                           signal.data_ptr() + 4 * READY_WORD, value)
+        _streams.on_current_stream(device, _cuda_driver.stream_write_value32,
+                                   signal.data_ptr() + 4 * READY_WORD, value)
     except _cuda_driver.DriverError:
         with torch.cuda.device(device):
             signal[READY_WORD].fill_(_as_int32(value))
@@ -274,7 +256,7 @@ class ReadySteps:
         None (the host waits)."""
         if self.off is not None:
             return None, None
-        if torch.cuda.current_stream(self._device).query():
+        if _streams.idle(self._device):
             self.idle += 1
             return None, self.idle_order
         if self._signal is None:

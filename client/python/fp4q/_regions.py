@@ -36,7 +36,7 @@ import threading
 import grpc
 import torch
 
-from fp4q import _cuda_driver
+from fp4q import _cuda_driver, _streams
 from fp4q import ipc
 from fp4q import tensors
 from fp4q._messages import pb
@@ -385,7 +385,7 @@ class Transfer:
         `skip` (a device whose order the caller keeps otherwise)."""
         for dev in self._devices:
             if dev != skip:
-                torch.cuda.current_stream(dev).synchronize()
+                _streams.synchronize(dev)
 
     def let_go(self):
         """Drops the references that keep the request's tensors alive until its reply: the
