@@ -48,7 +48,7 @@ def _plain_values(group, keys):
     a tuple of them), else None (a tensor or other object is validated at every step). Two
     tuples are equal only when the values encode the same (fp4q._step_plans._exact: a zero's
     sign counts)."""
-    values = tuple(_exact(group.get(k)) for k in keys)
+    values = tuple(map(_exact, map(group.get, keys)))
     return None if None in values else values
 
 
