@@ -12,10 +12,5 @@ export LIMIT=${LIMIT:-250}
 begin loop16 "the overlapped loop, 9 + 5 rounds"
 ipc_check 90
 torch_side_tests
-mps_start
-loop_args=("--variant=fp4q overlap")
-train_loop mps 256 9 80
-loop_args=("--variant=fp4q overlap" --layers=6 --d-model=512 --heads=8)
-train_loop mps-6x512 256 5 70
-mps_stop
+overlap_loops
 echo "done ($SECONDS s)"

@@ -36,6 +36,9 @@
 #   torch_side_tests: tests/python/test_torch_side.py on this torch: $o/test-torch-side.txt
 #   mps_start / mps_stop: the CUDA MPS control daemon started (its pipe and log folders in /tmp;
 #     a line in $o/gpu.txt) / stopped
+#   overlap_loops: under CUDA MPS, train_loop's overlapped step beside torch's SGD over 9 rounds
+#     of the train suite's 4-layer, d_model 384 model (mps), then 5 of a 6-layer, d_model 512
+#     one (mps-6x512)
 #   train_loop TAG BATCH ROUNDS SECONDS [FP4QD FLAGS...]: bench/train_loop.py (the train suite's
 #     model in a loop beside torch's SGD) at BATCH x 128, fp4qd started with FP4QD FLAGS, and
 #     the array loop_args's train_loop.py arguments if set (e.g. --variant=NAME):
@@ -166,6 +169,14 @@ headline_steps() {
   step_pair gpt2 1 40 30 --model gpt2-small --iters 300 --warmup 20
   step_pair sq8192 1 40 30 --model square8192 --iters 200 --warmup 20
   step_pair llama 1 100 90 --model llama3-8b --iters 10 --warmup 2
+}
+overlap_loops() {
+  mps_start
+  loop_args=("--variant=fp4q overlap")
+  train_loop mps 256 9 80
+  loop_args=("--variant=fp4q overlap" --layers=6 --d-model=512 --heads=8)
+  train_loop mps-6x512 256 5 70
+  mps_stop
 }
 ipc_check() {
   room $1 "gpu_ipc_check" || return 0
