@@ -207,14 +207,18 @@ class StepPlanTest(StepFixture, unittest.TestCase):
         self.assertEqual(len(built), 2)
         self.assertEqual((self.sent[3].replica.group, self.sent[3].replica.rank), ("g", 1))
 
-    def test_a_server_that_keeps_plans_is_sent_the_items_once_then_their_plan_id(self):
+    def plan_keeping_server(self):
+        """self.requests over a fake server that keeps step plans: returns (plans, refuse,
+        bodies): {plan id: its items}, a list whose being non-empty makes the next Step naming
+        a plan refused as unknown (NOT_FOUND), and every Step request's bytes."""
         self.info.supported_modes.append("step_plans")
-        plans, refuse = {}, []
+        plans, refuse, bodies = {}, [], []
         plain = self.server
 
         def server(rpc, request, resend=False):
             if rpc != "Step":
                 return plain(rpc, request, resend)
+            bodies.append(request.body)
             req = pb.StepRequest.FromString(request.body)
             if req.plan_id and (refuse or req.plan_id not in plans):
                 self.sent.append(req)
@@ -230,6 +234,10 @@ class StepPlanTest(StepFixture, unittest.TestCase):
             return reply
 
         self.requests = _requests.Requests(server, lambda: False, self.regions)
+        return plans, refuse, bodies
+
+    def test_a_server_that_keeps_plans_is_sent_the_items_once_then_their_plan_id(self):
+        plans, refuse, _ = self.plan_keeping_server()
         built = []
         for n in (1, 2, 3):
             result = self.keyed(n, self.grads, built)
@@ -260,6 +268,53 @@ class StepPlanTest(StepFixture, unittest.TestCase):
         self.assertEqual((named.plan_id, len(named.items)), (9, 0))
         self.assertEqual(plans[9], list(moved.items))
         self.assertEqual(len(built), 1)  # never built again: reused, then resliced
+
+    def test_step_named_sends_the_head_of_a_plan_the_server_holds_or_nothing(self):
+        plans, refuse, bodies = self.plan_keeping_server()
+        groups = [fp4q.SgdHyperparameters(lr=0.1, momentum=0.5)]
+        key = ("opt", tuple(x for g, p in zip(self.grads, self.params)
+                            for x in (g.data_ptr(), p.data_ptr())))
+        # No plan of the key, then a plan the server does not hold yet: nothing sent.
+        self.assertIsNone(self.requests.step_named(1, key, groups))
+        self.requests.step_keyed(1, key, self.items, groups, None)  # kept as plan 7 and on
+        self.requests.step_keyed(2, key, self.items, groups, None)  # the server: named
+        self.assertEqual(len(bodies), 2)
+        self.stats.clear()
+        result = self.requests.step_named(3, key, groups, one_pass=True)
+        self.assertEqual((result.items, result.applied_items), ([], 3))
+        sent = self.sent[-1]
+        self.assertEqual((sent.step, sent.plan_id, sent.brief_reply, sent.one_pass, len(sent.items),
+                          sent.groups[0].sgd.momentum), (3, 7, True, True, 0, 0.5))
+        self.assertEqual(self.stats, {"ipc_tensors": 6, "step_plans_reused": 1,
+                                      "step_plans_on_server": 1, "step_plans_named": 1})
+        self.assertEqual(self.driver_calls["buffer id"], 2 * 2)  # an allocation each, steps 2, 3
+        # Byte for byte what step_keyed sends for the same step.
+        self.requests.step_keyed(3, key, self.items, groups, None, one_pass=True)
+        self.assertEqual(bodies[-1], bodies[-2])
+        # An allocation made anew (a new buffer id): not this path, nothing sent.
+        size, handle, _ = self.allocs[GRADS]
+        self.allocs[GRADS] = (size, handle, 99)
+        self.assertIsNone(self.requests.step_named(4, key, groups))
+        self.allocs[GRADS] = (size, handle, 11)
+        self.assertEqual(len(bodies), 4)
+        # A server that dropped the plan: None, nothing applied, the ids forgotten, so that
+        # step_keyed sends the items again.
+        refuse.append(1)
+        self.assertIsNone(self.requests.step_named(4, key, groups))
+        self.assertEqual((self.sent[-1].plan_id, len(bodies)), (7, 5))
+        self.assertIsNone(self.requests.step_named(4, key, groups))
+        self.assertEqual(len(bodies), 5)
+        self.requests.step_keyed(4, key, self.items, groups, None)
+        self.assertEqual((self.sent[-1].keep_plan, len(self.sent[-1].items)), (True, 3))
+        self.assertEqual(self.requests.step_named(5, key, groups).applied_items, 3)
+        self.assertEqual(self.sent[-1].plan_id, 8)
+        # Any other refusal is the caller's to handle.
+        with mock.patch.object(self.requests, "_send", side_effect=fp4q.Fp4qError(
+                grpc.StatusCode.INVALID_ARGUMENT, "step 6: items[1].update: element 9 is NaN",
+                "Step")):
+            with self.assertRaisesRegex(fp4q.Fp4qError, "element 9 is NaN"):
+                self.requests.step_named(6, key, groups)
+        self.assertEqual(self.requests.step_named(6, key, groups).applied_items, 3)
 
     def test_gradients_moved_within_known_allocations_reslice_the_layouts_items(self):
         built = []

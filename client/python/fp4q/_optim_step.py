@@ -235,10 +235,14 @@ class StepMixin:
                 else:
                     ready, idle = ((None, None) if ready_steps is None
                                    else ready_steps.ready_and_order())
+                    result = None
+                    if ready is None and replica is None:  # the server's plan, if it holds one
+                        result = c._requests.step_named(step, key, groups, self._one_pass, idle)
                     try:
-                        result = c._requests.step_keyed(step, key, lambda: self._items()[0],
-                                                        groups, replica, ready,
-                                                        one_pass=self._one_pass, order=idle)
+                        if result is None:
+                            result = c._requests.step_keyed(
+                                step, key, lambda: self._items()[0], groups, replica, ready,
+                                one_pass=self._one_pass, order=idle)
                     except Fp4qError as e:
                         if ready is None or not ready_steps.retry_without(e):
                             raise

@@ -207,6 +207,44 @@ class Requests:
         return self._step(step, key, make_items, groups, None, replica, False, True,
                           ready=ready, one_pass=one_pass, order=order)
 
+    def step_named(self, step, key, groups, one_pass=False, order=None):
+        """step_keyed()'s call (no replica, no ready signal) in the case a trainer's steps
+        settle into, by a shorter path: the server holds the plan of `key` (StepRequest.plan_id)
+        and the plan's allocations are the ones it was made of, so the request is its head
+        alone and the reply brief. `groups`: fp4q.optim's hyperparameter objects, as
+        step_keyed's; `order`: as step_keyed's. Returns the StepResult; None when that case does
+        not hold, or when the server answers that it no longer holds the plan (the plan ids are
+        then forgotten): nothing was applied, and step_keyed() is the call to make."""
+        memo = self._step_plans.get(key)
+        if memo is None or not memo.server_id:
+            return None
+        regions = self._regions
+        if not regions.plan_valid(memo.plan):
+            return None
+        body = self._step_heads.encode(step, groups, 0, None, True, False, memo.server_id,
+                                       one_pass)
+        transfer = regions.transfer()
+        try:
+            transfer.adopt(memo.plan)
+            regions.count("step_plans_reused")
+            regions.count("step_plans_on_server")
+            regions.count("step_plans_named")
+            if order is None:
+                transfer.before_send()
+            else:
+                order(transfer)
+            try:
+                reply = self._send("Step", Serialized(body, 0), resend=False)
+            except Fp4qError as e:
+                if _plan_unknown(e) and self._forget_server_plans():
+                    return None
+                raise
+        finally:
+            transfer.release()
+        if reply.plan_id:
+            memo.server_id = reply.plan_id
+        return self._step_result(reply, None, None, True)
+
     def step_begin(self, step, key, make_items, groups, replica, signal, ready=None,
                    one_pass=False):
         """step_keyed() with a done signal (`signal`: ((region_id, offset), value), see
