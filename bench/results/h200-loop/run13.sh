@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The current stream asked about by one driver call (fp4q._streams: cuStreamQuery,
-# cuStreamSynchronize on torch's raw handle) instead of torch.cuda.current_stream()'s Stream:
+# cuStreamSynchronize on torch's raw handle) instead of torch.cuda.current_stream()'s Stream,
+# and the synchronous step of a server-held plan by Requests.step_named:
 # 1. tests/python/gpu_ipc_check.py (its overlap check now also compares fp4q._streams' answers
 #    with torch's on a busy and an idle stream, and counts any fallback to torch's Stream);
 # 2. on an H200 only: run12.sh's loops (under CUDA MPS, the overlapped step beside torch's SGD,
 #    9 rounds of the 4-layer model, 5 of the 6-layer one);
 # 3. one 8192 x 8192 weight stepped alone from Python (trainloop.py MODES=single, delayed
-#    scaling, one pass, phase timers on), this client against the one before the change
-#    (alt-client/: `git archive <commit> client/python`, carried untracked), alternating.
+#    scaling, one pass, phase timers on), this client against the one before fp4q._streams and
+#    Requests.step_named (alt-client/: `git archive 9974074 client/python`, carried untracked),
+#    alternating.
 # Repository root, .bundle and alt-client/ carried.
 set -uo pipefail
 source bench/results/h200-step/one-pass/lib.sh
