@@ -85,6 +85,48 @@ class FastFrameTest(unittest.TestCase):
             fs.frame("Qdq", out_big)
 
 
+class SendFrameTest(unittest.TestCase):
+    """FastSocket._send_frame's switch of the socket's mode (a system call each way)."""
+
+    class Sock:
+        """A socket whose buffer is full (`full`) while it is non-blocking."""
+
+        def __init__(self, timeout, full=False):
+            self.timeout, self.full, self.timeouts, self.sent = timeout, full, [], []
+
+        def gettimeout(self):
+            return self.timeout
+
+        def settimeout(self, t):
+            self.timeouts.append(t)
+            self.timeout = t
+
+        def send(self, data):
+            if self.full and self.timeout == 0.0:
+                raise BlockingIOError(11, "Resource temporarily unavailable")
+            self.sent.append(data)
+            return len(data)
+
+    def test_a_socket_left_non_blocking_sends_a_frame_it_takes_without_a_switch(self):
+        fast = _fast_socket.FastSocket("/nowhere")
+        frame = _fast_frames.GENERIC.request("KeepAlive", b"")
+        # (the socket's mode after the last reply, its buffer full, deadline) -> the switches
+        cases = [((0.0, False, None), []),  # after a busy-polled reply: none
+                 ((0.0, True, None), [None]),  # full: blocking, as the call waits
+                 ((0.0, True, 1e9), ["deadline"]),
+                 ((None, False, None), []),  # blocking already (a sleeping wait, a new one)
+                 ((None, False, 1e9), ["deadline"])]
+        for (timeout, full, deadline), switches in cases:
+            sock = self.Sock(timeout, full)
+            conn = _fast_socket._Conn(sock, "s", 0)
+            call_id = fast._send_frame(conn, "KeepAlive", frame, deadline, True)
+            got = ["deadline" if t not in (None, 0.0) else t for t in sock.timeouts]
+            self.assertEqual(got, switches)
+            self.assertEqual(len(sock.sent), 1)  # the whole frame, once
+            if deadline is None:
+                self.assertEqual(sock.sent[0], frame.data(call_id, 0))
+
+
 class ReplyBoundTest(unittest.TestCase):
     """What a reply may carry, against fp4qd's own bounds (server/op_table.cc) and limits."""
 

@@ -465,8 +465,18 @@ class FastSocket:
         if len(data) > max_frame:
             raise FrameTooLarge()
         try:
-            conn.settimeout(left)
-            sent = sock.send(data)
+            sent = None
+            if conn.timeout == 0.0:
+                # Left non-blocking by the last reply's busy-poll: a frame the socket takes at
+                # once goes without switching the socket to blocking and back (a system call
+                # each, every call).
+                try:
+                    sent = sock.send(data)
+                except BlockingIOError:
+                    pass  # the socket's buffer is full: sent below, waiting as the call may
+            if sent is None:
+                conn.settimeout(left)
+                sent = sock.send(data)
         except socket.timeout:
             raise _deadline_error(rpc) from None
         except OSError as e:
