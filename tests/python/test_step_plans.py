@@ -291,6 +291,23 @@ class StepPlanTest(StepFixture, unittest.TestCase):
         # Byte for byte what step_keyed sends for the same step.
         self.requests.step_keyed(3, key, self.items, groups, None, one_pass=True)
         self.assertEqual(bodies[-1], bodies[-2])
+        # The same hyperparameter objects: the head's fields kept, only the step number written
+        # (fp4q.optim makes a new object for new values); new objects: encoded again.
+        encode, sent_before = self.requests._step_heads.encode, len(bodies)
+        with mock.patch.object(self.requests._step_heads, "encode", wraps=encode) as encoded:
+            self.requests.step_named(2**40, key, groups, one_pass=True)
+            self.assertEqual(encoded.call_count, 0)
+            self.requests.step_keyed(2**40, key, self.items, groups, None, one_pass=True)
+            self.assertEqual(bodies[-1], bodies[-2])
+            encoded.reset_mock()
+            lower = [fp4q.SgdHyperparameters(lr=0.25, momentum=0.5)]
+            self.requests.step_named(2**40 + 1, key, lower, one_pass=True)
+            self.assertEqual((self.sent[-1].step, self.sent[-1].groups[0].lr),
+                             (2**40 + 1, 0.25))
+            self.assertEqual(encoded.call_count, 1)
+            with self.assertRaises(ValueError):  # outside int64, as the library refuses it
+                self.requests.step_named(2**63, key, lower, one_pass=True)
+        del bodies[sent_before:], self.sent[sent_before:]  # the counts below as before
         # An allocation made anew (a new buffer id): not this path, nothing sent.
         size, handle, _ = self.allocs[GRADS]
         self.allocs[GRADS] = (size, handle, 99)

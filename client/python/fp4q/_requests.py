@@ -43,6 +43,7 @@ retries are the call path's; it goes over the fast socket when its request and r
 (fp4q._fast_frames.REPLY_BOUNDS holds each method's reply bound; else it goes by gRPC).
 """
 
+import operator
 import threading
 
 import grpc
@@ -53,8 +54,8 @@ from fp4q import options as opts
 from fp4q import results
 from fp4q import tensors
 from fp4q._messages import Serialized, pb
-from fp4q._step_plans import (StepHeads, StepPlans, _server_may_keep, _step_plan_key,
-                              _StepPlan)
+from fp4q._step_plans import (_INT64, _STEP_KEY, StepHeads, StepPlans, _server_may_keep,
+                              _step_plan_key, _StepPlan, _varint)
 from fp4q.errors import Fp4qError
 
 
@@ -70,6 +71,7 @@ class Requests:
         self._tls = threading.local()
         self._step_plans = StepPlans()
         self._step_heads = StepHeads()
+        self._named = None  # _named_head's: (plan id, one_pass, groups, their fields)
 
     def call(self, rpc, build, resend=True, order=None):
         """Builds (request, planned) with a Transfer, sends it, returns (reply, planned).
@@ -221,8 +223,7 @@ class Requests:
         regions = self._regions
         if not regions.plan_valid(memo.plan):
             return None
-        body = self._step_heads.encode(step, groups, 0, None, True, False, memo.server_id,
-                                       one_pass)
+        body = self._named_head(step, groups, memo.server_id, one_pass)
         transfer = regions.transfer()
         try:
             transfer.adopt(memo.plan)
@@ -244,6 +245,21 @@ class Requests:
         if reply.plan_id:
             memo.server_id = reply.plan_id
         return self._step_result(reply, None, None, True)
+
+    def _named_head(self, step, groups, plan_id, one_pass):
+        """step_named()'s request: StepHeads.encode's bytes for a brief step naming `plan_id`.
+        The fields but the step number are kept for the last groups: step_named's callers make
+        a new hyperparameter object whenever a value changes and never change one in place, so
+        the same objects (identity) mean the same values."""
+        kept = self._named
+        if not (kept is not None and kept[0] == plan_id and kept[1] == one_pass and
+                len(kept[2]) == len(groups) and all(map(operator.is_, kept[2], groups))):
+            fields = self._step_heads.encode(0, groups, 0, None, True, False, plan_id, one_pass)
+            kept = self._named = (plan_id, one_pass, tuple(groups), fields)
+        if 0 < step < _INT64:
+            return _STEP_KEY + _varint(step) + kept[3]
+        # Step 0 (no field), or one outside int64 (refused): as encode writes or refuses it.
+        return self._step_heads.encode(step, groups, 0, None, True, False, plan_id, one_pass)
 
     def step_begin(self, step, key, make_items, groups, replica, signal, ready=None,
                    one_pass=False):
