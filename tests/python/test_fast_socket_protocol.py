@@ -266,9 +266,11 @@ class ClientProtocolTest(Counting):
         self.assertEqual(self.fake.connections, 2)
 
     def test_an_idle_connection_the_server_closed_is_replaced_silently(self):
-        self.script = [lambda n, req: ("close-after", self.keep_alive_reply(req)),
+        self.script = [lambda n, req: self.keep_alive_reply(req, lease=6),
+                       lambda n, req: ("close-after", self.keep_alive_reply(req)),
                        lambda n, req: self.keep_alive_reply(req, lease=8)]
-        self.assertEqual(self.client.keep_alive(), 7)
+        self.assertEqual(self.client.keep_alive(), 6)
+        self.assertEqual(self.client.keep_alive(), 7)  # the connection checked idle once before
         time.sleep(0.2)  # the close reaches the client's idle connection
         self.assertEqual(self.client.keep_alive(), 8)
         self.assertEqual(self.fake.connections, 2)

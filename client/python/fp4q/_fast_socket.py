@@ -105,7 +105,7 @@ HEADS_UP_MICROS = 2000
 
 
 class _Conn:
-    __slots__ = ("sock", "session_id", "generation", "timeout", "idle_since")
+    __slots__ = ("sock", "session_id", "generation", "timeout", "idle_since", "_poll")
 
     def __init__(self, sock, session_id, generation):
         self.sock = sock
@@ -113,6 +113,16 @@ class _Conn:
         self.generation = generation
         self.timeout = sock.gettimeout()
         self.idle_since = time.monotonic()  # its last exchange's end
+        self._poll = None
+
+    def readable(self):
+        """True when the idle connection has something to read: EOF or a frame nobody awaits
+        (one poll() of a poll object made once for the connection)."""
+        p = self._poll
+        if p is None:
+            p = self._poll = select.poll()
+            p.register(self.sock.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
+        return bool(p.poll(0))
 
     def settimeout(self, seconds):
         """sock.settimeout, skipped when unchanged (each one costs system calls)."""
@@ -147,11 +157,6 @@ def _readable_within(sock, seconds):
     p = select.poll()
     p.register(sock.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
     return bool(p.poll(max(0, math.ceil(seconds * 1e3))))
-
-
-def _readable(sock):
-    """True when an idle connection has something to read: EOF or a frame nobody awaits."""
-    return _readable_within(sock, 0)
 
 
 class FastSocket:
@@ -202,7 +207,7 @@ class FastSocket:
             while self._idle:
                 conn = self._idle.pop()
                 if (conn.session_id == session_id and conn.generation == self._generation and
-                        not _readable(conn.sock)):
+                        not conn.readable()):
                     found = conn
                     break
                 stale.append(conn)
