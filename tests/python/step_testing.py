@@ -7,6 +7,7 @@ import contextlib
 import weakref
 from unittest import mock
 
+import grpc
 import torch
 
 import fp4q
@@ -146,6 +147,36 @@ class StepFixture:
         # Three weights: gradients in one allocation, the parameters (DQ outputs) in another.
         self.grads = [FakeCudaTensor(GRADS + 0x1000 * i) for i in range(3)]
         self.params = [FakeCudaTensor(PARAMS + 0x1000 * i) for i in range(3)]
+
+    def plan_keeping_server(self):
+        """self.server and self.requests: a fake server that keeps step plans. Returns (plans,
+        refuse, bodies): {plan id: its items}, a list whose being non-empty makes the next Step
+        naming a plan refused as unknown (NOT_FOUND), and every Step request's bytes."""
+        self.info.supported_modes.append("step_plans")
+        plans, refuse, bodies = {}, [], []
+        plain = self.server
+
+        def server(rpc, request, resend=False):
+            if rpc != "Step":
+                return plain(rpc, request, resend)
+            bodies.append(request.body)
+            req = pb.StepRequest.FromString(request.body)
+            if req.plan_id and (refuse or req.plan_id not in plans):
+                self.sent.append(req)
+                refuse.clear()
+                raise fp4q.Fp4qError(grpc.StatusCode.NOT_FOUND, "plan_id: this session holds "
+                                     "no step plan %d (...)" % req.plan_id, "Step")
+            reply = plain(rpc, request, resend)
+            if req.keep_plan:
+                reply.plan_id = 7 + len(plans)
+                plans[reply.plan_id] = list(req.items)
+            elif req.plan_id:
+                reply.applied_items = len(plans[req.plan_id])
+            return reply
+
+        self.server = server
+        self.requests = _requests.Requests(server, lambda: False, self.regions)
+        return plans, refuse, bodies
 
     def items(self, grads=None, params=None):
         grads, params = grads or self.grads, params or self.params

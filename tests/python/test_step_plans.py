@@ -10,7 +10,7 @@ import grpc
 import torch
 
 import fp4q
-from fp4q import _cuda_driver, _requests, _step_plans
+from fp4q import _cuda_driver, _step_plans
 from fp4q._messages import pb
 from step_testing import GRADS, PARAMS, FakeCudaTensor, StepFixture
 
@@ -206,35 +206,6 @@ class StepPlanTest(StepFixture, unittest.TestCase):
         self.keyed(4, self.grads, built, layout="other", replica=("g", 1))
         self.assertEqual(len(built), 2)
         self.assertEqual((self.sent[3].replica.group, self.sent[3].replica.rank), ("g", 1))
-
-    def plan_keeping_server(self):
-        """self.requests over a fake server that keeps step plans: returns (plans, refuse,
-        bodies): {plan id: its items}, a list whose being non-empty makes the next Step naming
-        a plan refused as unknown (NOT_FOUND), and every Step request's bytes."""
-        self.info.supported_modes.append("step_plans")
-        plans, refuse, bodies = {}, [], []
-        plain = self.server
-
-        def server(rpc, request, resend=False):
-            if rpc != "Step":
-                return plain(rpc, request, resend)
-            bodies.append(request.body)
-            req = pb.StepRequest.FromString(request.body)
-            if req.plan_id and (refuse or req.plan_id not in plans):
-                self.sent.append(req)
-                refuse.clear()
-                raise fp4q.Fp4qError(grpc.StatusCode.NOT_FOUND, "plan_id: this session holds "
-                                     "no step plan %d (...)" % req.plan_id, "Step")
-            reply = plain(rpc, request, resend)
-            if req.keep_plan:
-                reply.plan_id = 7 + len(plans)
-                plans[reply.plan_id] = list(req.items)
-            elif req.plan_id:
-                reply.applied_items = len(plans[req.plan_id])
-            return reply
-
-        self.requests = _requests.Requests(server, lambda: False, self.regions)
-        return plans, refuse, bodies
 
     def test_a_server_that_keeps_plans_is_sent_the_items_once_then_their_plan_id(self):
         plans, refuse, _ = self.plan_keeping_server()

@@ -23,15 +23,19 @@ from step_testing import GRADS, SIGNAL, FakeCudaTensor, StepFixture
 class StepSignalTest(StepFixture, unittest.TestCase):
 
     def begun(self):
-        """Requests whose begin() sends at once (self.sent) and hands the reply over only when
-        waited for (self.replies_read counts them), after self.reply_gate (a threading.Event)
-        is set when there is one; self.fail_wait, when set, is raised instead."""
+        """Requests whose begin() sends at once (self.sent) and hands the reply (or the server's
+        error) over only when waited for (self.replies_read counts them), after self.reply_gate
+        (a threading.Event) is set when there is one; self.fail_wait, when set, is raised
+        instead."""
         self.replies_read = 0
         self.fail_wait = None
         self.reply_gate = None
 
         def begin(rpc, request):
-            reply = self.server(rpc, request)
+            try:
+                reply, error = self.server(rpc, request), None
+            except fp4q.Fp4qError as e:  # the server's refusal, read with the reply
+                reply, error = None, e
 
             def wait():
                 if self.reply_gate is not None:
@@ -39,9 +43,48 @@ class StepSignalTest(StepFixture, unittest.TestCase):
                 self.replies_read += 1
                 if self.fail_wait is not None:
                     raise self.fail_wait
+                if error is not None:
+                    raise error
                 return reply
             return _transport.Pending(wait)
         return _requests.Requests(self.server, lambda: False, self.regions, begin)
+
+    def test_a_begun_step_of_a_plan_the_server_holds_sends_its_head_and_signals(self):
+        plans, refuse, bodies = self.plan_keeping_server()
+        requests = self.begun()
+        groups = [fp4q.SgdHyperparameters(lr=0.1)]
+        key = ("opt", tuple(x for g, p in zip(self.grads, self.params)
+                            for x in (g.data_ptr(), p.data_ptr())))
+        ordered = []
+        ready = (("region-9", 32), 5, ordered.append)
+
+        def begin(step, value, **kw):
+            pending, result = requests.step_begin(step, key, self.items, groups, None,
+                                                  (("region-9", 16), value), ready, **kw)
+            self.assertIsNone(result)
+            return pending.wait()
+        begin(1, 1)  # the items, kept as plan 7
+        self.stats.clear()
+        self.assertEqual(begin(2, 2, one_pass=True).applied_items, 3)
+        sent = self.sent[-1]
+        self.assertEqual((sent.step, sent.plan_id, len(sent.items), sent.one_pass,
+                          sent.done_signal.value, sent.ready_signal.region.offset,
+                          sent.ready_signal.value), (2, 7, 0, True, 2, 32, 5))
+        self.assertEqual(self.stats["step_plans_named"], 1)
+        self.assertEqual(len(ordered), 2)  # the ready word's order, for each step
+        # Byte for byte what the call path's build sends for it.
+        with mock.patch.object(requests, "_step_named_begin", return_value=None):
+            begin(2, 2, one_pass=True)
+        self.assertEqual((bodies[-1], self.stats["step_plans_named"]), (bodies[-2], 1))
+        # A server that dropped the plan: refused when the reply is read, nothing applied, and
+        # the plan ids forgotten, so that the step sent again carries its items.
+        refuse.append(1)
+        with self.assertRaisesRegex(fp4q.Fp4qError, "plan_id: this session holds no step plan 7"):
+            begin(3, 3)
+        self.assertEqual(begin(3, 3).applied_items, 3)
+        self.assertEqual((self.sent[-1].keep_plan, len(self.sent[-1].items)), (True, 3))
+        begin(4, 4)
+        self.assertEqual((self.sent[-1].plan_id, len(self.sent[-1].items)), (8, 0))
 
     def test_a_step_with_a_done_signal_is_sent_at_once_and_its_reply_read_when_waited_for(self):
         requests = self.begun()

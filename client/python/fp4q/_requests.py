@@ -54,8 +54,9 @@ from fp4q import options as opts
 from fp4q import results
 from fp4q import tensors
 from fp4q._messages import Serialized, pb
-from fp4q._step_plans import (_INT64, _STEP_KEY, StepHeads, StepPlans, _server_may_keep,
-                              _step_plan_key, _StepPlan, _varint)
+from fp4q._step_plans import (_DONE_KEY, _INT64, _READY_KEY, _STEP_KEY, StepHeads, StepPlans,
+                              _server_may_keep, _signal_field, _step_plan_key, _StepPlan,
+                              _varint)
 from fp4q.errors import Fp4qError
 
 
@@ -217,19 +218,12 @@ class Requests:
         step_keyed's; `order`: as step_keyed's. Returns the StepResult; None when that case does
         not hold, or when the server answers that it no longer holds the plan (the plan ids are
         then forgotten): nothing was applied, and step_keyed() is the call to make."""
-        memo = self._step_plans.get(key)
-        if memo is None or not memo.server_id:
-            return None
-        regions = self._regions
-        if not regions.plan_valid(memo.plan):
+        memo = self._server_plan(key)
+        if memo is None:
             return None
         body = self._named_head(step, groups, memo.server_id, one_pass)
-        transfer = regions.transfer()
+        transfer = self._adopted(memo)
         try:
-            transfer.adopt(memo.plan)
-            regions.count("step_plans_reused")
-            regions.count("step_plans_on_server")
-            regions.count("step_plans_named")
             if order is None:
                 transfer.before_send()
             else:
@@ -242,9 +236,61 @@ class Requests:
                 raise
         finally:
             transfer.release()
-        if reply.plan_id:
-            memo.server_id = reply.plan_id
-        return self._step_result(reply, None, None, True)
+        return self._step_decode(reply, (None, None, True, memo))
+
+    def _step_named_begin(self, step, key, groups, signal, ready, one_pass):
+        """step_begin()'s call (no replica) by step_named()'s path: a PendingStep, or None when
+        the server holds no plan of `key` valid now or there is no begin() (nothing sent). A
+        server that no longer holds the plan refuses the step in the PendingStep's wait() (see
+        PendingStep)."""
+        if self._begin is None:
+            return None
+        memo = self._server_plan(key)
+        if memo is None:
+            return None
+        body = self._named_head(step, groups, memo.server_id, one_pass)
+        body += _signal_field(_DONE_KEY, signal[0], signal[1])
+        if ready is not None:
+            body += _signal_field(_READY_KEY, ready[0], ready[1])
+        transfer = self._adopted(memo)
+        try:
+            if ready is None:
+                transfer.before_send()
+            else:
+                ready[2](transfer)
+            sent = self._begin("Step", Serialized(body, 0))
+        except BaseException:
+            transfer.release()
+            raise
+        return PendingStep(_PendingCall(sent, transfer, (None, None, True, memo)),
+                           self._step_decode, self._forget_server_plans)
+
+    def _server_plan(self, key):
+        """The kept plan of `key` when the server holds it (its server_id) and its allocations
+        are the ones it was made of; else None."""
+        memo = self._step_plans.get(key)
+        if memo is None or not memo.server_id or not self._regions.plan_valid(memo.plan):
+            return None
+        return memo
+
+    def _adopted(self, memo):
+        """A Transfer standing for the one `memo`'s plan was made from, counted as a step that
+        named the server's plan."""
+        regions = self._regions
+        transfer = regions.transfer()
+        transfer.adopt(memo.plan)
+        regions.count("step_plans_reused")
+        regions.count("step_plans_on_server")
+        regions.count("step_plans_named")
+        return transfer
+
+    def _step_decode(self, reply, built):
+        """A Step's StepResult from its reply and what its build returned (items, planned,
+        brief, memo: the kept plan the server was asked to keep or named, else None)."""
+        items, planned, brief, memo = built
+        if memo is not None and reply.plan_id:
+            memo.server_id = reply.plan_id  # kept (keep_plan), or named (plan_id) again
+        return self._step_result(reply, items, planned, brief)
 
     def _named_head(self, step, groups, plan_id, one_pass):
         """step_named()'s request: StepHeads.encode's bytes for a brief step naming `plan_id`.
@@ -271,6 +317,10 @@ class Requests:
         order) for a step sent with a ready signal (fp4q.v1.ReadySignal): order(transfer) then
         stands for the host's wait for the updates' streams, and must see to it that the
         signal gets the value once they are complete."""
+        if replica is None and key is not None:
+            pending = self._step_named_begin(step, key, groups, signal, ready, one_pass)
+            if pending is not None:
+                return pending, None
         return self._step(step, key, make_items, groups, None, replica, False, True,
                           signal=signal, ready=ready, one_pass=one_pass)
 
@@ -349,22 +399,16 @@ class Requests:
             return (Serialized(head(brief, keep) + memo.body, 0 if brief else memo.reply_bound),
                     (items, planned, brief, memo if keep else None))
 
-        def result(reply, built):
-            items, planned, brief, memo = built
-            if memo is not None and reply.plan_id:
-                memo.server_id = reply.plan_id  # kept (keep_plan), or named (plan_id) again
-            return self._step_result(reply, items, planned, brief)
-
         if signal is not None:
             pending, done = self._begin_call("Step", build, lambda built: built[2],
                                              None if ready is None else ready[2])
             if pending is not None:
-                return PendingStep(pending, result), None
-            return None, result(*done)
+                return PendingStep(pending, self._step_decode, self._forget_server_plans), None
+            return None, self._step_decode(*done)
         for attempt in (0, 1):
             try:
-                return result(*self.call("Step", build, resend=resend,
-                                         order=order if ready is None else ready[2]))
+                return self._step_decode(*self.call("Step", build, resend=resend,
+                                                    order=order if ready is None else ready[2]))
             except Fp4qError as e:
                 # The server dropped the plan this step named (nothing changed): forget it and
                 # send the items again, once.
@@ -592,14 +636,21 @@ class _PendingCall:
 
 class PendingStep:
     """A Step that Requests.step_begin sent: wait() returns its StepResult or raises its
-    error (once, from any thread)."""
+    error (once, from any thread). A refusal of a plan the server no longer holds (NOT_FOUND,
+    nothing applied) also calls forget(), so that the step, sent again, carries its items."""
 
-    def __init__(self, call, decode):
+    def __init__(self, call, decode, forget=None):
         self._call = call
         self._decode = decode
+        self._forget = forget
 
     def wait(self):
-        reply, built = self._call.wait()
+        try:
+            reply, built = self._call.wait()
+        except Fp4qError as e:
+            if self._forget is not None and _plan_unknown(e):
+                self._forget()
+            raise
         return self._decode(reply, built)
 
     def let_go(self):
