@@ -567,8 +567,8 @@ def check_optim_overlap(ipc):
     ready_ok = bool(out["ready_error"]) and out["ready_error"].startswith(
         "DEADLINE_EXCEEDED: step 10 (overlap=True") and (
         "ready_signal: the worker's stream did not write" in out["ready_error"])
-    out["ok"] = (sync_ok and raw_ok and streams_ok and all(steps_equal) and finite and opt.server_step == 10 and
-                 o.sent >= 12 and
+    out["ok"] = (sync_ok and raw_ok and streams_ok and all(steps_equal) and finite and
+                 opt.server_step == 10 and o.sent >= 12 and
                  o.ready_sent >= 8 and out["ready_words_by_the_driver"] == 16 and
                  out["released_after_device_refusal"] and
                  out["released_after_host_refusal"] and out["released_after_ready_timeout"]
