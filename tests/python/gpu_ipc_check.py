@@ -456,7 +456,8 @@ def check_optim_overlap(ipc):
            "completed_in_step": o.completed, "sent_with_ready_signal": o.ready_sent,
            "sync_ready_steps_bit_identical": ready_equal,
            "sync_ready": None if r is None else {"sent": r.sent, "idle": r.idle},
-           "ready_words_by_the_driver": len(driver_writes)}
+           "ready_words_by_the_driver": len(driver_writes),
+           "step_plans_named": ipc.stats["step_plans_named"]}  # steps by step_named's path
     # The handle the driver calls use: torch's raw current stream where this torch has it, as
     # Stream.cuda_stream has it, on the default stream and inside another one.
     raw, raw_ok = _streams._raw_stream, True
