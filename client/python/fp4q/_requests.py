@@ -28,7 +28,9 @@ Contract
   the kept items are re-sliced there ("step_plans_resliced"); it builds afresh when an
   allocation, the region cache, the session or the server changed. step_keyed() is
   fp4q.optim's: its own key, the items built only when no plan matches, and a brief reply (no
-  per-item results) when every output went by IPC.
+  per-item results) when every output went by IPC. step_named() (and step_begin() in the same
+  case) is its short path once the server holds the key's plan: the head alone, its fields
+  kept for the same hyperparameter objects, which fp4q.optim never changes in place.
 - Outputs come back on the device of the request's main input (`device=` where there is none);
   before a request that uses regions is sent, the current CUDA stream of each device involved
   is synchronized; when a call returns, the server's writes are complete.
@@ -316,7 +318,8 @@ class Requests:
         copied after the reply, or no begin()). `ready`: None, or ((region_id, offset), value,
         order) for a step sent with a ready signal (fp4q.v1.ReadySignal): order(transfer) then
         stands for the host's wait for the updates' streams, and must see to it that the
-        signal gets the value once they are complete."""
+        signal gets the value once they are complete. `groups`: as step_named's (objects never
+        changed in place)."""
         if replica is None and key is not None:
             pending = self._step_named_begin(step, key, groups, signal, ready, one_pass)
             if pending is not None:
