@@ -44,11 +44,11 @@ from fp4q.errors import Fp4qError
 class _Job:
     __slots__ = ("step", "value", "pending", "done", "result", "error")
 
-    def __init__(self, step, value, pending):
+    def __init__(self, step, value, pending, done):
         self.step = step
         self.value = value
         self.pending = pending
-        self.done = threading.Event()
+        self.done = done  # cleared; the watcher sets it once the job's outcome is in
         self.result = None
         self.error = None
 
@@ -100,6 +100,7 @@ class OverlappedSteps:
         self._slot = None  # Regions.register_held's last answer for the signal tensor
         self._value = 0
         self._inflight = None
+        self._done = threading.Event()
         self._jobs = None
         self.sent = 0       # steps sent with overlap
         self.completed = 0  # steps that had to complete in step()
@@ -134,7 +135,10 @@ class OverlappedSteps:
             # freed by zero_grad(set_to_none=True), the next gradients landed elsewhere, and
             # no kept step plan matched them (h200-loop call 13).
             pending.let_go()
-        job = _Job(step, value, pending)
+        # One Event for all of this object's jobs: the one in flight is finished (its Event
+        # set by the watcher and waited for) before the next is sent.
+        self._done.clear()
+        job = _Job(step, value, pending, self._done)
         self._inflight = job
         self._watcher().put(job)
         self.sent += 1
