@@ -361,8 +361,7 @@ def main():
         stats = dict(client.stats)
         if stats.get("step_plans_on_server", 0) < args.steps and not args.shuffle_grads:
             raise RuntimeError("the steps did not go as server step plans: %s" % stats)
-        if (not args.overlap and not args.shuffle_grads and
-                stats.get("step_plans_named", 0) < args.steps):
+        if not args.shuffle_grads and stats.get("step_plans_named", 0) < args.steps:
             raise RuntimeError("the steps did not take the named plan's path: %s" % stats)
         o = opt._overlapped
         overlapped = None if o is None else {"sent": o.sent, "completed_in_step": o.completed,
