@@ -223,30 +223,19 @@ class Requests:
         memo = self._server_plan(key)
         if memo is None:
             return None
-        body = self._named_head(step, groups, memo.server_id, one_pass)
-        transfer = self._adopted(memo)
+        build = self._named_build(memo, self._named_head(step, groups, memo.server_id, one_pass))
         try:
-            if order is None:
-                transfer.before_send()
-            else:
-                order(transfer)
-            try:
-                reply = self._send("Step", Serialized(body, 0), resend=False)
-            except Fp4qError as e:
-                if _plan_unknown(e) and self._forget_server_plans():
-                    return None
-                raise
-        finally:
-            transfer.release()
-        return self._step_decode(reply, (None, None, True, memo))
+            return self._step_decode(*self.call("Step", build, resend=False, order=order))
+        except Fp4qError as e:
+            if _plan_unknown(e) and self._forget_server_plans():
+                return None
+            raise
 
     def _step_named_begin(self, step, key, groups, signal, ready, one_pass):
-        """step_begin()'s call (no replica) by step_named()'s path: a PendingStep, or None when
-        the server holds no plan of `key` valid now or there is no begin() (nothing sent). A
-        server that no longer holds the plan refuses the step in the PendingStep's wait() (see
+        """step_begin()'s call (no replica) by step_named()'s path: its (pending, result), or
+        None when the server holds no plan of `key` valid now (nothing sent). A server that no
+        longer holds the plan refuses the step in the PendingStep's wait() (see
         PendingStep)."""
-        if self._begin is None:
-            return None
         memo = self._server_plan(key)
         if memo is None:
             return None
@@ -254,18 +243,7 @@ class Requests:
         body += _signal_field(_DONE_KEY, signal[0], signal[1])
         if ready is not None:
             body += _signal_field(_READY_KEY, ready[0], ready[1])
-        transfer = self._adopted(memo)
-        try:
-            if ready is None:
-                transfer.before_send()
-            else:
-                ready[2](transfer)
-            sent = self._begin("Step", Serialized(body, 0))
-        except BaseException:
-            transfer.release()
-            raise
-        return PendingStep(_PendingCall(sent, transfer, (None, None, True, memo)),
-                           self._step_decode, self._forget_server_plans)
+        return self._begun_step(self._named_build(memo, body), ready)
 
     def _server_plan(self, key):
         """The kept plan of `key` when the server holds it (its server_id) and its allocations
@@ -275,16 +253,27 @@ class Requests:
             return None
         return memo
 
-    def _adopted(self, memo):
-        """A Transfer standing for the one `memo`'s plan was made from, counted as a step that
-        named the server's plan."""
-        regions = self._regions
-        transfer = regions.transfer()
-        transfer.adopt(memo.plan)
-        regions.count("step_plans_reused")
-        regions.count("step_plans_on_server")
-        regions.count("step_plans_named")
-        return transfer
+    def _named_build(self, memo, body):
+        """A build (see call()) of the Step `body` naming `memo`'s plan: its Transfer stands for
+        the one the plan was made from (the step counted as one that named the server's
+        plan), and the reply is brief."""
+        def build(transfer):
+            regions = self._regions
+            transfer.adopt(memo.plan)
+            regions.count("step_plans_reused")
+            regions.count("step_plans_on_server")
+            regions.count("step_plans_named")
+            return Serialized(body, 0), (None, None, True, memo)
+        return build
+
+    def _begun_step(self, build, ready):
+        """step_begin()'s (pending, result) for a Step built by `build`: begun, or completed
+        now when an output is copied after the reply (see _begin_call)."""
+        pending, done = self._begin_call("Step", build, lambda built: built[2],
+                                         None if ready is None else ready[2])
+        if pending is not None:
+            return PendingStep(pending, self._step_decode, self._forget_server_plans), None
+        return None, self._step_decode(*done)
 
     def _step_decode(self, reply, built):
         """A Step's StepResult from its reply and what its build returned (items, planned,
@@ -321,9 +310,9 @@ class Requests:
         signal gets the value once they are complete. `groups`: as step_named's (objects never
         changed in place)."""
         if replica is None and key is not None:
-            pending = self._step_named_begin(step, key, groups, signal, ready, one_pass)
-            if pending is not None:
-                return pending, None
+            named = self._step_named_begin(step, key, groups, signal, ready, one_pass)
+            if named is not None:
+                return named
         return self._step(step, key, make_items, groups, None, replica, False, True,
                           signal=signal, ready=ready, one_pass=one_pass)
 
@@ -403,11 +392,7 @@ class Requests:
                     (items, planned, brief, memo if keep else None))
 
         if signal is not None:
-            pending, done = self._begin_call("Step", build, lambda built: built[2],
-                                             None if ready is None else ready[2])
-            if pending is not None:
-                return PendingStep(pending, self._step_decode, self._forget_server_plans), None
-            return None, self._step_decode(*done)
+            return self._begun_step(build, ready)
         for attempt in (0, 1):
             try:
                 return self._step_decode(*self.call("Step", build, resend=resend,
