@@ -70,8 +70,10 @@ absl::Status Executor::Submit(const RequestContext& ctx, Work work, Reject rejec
   if (here) {
     Task task{ctx, std::move(work), std::move(reject), std::move(keys)};
     RunTask(task, options_.inline_stream);
-    Finished(task.keys, /*here=*/true);
-    cv_.notify_all();  // held-back tasks, and a Shutdown waiting for this run
+    // Wakes the workers only for tasks queued meanwhile (some held back by this run's keys) or
+    // a Shutdown waiting for this run: a wake-up with nothing to do costs the woken worker a
+    // trip through the scheduler, and this thread a system call, at every step.
+    if (Finished(task.keys, /*here=*/true)) cv_.notify_all();
     return absl::OkStatus();
   }
   submitted_.fetch_add(1, std::memory_order_release);
@@ -112,6 +114,11 @@ int Executor::RejectQueued(const absl::Status& status) {
 int64_t Executor::queued() const {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int64_t>(queue_.size());
+}
+
+int64_t Executor::idle_wakeups() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return idle_wakeups_;
 }
 
 int64_t Executor::load() const {
@@ -165,9 +172,13 @@ void Executor::WorkerLoop(kernels::Stream stream) {
         spinning_.store(false);
         lock.lock();
       }
+      bool woken = false;  // the predicate's first call is before any wait
       cv_.wait(lock, [&] {
         next = NextRunnable();
-        return next >= 0 || (stopping_ && queue_.empty());
+        const bool go = next >= 0 || (stopping_ && queue_.empty());
+        if (woken && !go) ++idle_wakeups_;
+        woken = true;
+        return go;
       });
       if (next < 0) return;  // stopping and drained
       task = std::move(queue_[next]);
@@ -178,9 +189,8 @@ void Executor::WorkerLoop(kernels::Stream stream) {
     }
     if (observer_ != nullptr) observer_->QueueDepth(options_.device, depth);
     RunTask(task, stream);
-    Finished(task.keys, /*here=*/false);
     // A task held back by these keys may start now, on any worker.
-    if (!task.keys.empty()) cv_.notify_all();
+    if (Finished(task.keys, /*here=*/false) && !task.keys.empty()) cv_.notify_all();
   }
 }
 
@@ -199,13 +209,14 @@ void Executor::RunTask(Task& task, kernels::Stream stream) {
   task.reject = nullptr;
 }
 
-void Executor::Finished(const Keys& keys, bool here) {
+bool Executor::Finished(const Keys& keys, bool here) {
   std::lock_guard<std::mutex> lock(mu_);
   if (here) inline_running_ = false;
   --running_;
   for (uint64_t k : keys) {
     running_keys_.erase(std::find(running_keys_.begin(), running_keys_.end(), k));
   }
+  return !queue_.empty() || stopping_;
 }
 
 }  // namespace fp4q::server

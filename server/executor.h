@@ -99,6 +99,8 @@ class Executor {
   int64_t spin_pickups() const { return spin_pickups_.load(std::memory_order_relaxed); }
   // Tasks run on the submitting thread.
   int64_t inline_runs() const { return inline_runs_.load(std::memory_order_relaxed); }
+  // Times a sleeping worker was woken and found nothing it could start.
+  int64_t idle_wakeups() const;
   int threads() const { return options_.threads; }
   const std::string& device() const { return options_.device; }
 
@@ -114,8 +116,9 @@ class Executor {
   // (then its reject), and destroys its captures.
   static void RunTask(Task& task, kernels::Stream stream);
   // The end of a task that held `keys` (`here`: run on a submitting thread): no longer running,
-  // its keys free.
-  void Finished(const Keys& keys, bool here);
+  // its keys free. Returns whether a thread may wait for this end: a task is queued (a worker
+  // may have found it held back by these keys), or a Shutdown is under way.
+  bool Finished(const Keys& keys, bool here);
   // Index of the first queued task that may start now, or -1. Requires mu_.
   int NextRunnable() const;
 
@@ -133,6 +136,7 @@ class Executor {
   std::atomic<int64_t> spin_pickups_{0};
   bool inline_running_ = false;  // a task runs on a submitting thread (mu_)
   std::atomic<int64_t> inline_runs_{0};
+  int64_t idle_wakeups_ = 0;  // (mu_)
   std::vector<std::thread> workers_;
 };
 
