@@ -8,8 +8,9 @@
 #     $o/bench-{pdl,plain}-ROUND.*
 #   ab_bench ROUND SECONDS ONLY: fp4q_bench --only ONLY with the module under test ("new") and
 #     the one gzipped in $b/alt/ ("old"), each with its own copy row: $o/bench-{new,old}-ROUND.*
-#   start_fp4qd BANDWIDTH: fp4qd on the CUDA backend with its sockets in $d; sets $pid and $S
-#     (fp4q bench-step over the fast socket, kept plans, delayed scaling)
+#   start_fp4qd BANDWIDTH: fp4qd ($FP4QD, default the bundle's) on the CUDA backend with its
+#     sockets in $d; sets $pid and $S (fp4q bench-step over the fast socket, kept plans, delayed
+#     scaling)
 #   step_pair MODEL ROUND ROOM SECONDS ARGS...: $S ARGS in two passes, then in one:
 #     $o/cpp-MODEL-{two,one}-ROUND.{json,log}, each only if ROOM seconds are left
 #   trainer NAME [FP4QD ARGS...]: bench/trainer_step.py over GPT-2 (one step's rows, 100 steps),
@@ -81,7 +82,7 @@ ab_bench() {
 }
 start_fp4qd() {
   d=/tmp/fq; mkdir -p $d; rm -f $d/*.sock
-  $b/bin/fp4qd --listen 127.0.0.1:0 --metrics_listen "" --unix_socket $d/g.sock \
+  ${FP4QD:-$b/bin/fp4qd} --listen 127.0.0.1:0 --metrics_listen "" --unix_socket $d/g.sock \
     --fast_socket $d/f.sock --allow_cuda_ipc --backend cuda --log_format text \
     --state_budget_bytes 110000000000 > $d/out 2>> $o/fp4qd.log &
   pid=$!; for i in $(seq 400); do [[ -S $d/f.sock ]] && break; sleep 0.05; done
