@@ -78,6 +78,7 @@ class FastSocketServer::Connection : public std::enable_shared_from_this<Connect
   const int wake_fd_;  // eventfd: the outbox has replies, or a call slot freed up
   const PeerInfo peer_;
   SpinPolicy spin_;  // connection thread only, but for Budget's reads
+  std::thread::id thread_;  // the connection's thread: set by Run before it reads a frame
   // Until when a heads-up asked this thread to busy-poll (connection thread only).
   std::chrono::steady_clock::time_point heads_up_until_{};
   std::string session_id_;  // bound by hello; connection thread only
@@ -97,6 +98,7 @@ class FastSocketServer::Connection : public std::enable_shared_from_this<Connect
 };
 
 void FastSocketServer::Connection::Run(int stop_fd) {
+  thread_ = std::this_thread::get_id();
   std::vector<char> buf(kMaxFrameBytes + 1);
   const int max = server_->options_.max_in_flight;
   bool open = true;
@@ -438,15 +440,23 @@ void FastSocketServer::Connection::FlushLocked() {
 
 void FastSocketServer::Connection::ReleaseLocked(bool counted) {
   if (!counted) return;
+  // A call answered on the connection's own thread (run there while its device was idle) wakes
+  // nobody: that thread is awake, and its next turn of Run's loop reads on (and spins) anyway.
+  // A wake-up it sent itself would be a system call now and another (Drain) later, and would
+  // end its next poll() at once.
+  const bool elsewhere = std::this_thread::get_id() != thread_;
   const int max = server_->options_.max_in_flight;
-  if (in_flight_-- == max) Poke(wake_fd_);  // a reader held back by back-pressure may go on
+  bool wake = in_flight_-- == max;  // a reader held back by back-pressure may go on
   if (in_flight_ == 0) {
     idle_cv_.notify_all();
     // The automatic spin: the thread wakes now, off the reply's path, and busy-polls for the
     // next request.
-    if (spin_.automatic() && spin_.Budget() > std::chrono::steady_clock::duration::zero()) {
-      Poke(wake_fd_);
-    }
+    wake = wake ||
+           (spin_.automatic() && spin_.Budget() > std::chrono::steady_clock::duration::zero());
+  }
+  if (wake && elsewhere) {
+    server_->release_wakeups_.fetch_add(1);
+    Poke(wake_fd_);
   }
 }
 

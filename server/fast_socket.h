@@ -101,6 +101,9 @@ class FastSocketServer {
   int64_t spin_pickups() const { return spin_pickups_.load(); }
   // Heads-ups taken (FastRequest.heads_up_micros).
   int64_t heads_ups() const { return heads_ups_.load(); }
+  // Times another thread woke a connection's thread when its last call was answered or a call
+  // slot freed up (a call answered on the connection's own thread wakes nobody).
+  int64_t release_wakeups() const { return release_wakeups_.load(); }
   uint32_t heads_up_limit_micros() const { return heads_up_limit_micros_; }
   const std::string& path() const { return options_.path; }
 
@@ -137,6 +140,7 @@ class FastSocketServer {
   std::atomic<int> auto_spinners_{0};  // connections busy-polling under the automatic spin
   std::atomic<int64_t> spin_pickups_{0};
   std::atomic<int64_t> heads_ups_{0};
+  std::atomic<int64_t> release_wakeups_{0};
   absl::Time last_refusal_log_ = absl::InfinitePast();  // accept thread only
 };
 

@@ -149,6 +149,70 @@ TEST(FastSocketServerTest, AutomaticSpinPicksUpACallerThatComesBackWithin2Ms) {
               static_cast<long long>(picked));
 }
 
+// A Quantize of a 1 x 16 f32 tensor sent inline: work for the device executor.
+v1::FastRequest QuantizeCall(uint64_t id) {
+  v1::QuantizeRequest q;
+  v1::Tensor* t = q.mutable_input();
+  t->add_shape(1);
+  t->add_shape(16);
+  t->set_dtype(v1::DTYPE_F32);
+  std::string bytes(16 * sizeof(float), '\0');
+  for (int i = 0; i < 16; ++i) {
+    const float v = 0.25f * static_cast<float>(i - 7);
+    std::memcpy(bytes.data() + sizeof(float) * i, &v, sizeof(float));
+  }
+  t->set_inline_data(bytes);
+  v1::FastRequest r;
+  r.set_call_id(id);
+  r.set_method("Quantize");
+  r.set_request(q.SerializeAsString());
+  return r;
+}
+
+// Under the automatic spin a connection's thread is woken after its last call's reply, to
+// busy-poll for the next: by the thread that answered it. A call run on the connection's own
+// thread (--idle_inline, its device idle) wakes nobody, since that thread is awake.
+TEST(FastSocketServerTest, ACallAnsweredOnTheConnectionsThreadWakesNobody) {
+  for (const bool inline_runs : {true, false}) {
+    SCOPED_TRACE(inline_runs ? "idle_inline" : "on the device workers");
+    EngineOptions eo;
+    eo.allow_cuda_ipc = true;
+    eo.cpu_workers = 1;
+    eo.idle_inline = inline_runs;
+    auto engine = FakeIpcEngine(eo, nullptr);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    CallLayer layer(engine->get(), nullptr, CallLayerOptions{});
+    Logger logger(LogFormat::kText, stderr);
+    FastSocketOptions o;
+    o.path = absl::StrCat("/tmp/fp4q-fast-wake-", ::getpid(), ".sock");
+    o.allowed_uids = {::geteuid()};
+    o.spin = std::nullopt;  // automatic
+    o.usable_cpus = 16;
+    auto server = FastSocketServer::Create(&layer, nullptr, o, &logger);
+    ASSERT_TRUE(server.ok()) << server.status();
+    (*server)->Start();
+    Peer peer(o.path);
+    ASSERT_TRUE(peer.connected());
+    v1::FastRequest hello;
+    hello.set_call_id(1);
+    hello.mutable_hello()->set_session_id((*engine)->OpenSession("wake")->session_id);
+    ASSERT_EQ(peer.Call(hello).code(), 0);
+    const int64_t before = (*server)->release_wakeups();
+    for (uint64_t id = 2; id < 42; ++id) {
+      const v1::FastReply r = peer.Call(QuantizeCall(id));
+      ASSERT_EQ(r.code(), 0) << r.message();
+      ASSERT_EQ(r.call_id(), id);
+    }
+    const int64_t woken = (*server)->release_wakeups() - before;
+    if (inline_runs) {
+      EXPECT_EQ(woken, 0);
+    } else {
+      EXPECT_GE(woken, 39);  // every call's but the first (no gap known yet, no spin)
+    }
+    (*server)->Stop();
+  }
+}
+
 std::pair<uint64_t, int> IdAndCode(const v1::FastReply& r) { return {r.call_id(), r.code()}; }
 std::pair<uint64_t, int> Want(uint64_t id, absl::StatusCode code) {
   return {id, static_cast<int>(code)};
