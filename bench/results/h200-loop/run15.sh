@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/python/gpu_ipc_check.py with this commit's fp4qd; then fp4qd's host work a step, the
-# build of 01185f9 (every step run on the fast socket connection's thread woke the device
-# workers) against this one (79aba49 on: they stay asleep), alternating, three rounds each:
+# build of 01185f9 (a step run on the fast socket connection's thread woke the device workers,
+# and under the automatic spin its own thread through the eventfd) against this one (79aba49,
+# 09b80b5: neither), alternating, three rounds each:
 # `fp4q bench-step` from C++ over 8192 x 8192 and GPT-2 small (one pass, kept plans), with
 # fp4qd's CPU time and context switches (every thread's, from /proc) over each run. Then on an
 # H200 only: the overlapped loops (lib.sh's overlap_loops), one 8192 x 8192 weight stepped alone
